@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import sys
 import types
 import typing
@@ -332,6 +333,9 @@ def _normalize_keys(data: Any, source: str, prefix: str) -> Any:
     return data
 
 
+_FLOAT_RE = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -373,6 +377,8 @@ def _coerce(tp: Any, value: Any, key: str, source: str, origins: dict) -> Any:
             raise bad
         return value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
+            return float(value)  # YAML 1.1 reads "3e-4" (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
         return float(value)

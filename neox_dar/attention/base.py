@@ -29,17 +29,21 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin tables for ``rotary_ndims`` dims, computed in float32 as Hugging Face GPT-NeoX does."""
+    """cos/sin tables for ``rotary_ndims`` dims, computed in float32 as Hugging Face GPT-NeoX does.
+
+    Holds no tensors (the tables are recomputed per forward, a negligible cost), so a model built on the
+    ``meta`` device and loaded with ``assign=True`` is complete."""
 
     def __init__(self, rotary_ndims: int, base: int):
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, rotary_ndims, 2, dtype=torch.float) / rotary_ndims))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rotary_ndims = rotary_ndims
+        self.base = base
 
     def forward(self, seq_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(cos, sin)``, each (T, rotary_ndims), for positions 0..T-1."""
-        pos = torch.arange(seq_len, device=device, dtype=torch.float)
-        freqs = pos[:, None] * self.inv_freq.to(device=device, dtype=torch.float)[None, :]
+        r = self.rotary_ndims
+        inv_freq = 1.0 / (self.base ** (torch.arange(0, r, 2, dtype=torch.float, device=device) / r))
+        freqs = torch.arange(seq_len, device=device, dtype=torch.float)[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

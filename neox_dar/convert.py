@@ -1,0 +1,166 @@
+"""Convert between neox-dar checkpoints and Hugging Face ``GPTNeoXForCausalLM`` folders.
+
+    python -m neox_dar.convert to-hf CHECKPOINT OUT_DIR     # config.json + model.safetensors
+    python -m neox_dar.convert from-hf HF_DIR OUT_DIR        # model.safetensors + config.yml (loadable by training/eval)
+
+Parameter names are shared, so nothing is renamed except the output head: exports write ``embed_out.weight``
+(the published Pythia name, which transformers 5 maps to ``lm_head.weight`` on load); imports accept both.
+Variant models (DAR, AHA, ...) export their extra weights (``attention.dar_down`` ...) and their resolved
+config under ``neox_dar_config`` in ``config.json``; plain transformers ignores both, so only vanilla models
+are ``GPTNeoXForCausalLM``-equivalent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .checkpoint import load_model, save_weights
+from .config import Config, ConfigError
+from .model import CausalLM, build_model
+
+# Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
+_IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq", "rotary_emb.inv_freq")
+
+
+def hf_config_dict(cfg: Config) -> dict:
+    """The ``config.json`` of a ``GPTNeoXForCausalLM`` equal to ``cfg``'s vanilla model."""
+    return {
+        "architectures": ["GPTNeoXForCausalLM"],
+        "model_type": "gpt_neox",
+        "vocab_size": cfg.padded_vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "intermediate_size": 4 * cfg.hidden_size,
+        "hidden_act": "gelu",
+        "rotary_pct": cfg.rotary_pct,
+        "rotary_emb_base": cfg.rotary_emb_base,
+        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rotary_emb_base),
+                            "partial_rotary_factor": cfg.rotary_pct},
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "layer_norm_eps": cfg.layernorm_epsilon,
+        "use_parallel_residual": cfg.gpt_j_residual,
+        "tie_word_embeddings": False,
+        "attention_bias": True,
+        "attention_dropout": cfg.attention_dropout,
+        "hidden_dropout": cfg.hidden_dropout,
+        "initializer_range": cfg.init_method_std,
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "torch_dtype": "float32",
+        "neox_dar_config": cfg.to_dict(),
+    }
+
+
+def to_hf(model: CausalLM, cfg: Config, out_dir: str | Path) -> Path:
+    """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` (float32)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2) + "\n")
+    return out
+
+
+def config_from_hf(hf: dict) -> Config:
+    """Our :class:`Config` for a Hugging Face GPT-NeoX ``config.json`` (ours round-trips exactly)."""
+    if "neox_dar_config" in hf:
+        return Config.from_dict(hf["neox_dar_config"], source="config.json:neox_dar_config")
+    if hf.get("model_type") != "gpt_neox":
+        raise ConfigError(f"config.json has model_type {hf.get('model_type')!r}, expected 'gpt_neox'")
+    d = hf["hidden_size"]
+    if hf.get("intermediate_size", 4 * d) != 4 * d:
+        raise ConfigError(f"intermediate_size {hf['intermediate_size']} != 4 * hidden_size; not a Pythia-shaped model")
+    if hf.get("tie_word_embeddings", False):
+        raise ConfigError("tie_word_embeddings: true is not supported (Pythia unties embeddings)")
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only exact 'gelu')")
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    vocab = hf["vocab_size"]
+    return Config.from_dict(
+        {
+            "num_layers": hf["num_hidden_layers"],
+            "hidden_size": d,
+            "num_attention_heads": hf["num_attention_heads"],
+            "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+            "seq_length": min(2048, hf.get("max_position_embeddings", 2048)),
+            "rotary_pct": hf.get("rotary_pct", rope.get("partial_rotary_factor", 0.25)),
+            "rotary_emb_base": int(hf.get("rotary_emb_base", rope.get("rope_theta", 10000))),
+            "layernorm_epsilon": hf.get("layer_norm_eps", 1e-5),
+            "gpt_j_residual": hf.get("use_parallel_residual", True),
+            "vocab_size": vocab,
+            "make_vocab_size_divisible_by": 128 if vocab % 128 == 0 else 1,
+            "attention_type": "vanilla",
+        },
+        source="config.json",
+    )
+
+
+def _read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a Hugging Face folder: ``model.safetensors``, a sharded safetensors index, or
+    ``pytorch_model.bin`` (loaded with ``weights_only=True``)."""
+    single = hf_dir / "model.safetensors"
+    index = hf_dir / "model.safetensors.index.json"
+    legacy = hf_dir / "pytorch_model.bin"
+    if single.is_file():
+        return load_file(str(single))
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(str(hf_dir / shard)).items()}
+    if legacy.is_file():
+        return torch.load(legacy, map_location="cpu", weights_only=True)
+    raise FileNotFoundError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {hf_dir}")
+
+
+def from_hf(hf_dir: str | Path) -> tuple[CausalLM, Config]:
+    """Load a Hugging Face GPT-NeoX folder (Pythia or one written by :func:`to_hf`) as ``(model, cfg)``."""
+    hf_dir = Path(hf_dir)
+    config_path = hf_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in {hf_dir}")
+    cfg = config_from_hf(json.loads(config_path.read_text()))
+    state = {}
+    for name, tensor in _read_hf_weights(hf_dir).items():
+        if name.endswith(_IGNORED_SUFFIXES):
+            continue
+        state["embed_out.weight" if name == "lm_head.weight" else name] = tensor.float()
+    with torch.device("meta"):
+        model = build_model(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(f"{hf_dir}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+    return model, cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m neox_dar.convert", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="direction", required=True)
+    p = sub.add_parser("to-hf", help="neox-dar checkpoint -> Hugging Face folder")
+    p.add_argument("checkpoint", help="run directory, its checkpoints/ directory, or one step directory")
+    p.add_argument("out_dir")
+    p = sub.add_parser("from-hf", help="Hugging Face GPT-NeoX folder -> neox-dar weights + config.yml")
+    p.add_argument("hf_dir")
+    p.add_argument("out_dir")
+    args = parser.parse_args(argv)
+    try:
+        if args.direction == "to-hf":
+            model, cfg = load_model(args.checkpoint)
+            to_hf(model, cfg, args.out_dir)
+        else:
+            model, cfg = from_hf(args.hf_dir)
+            save_weights(model, cfg, args.out_dir)
+    except (FileNotFoundError, ConfigError, ValueError) as e:
+        print(f"convert error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""Config system: layering, overrides, derived values and every error path."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from neox_dar.config import Config, ConfigError, load_config, reference_markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_later_files_override_earlier_and_nested_keys_merge(tmp_path):
+    a = write(tmp_path, "a.yml", """
+        hidden_size: 64
+        num_attention_heads: 4
+        optimizer: {type: Adam, params: {lr: 1.0e-3, eps: 1.0e-6}}
+        """)
+    b = write(tmp_path, "b.yml", """
+        hidden-size: 128
+        optimizer: {params: {lr: 5.0e-4}}
+        """)
+    cfg = load_config(a, b)
+    assert cfg.hidden_size == 128
+    assert cfg.optimizer.params.lr == 5e-4
+    assert cfg.optimizer.params.eps == 1e-6  # kept from a.yml: nested mappings merge key by key
+    assert cfg.optimizer.type == "Adam"
+
+
+def test_command_line_overrides_with_dotted_paths_and_hyphens(tmp_path):
+    a = write(tmp_path, "a.yml", "num_layers: 2\n")
+    cfg = load_config(a, overrides=["optimizer.params.lr=3e-4", "zero-optimization.stage=2", "attention_type=dar",
+                                    "dar_d_down=64", "train_data_paths=[a, b]", "wandb_group=my group"])
+    assert cfg.optimizer.params.lr == 3e-4
+    assert cfg.zero_optimization.stage == 2
+    assert cfg.d_down == 64
+    assert cfg.train_data_paths == ["a", "b"]
+    assert cfg.wandb_group == "my group"
+
+
+def test_derived_values_for_pythia_70m():
+    cfg = load_config(ROOT / "configs/pythia-70m.yml")
+    assert cfg.padded_vocab_size == 50304
+    assert cfg.head_dim == 64
+    assert cfg.rotary_ndims == 16
+    assert cfg.warmup_iters == 190  # 1% of 19,073 decay steps
+    assert cfg.final_lr == pytest.approx(1e-4)
+    assert cfg.gradient_accumulation_for(8) == 1
+    assert cfg.gradient_accumulation_for(2) == 4
+    assert load_config(ROOT / "configs/pythia-70m.yml", overrides=["attention_type=dar"]).d_down == 128
+
+
+def test_unknown_key_names_key_file_and_suggestion(tmp_path):
+    p = write(tmp_path, "x.yml", "dar_d_dwon: 64\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'dar_d_dwon' in .*x\.yml; did you mean 'dar_d_down'\?"):
+        load_config(p)
+
+
+def test_unknown_nested_key_and_command_line_origin():
+    with pytest.raises(ConfigError, match=r"unknown key 'optimizer.params.lrr' in the command line; did you mean 'optimizer.params.lr'"):
+        load_config(overrides=["optimizer.params.lrr=1"])
+
+
+@pytest.mark.parametrize("override, pattern", [
+    ("dar_d_down=600", r"'dar_d_down': 600 \(must be in 1..hidden_size=512\)"),
+    ("dar_d_down=0", r"'dar_d_down'"),
+    ("hidden_size=500", r"'hidden_size': 500 \(must be divisible by num_attention_heads=8\)"),
+    ("window_size=-1", r"'window_size': -1 \(must be >= 0\)"),
+    ("seq_length=4096", r"'seq_length'.*max_position_embeddings"),
+    ("zero_optimization.stage=4", r"'zero_optimization.stage'"),
+    ("min_lr=1", r"'min_lr'"),
+    ("aha_threshold=1.5", r"'aha_threshold'"),
+    ("train_batch_size=100", r"'train_batch_size': 100"),
+    ("attention_type=mswa", None),
+    ("attention_type=mswax", r"invalid value for 'attention_type'.*choose one of vanilla, dar"),
+    ("mswa_windows=[[1,2]]", r"'mswa_windows'"),
+])
+def test_impossible_values_name_key_and_rule(override, pattern):
+    args = [ROOT / "configs/pythia-70m.yml"]
+    if pattern is None:
+        assert load_config(*args, overrides=[override]).attention_type == "mswa"
+        return
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(*args, overrides=[override])
+
+
+@pytest.mark.parametrize("text, pattern", [
+    ("hidden_size: big\n", r"wrong type for 'hidden_size' in .*: expected int, got 'big'"),
+    ("gpt_j_residual: 1\n", r"wrong type for 'gpt_j_residual'.*expected bool"),
+    ("num_layers: true\n", r"wrong type for 'num_layers'"),
+    ("optimizer: 3\n", r"wrong type for 'optimizer'"),
+    ("optimizer: {params: {betas: [0.9]}}\n", r"wrong type for 'optimizer.params.betas'"),
+    ("train_data_paths: a\n", r"wrong type for 'train_data_paths'"),
+])
+def test_type_mismatch(tmp_path, text, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(write(tmp_path, "t.yml", text))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file not found: .*nope\.yml"):
+        load_config(tmp_path / "nope.yml")
+
+
+def test_malformed_yaml_reports_line(tmp_path):
+    p = write(tmp_path, "bad.yml", "num_layers: 2\nhidden_size: [64\nseq_length: 3\n")
+    with pytest.raises(ConfigError, match=r"malformed YAML in .*bad\.yml:3:\d+"):
+        load_config(p)
+
+
+def test_non_mapping_yaml_and_bad_override(tmp_path):
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(write(tmp_path, "l.yml", "- a\n- b\n"))
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        load_config(overrides=["nokey"])
+
+
+def test_batch_mismatch_is_a_config_error():
+    cfg = load_config(ROOT / "configs/pythia-70m.yml", overrides=["gradient_accumulation_steps=2"])
+    assert cfg.gradient_accumulation_for(4) == 2
+    with pytest.raises(ConfigError, match="train_batch_size=256 !="):
+        cfg.gradient_accumulation_for(2)
+    with pytest.raises(ConfigError, match="not divisible"):
+        load_config(ROOT / "configs/pythia-70m.yml").gradient_accumulation_for(3)
+
+
+def test_variant_key_on_vanilla_warns():
+    with pytest.warns(UserWarning, match="'dar_d_down' is set but attention_type is 'vanilla'"):
+        load_config(ROOT / "configs/pythia-70m.yml", overrides=["dar_d_down=64"])
+
+
+def test_roundtrip_through_yaml_and_dict():
+    cfg = load_config(ROOT / "configs/pythia-160m.yml", overrides=["attention_type=dar", "dar_d_down=192"])
+    again = Config.from_dict(__import__("yaml").safe_load(cfg.to_yaml()))
+    assert again == cfg
+
+
+def test_cli_prints_resolved_yaml_and_one_line_errors(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "neox_dar.config", str(ROOT / "configs/pythia-70m.yml"), "dar_d_down=64",
+                         "attention_type=dar"], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr
+    assert "dar_d_down: 64" in ok.stdout and "padded_vocab_size=50304" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "neox_dar.config", str(ROOT / "configs/pythia-70m.yml"), "dar_d_dwon=64"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().count("\n") == 0
+    assert "did you mean 'dar_d_down'" in bad.stderr
+
+
+def test_key_reference_doc_is_current():
+    doc = (ROOT / "docs/config_reference.md").read_text()
+    assert reference_markdown() in doc, "regenerate with: python -m neox_dar.config --reference"
