@@ -68,6 +68,7 @@ class ZeroConfig:
     reduce_scatter: bool = _f(True, "Use reduce-scatter for gradients.")
     reduce_bucket_size: int = _f(500_000_000, "DeepSpeed ZeRO reduce bucket size (elements).")
     contiguous_gradients: bool = _f(True, "Copy gradients to a contiguous buffer.")
+    cpu_offload: bool = _f(False, "Offload optimizer state to CPU memory (DeepSpeed offload_optimizer).")
 
 
 @dataclass
@@ -460,8 +461,53 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     return key.split("."), value
 
 
+# GPT-NeoX keys that only steer its fused kernels, model/pipeline parallelism or launcher. They are accepted so
+# GPT-NeoX (e.g. Pythia) config files load as they are, and reported once, since they change nothing here.
+NEOX_IGNORED_KEYS = frozenset({
+    "output_layer_parallelism", "scaled_upper_triang_masked_softmax_fusion", "bias_gelu_fusion",
+    "checkpoint_num_layers", "partition_activations", "synchronize_each_layer", "data_impl", "distributed_backend",
+    "steps_per_print", "wall_clock_breakdown", "launcher", "deepspeed_slurm", "deepspeed_mpi", "extra_save_iters",
+    "test_data_paths", "test_data_weights", "valid_data_weights", "attention_config", "pos_emb",
+    "pipe_parallel_size", "model_parallel_size",
+})
+
+
+def _translate_neox(merged: dict, origins: dict) -> None:
+    """Map GPT-NeoX spellings onto our keys in place (``gas``, ``save_interval``, ``fp16``/``bf16`` blocks, ignored keys);
+    reject the ones whose value would change the model in a way this project does not implement."""
+    def where(key: str) -> str:
+        return origins.get(key, "<config>")
+
+    for old, new in (("gas", "gradient_accumulation_steps"), ("save_interval", "checkpoint_factor")):
+        if old in merged:
+            merged.setdefault(new, merged.pop(old))
+    for block, precision in (("fp16", "fp16"), ("bf16", "bf16")):
+        if block in merged:
+            value = merged.pop(block)
+            if not isinstance(value, dict):
+                raise ConfigError(f"wrong type for '{block}' in {where(block)}: expected a mapping with 'enabled'")
+            if value.get("enabled", False):
+                merged.setdefault("precision", precision)
+    for key, allowed in (("pos_emb", ("rotary",)), ("pipe_parallel_size", (0, 1)), ("model_parallel_size", (1,))):
+        if key in merged and merged[key] not in allowed:
+            raise ConfigError(f"invalid value for '{key}' in {where(key)}: {merged[key]!r} (neox-dar supports "
+                              f"{' or '.join(map(repr, allowed))})")
+    if "attention_config" in merged:
+        kinds = {k for entry in merged["attention_config"] for k in entry[0]}
+        if not kinds <= {"global", "flash"}:
+            raise ConfigError(f"invalid value for 'attention_config' in {where('attention_config')}: {sorted(kinds)} "
+                              f"(use attention_type for variants; GPT-NeoX sparse kinds are not supported)")
+    ignored = sorted(k for k in merged if k in NEOX_IGNORED_KEYS)
+    for k in ignored:
+        del merged[k]
+    if ignored:
+        warnings.warn(f"GPT-NeoX keys with no effect in neox-dar ignored: {', '.join(ignored)}", stacklevel=3)
+
+
 def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = ()) -> Config:
-    """Layer YAML files (later wins) and ``key=value`` overrides into a validated :class:`Config`."""
+    """Layer YAML files (later wins) and ``key=value`` overrides into a validated :class:`Config`.
+
+    GPT-NeoX config files load as they are: see :data:`NEOX_IGNORED_KEYS` and :func:`_translate_neox`."""
     merged: dict = {}
     origins: dict[str, str] = {}
     for path in yaml_paths:
@@ -472,6 +518,7 @@ def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = ()) -
         for part in reversed(parts[:-1]):
             nested = {part: nested}
         _merge(merged, _normalize_keys(nested, "the command line", ""), origins, "the command line")
+    _translate_neox(merged, origins)
     cfg = _build(Config, merged, origins, "<config>", "")
     _validate(cfg)
     return cfg

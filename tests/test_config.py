@@ -158,3 +158,19 @@ def test_cli_prints_resolved_yaml_and_one_line_errors(tmp_path):
 def test_key_reference_doc_is_current():
     doc = (ROOT / "docs/config_reference.md").read_text()
     assert reference_markdown() in doc, "regenerate with: python -m neox_dar.config --reference"
+
+
+def test_gpt_neox_pythia_config_loads_as_is():
+    with pytest.warns(UserWarning, match="GPT-NeoX keys with no effect in neox-dar ignored: attention_config"):
+        cfg = load_config(ROOT / "tests/fixtures/gpt-neox-pythia-70m.yml")
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.rotary_pct) == (6, 512, 8, 0.25)
+    assert cfg.precision == "fp16" and cfg.gradient_accumulation_steps == 1 and cfg.checkpoint_activations
+    assert cfg.optimizer.params.betas == (0.9, 0.95) and cfg.final_lr == pytest.approx(1e-4)
+    assert cfg.train_data_paths == ["pile_0.87_deduped_text_document"]
+    assert cfg.checkpoint_factor == 500 and cfg.zero_optimization.stage == 1
+
+
+@pytest.mark.parametrize("override, pattern", [("pos_emb=learned", "'pos_emb'"), ("model_parallel_size=2", "'model_parallel_size'")])
+def test_gpt_neox_keys_that_would_change_the_model_are_rejected(override, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(overrides=[override])
