@@ -6,11 +6,20 @@ See ``docs/attention.md`` for the math of each variant and the choices this proj
 from __future__ import annotations
 
 from ..config import Config
+from .aha import AHAAttention
 from .base import Attention, RotaryEmbedding, apply_rotary
+from .dar import DARAttention
+from .mswa import MSWAAttention, mswa_window_table
+from .swa import SWAAttention
 from .vanilla import VanillaAttention
 
 VARIANTS: dict[str, type[Attention]] = {
     "vanilla": VanillaAttention,
+    "dar": DARAttention,
+    "uniform": DARAttention,
+    "swa": SWAAttention,
+    "mswa": MSWAAttention,
+    "aha": AHAAttention,
 }
 
 
@@ -23,4 +32,4 @@ def build_attention(cfg: Config, layer_idx: int) -> Attention:
     return cls(cfg, layer_idx)
 
 
-__all__ = ["Attention", "RotaryEmbedding", "apply_rotary", "build_attention", "VARIANTS"]
+__all__ = ["Attention", "RotaryEmbedding", "apply_rotary", "build_attention", "mswa_window_table", "VARIANTS"]

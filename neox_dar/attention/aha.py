@@ -1,0 +1,81 @@
+"""All-or-here attention (AHA): per token and head, a router picks full causal attention or a sliding window.
+
+``s = sigmoid(router(a))`` (B, T, H), gate ``g = 1[s > tau]``. Head output at token ``i``: full causal attention
+when ``g = 1``, sliding-window attention (window ``w``) when ``g = 0``; only the selected path produces the value
+and receives gradients. Straight-through rule (SPEC; AHA paper Eq. 3-4): ``dL/ds = (2g - 1) <dL/do, o>`` where
+``o`` is the selected path's output, realised as ``o * (1 + (2g - 1) (s - stop_grad(s)))``, whose value is ``o``.
+Auxiliary loss per layer ``lambda * mean(s) / L``, so the model's sum over layers is ``lambda`` times the mean of
+``s`` over layers, tokens and heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import Config
+from .base import Attention
+from .masks import masked_attention, window_mask
+from .triton_bridge import triton_kernel
+from .windowed import causal_sdpa, windowed_sdpa
+
+
+def aha_reference(q, k, v, gate: torch.Tensor, window: int) -> torch.Tensor:
+    """Per-row mask selection: row (b, h, i) sees all ``j <= i`` if ``gate[b, h, i]`` else ``i - j < w``.
+
+    q, k, v (B, H, T, d_h), gate (B, H, T) bool -> (B, H, T, d_h); float32 math, explicit (B, H, T, T) mask.
+    """
+    T = q.shape[-2]
+    allowed = torch.where(gate[..., None], window_mask(T, None, q.device), window_mask(T, window, q.device))
+    return masked_attention(q, k, v, allowed)
+
+
+def aha_sdpa(q, k, v, gate: torch.Tensor, window: int) -> torch.Tensor:
+    """Full causal SDPA for the (batch, head) slices with at least one gated row, blocked sliding-window SDPA
+    for the slices with at least one local row, then each row takes its selected path (the other path's value
+    is multiplied by 0, so it gets no gradient). q, k, v (B, H, T, d_h), gate (B, H, T) bool -> (B, H, T, d_h).
+    """
+    B, H, T, D = q.shape
+    qf, kf, vf = (x.reshape(1, B * H, T, D) for x in (q, k, v))
+    rows = gate.reshape(B * H, T)
+    out = q.new_zeros(B * H, T, D)
+    for selected, path in ((rows, causal_sdpa), (~rows, lambda *x: windowed_sdpa(*x, window))):
+        idx = selected.any(-1).nonzero().squeeze(-1)
+        if idx.numel() == 0:
+            continue
+        o = path(qf[:, idx], kf[:, idx], vf[:, idx])[0]
+        out = out.index_add(0, idx, o * selected[idx, :, None].to(o.dtype))
+    return out.view(B, H, T, D)
+
+
+class AHAAttention(Attention):
+    """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``).
+
+    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / num_layers`` and ``self.stats["mu_f"]``
+    = mean gate per head over batch and tokens, shape (H,).
+    """
+
+    def __init__(self, cfg: Config, layer_idx: int):
+        super().__init__(cfg, layer_idx)
+        self.window = cfg.window_size
+        self.threshold = cfg.aha_threshold
+        self.l1_coef = cfg.aha_l1_coef
+        self.num_layers = cfg.num_layers
+        self.router = nn.Linear(cfg.hidden_size, cfg.num_attention_heads, bias=False)
+
+    def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
+        s = torch.sigmoid(self.router(a).float())  # (B, T, H), float32 so the threshold is exact
+        g = s > self.threshold
+        gate = g.transpose(1, 2)  # (B, H, T)
+        impl = self.resolved_impl(q.device)
+        if impl == "reference":
+            o = aha_reference(q, k, v, gate, self.window)
+        elif impl == "triton":
+            o = triton_kernel("aha_attention", q.device)(q, k, v, gate.contiguous(), self.window)
+        else:
+            o = aha_sdpa(q, k, v, gate, self.window)
+        straight_through = (2.0 * g.float() - 1.0) * (s - s.detach())  # value 0, d/ds = 2g - 1
+        o = o * (1.0 + straight_through.transpose(1, 2)[..., None]).to(o.dtype)
+        self.aux_loss = self.l1_coef * s.mean() / self.num_layers
+        self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
+        return o
