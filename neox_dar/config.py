@@ -134,6 +134,8 @@ class Config:
     train_data_weights: Optional[list[float]] = _f(None, "Blend weights for train_data_paths.")
     valid_data_paths: Optional[list[str]] = _f(None, "Prefixes of validation datasets.")
     split: str = _f("969,30,1", "train,valid,test proportions of data_path's documents.")
+    data_shuffle: bool = _f(True, "Shuffle documents and samples (seeded); false reads samples in file order (Pythia's preshuffled data).")
+    data_cache_path: Optional[str] = _f(None, "Directory for cached index maps (default: next to the data).")
     vocab_file: Optional[str] = _f(None, "Tokenizer file (HF tokenizer.json or SentencePiece model).")
     tokenizer_type: Literal["HFTokenizer", "SPMTokenizer"] = _f("HFTokenizer", "Tokenizer kind.")
     num_workers: int = _f(2, "Data-loader worker processes.")
@@ -292,6 +294,8 @@ def _validate(c: Config) -> None:
                f"must be a positive multiple of micro batch * gradient_accumulation_steps = {per_rank}", c.train_batch_size)
     _check(c.eval_interval >= 0, "eval_interval", "must be >= 0", c.eval_interval)
     _check(c.num_workers >= 0, "num_workers", "must be >= 0", c.num_workers)
+    if c.data_cache_path is not None:
+        _check(bool(str(c.data_cache_path).strip()), "data_cache_path", "must be a directory path", c.data_cache_path)
     if c.train_data_weights is not None:
         _check(c.train_data_paths is not None and len(c.train_data_weights) == len(c.train_data_paths),
                "train_data_weights", "needs one weight per entry of train_data_paths", c.train_data_weights)
