@@ -146,6 +146,7 @@ class Config:
     resume: Literal["auto", "never"] = _f("auto", "auto: continue from the newest complete checkpoint in load/save.")
     checkpoint_factor: int = _f(1000, "Save a checkpoint every this many steps.")
     keep_last_n: int = _f(2, "Keep this many newest checkpoints.")
+    exit_interval: Optional[int] = _f(None, "Checkpoint and stop (exit code 3) after every step divisible by this; rerun to continue.")
     log_interval: int = _f(10, "Log every this many steps.")
     eval_interval: int = _f(1000, "Validate every this many steps (0 disables).")
     eval_iters: int = _f(10, "Validation micro-batches per evaluation.")
@@ -293,6 +294,8 @@ def _validate(c: Config) -> None:
         _check(c.train_batch_size >= 1 and c.train_batch_size % per_rank == 0, "train_batch_size",
                f"must be a positive multiple of micro batch * gradient_accumulation_steps = {per_rank}", c.train_batch_size)
     _check(c.eval_interval >= 0, "eval_interval", "must be >= 0", c.eval_interval)
+    if c.exit_interval is not None:
+        _check(c.exit_interval >= 1, "exit_interval", "must be >= 1", c.exit_interval)
     _check(c.num_workers >= 0, "num_workers", "must be >= 0", c.num_workers)
     if c.data_cache_path is not None:
         _check(bool(str(c.data_cache_path).strip()), "data_cache_path", "must be a directory path", c.data_cache_path)
