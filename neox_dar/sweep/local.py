@@ -1,0 +1,56 @@
+"""Running a sweep's runs one after another on this machine (`run --local`)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from .rundir import FINAL_EVAL, EVAL_DIR, run_state
+from .slurm import REPO, eval_args
+
+
+def _run_logged(cmd: list[str], log: Path) -> int:
+    """Run ``cmd`` from the repository root, echoing its output and appending it to ``log``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        f.write(f"$ {' '.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            f.write(line)
+        return proc.wait()
+
+
+def train_command(run_dir: Path, nproc: int, python: str = sys.executable) -> list[str]:
+    """``python train.py CONFIG`` (one process) or torchrun --standalone with ``nproc`` processes."""
+    config = str(run_dir / "config.yml")
+    if nproc <= 1:
+        return [python, "train.py", config]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py", config]
+
+
+def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
+    """Train (or resume) one run, then evaluate it when the sweep asks; returns the exit code (3: interrupted)."""
+    run_dir = Path(run_dir)
+    want_eval = bool(eval_args(ev))
+    st = run_state(run_dir, want_eval)
+    if st.state == "done":
+        print(f"[sweep] {run_dir.name}: done, skipped")
+        return 0
+    if st.state != "evaluating":
+        print(f"[sweep] {run_dir.name}: training ({st.state}, checkpoint {st.checkpoint})")
+        rc = _run_logged(train_command(run_dir, nproc), run_dir / "logs" / "train-local.log")
+        if rc != 0:
+            print(f"[sweep] {run_dir.name}: training exited with {rc}")
+            return rc
+    if want_eval:
+        out = run_dir / EVAL_DIR / FINAL_EVAL
+        cmd = [sys.executable, "-m", "eval.perplexity", str(run_dir), *eval_args(ev), "--out", str(out)]
+        rc = _run_logged(cmd, run_dir / "logs" / "eval-local.log")
+        if rc != 0:
+            print(f"[sweep] {run_dir.name}: evaluation exited with {rc}")
+            return rc
+    return 0

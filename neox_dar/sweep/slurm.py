@@ -1,0 +1,187 @@
+"""SLURM job scripts for a sweep: settings, rendering the sbatch template, submitting, queue lookups.
+
+Settings come from the sweep file's ``slurm:`` mapping, then from the command line. ``mode: array``
+submits one job array (``--array=0-N%concurrency``) whose task i trains run i; ``mode: per-run``
+submits one job per run. ``gpus_per_node: 0`` is CPU mode: ``nproc_per_node`` processes per node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Optional
+
+from .rundir import record_job
+from .spec import SweepError
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_TEMPLATE = REPO / "slurm" / "sweep.sbatch"
+LAUNCHER = REPO / "slurm" / "launch_node.sh"
+_FIELD = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+QUEUED_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
+                 "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
+
+
+@dataclass
+class SlurmSettings:
+    """What the sbatch script asks for; every field is a `slurm:` key in the sweep file."""
+
+    nodes: int = 1
+    gpus_per_node: int = 8
+    nproc_per_node: Optional[int] = None  # default: gpus_per_node (required in CPU mode)
+    cpus_per_task: int = 16
+    mem: Optional[str] = None
+    time: str = "24:00:00"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    mail_user: Optional[str] = None
+    mail_type: Optional[str] = None
+    mode: Literal["array", "per-run"] = "array"
+    concurrency: Optional[int] = None  # array mode: at most this many runs at once (%N)
+    signal_seconds: int = 120
+    template: Optional[str] = None
+    extra_sbatch: list[str] = field(default_factory=list)  # raw options, e.g. ["--exclusive"]
+    setup: list[str] = field(default_factory=list)  # shell lines before training (module load, venv)
+    python: Optional[str] = None  # default: the Python running the sweep tool
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SlurmSettings":
+        names = {f.name for f in dataclasses.fields(cls)}
+        data = {k.replace("-", "_"): v for k, v in data.items()}
+        unknown = set(data) - names
+        if unknown:
+            raise SweepError(f"unknown slurm setting(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(names))})")
+        s = cls(**data)
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        if self.nodes < 1:
+            raise SweepError(f"slurm nodes must be >= 1, got {self.nodes}")
+        if self.gpus_per_node < 0:
+            raise SweepError(f"slurm gpus_per_node must be >= 0, got {self.gpus_per_node}")
+        if self.gpus_per_node == 0 and not self.nproc_per_node:
+            raise SweepError("CPU mode (gpus_per_node: 0) needs nproc_per_node")
+        if self.mode not in ("array", "per-run"):
+            raise SweepError(f"slurm mode must be 'array' or 'per-run', got {self.mode!r}")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise SweepError(f"slurm concurrency must be >= 1, got {self.concurrency}")
+
+    @property
+    def procs_per_node(self) -> int:
+        return self.nproc_per_node or self.gpus_per_node
+
+
+def render(template: str, values: dict[str, object]) -> str:
+    """Fill ``{{ name }}`` fields; an ``#SBATCH`` line whose field is None or empty is dropped."""
+    out = []
+    for line in template.splitlines():
+        names = _FIELD.findall(line)
+        missing = [n for n in names if n not in values]
+        if missing:
+            raise SweepError(f"sbatch template field(s) {', '.join(missing)} unknown (known: {', '.join(sorted(values))})")
+        if line.startswith("#SBATCH") and any(values[n] in (None, "") for n in names):
+            continue
+        out.append(_FIELD.sub(lambda m: str(values[m.group(1)]), line))
+    return "\n".join(out) + "\n"
+
+
+def eval_args(ev: dict | None) -> list[str]:
+    """eval.perplexity options from the sweep's ``eval:`` mapping (empty list: no evaluation)."""
+    if not ev:
+        return []
+    args = ["--corpora", *ev["corpora"]] if ev.get("corpora") else []
+    if ev.get("max_docs") is not None:
+        args += ["--max-docs", str(ev["max_docs"])]
+    return args or ["--corpora", "fineweb_edu", "c4", "wikitext103"]
+
+
+def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log_dir: Path,
+               ev: dict | None, workdir: Path | None = None) -> str:
+    """The sbatch script for ``run_dirs`` (an array over them when there are several)."""
+    template = Path(settings.template) if settings.template else DEFAULT_TEMPLATE
+    if not template.is_file():
+        raise SweepError(f"sbatch template not found: {template}")
+    array = len(run_dirs) > 1
+    if array:
+        spec = f"0-{len(run_dirs) - 1}" + (f"%{settings.concurrency}" if settings.concurrency else "")
+    values = {
+        "job_name": job_name,
+        "nodes": settings.nodes,
+        "gpus_per_node": settings.gpus_per_node or None,
+        "cpus_per_task": settings.cpus_per_task,
+        "mem": settings.mem,
+        "time": settings.time,
+        "partition": settings.partition,
+        "account": settings.account,
+        "qos": settings.qos,
+        "constraint": settings.constraint,
+        "mail_user": settings.mail_user,
+        "mail_type": settings.mail_type,
+        "array": spec if array else None,
+        "output": str(log_dir / ("%x-%A_%a.out" if array else "%x-%j.out")),
+        "signal_seconds": settings.signal_seconds,
+        "extra_sbatch": "\n".join(f"#SBATCH {opt}" for opt in settings.extra_sbatch),
+        "run_dirs": " ".join(shlex.quote(str(d)) for d in run_dirs),
+        "python": shlex.quote(settings.python or sys.executable),
+        "nproc_per_node": settings.procs_per_node,
+        "launcher": shlex.quote(str(LAUNCHER)),
+        "eval_args": " ".join(shlex.quote(a) for a in eval_args(ev)),
+        "workdir": shlex.quote(str(workdir or Path.cwd())),
+        "setup": "\n".join(settings.setup),
+    }
+    return render(template.read_text(), values)
+
+
+def sbatch(script: Path) -> str:
+    """Submit ``script``; returns the job id."""
+    exe = shutil.which("sbatch")
+    if exe is None:
+        raise SweepError("sbatch not found: submit needs SLURM's client commands on PATH")
+    proc = subprocess.run([exe, "--parsable", str(script)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SweepError(f"sbatch {script} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def queued_jobs(ids: list[str]) -> dict[str, str]:
+    """``{job id: state}`` for those of ``ids`` that SLURM still holds in a live state (pending, running, ...)."""
+    if not ids or shutil.which("squeue") is None:
+        return {}
+    live = {}
+    for job in ids:  # one query per id: squeue rejects the whole list when one id has been purged
+        proc = subprocess.run(["squeue", "-h", "-r", "-j", job, "-o", "%i %T"], capture_output=True, text=True)
+        for line in proc.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1] in QUEUED_STATES:
+                live[job] = parts[1]
+    return live
+
+
+def submit_runs(settings: SlurmSettings, sweep_name: str, run_dirs: list[Path], root: Path, ev: dict | None,
+                dry_run: bool = False, workdir: Path | None = None) -> list[tuple[Path, str]]:
+    """Write the job script(s) under ``root/slurm`` and submit; returns (script, job id or 'dry-run')."""
+    log_dir = root / "slurm" / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    batches = [run_dirs] if settings.mode == "array" else [[d] for d in run_dirs]
+    submitted = []
+    for batch in batches:
+        name = sweep_name if len(batch) > 1 else f"{sweep_name}.{batch[0].name}"
+        script = root / "slurm" / f"{name}.sbatch"
+        script.write_text(job_script(settings, name, batch, log_dir, ev, workdir))
+        if dry_run:
+            submitted.append((script, "dry-run"))
+            continue
+        job = sbatch(script)
+        for i, d in enumerate(batch):
+            record_job(d, f"{job}_{i}" if len(batch) > 1 else job)
+        submitted.append((script, job))
+    return submitted

@@ -1,0 +1,318 @@
+"""Sweep files: a named grid of runs over base config files, expanded into resolved run configs.
+
+A sweep file (YAML)::
+
+    name: dar-table1                       # W&B group; default output directory runs/<name>
+    configs: [configs/pythia-70m.yml]      # base config files, layered in order (paths from the repo root)
+    set: {window_size: 128}                # key: value overrides for every run (dotted keys allowed)
+    grid:                                  # Cartesian product, axes in this order
+      attention_type: [dar, uniform]       # an axis over one config key ...
+      dar_d_down: [256, 128, 64]
+      scale:                               # ... or an axis of named options, each adding configs and/or keys
+        70m: {configs: [configs/pythia-70m.yml]}
+        160m: {configs: [configs/pythia-160m.yml], set: {train_iters: 5450}}
+    exclude: [{attention_type: uniform, dar_d_down: 64}]   # drop grid points matching all these labels
+    runs:                                  # explicit runs besides the grid (baselines)
+      - {name: vanilla, set: {attention_type: vanilla}}
+    name_template: "{attention_type}-d{dar_d_down}"         # optional; default joins the axis labels
+    eval: {corpora: [fineweb_edu, c4, wikitext103], max_docs: null}   # or `eval: false`
+    slurm: {nodes: 1, gpus_per_node: 8, time: "24:00:00"}  # defaults for `submit` (see slurm.py)
+    report: {baseline: {attention_type: vanilla}, group_by: [], metric: token_perplexity}
+
+Every run gets a deterministic, readable name, and a resolved config with ``save`` = its run directory,
+``wandb_group`` = the sweep name and ``wandb_run_name`` = the run name.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import Config, ConfigError, load_config
+
+RUN_META = "run.json"
+SWEEP_COPY = "sweep.yml"
+
+# Short prefixes for the axis labels in default run names (value appended): dar_d_down=128 -> "d128".
+NAME_PREFIX = {
+    "attention_type": "",
+    "dar_d_down": "d",
+    "window_size": "w",
+    "aha_l1_coef": "l1-",
+    "aha_threshold": "tau",
+    "mswa_variant": "mswa-",
+    "seed": "seed",
+    "train_iters": "iters",
+    "train_batch_size": "bs",
+}
+_TOP_KEYS = {"name", "description", "configs", "set", "grid", "exclude", "runs", "name_template", "eval", "slurm",
+             "report", "out"}
+_NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+class SweepError(ValueError):
+    """A problem in a sweep file, reported as one line."""
+
+
+@dataclass
+class RunSpec:
+    """One run of a sweep: its name, the label of each grid axis, config files and key overrides."""
+
+    name: str
+    axes: dict[str, str]
+    configs: list[str]
+    overrides: dict[str, Any]
+
+    def override_args(self) -> list[str]:
+        """``key=value`` strings for :func:`load_config` (values as JSON, which YAML reads back exactly)."""
+        return [f"{k}={json.dumps(v)}" for k, v in self.overrides.items()]
+
+
+@dataclass
+class Sweep:
+    """A parsed sweep file."""
+
+    name: str
+    path: Path | None
+    raw: dict
+    configs: list[str]
+    runs: list[RunSpec]
+    eval: dict | None
+    slurm: dict = field(default_factory=dict)
+    report: dict = field(default_factory=dict)
+    description: str = ""
+
+    def default_out(self) -> Path:
+        return Path(self.raw.get("out") or Path("runs") / self.name)
+
+    def run(self, name: str) -> RunSpec:
+        for r in self.runs:
+            if r.name == name:
+                return r
+        raise SweepError(f"sweep '{self.name}' has no run named '{name}' (runs: {', '.join(r.name for r in self.runs)})")
+
+
+def _label(key: str, value: Any) -> str:
+    if isinstance(value, float):
+        text = f"{value:g}"
+    elif value is None:
+        text = "none"
+    else:
+        text = str(value)
+    if key in NAME_PREFIX:
+        return NAME_PREFIX[key] + text
+    return text if isinstance(value, str) else f"{key}-{text}"
+
+
+def _as_list(value: Any, what: str) -> list:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise SweepError(f"'{what}' must be a list, got {value!r}")
+    return value
+
+
+def _option(axis: str, label: str, value: Any) -> tuple[list[str], dict]:
+    """A named option of an axis: ``{configs: [...], set: {...}}`` or a plain mapping of config keys."""
+    if not isinstance(value, dict):
+        raise SweepError(f"grid axis '{axis}' option '{label}' must be a mapping, got {value!r}")
+    if set(value) <= {"configs", "set"}:
+        sets = value.get("set") or {}
+        if not isinstance(sets, dict):
+            raise SweepError(f"grid axis '{axis}' option '{label}': 'set' must be a mapping")
+        return [str(p) for p in _as_list(value.get("configs"), f"grid.{axis}.{label}.configs")], dict(sets)
+    return [], dict(value)
+
+
+def _axis_points(axis: str, values: Any) -> list[tuple[str, Any, list[str], dict]]:
+    """(label, raw value, configs, overrides) for every point of one grid axis."""
+    if isinstance(values, dict):
+        if not values:
+            raise SweepError(f"grid axis '{axis}' has no options")
+        return [(str(lbl), str(lbl), *_option(axis, str(lbl), v)) for lbl, v in values.items()]
+    if not isinstance(values, list) or not values:
+        raise SweepError(f"grid axis '{axis}' must be a non-empty list of values or a mapping of named options")
+    return [(_label(axis, v), v, [], {axis: v}) for v in values]
+
+
+def _matches(axes: dict[str, str], raw: dict[str, Any], pattern: dict) -> bool:
+    for k, v in pattern.items():
+        if k not in axes:
+            raise SweepError(f"exclude names '{k}', which is not a grid axis")
+        if not (raw[k] == v or axes[k] == str(v)):
+            return False
+    return True
+
+
+def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
+    """Expand a sweep mapping into its runs (grid points in axis order, then explicit runs)."""
+    where = str(path) if path else "<sweep>"
+    if not isinstance(data, dict):
+        raise SweepError(f"{where} must hold a mapping")
+    unknown = set(data) - _TOP_KEYS
+    if unknown:
+        raise SweepError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_TOP_KEYS))})")
+    name = data.get("name") or (path.stem if path else None)
+    if not name or not _NAME_OK.match(str(name)):
+        raise SweepError(f"{where}: 'name' must be a word of letters, digits, '.', '_', '+', '-', got {name!r}")
+    base = [str(p) for p in _as_list(data.get("configs"), "configs")]
+    common = data.get("set") or {}
+    if not isinstance(common, dict):
+        raise SweepError(f"{where}: 'set' must be a mapping of config keys to values")
+    grid = data.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise SweepError(f"{where}: 'grid' must be a mapping of axes")
+    template = data.get("name_template")
+    excludes = _as_list(data.get("exclude"), "exclude")
+
+    runs: list[RunSpec] = []
+    if grid:
+        axes_points = [_axis_points(a, v) for a, v in grid.items()]
+        for combo in itertools.product(*axes_points):
+            axes = {a: p[0] for a, p in zip(grid, combo)}
+            raw = {a: p[1] for a, p in zip(grid, combo)}
+            if any(_matches(axes, raw, pat) for pat in excludes):
+                continue
+            configs, overrides = list(base), dict(common)
+            for _, _, cfgs, sets in combo:
+                configs += cfgs
+                overrides.update(sets)
+            if template:
+                try:
+                    run_name = str(template).format(**raw)
+                except KeyError as e:
+                    raise SweepError(f"{where}: name_template names {e}, which is not a grid axis") from None
+            else:
+                run_name = "-".join(axes.values())
+            runs.append(RunSpec(run_name, axes, configs, overrides))
+    for i, extra in enumerate(_as_list(data.get("runs"), "runs")):
+        if not isinstance(extra, dict) or set(extra) - {"name", "configs", "set", "axes"}:
+            raise SweepError(f"{where}: runs[{i}] must be a mapping with name, configs, set (and optional axes)")
+        sets = extra.get("set") or {}
+        cfgs = [str(p) for p in _as_list(extra.get("configs"), f"runs[{i}].configs")]
+        run_name = extra.get("name") or "-".join(
+            [_label(k, v) for k, v in sets.items()] + [Path(c).stem for c in cfgs]) or f"run{i}"
+        axes = {k: str(v) for k, v in (extra.get("axes") or {}).items()}
+        runs.append(RunSpec(str(run_name), axes, base + cfgs, {**common, **sets}))
+
+    if not runs:
+        raise SweepError(f"{where} defines no runs: add a 'grid' or 'runs'")
+    seen: dict[str, int] = {}
+    for r in runs:
+        if not _NAME_OK.match(r.name):
+            raise SweepError(f"{where}: run name {r.name!r} must be letters, digits, '.', '_', '+', '-'")
+        seen[r.name] = seen.get(r.name, 0) + 1
+    dups = [n for n, c in seen.items() if c > 1]
+    if dups:
+        raise SweepError(f"{where}: duplicate run names {', '.join(dups)}; set name_template or explicit names")
+    ev = data.get("eval", {"corpora": None, "max_docs": None})
+    if ev is not False and ev is not None and not isinstance(ev, dict):
+        raise SweepError(f"{where}: 'eval' must be a mapping (corpora, max_docs) or false")
+    return Sweep(name=str(name), path=path, raw=data, configs=base, runs=runs, eval=ev or None,
+                 slurm=dict(data.get("slurm") or {}), report=dict(data.get("report") or {}),
+                 description=str(data.get("description") or ""))
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and expand a sweep file; a run directory's saved ``sweep.yml`` works too."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / SWEEP_COPY
+    if not p.is_file():
+        raise SweepError(f"sweep file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise SweepError(f"malformed YAML in {p}: {e}") from None
+    return parse_sweep(data, p)
+
+
+def resolve_run(sweep: Sweep, run: RunSpec, run_dir: Path) -> tuple[Config, list[str]]:
+    """The run's validated config (save = run_dir, W&B group/name set) and the config warnings it raised."""
+    overrides = run.override_args() + [f"save={json.dumps(str(run_dir))}", f"wandb_group={json.dumps(sweep.name)}",
+                                       f"wandb_run_name={json.dumps(run.name)}"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            cfg = load_config(*run.configs, overrides=overrides)
+        except ConfigError as e:
+            raise SweepError(f"run '{run.name}': {e}") from None
+    return cfg, [str(w.message) for w in caught]
+
+
+@dataclass
+class PlannedRun:
+    """A run with its resolved config and directory."""
+
+    spec: RunSpec
+    cfg: Config
+    run_dir: Path
+    warnings: list[str]
+
+
+def plan(sweep: Sweep, out: str | Path | None = None) -> list[PlannedRun]:
+    """Resolve every run's config (nothing written)."""
+    root = Path(out) if out is not None else sweep.default_out()
+    root = root.resolve()
+    planned = []
+    for run in sweep.runs:
+        cfg, warns = resolve_run(sweep, run, root / run.name)
+        planned.append(PlannedRun(run, cfg, root / run.name, warns))
+    return planned
+
+
+def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> Path:
+    """Write ``<out>/sweep.yml`` and ``<out>/<run>/{config.yml,run.json}``; returns the output directory.
+
+    A run directory whose existing config differs from the new one and that already holds checkpoints
+    is an error unless ``force`` (editing a sweep under a started run would mix two experiments).
+    """
+    if not planned:
+        raise SweepError("nothing to write")
+    root = planned[0].run_dir.parent
+    for p in planned:
+        cfg_path = p.run_dir / "config.yml"
+        if cfg_path.is_file() and not force and (p.run_dir / "checkpoints").is_dir():
+            old = yaml.safe_load(cfg_path.read_text())
+            if old != p.cfg.to_dict():
+                changed = sorted(k for k in set(old) | set(p.cfg.to_dict()) if old.get(k) != p.cfg.to_dict().get(k))
+                raise SweepError(f"run '{p.spec.name}' already has checkpoints and its config changed "
+                                 f"({', '.join(changed)}); use a new output directory or --force")
+    root.mkdir(parents=True, exist_ok=True)
+    raw = dict(sweep.raw, name=sweep.name)
+    (root / SWEEP_COPY).write_text(f"# copied from {sweep.path} by `python -m neox_dar.sweep plan`\n"
+                                   + yaml.safe_dump(raw, sort_keys=False))
+    for p in planned:
+        p.run_dir.mkdir(parents=True, exist_ok=True)
+        (p.run_dir / "config.yml").write_text(p.cfg.to_yaml())
+        meta = {"sweep": sweep.name, "run": p.spec.name, "axes": p.spec.axes, "configs": p.spec.configs,
+                "overrides": p.spec.overrides}
+        (p.run_dir / RUN_META).write_text(json.dumps(meta, indent=1) + "\n")
+    return root
+
+
+def describe(p: PlannedRun) -> dict[str, Any]:
+    """One row of the plan listing: what a reader checks against the paper."""
+    c = p.cfg
+    attn = c.attention_type
+    if attn in ("dar", "uniform"):
+        attn += f" d_down={c.d_down}"
+    if attn.startswith("dar") or c.attention_type in ("swa", "mswa", "aha"):
+        attn += f" w={c.window_size}"
+    if c.attention_type == "mswa" and c.mswa_variant != "full":
+        attn += f" ({c.mswa_variant})"
+    if c.attention_type == "aha":
+        attn += f" l1={c.aha_l1_coef:g}"
+    batch = c.train_batch_size if c.train_batch_size is not None else c.train_micro_batch_size_per_gpu
+    return {"run": p.spec.name, "model": f"L{c.num_layers} d{c.hidden_size} H{c.num_attention_heads}",
+            "attention": attn, "steps": c.train_iters, "batch": f"{batch} x {c.seq_length}",
+            "tokens": f"{c.train_iters * batch * c.seq_length / 1e9:.2f}B"}

@@ -1,0 +1,114 @@
+#!/bin/bash
+# A one-node SLURM cluster on this machine, for tests and for trying the sweep tool without a cluster.
+#
+#   slurm/local_cluster.sh start DIR [CPUS]   # munged (if none runs), slurmctld, slurmd; state in DIR
+#   slurm/local_cluster.sh stop DIR           # stops the daemons this script started, by their pid files
+#   slurm/local_cluster.sh env DIR            # prints `export SLURM_CONF=DIR/slurm.conf`
+#
+# Needs Debian's slurm-wlm and munge (apt-get install -y slurm-wlm munge) and root (slurmd runs jobs as
+# their submitting user). The node is named by `hostname`; ProctrackType=proctrack/linuxproc and
+# TaskPlugin=task/none need no cgroups; no accounting database. Clients (sbatch, squeue, scontrol)
+# find the cluster through SLURM_CONF.
+set -euo pipefail
+
+cmd=${1:-}
+dir=${2:-}
+if [[ -z "$cmd" || -z "$dir" ]]; then
+    echo "usage: $0 start|stop|env DIR [CPUS]" >&2
+    exit 2
+fi
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+conf="$dir/slurm.conf"
+
+wait_for() {  # wait_for SECONDS COMMAND...: retry COMMAND until it succeeds
+    local deadline=$((SECONDS + $1)); shift
+    until "$@" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then return 1; fi
+        sleep 0.5
+    done
+}
+
+start() {
+    local cpus=${1:-$(nproc)}
+    for b in munged slurmctld slurmd sbatch; do
+        command -v "$b" >/dev/null || { echo "$b not found: apt-get install -y slurm-wlm munge" >&2; exit 1; }
+    done
+    local host
+    host=$(hostname)
+    mkdir -p "$dir/state" "$dir/spool" "$dir/log" "$dir/munge"
+    # munged: the system key, a socket of our own, run as the munge user
+    if [[ ! -S "$dir/munge/munge.socket" ]]; then
+        chown munge:munge "$dir/munge"
+        chmod 0700 "$dir/munge"
+        runuser -u munge -- munged --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
+            --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" --force
+        wait_for 10 test -S "$dir/munge/munge.socket" || { echo "munged did not start" >&2; exit 1; }
+        cp "$dir/munge/munged.pid" "$dir/munged.pid"
+    fi
+    cat > "$conf" <<CONF
+ClusterName=local
+SlurmctldHost=$host
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge/munge.socket
+CredType=cred/munge
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$((6800 + RANDOM % 1000))
+SlurmdPort=$((7800 + RANDOM % 1000))
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/backfill
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+ReturnToService=2
+SchedulerParameters=sched_interval=1
+MinJobAge=600
+KillWait=10
+SlurmctldTimeout=30
+SlurmdTimeout=30
+InactiveLimit=0
+NodeName=$host CPUs=$cpus RealMemory=1000 State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+CONF
+    export SLURM_CONF="$conf"
+    slurmctld -f "$conf"
+    wait_for 20 scontrol ping || { echo "slurmctld did not start; see $dir/log/slurmctld.log" >&2; exit 1; }
+    slurmd -f "$conf"
+    wait_for 30 bash -c "sinfo -h -o %T | grep -Eq '^(idle|mixed|allocated)'" \
+        || { echo "slurmd did not register; see $dir/log/slurmd.log" >&2; exit 1; }
+    echo "export SLURM_CONF=$conf"
+}
+
+stop_pidfile() {  # stop_pidfile FILE: TERM the process in FILE and wait for it to exit
+    local f=$1 pid
+    [[ -f "$f" ]] || return 0
+    pid=$(cat "$f")
+    if [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid"
+        wait_for 20 bash -c "! kill -0 $pid" || kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$f"
+}
+
+case "$cmd" in
+    start) start "${3:-}" ;;
+    stop)
+        stop_pidfile "$dir/slurmd.pid"
+        stop_pidfile "$dir/slurmctld.pid"
+        stop_pidfile "$dir/munged.pid"
+        rm -f "$dir/munge/munge.socket"
+        ;;
+    env) echo "export SLURM_CONF=$conf" ;;
+    *) echo "usage: $0 start|stop|env DIR [CPUS]" >&2; exit 2 ;;
+esac
