@@ -1,0 +1,166 @@
+"""Tokenizer loading and per-shard work (runs in the worker processes of ``data_prep.tokenize``).
+
+A shard is a list of records; :func:`process_shard` validates and decodes each record,
+tokenizes the good ones in one batch, appends the end-of-document id to each, and writes the
+shard as a small ``MMapIndexedDataset`` pair that the final merge concatenates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from neox_dar.data.indexed import IndexedDatasetWriter
+
+EOD_TOKEN = "<|endoftext|>"
+
+
+class BadRecord(ValueError):
+    """A record that is not a usable document (the message is the reason)."""
+
+
+@dataclass(frozen=True)
+class TokenizerSpec:
+    """What a worker needs to rebuild the tokenizer: path, kind ("hf" or "spm"), EOD id, vocab size."""
+
+    path: str
+    kind: str
+    eod_id: int
+    vocab_size: int
+
+
+def sha256_file(path: str, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _load(path: str, kind: str):
+    if kind == "hf":
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(path)
+        tok.no_truncation()
+        tok.no_padding()
+        return tok
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(model_file=path)
+
+
+def load_tokenizer_spec(path: str, eod_id: int | None = None) -> TokenizerSpec:
+    """Inspect a Hugging Face ``tokenizer.json`` or a SentencePiece ``.model``; find the EOD id.
+
+    The EOD id is ``--eod-id`` when given, else ``<|endoftext|>`` (id 0 in Pythia's tokenizer)
+    for Hugging Face tokenizers and the model's ``eos_id`` for SentencePiece.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"tokenizer not found: {path}")
+    kind = "spm" if path.endswith(".model") else "hf"
+    try:
+        tok = _load(path, kind)
+    except Exception as e:  # noqa: BLE001 - any parse failure becomes one clear line
+        raise ValueError(f"{path}: not a {'SentencePiece model' if kind == 'spm' else 'Hugging Face tokenizer.json'}"
+                         f" ({type(e).__name__}: {e})") from None
+    if kind == "hf":
+        vocab = tok.get_vocab_size(with_added_tokens=True)
+        found = tok.token_to_id(EOD_TOKEN)
+    else:
+        vocab = tok.get_piece_size()
+        found = tok.eos_id() if tok.eos_id() >= 0 else None
+    eod = eod_id if eod_id is not None else found
+    if eod is None:
+        raise ValueError(f"{path} has no {EOD_TOKEN} / EOS token; pass --eod-id")
+    if not 0 <= eod < vocab:
+        raise ValueError(f"EOD id {eod} is outside the vocabulary of {vocab} tokens")
+    return TokenizerSpec(path=os.path.abspath(path), kind=kind, eod_id=int(eod), vocab_size=int(vocab))
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def encode_texts(spec: TokenizerSpec, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text (no EOD), in one batch call."""
+    tok = _TOKENIZERS.get(spec.path)
+    if tok is None:
+        tok = _TOKENIZERS[spec.path] = _load(spec.path, spec.kind)
+    if spec.kind == "hf":
+        return [e.ids for e in tok.encode_batch(texts)]
+    return tok.encode(texts)
+
+
+def decode_record(kind: str, payload: object, text_key: str) -> str:
+    """The document text of a record; :class:`BadRecord` with the reason when it has none."""
+    if kind == "missing":
+        raise BadRecord(f"missing text field {text_key!r}")
+    if kind in ("json", "text"):
+        try:
+            text = payload.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BadRecord(f"invalid UTF-8 at byte {e.start}") from None
+        if kind == "json":
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise BadRecord(f"malformed JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict) or text_key not in obj:
+                raise BadRecord(f"missing text field {text_key!r}")
+            text = obj[text_key]
+    else:
+        text = payload
+    if text is None:
+        raise BadRecord(f"missing text field {text_key!r}")
+    if not isinstance(text, str):
+        raise BadRecord(f"text field {text_key!r} is a {type(text).__name__}, not a string")
+    if not text.strip():
+        raise BadRecord("empty document")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadRecord("invalid Unicode (lone surrogate escape)") from None
+    return text
+
+
+def process_shard(shard_id: int, records: list, spec: TokenizerSpec, text_key: str, dtype: str, out_dir: str) -> dict:
+    """Tokenize one shard of records into ``out_dir/shard_{id}.bin/.idx``; returns its journal entry.
+
+    Entry: shard, records, docs, tokens, bin_bytes, bad [[source, line, reason], ...].
+    """
+    texts, bad = [], []
+    for src, line, kind, payload in records:
+        try:
+            texts.append(decode_record(kind, payload, text_key))
+        except BadRecord as e:
+            bad.append([src, line, str(e)])
+    ids = encode_texts(spec, texts) if texts else []
+    sizes = np.fromiter((len(x) + 1 for x in ids), dtype=np.int64, count=len(ids))
+    tokens = np.empty(int(sizes.sum()), dtype=dtype)
+    ends = np.cumsum(sizes)
+    for x, end in zip(ids, ends):
+        tokens[end - 1 - len(x):end - 1] = x
+    tokens[ends - 1] = spec.eod_id
+    prefix = shard_prefix(out_dir, shard_id)
+    tmp = f"{prefix}.tmp{os.getpid()}"
+    writer = IndexedDatasetWriter(tmp, np.dtype(dtype))
+    writer.add_documents(tokens, sizes)
+    writer.finalize()
+    os.replace(tmp + ".bin", prefix + ".bin")
+    os.replace(tmp + ".idx", prefix + ".idx")
+    return {"shard": shard_id, "records": len(records), "docs": len(ids), "tokens": int(tokens.size),
+            "bin_bytes": int(tokens.nbytes), "bad": bad}
+
+
+def shard_prefix(out_dir: str, shard_id: int) -> str:
+    return os.path.join(out_dir, f"shard_{shard_id:07d}")
+
+
+def init_worker(single_thread: bool) -> None:
+    """Worker-process start: one tokenizer thread per worker when several workers share the cores."""
+    if single_thread:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
