@@ -1,0 +1,268 @@
+"""Evaluation corpora: WikiText-103 test, C4 ``en`` validation, FineWeb-Edu; loaded from local files or the Hub.
+
+Each corpus is a list of :class:`Document`: an id, the text the model scores, and the text words and bytes are
+counted on (the same string except for WikiText, where lm-evaluation-harness scores the detokenized page but
+counts the original page).
+
+Local formats (a path may be one file or a directory of such files, read in sorted order):
+
+* ``wikitext103``: a raw WikiText file (``wiki.test.raw``), split into articles exactly as the
+  ``EleutherAI/wikitext_document_level`` dataset that lm-eval's ``wikitext`` task reads does: a new page starts
+  at every line that is a level-1 heading (`` = Title = ``).
+* ``c4``: ``.json.gz`` / ``.jsonl`` / ``.json`` with one JSON object per line and a ``text`` field.
+* ``fineweb_edu``: ``.parquet`` or ``.jsonl(.gz)`` with a ``text`` field (and ``id`` when present).
+
+Hub sources (``source="hub"``) stream the same splits with ``datasets``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+CORPORA = ("fineweb_edu", "c4", "wikitext103")
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "eval"
+LOCAL_PATHS = {  # relative to the data directory
+    "wikitext103": "wikitext/wiki.test.raw",
+    "c4": "c4",
+    "fineweb_edu": "fineweb_edu",
+}
+
+
+class CorpusError(ValueError):
+    """A corpus file that exists but cannot be read as the corpus it should be."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One evaluation document: ``text`` is tokenized and scored, ``count_text`` gives words and bytes."""
+
+    id: str
+    text: str
+    count_text: str
+
+    @property
+    def sha256(self) -> str:
+        """Hash of the scored text (and of the counted text when it differs)."""
+        payload = self.text if self.count_text == self.text else self.text + "\x00" + self.count_text
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class HubSource:
+    path: str
+    name: str | None
+    split: str
+    text_field: str
+
+
+HUB_SOURCES = {
+    "wikitext103": HubSource("EleutherAI/wikitext_document_level", "wikitext-103-raw-v1", "test", "page"),
+    "c4": HubSource("allenai/c4", "en", "validation", "text"),
+    "fineweb_edu": HubSource("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", "text"),
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# WikiText
+
+
+def wikitext_pages(raw: str) -> list[str]:
+    """Split raw WikiText into article pages, as ``EleutherAI/wikitext_document_level`` does.
+
+    Lines are split on ``\\n``; a line whose stripped form (after ``= = =`` -> ``===``, ``= =`` -> ``==``)
+    starts with ``"= "`` and ends with ``" ="`` starts a new page; pages are the ``\\n``-joined lines; empty
+    (whitespace-only) pages are dropped except the last, which is always kept.
+    """
+    pages: list[str] = []
+    lines: list[str] = []
+    for line in raw.split("\n"):
+        heading = line.replace("= = =", "===").replace("= =", "==").strip()
+        if heading.startswith("= ") and heading.endswith(" ="):
+            page = "\n".join(lines)
+            if page.strip():
+                pages.append(page)
+            lines = []
+        lines.append(line)
+    pages.append("\n".join(lines))
+    return pages
+
+
+def wikitext_document(doc_id: str, page: str) -> Document:
+    """A WikiText page scored as lm-eval scores it: the detokenized page, counted on the original page."""
+    from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
+
+    return Document(doc_id, wikitext_detokenizer({"page": page}), page)
+
+
+def _load_wikitext_file(path: Path) -> Iterator[Document]:
+    try:
+        # universal newlines, as the dataset script's open(..., encoding="utf-8") reads the file
+        with open(path, encoding="utf-8") as f:
+            raw = f.read()
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"corrupt wikitext103 file {path}: not UTF-8 text ({e})") from None
+    pages = wikitext_pages(raw)
+    if len(pages) < 2 and not raw.lstrip().startswith("="):
+        raise CorpusError(f"corrupt wikitext103 file {path}: no ' = Title = ' article headings found")
+    for i, page in enumerate(pages):
+        yield wikitext_document(f"{path.name}:{i}", page)
+
+
+# ----------------------------------------------------------------------------------------------
+# JSON lines (C4, FineWeb-Edu) and parquet (FineWeb-Edu)
+
+
+def _read_jsonl(path: Path, corpus: str) -> Iterator[tuple[int, dict]]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for lineno, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise CorpusError(f"corrupt {corpus} file {path}: line {lineno + 1} is not JSON ({e})") from None
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise CorpusError(f"corrupt {corpus} file {path}: line {lineno + 1} has no string 'text' field")
+                yield lineno, row
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise CorpusError(f"corrupt {corpus} file {path}: {type(e).__name__}: {e}") from None
+
+
+def _read_parquet(path: Path, corpus: str) -> Iterator[tuple[int, dict]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"corrupt {corpus} file {path}: {e}") from None
+    if "text" not in table.column_names:
+        raise CorpusError(f"corrupt {corpus} file {path}: no 'text' column (columns: {table.column_names})")
+    columns = [c for c in ("id", "text") if c in table.column_names]
+    yield from enumerate(table.select(columns).to_pylist())
+
+
+def _load_records(path: Path, corpus: str) -> Iterator[Document]:
+    rows = _read_parquet(path, corpus) if path.suffix == ".parquet" else _read_jsonl(path, corpus)
+    for i, row in rows:
+        doc_id = str(row["id"]) if row.get("id") is not None else f"{path.name}:{i}"
+        yield Document(doc_id, row["text"], row["text"])
+
+
+# ----------------------------------------------------------------------------------------------
+# dispatch
+
+
+_SUFFIXES = {
+    "wikitext103": (".raw", ".txt"),
+    "c4": (".json.gz", ".jsonl.gz", ".jsonl", ".json"),
+    "fineweb_edu": (".parquet", ".jsonl", ".jsonl.gz", ".json.gz"),
+}
+
+
+def corpus_files(corpus: str, path: str | Path) -> list[Path]:
+    """The files of ``corpus`` at ``path`` (a file, or a directory read in sorted order)."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{corpus} corpus not found: {p}")
+    if p.is_file():
+        return [p]
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_SUFFIXES[corpus]))
+    if not files:
+        raise FileNotFoundError(f"{corpus} corpus: no {'/'.join(_SUFFIXES[corpus])} files in {p}")
+    return files
+
+
+def _check_corpus(corpus: str) -> None:
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus '{corpus}'; choose from {', '.join(CORPORA)}")
+
+
+def load_local(corpus: str, path: str | Path | None = None, data_dir: str | Path | None = None) -> list[Document]:
+    """All documents of ``corpus`` from ``path`` (default: ``{data_dir}/`` + :data:`LOCAL_PATHS`)."""
+    _check_corpus(corpus)
+    if path is None:
+        path = Path(data_dir or DEFAULT_DATA_DIR) / LOCAL_PATHS[corpus]
+    reader: Callable[[Path], Iterable[Document]]
+    if corpus == "wikitext103":
+        reader = _load_wikitext_file
+    else:
+        def reader(f: Path) -> Iterable[Document]:
+            return _load_records(f, corpus)
+    docs = [doc for f in corpus_files(corpus, path) for doc in reader(f)]
+    if not docs:
+        raise CorpusError(f"{corpus} corpus at {path} holds no documents")
+    return docs
+
+
+def load_hub(corpus: str, max_docs: int | None = None) -> list[Document]:
+    """The first ``max_docs`` documents of ``corpus``'s Hub split (:data:`HUB_SOURCES`), streamed with ``datasets``."""
+    _check_corpus(corpus)
+    try:
+        import datasets
+    except ImportError as e:
+        raise RuntimeError("--source hub needs the 'datasets' package (pip install datasets)") from e
+    src = HUB_SOURCES[corpus]
+    stream = datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
+    prefix = f"{src.path}/{src.name}/{src.split}"
+    docs = []
+    for i, row in enumerate(stream):
+        if max_docs is not None and i >= max_docs:
+            break
+        text = row[src.text_field]
+        if corpus == "wikitext103":
+            docs.append(wikitext_document(f"{prefix}:{i}", text))
+        else:
+            doc_id = str(row["id"]) if row.get("id") is not None else f"{prefix}:{i}"
+            docs.append(Document(doc_id, text, text))
+    return docs
+
+
+# ----------------------------------------------------------------------------------------------
+# subsets and manifests
+
+
+def corpus_manifest(docs: list[Document], source: str) -> dict:
+    """``{"source", "documents": [{"id", "sha256"}], "sha256"}``: the subset's identity, hashed."""
+    entries = [{"id": d.id, "sha256": d.sha256} for d in docs]
+    digest = hashlib.sha256(json.dumps(entries, sort_keys=True).encode("utf-8")).hexdigest()
+    return {"source": source, "num_documents": len(docs), "documents": entries, "sha256": digest}
+
+
+def manifest_hash(manifest: dict[str, dict]) -> str:
+    """One hash for a whole evaluation manifest (corpus name -> :func:`corpus_manifest`)."""
+    summary = {name: entry["sha256"] for name, entry in sorted(manifest.items())}
+    return hashlib.sha256(json.dumps(summary, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def select_documents(docs: list[Document], max_docs: int | None = None,
+                     manifest_entry: dict | None = None, corpus: str = "") -> list[Document]:
+    """The documents a run scores: the manifest's documents in its order (each present with the same hash),
+    or all documents; then the first ``max_docs`` of them."""
+    if manifest_entry is not None:
+        by_id = {d.id: d for d in docs}
+        chosen = []
+        for entry in manifest_entry["documents"]:
+            doc = by_id.get(entry["id"])
+            if doc is None:
+                raise CorpusError(f"{corpus}: manifest document '{entry['id']}' is not in the loaded corpus")
+            if doc.sha256 != entry["sha256"]:
+                raise CorpusError(f"{corpus}: document '{entry['id']}' differs from the manifest (sha256 "
+                                  f"{doc.sha256[:12]}... != {entry['sha256'][:12]}...)")
+            chosen.append(doc)
+        docs = chosen
+    if max_docs is not None:
+        if max_docs < 1:
+            raise ValueError(f"--max-docs must be >= 1, got {max_docs}")
+        docs = docs[:max_docs]
+    return docs

@@ -1,0 +1,118 @@
+"""Score documents with a causal LM over rolling windows, many documents' windows packed per batch.
+
+Every document's stream ``[prefix] + tokens`` is cut into windows by :func:`eval.rolling.rolling_spans`.
+Windows of all documents are sorted by length (longest first, so a batch holds windows of nearly equal
+length), right-padded, and run through the model; only each window's target positions are scored, so padding
+never changes a score (attention is causal in every variant: a position never sees the padding after it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .rolling import rolling_spans
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # input_ids (B, T) -> logits (B, T, V)
+
+
+@dataclass
+class ScoreResult:
+    """Per-document summed NLL (nats) and scored-token counts, plus run statistics."""
+
+    nll: list[float]
+    tokens: list[int]
+    windows: int
+    seconds: float
+    attention_stats: dict[str, list[float]] = field(default_factory=dict)
+
+
+class _StatsMean:
+    """Token-weighted running mean of ``model.attention_stats()`` over forwards (e.g. AHA's ``mu_f`` per head)."""
+
+    def __init__(self, model: object):
+        self.stats_fn = getattr(model, "attention_stats", None)
+        self.sums: dict[str, torch.Tensor] = {}
+        self.weight = 0
+
+    def add(self, n_positions: int) -> None:
+        if self.stats_fn is None:
+            return
+        stats = self.stats_fn()
+        for key, value in stats.items():
+            value = value.detach().double().cpu() * n_positions
+            self.sums[key] = self.sums[key] + value if key in self.sums else value
+        if stats:
+            self.weight += n_positions
+
+    def result(self) -> dict[str, list[float]]:
+        return {k: (v / self.weight).reshape(-1).tolist() for k, v in self.sums.items()} if self.weight else {}
+
+
+def score_documents(
+    model: torch.nn.Module | LogitsFn,
+    documents: Sequence[Sequence[int]],
+    max_length: int,
+    prefix_token: int,
+    stride: int | None = None,
+    batch_size: int = 8,
+    device: torch.device | str = "cpu",
+    pad_token: int = 0,
+    progress: bool = True,
+    desc: str = "scoring",
+) -> ScoreResult:
+    """Summed NLL of every token of every document, each token scored once (see :mod:`eval.rolling`).
+
+    ``model(input_ids[B, T]) -> logits[B, T, V]``; log-probabilities are taken in float32 whatever the model's
+    dtype. ``documents`` are token-id lists (without the prefix token). Returns per-document sums in float64.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    streams = [np.asarray([prefix_token, *doc], dtype=np.int64) for doc in documents]
+    # (doc, start, end, n_targets), longest input first; ties keep document order
+    windows = [(d, s, e, n) for d, x in enumerate(streams) for s, e, n in rolling_spans(len(x) - 1, max_length, stride)]
+    windows.sort(key=lambda w: -(w[2] - w[1]))
+    remaining = np.bincount([w[0] for w in windows], minlength=len(streams))
+    nll = np.zeros(len(streams), dtype=np.float64)
+    n_tokens = np.array([len(x) - 1 for x in streams], dtype=np.int64)
+    stats = _StatsMean(model)
+
+    docs_done = int((remaining == 0).sum())
+    bar = tqdm(total=int(n_tokens.sum()), unit="tok", unit_scale=True, desc=desc, disable=not progress,
+               dynamic_ncols=True)
+    bar.set_postfix(docs=f"{docs_done}/{len(streams)}")
+    start_time = time.perf_counter()
+    with torch.inference_mode():
+        for b in range(0, len(windows), batch_size):
+            batch = windows[b:b + batch_size]
+            width = max(e - s for _, s, e, _ in batch)
+            ids = torch.full((len(batch), width), pad_token, dtype=torch.long)
+            targets = torch.full((len(batch), width), -100, dtype=torch.long)
+            for row, (d, s, e, n) in enumerate(batch):
+                length = e - s
+                ids[row, :length] = torch.from_numpy(streams[d][s:e])
+                targets[row, length - n:length] = torch.from_numpy(streams[d][e - n + 1:e + 1])
+            ids, targets = ids.to(device), targets.to(device)
+            logits = model(ids)
+            scored = targets != -100
+            token_nll = F.cross_entropy(logits[scored].float(), targets[scored], reduction="none")
+            row_of = scored.nonzero()[:, 0]
+            row_nll = torch.zeros(len(batch), dtype=torch.float64, device=token_nll.device)
+            row_nll.index_add_(0, row_of, token_nll.double())
+            stats.add(int(scored.shape[0] * scored.shape[1]))
+            for row, value in enumerate(row_nll.cpu().tolist()):
+                d = batch[row][0]
+                nll[d] += value
+                remaining[d] -= 1
+                docs_done += int(remaining[d] == 0)
+            bar.update(int(scored.sum()))
+            bar.set_postfix(docs=f"{docs_done}/{len(streams)}")
+    bar.close()
+    return ScoreResult(nll=nll.tolist(), tokens=n_tokens.tolist(), windows=len(windows),
+                       seconds=time.perf_counter() - start_time, attention_stats=stats.result())

@@ -1,0 +1,136 @@
+"""eval.perplexity: per-document log-likelihoods equal lm-eval's HFLM.loglikelihood_rolling on a tiny random
+vanilla model exported to Hugging Face; batching and strides never change which tokens are scored."""
+
+import json
+import math
+
+import pytest
+import torch
+from lm_eval.api.instance import Instance
+from lm_eval.models.huggingface import HFLM
+from transformers import GPTNeoXForCausalLM, PreTrainedTokenizerFast
+
+from eval.corpora import load_local
+from eval.loading import DEFAULT_TOKENIZER, load_for_eval, load_tokenizer, prefix_token_id
+from eval.metrics import corpus_metrics
+from eval.perplexity import main, score_corpus
+from eval.scoring import score_documents
+from neox_dar.checkpoint import save_weights
+from neox_dar.config import load_config
+from neox_dar.convert import to_hf
+from neox_dar.model import build_model
+
+SEQ = 32
+
+
+def make_checkpoint(path, overrides=(), seed=0):
+    """A tiny random model (every parameter perturbed, so LayerNorms and biases matter) saved as step 7."""
+    torch.manual_seed(seed)
+    cfg = load_config("configs/tiny.yml", overrides=[f"seq_length={SEQ}", *overrides])
+    model = build_model(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    save_weights(model, cfg, path / "checkpoints" / "step_00000007")
+    (path / "checkpoints" / "latest").write_text("step_00000007")
+    return model.eval(), cfg
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    model, cfg = make_checkpoint(root)
+    return root, model, cfg
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return load_local("c4")[:4] + load_local("fineweb_edu")[:2]
+
+
+def test_nll_equals_lm_eval_hflm(tiny, docs, tmp_path):
+    root, model, cfg = tiny
+    hf_dir = to_hf(model, cfg, tmp_path / "hf")
+    hf_model = GPTNeoXForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    hf_tok = PreTrainedTokenizerFast(tokenizer_file=str(DEFAULT_TOKENIZER), eos_token="<|endoftext|>",
+                                     bos_token="<|endoftext|>")
+    lm = HFLM(pretrained=hf_model, tokenizer=hf_tok, max_length=SEQ, batch_size=4, device="cpu")
+    requests = [Instance(request_type="loglikelihood_rolling", doc={}, arguments=(d.text,), idx=i)
+                for i, d in enumerate(docs)]
+    reference = lm.loglikelihood_rolling(requests, disable_tqdm=True)
+
+    for path in (root, hf_dir):   # our checkpoint, and the exported Hugging Face folder through from_hf
+        loaded = load_for_eval(path)
+        tok = load_tokenizer(loaded.cfg, hf_dir=loaded.hf_dir)
+        ours = score_corpus(loaded.model, tok, docs, SEQ, prefix_token_id(tok), batch_size=5, progress=False,
+                            per_document=True)
+        for ll, row in zip(reference, ours["per_document"]):
+            assert row["tokens"] > SEQ
+            assert -row["nll"] == pytest.approx(ll, rel=1e-4, abs=0)
+
+
+def test_batching_and_padding_do_not_change_scores(tiny, docs):
+    _, model, _ = tiny
+    tok = load_tokenizer()
+    ids = [e.ids for e in tok.encode_batch([d.text for d in docs[:3]], add_special_tokens=False)]
+    ids.append([])                                  # an empty document scores nothing
+    one = score_documents(model, ids, SEQ, 0, batch_size=1, progress=False)
+    many = score_documents(model, ids, SEQ, 0, batch_size=7, progress=False)
+    assert one.tokens == many.tokens == [len(x) for x in ids]
+    assert many.nll == pytest.approx(one.nll, rel=1e-5)
+    assert one.nll[-1] == 0.0
+    # a window's score is the sum of its targets' NLLs from a single unpadded forward
+    doc = ids[0][:SEQ]
+    logp = torch.log_softmax(model(torch.tensor([[0] + doc[:-1]])).double(), -1)[0]
+    direct = -logp[torch.arange(len(doc)), torch.tensor(doc)].sum().item()
+    assert score_documents(model, [doc], SEQ, 0, progress=False).nll[0] == pytest.approx(direct, rel=1e-5)
+
+
+def test_stride_rescoring_uses_more_context(tiny, docs):
+    _, model, _ = tiny
+    tok = load_tokenizer()
+    ids = [e.ids for e in tok.encode_batch([d.text for d in docs[:2]], add_special_tokens=False)]
+    full = score_documents(model, ids, SEQ, 0, stride=SEQ, progress=False)
+    strided = score_documents(model, ids, SEQ, 0, stride=SEQ // 4, batch_size=16, progress=False)
+    assert strided.tokens == full.tokens
+    assert strided.windows > full.windows
+    assert all(math.isfinite(x) and x > 0 for x in strided.nll)
+    assert strided.nll != pytest.approx(full.nll, rel=1e-6)   # other contexts, other scores
+
+
+def test_metrics_formulas():
+    m = corpus_metrics(nll=1000.0, tokens=400, words=250, n_bytes=1200, documents=3)
+    assert m["token_perplexity"] == pytest.approx(math.exp(2.5))
+    assert m["word_perplexity"] == pytest.approx(math.exp(4.0))
+    assert m["byte_perplexity"] == pytest.approx(math.exp(1000 / 1200))
+    assert m["bits_per_byte"] == pytest.approx(1000 / (1200 * math.log(2)))
+    with pytest.raises(ValueError):
+        corpus_metrics(1.0, 0, 1, 1, 1)
+
+
+def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
+    root, _, cfg = tiny
+    out, manifest = tmp_path / "res.json", tmp_path / "manifest.json"
+    assert main([str(root), "--corpora", "c4,wikitext103", "--max-docs", "2", "--batch-size", "4",
+                 "--no-progress", "--out", str(out), "--write-manifest", str(manifest)]) == 0
+    res = json.loads(out.read_text())
+    assert res["step"] == 7 and res["attention_type"] == "vanilla" and res["max_length"] == SEQ
+    assert len(res["config_hash"]) == 64 and len(res["manifest_hash"]) == 64
+    assert set(res["corpora"]) == {"c4", "wikitext103"}
+    for entry in res["corpora"].values():
+        assert entry["documents"] == 2
+        assert entry["token_perplexity"] == pytest.approx(math.exp(entry["nll"] / entry["tokens"]))
+        assert entry["bits_per_byte"] == pytest.approx(entry["nll"] / (entry["bytes"] * math.log(2)))
+    # the same manifest scores the same documents again: same hash, same NLL
+    out2 = tmp_path / "res2.json"
+    assert main([str(root), "--corpora", "c4,wikitext103", "--manifest", str(manifest), "--no-progress",
+                 "--out", str(out2)]) == 0
+    res2 = json.loads(out2.read_text())
+    assert res2["manifest_hash"] == res["manifest_hash"]
+    assert res2["corpora"]["c4"]["nll"] == pytest.approx(res["corpora"]["c4"]["nll"], rel=1e-6)
+    # clear one-line errors
+    capsys.readouterr()
+    assert main([str(root), "--corpora", "c4", "--corpus-path", f"c4={tmp_path / 'missing.json.gz'}"]) == 2
+    assert str(tmp_path / "missing.json.gz") in capsys.readouterr().err
+    assert main([str(root), "--corpora", "c5"]) == 2
+    assert main([str(tmp_path / "no_run"), "--corpora", "c4"]) == 2
