@@ -1,0 +1,37 @@
+"""DAR two-path attention: local keys/values inside the window, the bottleneck's global ones beyond it."""
+
+from __future__ import annotations
+
+import torch
+
+from .banded import banded_backward, banded_forward, row_deltas
+from .runtime import check_qkv, check_window, head_windows, unit_last_dim
+
+
+class DarAttention(torch.autograd.Function):
+    """Fused DAR attention; gradients for all five inputs. See :func:`dar_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k_loc, v_loc, k_glob, v_glob, windows):
+        o, lse = banded_forward(q, k_loc, v_loc, k_glob, v_glob, windows, has_local=True, has_far=True)
+        ctx.save_for_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse, windows)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k_loc, v_loc, k_glob, v_glob, o, lse, windows = ctx.saved_tensors
+        do = do.contiguous()
+        grads = banded_backward(q, k_loc, v_loc, k_glob, v_glob, lse, row_deltas(o, do), do, windows, has_far=True)
+        return (*grads, None)
+
+
+def dar_attention(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob: torch.Tensor,
+                  v_glob: torch.Tensor, window: int) -> torch.Tensor:
+    """Causal attention where pair ``(i, j)`` uses ``k_loc[j], v_loc[j]`` if ``i - j < window`` else
+    ``k_glob[j], v_glob[j]``, one softmax over all ``j <= i``, scale ``1/sqrt(d_h)``.
+
+    All inputs (B, H, T, d_h), same dtype (float16/bfloat16/float32) and device; returns (B, H, T, d_h).
+    """
+    check_qkv("dar_attention", q, k_loc=k_loc, v_loc=v_loc, k_glob=k_glob, v_glob=v_glob)
+    windows = head_windows("dar_attention", check_window("dar_attention", window), q.shape[1], q.device)
+    return DarAttention.apply(*unit_last_dim(q, k_loc, v_loc, k_glob, v_glob), windows)

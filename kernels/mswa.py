@@ -1,0 +1,36 @@
+"""Sliding-window attention with one window per head (SWA when all windows are equal, MSWA otherwise)."""
+
+from __future__ import annotations
+
+import torch
+
+from .banded import banded_backward, banded_forward, row_deltas
+from .runtime import check_qkv, head_windows, unit_last_dim
+
+
+class MswaAttention(torch.autograd.Function):
+    """Per-head sliding-window attention in one launch for all heads. See :func:`mswa_attention`."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, windows):
+        o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
+        ctx.save_for_backward(q, k, v, o, lse, windows)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, windows = ctx.saved_tensors
+        do = do.contiguous()
+        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, lse, row_deltas(o, do), do, windows, has_far=False)
+        return dq, dk, dv, None
+
+
+def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+    """Causal attention where head ``h`` sees keys with ``i - j < windows[h]``, scale ``1/sqrt(d_h)``.
+
+    ``q, k, v``: (B, H, T, d_h); ``windows``: integer tensor (H,), each >= 0 (a row with no key gives zeros).
+    Each program starts its key loop at its own head's window, so work scales with the sum of the windows.
+    """
+    check_qkv("mswa_attention", q, k=k, v=v)
+    win = head_windows("mswa_attention", windows, q.shape[1], q.device)
+    return MswaAttention.apply(*unit_last_dim(q, k, v), win)

@@ -1,0 +1,130 @@
+"""Where the kernels may run, tile configurations for the autotuner, and input checks with one-line errors.
+
+Triton decides at decoration time (``import kernels``) whether a kernel is compiled for the GPU or run by its CPU
+interpreter, from ``TRITON_INTERPRET``. So the variable must be set before the first ``import kernels``; the value
+seen then is :data:`INTERPRET`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from triton import knobs
+
+INTERPRET: bool = bool(knobs.runtime.interpret)
+"""True when this process imported the kernels under ``TRITON_INTERPRET=1`` (CPU interpreter)."""
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# Tiles. The interpreter runs every program serially in numpy: 16 x 16 tiles keep the tests fast and make
+# T ~ 20..70 span several tiles, so every loop segment (pure far, masked, pure local) is exercised.
+_INTERPRET_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
+# GPU candidates (FlashAttention-2 style shapes; small key tiles serve heads whose window is small).
+_GPU_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
+    for bm, bn, nw, ns in [
+        (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2),
+        (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2), (64, 16, 4, 2),
+    ]
+]
+GATHER_BLOCK_M: int = 16 if INTERPRET else 64
+"""Rows per program of the compacted (gathered) AHA far path; fixed because the tile table is built for it."""
+
+
+def tile_configs() -> list[triton.Config]:
+    """Autotune candidates for kernels over contiguous rows."""
+    return _INTERPRET_CONFIGS if INTERPRET else _GPU_CONFIGS
+
+
+def gather_configs() -> list[triton.Config]:
+    """Autotune candidates for the gathered-rows kernels: ``BLOCK_M`` pinned to :data:`GATHER_BLOCK_M`."""
+    seen, out = set(), []
+    for c in tile_configs():
+        key = (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+        if key not in seen:
+            seen.add(key)
+            out.append(triton.Config({"BLOCK_M": GATHER_BLOCK_M, "BLOCK_N": key[0]}, num_warps=key[1], num_stages=key[2]))
+    return out
+
+
+def block_d(head_dim: int) -> int:
+    """Head-dim tile: the next power of two, at least 16 (``tl.dot``'s minimum); extra columns are masked."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """``tl.dot`` input precision: exact fp32 products for fp32 inputs (tests), tensor-core inputs otherwise."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def qk_scales(head_dim: int) -> tuple[float, float]:
+    """``(sm_scale, qk_scale)``: ``1/sqrt(d_h)`` and the same times ``log2(e)`` for base-2 softmax."""
+    sm = 1.0 / math.sqrt(head_dim)
+    return sm, sm * math.log2(math.e)
+
+
+def check_device(name: str, t: torch.Tensor) -> None:
+    """Raise a clear error when ``t`` lives where these Triton kernels cannot run."""
+    if t.device.type == "cuda":
+        if INTERPRET:
+            raise RuntimeError(f"{name}: kernels were imported under TRITON_INTERPRET=1 (CPU interpreter) but got a "
+                               "CUDA tensor; unset TRITON_INTERPRET before importing kernels to run on the GPU")
+        return
+    if t.device.type == "cpu":
+        if not INTERPRET:
+            raise RuntimeError(f"{name}: Triton kernels need a CUDA tensor; on CPU they run only under the Triton "
+                               "interpreter: set TRITON_INTERPRET=1 before importing kernels (slow, for tests)")
+        return
+    raise RuntimeError(f"{name}: Triton kernels run on CUDA (or CPU under TRITON_INTERPRET=1), got device {t.device}")
+
+
+def check_qkv(fn: str, q: torch.Tensor, **others: torch.Tensor) -> None:
+    """Validate ``q`` (B, H, T, d_h) and every tensor in ``others`` against it: same shape, dtype and device."""
+    if q.dim() != 4:
+        raise ValueError(f"{fn}: q must be (B, H, T, d_h), got shape {tuple(q.shape)}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{fn}: dtype {q.dtype} unsupported; use float16, bfloat16 or float32")
+    if INTERPRET and q.dtype == torch.bfloat16:
+        raise TypeError(f"{fn}: the Triton CPU interpreter computes bfloat16 tl.dot incorrectly; "
+                        "use float32 or float16 under TRITON_INTERPRET=1")
+    if q.shape[-1] > 256 or q.shape[2] == 0:
+        raise ValueError(f"{fn}: need 1 <= T and d_h <= 256, got shape {tuple(q.shape)}")
+    check_device(fn, q)
+    for name, t in others.items():
+        if t.shape != q.shape:
+            raise ValueError(f"{fn}: {name} shape {tuple(t.shape)} != q shape {tuple(q.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{fn}: {name} dtype {t.dtype} != q dtype {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{fn}: {name} is on {t.device} but q is on {q.device}")
+
+
+def check_window(fn: str, window) -> int:
+    """A non-negative Python int window (``key j inside when i - j < window``)."""
+    if isinstance(window, torch.Tensor):
+        if window.numel() != 1:
+            raise ValueError(f"{fn}: window must be a single integer, got a tensor of shape {tuple(window.shape)}")
+        window = int(window.item())
+    if isinstance(window, bool) or int(window) != window or window < 0:
+        raise ValueError(f"{fn}: window must be an integer >= 0, got {window!r}")
+    return int(window)
+
+
+def unit_last_dim(*ts: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors with stride 1 along d_h (copies only those that are not); other strides are passed to kernels."""
+    return [t if t.stride(-1) == 1 else t.contiguous() for t in ts]
+
+
+def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, device: torch.device) -> torch.Tensor:
+    """Per-head windows as an int32 (H,) tensor on ``device``, clamped to 2**30 (beyond any sequence)."""
+    if isinstance(windows, torch.Tensor):
+        if windows.dim() != 1 or windows.shape[0] != num_heads:
+            raise ValueError(f"{fn}: windows must have shape ({num_heads},), got {tuple(windows.shape)}")
+        if windows.dtype.is_floating_point or windows.dtype == torch.bool:
+            raise TypeError(f"{fn}: windows must be an integer tensor, got {windows.dtype}")
+        if bool((windows < 0).any()):
+            raise ValueError(f"{fn}: every window must be >= 0, got {windows.tolist()}")
+        return windows.clamp(max=2**30).to(device=device, dtype=torch.int32)
+    return torch.full((num_heads,), min(check_window(fn, windows), 2**30), dtype=torch.int32, device=device)
