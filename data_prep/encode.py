@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,7 +110,7 @@ def decode_record(kind: str, payload: object, text_key: str) -> str:
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
-                raise BadRecord(f"malformed JSON ({e.msg} at column {e.colno})") from None
+                raise BadRecord(f"malformed JSON ({e.msg}, column {e.colno})") from None
             if not isinstance(obj, dict) or text_key not in obj:
                 raise BadRecord(f"missing text field {text_key!r}")
             text = obj[text_key]
@@ -160,7 +162,15 @@ def shard_prefix(out_dir: str, shard_id: int) -> str:
     return os.path.join(out_dir, f"shard_{shard_id:07d}")
 
 
-def init_worker(single_thread: bool) -> None:
-    """Worker-process start: one tokenizer thread per worker when several workers share the cores."""
+def init_worker(single_thread: bool, parent_pid: int) -> None:
+    """Worker-process start: one tokenizer thread per worker when several workers share the cores, and a
+    watchdog that ends the worker if the main process dies (a SIGKILLed run leaves no orphans)."""
     if single_thread:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()

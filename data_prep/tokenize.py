@@ -136,8 +136,8 @@ def run_shards(args, sources: list[Source], spec: TokenizerSpec, dtype: np.dtype
     work = (spec, args.text_key, dtype.str, journal.directory)
     pool = None
     if args.workers > 1:
-        pool = cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("forkserver"),
-                                      initializer=init_worker, initargs=(True,))
+        pool = cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
+                                      initializer=init_worker, initargs=(True, os.getpid()))
     window: collections.deque = collections.deque()
     shards = _shards(sources, args.text_key, args.txt_mode, args.shard_docs)
     used, bad, tokens, written = 0, [], 0, 0
