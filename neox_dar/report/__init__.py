@@ -1,0 +1,9 @@
+"""The papers' tables and figures, recomputed from a sweep's run directories.
+
+    python -m neox_dar.report configs/sweeps/dar-table1.yml      # or runs/dar-table1, or any dir of runs
+"""
+
+from .collect import CORPORA, RunRecord, collect
+from .tables import Table, build_table, relative_percent, to_latex, to_markdown
+
+__all__ = ["CORPORA", "RunRecord", "Table", "build_table", "collect", "relative_percent", "to_latex", "to_markdown"]

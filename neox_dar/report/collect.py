@@ -1,0 +1,135 @@
+"""Gathering a sweep's finished runs from their files: config, axes, metrics, evaluations.
+
+Every number the report prints is recomputed here from the run directories (``metrics.jsonl``,
+``eval/*.json``); nothing is cached between reports.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import Config, load_config
+from ..sweep.rundir import final_eval, read_json, read_metrics
+from ..sweep.spec import RUN_META, SWEEP_COPY, Sweep, SweepError, load_sweep
+
+CORPORA = ("fineweb_edu", "c4", "wikitext103")
+CORPUS_TITLES = {"fineweb_edu": "FineWeb-Edu", "c4": "C4", "wikitext103": "WikiText-103"}
+
+
+@dataclass
+class RunRecord:
+    """One run as the report sees it."""
+
+    name: str
+    run_dir: Path
+    cfg: Config
+    axes: dict[str, str]
+    metrics: list[dict]
+    eval: dict | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def perplexity(self, corpus: str, metric: str) -> float | None:
+        """``metric`` of ``corpus`` from the final evaluation; None when it was not evaluated."""
+        if not self.eval:
+            return None
+        value = (self.eval.get("corpora") or {}).get(corpus, {}).get(metric)
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    def matches(self, selector: dict) -> bool:
+        """True when every ``key: value`` of ``selector`` holds for the run's config values or axis labels."""
+        for key, want in selector.items():
+            if key == "run":
+                if self.name != str(want):
+                    return False
+            elif key in self.axes:
+                if self.axes[key] != str(want):
+                    return False
+            elif getattr(self.cfg, key, object()) != want:
+                return False
+        return True
+
+    def train_rows(self) -> list[dict]:
+        return [r for r in self.metrics if "loss" in r and "step" in r]
+
+    def valid_rows(self) -> list[dict]:
+        return [r for r in self.metrics if "valid_loss" in r and "step" in r]
+
+    def mu_f_table(self) -> list[list[float]] | None:
+        """AHA full-attention usage per layer and head (L x H) from the last row that logs it."""
+        for row in reversed(self.metrics):
+            layers = sorted((int(k.split("layer")[1]), v) for k, v in row.items() if k.startswith("mu_f/layer"))
+            if layers:
+                return [list(map(float, v)) for _, v in layers]
+        return None
+
+    def mu_f(self) -> float | None:
+        """Overall AHA full-attention usage from the last row that logs it."""
+        for row in reversed(self.metrics):
+            if isinstance(row.get("mu_f"), (int, float)):
+                return float(row["mu_f"])
+        return None
+
+
+def _load_cfg(run_dir: Path) -> Config:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_config(run_dir / "config.yml")
+
+
+def load_run(run_dir: Path) -> RunRecord:
+    meta_path = run_dir / RUN_META
+    meta = read_json(meta_path) if meta_path.is_file() else {}
+    return RunRecord(name=meta.get("run", run_dir.name), run_dir=run_dir, cfg=_load_cfg(run_dir),
+                     axes={k: str(v) for k, v in (meta.get("axes") or {}).items()},
+                     metrics=read_metrics(run_dir), eval=final_eval(run_dir))
+
+
+def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:
+    """Runs of a sweep file (its output directory), of a sweep output directory, or of any directory of runs.
+
+    Returns ``(runs, sweep or None, root directory)``; runs are in the sweep's order when it is known.
+    """
+    target = Path(target)
+    sweep = None
+    if target.is_file():
+        sweep = load_sweep(target)
+        root = sweep.default_out()
+    else:
+        root = target
+        if (root / SWEEP_COPY).is_file():
+            sweep = load_sweep(root / SWEEP_COPY)
+    if not root.is_dir():
+        raise SweepError(f"no run directory at {root} (plan and train the sweep first)")
+    if sweep is not None:
+        dirs = [root / r.name for r in sweep.runs if (root / r.name / "config.yml").is_file()]
+    else:
+        dirs = sorted(d for d in root.iterdir() if (d / "config.yml").is_file())
+    if not dirs:
+        raise SweepError(f"no runs under {root}: expected <run>/config.yml directories")
+    return [load_run(d) for d in dirs], sweep, root
+
+
+def relative_cost(run: RunRecord, cache: dict) -> float:
+    """Mean attended keys per query summed over layers, as a fraction of vanilla's at the same shape."""
+    import torch
+
+    from ..model import build_model
+
+    def keys(cfg: Config) -> float:
+        k = yaml.safe_dump(cfg.to_dict())
+        if k not in cache:
+            with warnings.catch_warnings(), torch.device("meta"):
+                warnings.simplefilter("ignore")
+                model = build_model(cfg)
+            cache[k] = sum(m.attended_keys(cfg.seq_length) for m in model.attention_modules())
+        return cache[k]
+
+    vanilla = Config.from_dict({**run.cfg.to_dict(), "attention_type": "vanilla", "mswa_windows": None,
+                                "dar_d_down": None})
+    return keys(run.cfg) / keys(vanilla)

@@ -1,0 +1,179 @@
+"""The papers' figures as PNG, drawn from the run files.
+
+- ``relative_ppl_vs_step.png`` (DAR Fig. 3): validation perplexity of each run / its group's baseline x 100
+  at every step both logged a ``valid_loss`` (one validation set, where the paper averages three corpora).
+- ``loss_curves.png``: training loss per run, one panel per group.
+- ``cost_vs_perplexity.png`` (MSWA Table 5 as a plot): relative attention cost vs Rel. (%).
+- ``aha_mu_f_heatmap.png`` (AHA Fig. 3): full-attention usage per layer (rows) and head (columns).
+- ``aha_head_usage.png`` (AHA Fig. 4): every head's usage, sorted, per run.
+
+A figure whose inputs no run holds is not drawn; :func:`draw_all` says which and why.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from .collect import RunRecord  # noqa: E402
+from .tables import Table, baselines, group_key  # noqa: E402
+
+
+def _groups(runs: list[RunRecord], group_by: list[str]) -> dict[tuple, list[RunRecord]]:
+    out: dict[tuple, list[RunRecord]] = {}
+    for r in runs:
+        out.setdefault(group_key(r, group_by), []).append(r)
+    return out
+
+
+def _panels(n: int, width: float = 5.5, height: float = 3.8):
+    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
+    return fig, list(axes[0])
+
+
+def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
+    group_by = list(report.get("group_by") or [])
+    base = baselines(runs, report.get("baseline"), group_by)
+    series = []
+    for r in runs:
+        b = base.get(group_key(r, group_by))
+        if b is None or b is r:
+            continue
+        ref = {row["step"]: row["valid_loss"] for row in b.valid_rows()}
+        pts = [(row["step"], math.exp(row["valid_loss"] - ref[row["step"]]) * 100)
+               for row in r.valid_rows() if row["step"] in ref]
+        if pts:
+            series.append((group_key(r, group_by), r.name, pts))
+    if not series:
+        return None
+    keys = list(dict.fromkeys(s[0] for s in series))
+    fig, axes = _panels(len(keys))
+    for ax, key in zip(axes, keys):
+        for _, name, pts in (s for s in series if s[0] == key):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
+        ax.axhline(100.0, color="black", lw=1, ls="--")
+        ax.set_xlabel("step")
+        ax.set_ylabel("validation perplexity / baseline (%)")
+        ax.set_title(" ".join(key) or "relative perplexity")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "relative_ppl_vs_step.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def loss_curves(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
+    groups = {k: [r for r in g if r.train_rows()] for k, g in _groups(runs, list(report.get("group_by") or [])).items()}
+    groups = {k: g for k, g in groups.items() if g}
+    if not groups:
+        return None
+    fig, axes = _panels(len(groups))
+    for ax, (key, group) in zip(axes, groups.items()):
+        for r in group:
+            rows = r.train_rows()
+            ax.plot([x["step"] for x in rows], [x["loss"] for x in rows], lw=1, label=r.name)
+        ax.set_xlabel("step")
+        ax.set_ylabel("training loss")
+        ax.set_title(" ".join(key) or "training loss")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "loss_curves.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path) -> Path | None:
+    if "Cost" not in table.columns:
+        return None
+    ci, ri = table.columns.index("Cost"), table.columns.index("Rel. (%)")
+    kinds: dict[str, list[tuple[float, float, str]]] = {}
+    for r, row in zip(runs, table.rows):
+        if row[ri] is not None:
+            label = r.cfg.attention_type + (f"-{r.cfg.mswa_variant}" if r.cfg.attention_type == "mswa"
+                                            and r.cfg.mswa_variant != "full" else "")
+            kinds.setdefault(label, []).append((row[ci], row[ri], r.name))
+    if not kinds:
+        return None
+    fig, axes = _panels(1, 6.5, 4.5)
+    ax = axes[0]
+    for kind, pts in kinds.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
+        for x, y, name in pts:
+            ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xscale("log")
+    ax.set_xlabel("attention cost (attended keys, relative to vanilla)")
+    ax.set_ylabel("Rel. perplexity (%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "cost_vs_perplexity.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def aha_figures(runs: list[RunRecord], out: Path) -> list[Path]:
+    tables = [(r.name, r.mu_f_table()) for r in runs if r.cfg.attention_type == "aha"]
+    tables = [(n, t) for n, t in tables if t]
+    if not tables:
+        return []
+    fig, axes = _panels(len(tables), 4.8, 3.8)
+    for ax, (name, t) in zip(axes, tables):
+        im = ax.imshow(t, vmin=0.0, vmax=1.0, cmap="Blues_r", aspect="auto")
+        ax.set_xticks(range(len(t[0])))
+        ax.set_yticks(range(len(t)))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(name, fontsize=9)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle("AHA full-attention usage mu_f per layer and head", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    heat = out / "aha_mu_f_heatmap.png"
+    fig.savefig(heat, dpi=120)
+    plt.close(fig)
+
+    fig, axes = _panels(1, 6.5, 4.0)
+    for name, t in tables:
+        usage = sorted((v for row in t for v in row), reverse=True)
+        axes[0].plot(range(1, len(usage) + 1), usage, marker=".", label=name)
+    axes[0].set_xlabel("head rank")
+    axes[0].set_ylabel("mu_f")
+    axes[0].set_title("AHA heads sorted by full-attention usage")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    sorted_path = out / "aha_head_usage.png"
+    fig.savefig(sorted_path, dpi=120)
+    plt.close(fig)
+    return [heat, sorted_path]
+
+
+def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path) -> tuple[list[Path], list[str]]:
+    """Every figure that the runs support; returns (files, reasons for those not drawn)."""
+    out.mkdir(parents=True, exist_ok=True)
+    files, skipped = [], []
+    for name, fn in (("relative perplexity vs step", lambda: relative_ppl_vs_step(runs, report, out)),
+                     ("loss curves", lambda: loss_curves(runs, report, out)),
+                     ("cost vs perplexity", lambda: cost_vs_perplexity(table, _ordered(runs, table), out))):
+        path = fn()
+        if path is None:
+            skipped.append(f"{name}: no run holds its inputs")
+        else:
+            files.append(path)
+    aha = aha_figures(runs, out)
+    if aha:
+        files += aha
+    elif any(r.cfg.attention_type == "aha" for r in runs):
+        skipped.append("AHA mu_f figures: no AHA run logged mu_f/layer{l}")
+    return files, skipped
+
+
+def _ordered(runs: list[RunRecord], table: Table) -> list[RunRecord]:
+    by_name = {r.name: r for r in runs}
+    return [by_name[row[0]] for row in table.rows]

@@ -1,0 +1,123 @@
+"""The papers' perplexity tables: per-corpus perplexity and Rel. (%), in Markdown and LaTeX.
+
+``Rel. (%)`` is the SPEC's: the mean over the corpora of ``ppl(run) / ppl(baseline) * 100``, with the
+baseline run of the same group (e.g. vanilla at the same scale). A perplexity the run files do not hold
+is *missing* (shown as an em dash), never zero, and a Rel. that would need it is missing too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..sweep.spec import SweepError
+from .collect import CORPORA, CORPUS_TITLES, RunRecord, relative_cost
+
+MISSING = None
+
+
+def relative_percent(ppl: dict[str, float | None], base: dict[str, float | None], corpora=CORPORA) -> float | None:
+    """Mean over ``corpora`` of ``ppl[c] / base[c] * 100``; None when any value is missing."""
+    ratios = []
+    for c in corpora:
+        a, b = ppl.get(c), base.get(c)
+        if a is None or b is None or b <= 0:
+            return None
+        ratios.append(a / b * 100.0)
+    return sum(ratios) / len(ratios)
+
+
+@dataclass
+class Table:
+    """A report table: header cells and rows of values (None = missing)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list]
+    notes: list[str]
+
+
+def group_key(run: RunRecord, group_by: list[str]) -> tuple:
+    return tuple(run.axes.get(g, str(getattr(run.cfg, g, ""))) for g in group_by)
+
+
+def baselines(runs: list[RunRecord], selector: dict | None, group_by: list[str]) -> dict[tuple, RunRecord]:
+    """The baseline run of each group (runs matching ``selector``); a group with two baselines is an error."""
+    out: dict[tuple, RunRecord] = {}
+    if not selector:
+        return out
+    for r in runs:
+        if r.matches(selector):
+            key = group_key(r, group_by)
+            if key in out:
+                raise SweepError(f"two baseline runs in group {key or '(all)'}: {out[key].name} and {r.name}; "
+                                 "set report.group_by or a narrower report.baseline")
+            out[key] = r
+    return out
+
+
+def build_table(runs: list[RunRecord], report: dict, corpora=CORPORA) -> Table:
+    """Rows in ``report['rows']`` order (default: the given order); columns run, axes, corpora, Rel., extras."""
+    metric = report.get("metric", "token_perplexity")
+    group_by = list(report.get("group_by") or [])
+    base = baselines(runs, report.get("baseline"), group_by)
+    order = report.get("rows")
+    if order:
+        by_name = {r.name: r for r in runs}
+        runs = [by_name[n] for n in order if n in by_name] + [r for r in runs if r.name not in order]
+    axes = [a for a in dict.fromkeys(k for r in runs for k in r.axes)]
+    with_mu_f = any(r.cfg.attention_type == "aha" for r in runs)
+    with_cost = bool(report.get("cost"))
+    columns = ["Run", *axes, *(CORPUS_TITLES.get(c, c) for c in corpora), "Rel. (%)"]
+    if with_cost:
+        columns.append("Cost")
+    if with_mu_f:
+        columns.append("mu_f (%)")
+    columns.append("Step")
+    cache: dict = {}
+    rows = []
+    for r in runs:
+        ppl = {c: r.perplexity(c, metric) for c in corpora}
+        b = base.get(group_key(r, group_by))
+        rel = relative_percent(ppl, {c: b.perplexity(c, metric) for c in corpora}, corpora) if b else MISSING
+        row = [r.name, *(r.axes.get(a, "") for a in axes), *(ppl[c] for c in corpora), rel]
+        if with_cost:
+            row.append(relative_cost(r, cache))
+        if with_mu_f:
+            mu = r.mu_f() if r.cfg.attention_type == "aha" else ""
+            row.append(mu * 100 if isinstance(mu, float) else mu)
+        row.append(r.eval.get("step") if r.eval else MISSING)
+        rows.append(row)
+    notes = [f"Perplexity: {metric} from each run's final eval/*.json; Rel. (%) = mean over "
+             f"{', '.join(CORPUS_TITLES.get(c, c) for c in corpora)} of ppl / ppl(baseline) x 100"
+             + (f", baseline per {', '.join(group_by)}" if group_by else "") + ". '—' = not evaluated."]
+    if with_cost:
+        notes.append("Cost: attended keys per query summed over layers, relative to vanilla attention.")
+    if with_mu_f:
+        notes.append("mu_f: share of (token, head, layer) gates that chose full attention, last logged value.")
+    return Table(report.get("title") or "Perplexity", columns, rows, notes)
+
+
+def _cell(v, latex: bool = False) -> str:
+    if v is None:
+        return "--" if latex else "—"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    text = str(v)
+    return text.replace("_", r"\_").replace("%", r"\%") if latex else text
+
+
+def to_markdown(t: Table) -> str:
+    lines = [f"### {t.title}", "", "| " + " | ".join(t.columns) + " |",
+             "| " + " | ".join("---" if i == 0 else "---:" for i in range(len(t.columns))) + " |"]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in t.rows]
+    return "\n".join(lines + [""] + [f"{n}" for n in t.notes]) + "\n"
+
+
+def to_latex(t: Table) -> str:
+    spec = "l" + "r" * (len(t.columns) - 1)
+    head = " & ".join(_cell(c, latex=True) for c in t.columns) + r" \\"
+    body = [" & ".join(_cell(v, latex=True) for v in row) + r" \\" for row in t.rows]
+    return "\n".join([r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule", head,
+                      r"\midrule", *body, r"\bottomrule", r"\end{tabular}",
+                      rf"\caption{{{_cell(t.title, latex=True)}. {_cell(' '.join(t.notes), latex=True).replace('—', '--')}}}",
+                      r"\end{table}"]) + "\n"

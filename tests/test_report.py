@@ -1,0 +1,170 @@
+"""The report recomputes its tables from run files, shows missing evaluations as missing, draws the figures."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from neox_dar.report.__main__ import main as report_main
+from neox_dar.report.collect import CORPORA, collect
+from neox_dar.report.tables import build_table, relative_percent, to_latex, to_markdown
+from neox_dar.sweep.spec import parse_sweep, plan, write_plan
+
+SWEEP = {
+    "name": "synthetic",
+    "configs": ["configs/tiny.yml"],
+    "set": {"train_iters": 40},
+    "grid": {"attention": {"dar": {"configs": ["configs/attention/dar.yml"]},
+                           "uniform": {"configs": ["configs/attention/uniform.yml"]}},
+             "dar_d_down": [32, 16]},
+    "runs": [{"name": "vanilla", "configs": ["configs/attention/vanilla.yml"]},
+             {"name": "aha-w16", "configs": ["configs/attention/aha.yml"], "set": {"window_size": 16}},
+             {"name": "mswa-w16", "configs": ["configs/attention/mswa.yml"], "set": {"window_size": 16}}],
+    "report": {"title": "synthetic table", "baseline": {"attention_type": "vanilla"}, "cost": True},
+}
+
+
+def _write_run_files(run_dir: Path, rng: random.Random, cfg_layers: int = 2, heads: int = 4) -> dict:
+    """Contract-shaped metrics.jsonl, status.json and eval/perplexity.json with random values."""
+    rows = []
+    for step in range(10, 41, 10):
+        rows.append({"step": step, "loss": 10 - step / 10 + rng.random(), "lm_loss": 9.0, "aux_loss": 0.0,
+                     "lr": 1e-3, "grad_norm": 1.0, "tokens_per_sec": 1e4, "samples_per_sec": 80.0,
+                     "consumed_samples": step * 16,
+                     "mu_f": rng.random(),
+                     **{f"mu_f/layer{l}": [rng.random() for _ in range(heads)] for l in range(cfg_layers)}})
+        if step % 20 == 0:
+            rows.append({"step": step, "valid_loss": 8 - step / 20 + rng.random()})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run_dir / "status.json").write_text(json.dumps({"state": "done", "step": 40, "train_iters": 40}))
+    corpora = {c: {"nll": 1.0, "tokens": 100, "words": 80, "bytes": 400,
+                   "token_perplexity": rng.uniform(20, 60), "word_perplexity": rng.uniform(40, 90),
+                   "byte_perplexity": rng.uniform(1.5, 3), "bits_per_byte": rng.uniform(0.8, 1.5), "documents": 3}
+               for c in CORPORA}
+    (run_dir / "eval").mkdir(exist_ok=True)
+    result = {"checkpoint": str(run_dir), "step": 40, "config_hash": "x", "manifest_hash": "y",
+              "attention_type": "vanilla", "corpora": corpora}
+    (run_dir / "eval" / "perplexity.json").write_text(json.dumps(result))
+    return result
+
+
+@pytest.fixture()
+def sweep_dir(tmp_path):
+    sweep = parse_sweep(SWEEP, tmp_path / "synthetic.yml")
+    root = write_plan(sweep, plan(sweep, tmp_path / "runs"))
+    rng = random.Random(7)
+    results = {r.name: _write_run_files(root / r.name, rng) for r in sweep.runs}
+    return root, results
+
+
+def _row(table, name):
+    return next(r for r in table.rows if r[0] == name)
+
+
+def test_relative_percent_is_mean_ratio():
+    rng = random.Random(3)
+    a = {c: rng.uniform(10, 50) for c in CORPORA}
+    b = {c: rng.uniform(10, 50) for c in CORPORA}
+    want = sum(a[c] / b[c] for c in CORPORA) / 3 * 100
+    assert math.isclose(relative_percent(a, b), want, rel_tol=1e-12)
+    assert relative_percent(a, a) == pytest.approx(100.0)
+    assert relative_percent({**a, "c4": None}, b) is None
+
+
+def test_table_recomputed_from_run_files(sweep_dir):
+    root, results = sweep_dir
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    ppl = {n: {c: r["corpora"][c]["token_perplexity"] for c in CORPORA} for n, r in results.items()}
+    row = _row(table, "dar-d32")
+    ci = table.columns.index("FineWeb-Edu")
+    assert row[ci] == ppl["dar-d32"]["fineweb_edu"]
+    assert row[table.columns.index("Rel. (%)")] == pytest.approx(relative_percent(ppl["dar-d32"], ppl["vanilla"]))
+    assert _row(table, "vanilla")[table.columns.index("Rel. (%)")] == pytest.approx(100.0)
+    before = to_markdown(table)
+
+    # corrupt one number in one run file: the table must follow
+    path = root / "dar-d32" / "eval" / "perplexity.json"
+    data = json.loads(path.read_text())
+    data["corpora"]["c4"]["token_perplexity"] *= 1.37
+    path.write_text(json.dumps(data))
+    runs, sweep, _ = collect(root)
+    after_table = build_table(runs, sweep.report)
+    after = to_markdown(after_table)
+    assert after != before
+    new_rel = _row(after_table, "dar-d32")[table.columns.index("Rel. (%)")]
+    ppl["dar-d32"]["c4"] *= 1.37
+    assert new_rel == pytest.approx(relative_percent(ppl["dar-d32"], ppl["vanilla"]))
+    assert f"{new_rel:.2f}" in after
+
+
+def test_missing_evaluation_is_shown_missing(sweep_dir):
+    root, _ = sweep_dir
+    (root / "uniform-d16" / "eval" / "perplexity.json").unlink()
+    data = json.loads((root / "dar-d16" / "eval" / "perplexity.json").read_text())
+    del data["corpora"]["wikitext103"]
+    (root / "dar-d16" / "eval" / "perplexity.json").write_text(json.dumps(data))
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    rel = table.columns.index("Rel. (%)")
+    missing = _row(table, "uniform-d16")
+    assert all(missing[table.columns.index(c)] is None for c in ("FineWeb-Edu", "C4", "WikiText-103"))
+    assert missing[rel] is None
+    partial = _row(table, "dar-d16")
+    assert partial[table.columns.index("WikiText-103")] is None and partial[rel] is None
+    assert partial[table.columns.index("C4")] is not None
+    md_line = next(line for line in to_markdown(table).splitlines() if line.startswith("| uniform-d16 "))
+    assert md_line.count("—") >= 4 and " 0.00 " not in md_line
+    tex_line = next(line for line in to_latex(table).splitlines() if line.startswith("uniform-d16 "))
+    assert tex_line.count("--") >= 4
+
+
+def test_missing_baseline_makes_rel_missing(sweep_dir):
+    root, _ = sweep_dir
+    (root / "vanilla" / "eval" / "perplexity.json").unlink()
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    assert all(row[table.columns.index("Rel. (%)")] is None for row in table.rows)
+
+
+def test_group_by_uses_baseline_of_the_same_group(tmp_path):
+    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
+            "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
+                     "attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
+                                   "dar": {"configs": ["configs/attention/dar.yml"]}}},
+            "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]}}
+    sweep = parse_sweep(spec, tmp_path / "scales.yml")
+    root = write_plan(sweep, plan(sweep, tmp_path / "runs"))
+    rng = random.Random(11)
+    res = {r.name: _write_run_files(root / r.name, rng) for r in sweep.runs}
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    ppl = {n: {c: r["corpora"][c]["token_perplexity"] for c in CORPORA} for n, r in res.items()}
+    rel = table.columns.index("Rel. (%)")
+    assert _row(table, "big-dar")[rel] == pytest.approx(relative_percent(ppl["big-dar"], ppl["big-vanilla"]))
+    assert _row(table, "small-dar")[rel] == pytest.approx(relative_percent(ppl["small-dar"], ppl["small-vanilla"]))
+
+
+def test_cli_writes_tables_and_figures(sweep_dir, capsys):
+    root, _ = sweep_dir
+    assert report_main([str(root), "--out", str(root / "rep")]) == 0
+    out = capsys.readouterr().out
+    assert "| dar-d32 |" in out
+    for name in ("table.md", "table.tex", "table.json", "relative_ppl_vs_step.png", "loss_curves.png",
+                 "cost_vs_perplexity.png", "aha_mu_f_heatmap.png", "aha_head_usage.png"):
+        f = root / "rep" / name
+        assert f.is_file() and f.stat().st_size > 100, name
+    assert (root / "rep" / "relative_ppl_vs_step.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cost_column_orders_swa_family(sweep_dir):
+    root, _ = sweep_dir
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    cost = table.columns.index("Cost")
+    assert _row(table, "vanilla")[cost] == pytest.approx(1.0)
+    assert 0 < _row(table, "mswa-w16")[cost] < 0.5
