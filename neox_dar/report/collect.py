@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from eval.corpora import CORPORA
+from eval.table import TITLES
 
 from ..config import Config, load_config
 from ..sweep.rundir import final_eval, read_json, read_metrics
 from ..sweep.spec import RUN_META, SWEEP_COPY, Sweep, SweepError, load_sweep
 
-CORPORA = ("fineweb_edu", "c4", "wikitext103")
-CORPUS_TITLES = {"fineweb_edu": "FineWeb-Edu", "c4": "C4", "wikitext103": "WikiText-103"}
+CORPUS_TITLES = TITLES
 
 
 @dataclass

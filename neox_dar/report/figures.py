@@ -36,6 +36,21 @@ def _panels(n: int, width: float = 5.5, height: float = 3.8):
     return fig, list(axes[0])
 
 
+def _label(ax, xlabel: str, ylabel: str, title: str, legend: bool = True) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if legend:
+        ax.legend(fontsize=7)
+
+
+def _save(fig, path: Path, rect=None) -> Path:
+    fig.tight_layout(rect=rect)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
@@ -57,15 +72,8 @@ def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path) -> Path
         for _, name, pts in (s for s in series if s[0] == key):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
         ax.axhline(100.0, color="black", lw=1, ls="--")
-        ax.set_xlabel("step")
-        ax.set_ylabel("validation perplexity / baseline (%)")
-        ax.set_title(" ".join(key) or "relative perplexity")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "relative_ppl_vs_step.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        _label(ax, "step", "validation perplexity / baseline (%)", " ".join(key) or "relative perplexity")
+    return _save(fig, out / "relative_ppl_vs_step.png")
 
 
 def loss_curves(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
@@ -78,15 +86,8 @@ def loss_curves(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
         for r in group:
             rows = r.train_rows()
             ax.plot([x["step"] for x in rows], [x["loss"] for x in rows], lw=1, label=r.name)
-        ax.set_xlabel("step")
-        ax.set_ylabel("training loss")
-        ax.set_title(" ".join(key) or "training loss")
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "loss_curves.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        _label(ax, "step", "training loss", " ".join(key) or "training loss")
+    return _save(fig, out / "loss_curves.png")
 
 
 def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path) -> Path | None:
@@ -109,14 +110,8 @@ def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path) -> Path |
         for x, y, name in pts:
             ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("attention cost (attended keys, relative to vanilla)")
-    ax.set_ylabel("Rel. perplexity (%)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "cost_vs_perplexity.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    _label(ax, "attention cost (attended keys, relative to vanilla)", "Rel. perplexity (%)", "cost vs perplexity")
+    return _save(fig, out / "cost_vs_perplexity.png")
 
 
 def aha_figures(runs: list[RunRecord], out: Path) -> list[Path]:
@@ -129,29 +124,17 @@ def aha_figures(runs: list[RunRecord], out: Path) -> list[Path]:
         im = ax.imshow(t, vmin=0.0, vmax=1.0, cmap="Blues_r", aspect="auto")
         ax.set_xticks(range(len(t[0])))
         ax.set_yticks(range(len(t)))
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title(name, fontsize=9)
+        _label(ax, "head", "layer", name, legend=False)
         fig.colorbar(im, ax=ax, fraction=0.046)
     fig.suptitle("AHA full-attention usage mu_f per layer and head", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
-    heat = out / "aha_mu_f_heatmap.png"
-    fig.savefig(heat, dpi=120)
-    plt.close(fig)
+    heat = _save(fig, out / "aha_mu_f_heatmap.png", rect=(0, 0, 1, 0.94))
 
     fig, axes = _panels(1, 6.5, 4.0)
     for name, t in tables:
         usage = sorted((v for row in t for v in row), reverse=True)
         axes[0].plot(range(1, len(usage) + 1), usage, marker=".", label=name)
-    axes[0].set_xlabel("head rank")
-    axes[0].set_ylabel("mu_f")
-    axes[0].set_title("AHA heads sorted by full-attention usage")
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    sorted_path = out / "aha_head_usage.png"
-    fig.savefig(sorted_path, dpi=120)
-    plt.close(fig)
-    return [heat, sorted_path]
+    _label(axes[0], "head rank", "mu_f", "AHA heads sorted by full-attention usage")
+    return [heat, _save(fig, out / "aha_head_usage.png")]
 
 
 def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path) -> tuple[list[Path], list[str]]:

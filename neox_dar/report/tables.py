@@ -1,29 +1,21 @@
 """The papers' perplexity tables: per-corpus perplexity and Rel. (%), in Markdown and LaTeX.
 
-``Rel. (%)`` is the SPEC's: the mean over the corpora of ``ppl(run) / ppl(baseline) * 100``, with the
+``Rel. (%)`` is eval.table's (the SPEC's): the mean over the corpora of ``ppl(run) / ppl(baseline) * 100``, with the
 baseline run of the same group (e.g. vanilla at the same scale). A perplexity the run files do not hold
-is *missing* (shown as an em dash), never zero, and a Rel. that would need it is missing too.
+is *missing* (shown as eval.table shows it, "--"), never zero, and a Rel. that would need it is missing too.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eval.table import MISSING as MISSING_TEXT
+from eval.table import _flag_other_documents, _latex_escape, relative_percent
+
 from ..sweep.spec import SweepError
 from .collect import CORPORA, CORPUS_TITLES, RunRecord, relative_cost
 
 MISSING = None
-
-
-def relative_percent(ppl: dict[str, float | None], base: dict[str, float | None], corpora=CORPORA) -> float | None:
-    """Mean over ``corpora`` of ``ppl[c] / base[c] * 100``; None when any value is missing."""
-    ratios = []
-    for c in corpora:
-        a, b = ppl.get(c), base.get(c)
-        if a is None or b is None or b <= 0:
-            return None
-        ratios.append(a / b * 100.0)
-    return sum(ratios) / len(ratios)
 
 
 @dataclass
@@ -55,7 +47,7 @@ def baselines(runs: list[RunRecord], selector: dict | None, group_by: list[str])
     return out
 
 
-def build_table(runs: list[RunRecord], report: dict, corpora=CORPORA) -> Table:
+def build_table(runs: list[RunRecord], report: dict) -> Table:
     """Rows in ``report['rows']`` order (default: the given order); columns run, axes, corpora, Rel., extras."""
     metric = report.get("metric", "token_perplexity")
     group_by = list(report.get("group_by") or [])
@@ -67,19 +59,21 @@ def build_table(runs: list[RunRecord], report: dict, corpora=CORPORA) -> Table:
     axes = [a for a in dict.fromkeys(k for r in runs for k in r.axes)]
     with_mu_f = any(r.cfg.attention_type == "aha" for r in runs)
     with_cost = bool(report.get("cost"))
-    columns = ["Run", *axes, *(CORPUS_TITLES.get(c, c) for c in corpora), "Rel. (%)"]
+    columns = ["Run", *axes, *(CORPUS_TITLES.get(c, c) for c in CORPORA), "Rel. (%)"]
     if with_cost:
         columns.append("Cost")
     if with_mu_f:
         columns.append("mu_f (%)")
     columns.append("Step")
     cache: dict = {}
-    rows = []
+    rows, flags = [], []
     for r in runs:
-        ppl = {c: r.perplexity(c, metric) for c in corpora}
+        ppl = {c: r.perplexity(c, metric) for c in CORPORA}
         b = base.get(group_key(r, group_by))
-        rel = relative_percent(ppl, {c: b.perplexity(c, metric) for c in corpora}, corpora) if b else MISSING
-        row = [r.name, *(r.axes.get(a, "") for a in axes), *(ppl[c] for c in corpora), rel]
+        rel = relative_percent(r.eval, b.eval, metric) if (b and b.eval and r.eval) else MISSING
+        if b and b is not r and b.eval and r.eval:
+            flags += _flag_other_documents([(r.name, r.eval)], b.eval)
+        row = [r.name, *(r.axes.get(a, "") for a in axes), *(ppl[c] for c in CORPORA), rel]
         if with_cost:
             row.append(relative_cost(r, cache))
         if with_mu_f:
@@ -88,22 +82,21 @@ def build_table(runs: list[RunRecord], report: dict, corpora=CORPORA) -> Table:
         row.append(r.eval.get("step") if r.eval else MISSING)
         rows.append(row)
     notes = [f"Perplexity: {metric} from each run's final eval/*.json; Rel. (%) = mean over "
-             f"{', '.join(CORPUS_TITLES.get(c, c) for c in corpora)} of ppl / ppl(baseline) x 100"
-             + (f", baseline per {', '.join(group_by)}" if group_by else "") + ". '—' = not evaluated."]
+             f"{', '.join(CORPUS_TITLES.get(c, c) for c in CORPORA)} of ppl / ppl(baseline) x 100"
+             + (f", baseline per {', '.join(group_by)}" if group_by else "") + f". '{MISSING_TEXT}' = not evaluated."]
     if with_cost:
         notes.append("Cost: attended keys per query summed over layers, relative to vanilla attention.")
     if with_mu_f:
         notes.append("mu_f: share of (token, head, layer) gates that chose full attention, last logged value.")
-    return Table(report.get("title") or "Perplexity", columns, rows, notes)
+    return Table(report.get("title") or "Perplexity", columns, rows, notes + flags)
 
 
 def _cell(v, latex: bool = False) -> str:
     if v is None:
-        return "--" if latex else "—"
+        return MISSING_TEXT
     if isinstance(v, float):
         return f"{v:.2f}"
-    text = str(v)
-    return text.replace("_", r"\_").replace("%", r"\%") if latex else text
+    return _latex_escape(str(v)) if latex else str(v)
 
 
 def to_markdown(t: Table) -> str:
@@ -119,5 +112,5 @@ def to_latex(t: Table) -> str:
     body = [" & ".join(_cell(v, latex=True) for v in row) + r" \\" for row in t.rows]
     return "\n".join([r"\begin{table}[t]", r"\centering", rf"\begin{{tabular}}{{{spec}}}", r"\toprule", head,
                       r"\midrule", *body, r"\bottomrule", r"\end{tabular}",
-                      rf"\caption{{{_cell(t.title, latex=True)}. {_cell(' '.join(t.notes), latex=True).replace('—', '--')}}}",
+                      rf"\caption{{{_cell(t.title, latex=True)}. {_cell(' '.join(t.notes), latex=True)}}}",
                       r"\end{table}"]) + "\n"
