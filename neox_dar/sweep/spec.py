@@ -315,4 +315,8 @@ def describe(p: PlannedRun) -> dict[str, Any]:
     batch = c.train_batch_size if c.train_batch_size is not None else c.train_micro_batch_size_per_gpu
     return {"run": p.spec.name, "model": f"L{c.num_layers} d{c.hidden_size} H{c.num_attention_heads}",
             "attention": attn, "steps": c.train_iters, "batch": f"{batch} x {c.seq_length}",
-            "tokens": f"{c.train_iters * batch * c.seq_length / 1e9:.2f}B"}
+            "tokens": _tokens(c.train_iters * batch * c.seq_length)}
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"

@@ -1,0 +1,178 @@
+"""The generated sbatch scripts: rendering, shell syntax, and the torchrun rendezvous under a fake srun."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from neox_dar.sweep.slurm import LAUNCHER, SlurmSettings, job_script, render
+from neox_dar.sweep.spec import SweepError, parse_sweep, plan, write_plan
+
+SWEEP = {"name": "tiny-sweep", "configs": ["configs/tiny.yml"], "set": {"train_iters": 20},
+         "grid": {"window_size": [4, 8, 16]}, "eval": False}
+
+
+def _settings(**kw) -> SlurmSettings:
+    base = {"gpus_per_node": 0, "nproc_per_node": 2, "cpus_per_task": 1, "time": "00:05:00"}
+    return SlurmSettings.from_dict({**base, **kw})
+
+
+def _sbatch_lines(script: str) -> list[str]:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def test_render_drops_empty_sbatch_lines_and_rejects_unknown_fields():
+    text = "#SBATCH --account={{ account }}\n#SBATCH --time={{ time }}\necho {{ time }}\n"
+    assert render(text, {"account": None, "time": "1:00:00"}) == "#SBATCH --time=1:00:00\necho 1:00:00\n"
+    with pytest.raises(SweepError, match="nodes"):
+        render("#SBATCH --nodes={{ nodes }}\n", {})
+
+
+def test_array_script_renders_and_parses(tmp_path):
+    runs = [tmp_path / f"run{i}" for i in range(3)]
+    script = job_script(_settings(concurrency=2, account="proj", qos="high", partition="cpu",
+                                  mail_user="me@example.org", mail_type="END,FAIL", extra_sbatch=["--exclusive"],
+                                  setup=["export FOO=1"]),
+                        "tiny", runs, tmp_path / "logs", None, workdir=tmp_path)
+    lines = _sbatch_lines(script)
+    for want in ("--array=0-2%2", "--signal=B:USR1@120", "--requeue", "--nodes=1", "--ntasks-per-node=1",
+                 "--cpus-per-task=1", "--time=00:05:00", "--account=proj", "--qos=high", "--partition=cpu",
+                 "--mail-user=me@example.org", "--mail-type=END,FAIL", "--exclusive", "--job-name=tiny",
+                 f"--output={tmp_path}/logs/%x-%A_%a.out"):
+        assert f"#SBATCH {want}" in lines, want
+    assert not any("gpus-per-node" in line or "constraint" in line or "--mem" in line for line in lines)
+    assert "export FOO=1" in script and "{{" not in script
+    assert all(str(r) in script for r in runs)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    subprocess.run(["bash", "-n", str(LAUNCHER)], check=True)
+
+
+def test_single_run_gpu_script(tmp_path):
+    script = job_script(SlurmSettings.from_dict({"nodes": 4, "gpus_per_node": 8, "constraint": "h100",
+                                                 "mem": "0", "signal_seconds": 300}),
+                        "one", [tmp_path / "run"], tmp_path / "logs", {"corpora": ["c4"], "max_docs": 5},
+                        workdir=tmp_path)
+    lines = _sbatch_lines(script)
+    assert "#SBATCH --gpus-per-node=8" in lines and "#SBATCH --nodes=4" in lines
+    assert "#SBATCH --constraint=h100" in lines and "#SBATCH --signal=B:USR1@300" in lines
+    assert not any(line.startswith("#SBATCH --array") for line in lines)
+    assert "NPROC_PER_NODE=8" in script
+    assert "EVAL_ARGS=(--corpora c4 --max-docs 5)" in script
+
+
+def test_settings_errors():
+    with pytest.raises(SweepError, match="nproc_per_node"):
+        SlurmSettings.from_dict({"gpus_per_node": 0})
+    with pytest.raises(SweepError, match="unknown slurm setting"):
+        SlurmSettings.from_dict({"gpu": 1})
+    with pytest.raises(SweepError, match="mode"):
+        SlurmSettings.from_dict({"mode": "both"})
+
+
+def _executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+@pytest.fixture()
+def fake_slurm(tmp_path):
+    """A PATH with fake srun / scontrol and a fake torchrun that records what it was started with.
+
+    The fake srun runs its command once per node (SLURM_NODEID = 0..N-1, as one task per node would),
+    the fake scontrol expands a comma-separated node list and records `requeue`, and the fake torchrun
+    records its arguments and rendezvous environment, then plays the trainer: it writes status.json with
+    the state in FAKE_TRAIN_STATE and exits with FAKE_TRAIN_EXIT.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    rec = tmp_path / "records"
+    rec.mkdir()
+    _executable(bin_dir / "srun", f"""#!/bin/bash
+while [[ $1 == --* ]]; do shift; done
+IFS=, read -r -a hosts <<<"$SLURM_JOB_NODELIST"
+rc=0
+for i in "${{!hosts[@]}}"; do
+    SLURM_NODEID=$i SLURMD_NODENAME=${{hosts[$i]}} "$@" || rc=$?
+done
+echo "srun $*" >> {rec}/srun.log
+exit $rc
+""")
+    _executable(bin_dir / "scontrol", f"""#!/bin/bash
+if [[ $1 == show && $2 == hostnames ]]; then tr , '\\n' <<<"$3"; exit 0; fi
+echo "$*" >> {rec}/scontrol.log
+""")
+    _executable(bin_dir / "fake_torchrun", f"""#!/bin/bash
+python3 - "$@" <<'EOF'
+import json, os, sys
+rec = {{"argv": sys.argv[1:], "MASTER_ADDR": os.environ["MASTER_ADDR"], "MASTER_PORT": os.environ["MASTER_PORT"],
+       "node": os.environ["SLURM_NODEID"]}}
+open("{rec}/torchrun-" + os.environ["SLURM_NODEID"] + ".json", "w").write(json.dumps(rec))
+config = sys.argv[-1]
+run_dir = os.path.dirname(config)
+json.dump({{"state": os.environ["FAKE_TRAIN_STATE"], "step": 5, "train_iters": 20}},
+          open(os.path.join(run_dir, "status.json"), "w"))
+sys.exit(int(os.environ["FAKE_TRAIN_EXIT"]))
+EOF
+""")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TORCHRUN": str(bin_dir / "fake_torchrun"),
+           "SLURM_JOB_ID": "12345", "SLURM_JOB_NODELIST": "gpu-a,gpu-b", "SLURM_JOB_NUM_NODES": "2"}
+    return env, rec
+
+
+def _planned_script(tmp_path: Path, nodes: int = 2) -> tuple[Path, Path]:
+    sweep = parse_sweep({**SWEEP, "grid": {}, "runs": [{"name": "one"}]}, tmp_path / "s.yml")
+    planned = plan(sweep, tmp_path / "runs")
+    root = write_plan(sweep, planned)
+    script = tmp_path / "job.sbatch"
+    script.write_text(job_script(_settings(nodes=nodes, nproc_per_node=4), "t", [planned[0].run_dir],
+                                 root / "logs", None, workdir=Path.cwd()))
+    return script, planned[0].run_dir
+
+
+def test_rendezvous_from_slurm_variables(tmp_path, fake_slurm):
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path)
+    proc = subprocess.run(["bash", str(script)], env={**env, "FAKE_TRAIN_STATE": "done", "FAKE_TRAIN_EXIT": "0"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    calls = [json.loads((rec / f"torchrun-{i}.json").read_text()) for i in range(2)]
+    for i, call in enumerate(calls):
+        assert call["MASTER_ADDR"] == "gpu-a"  # first host of the node list, on every node
+        assert call["MASTER_PORT"] == str(20000 + 12345 % 20000)  # from the job id, same on every node
+        args = call["argv"]
+        assert "--nnodes=2" in args and f"--node_rank={i}" in args and "--nproc_per_node=4" in args
+        assert "--master_addr=gpu-a" in args and f"--master_port={20000 + 12345 % 20000}" in args
+        assert args[-2:] == ["train.py", str(run_dir / "config.yml")]
+    assert not (rec / "scontrol.log").exists()  # done: no requeue
+    assert "training done" in (run_dir / "logs" / "job.log").read_text()
+
+
+def test_interrupted_training_requeues_the_job(tmp_path, fake_slurm):
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    # torchrun reports a worker failure as exit 1; the run's status.json says it stopped at a checkpoint
+    proc = subprocess.run(["bash", str(script)],
+                          env={**env, "SLURM_JOB_NODELIST": "gpu-a", "SLURM_JOB_NUM_NODES": "1",
+                               "FAKE_TRAIN_STATE": "interrupted", "FAKE_TRAIN_EXIT": "1"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (rec / "scontrol.log").read_text().split() == ["requeue", "12345"]
+
+
+def test_failed_training_fails_the_job(tmp_path, fake_slurm):
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    proc = subprocess.run(["bash", str(script)],
+                          env={**env, "SLURM_JOB_NODELIST": "gpu-a", "SLURM_JOB_NUM_NODES": "1",
+                               "FAKE_TRAIN_STATE": "failed", "FAKE_TRAIN_EXIT": "1"},
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert not (rec / "scontrol.log").exists()
+    assert "training failed" in (run_dir / "logs" / "job.log").read_text()
