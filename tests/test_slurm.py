@@ -154,14 +154,18 @@ def test_rendezvous_from_slurm_variables(tmp_path, fake_slurm):
     assert "training done" in (run_dir / "logs" / "job.log").read_text()
 
 
+def _one_node_job(script: Path, env: dict, state: str, exit_code: int) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script)],
+                          env={**env, "SLURM_JOB_NODELIST": "gpu-a", "SLURM_JOB_NUM_NODES": "1",
+                               "FAKE_TRAIN_STATE": state, "FAKE_TRAIN_EXIT": str(exit_code)},
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_interrupted_training_requeues_the_job(tmp_path, fake_slurm):
     env, rec = fake_slurm
     script, run_dir = _planned_script(tmp_path, nodes=1)
     # torchrun reports a worker failure as exit 1; the run's status.json says it stopped at a checkpoint
-    proc = subprocess.run(["bash", str(script)],
-                          env={**env, "SLURM_JOB_NODELIST": "gpu-a", "SLURM_JOB_NUM_NODES": "1",
-                               "FAKE_TRAIN_STATE": "interrupted", "FAKE_TRAIN_EXIT": "1"},
-                          capture_output=True, text=True, timeout=60)
+    proc = _one_node_job(script, env, "interrupted", 1)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (rec / "scontrol.log").read_text().split() == ["requeue", "12345"]
 
@@ -169,10 +173,7 @@ def test_interrupted_training_requeues_the_job(tmp_path, fake_slurm):
 def test_failed_training_fails_the_job(tmp_path, fake_slurm):
     env, rec = fake_slurm
     script, run_dir = _planned_script(tmp_path, nodes=1)
-    proc = subprocess.run(["bash", str(script)],
-                          env={**env, "SLURM_JOB_NODELIST": "gpu-a", "SLURM_JOB_NUM_NODES": "1",
-                               "FAKE_TRAIN_STATE": "failed", "FAKE_TRAIN_EXIT": "1"},
-                          capture_output=True, text=True, timeout=60)
+    proc = _one_node_job(script, env, "failed", 1)
     assert proc.returncode == 1
     assert not (rec / "scontrol.log").exists()
     assert "training failed" in (run_dir / "logs" / "job.log").read_text()
