@@ -1,0 +1,207 @@
+"""Triton kernels (kernels/) against a float64 PyTorch reference with explicit masks: outputs and every gradient.
+
+Device-aware: on a machine with CUDA (and ``TRITON_INTERPRET`` unset) the kernels run compiled on the GPU in
+float32, float16 and bfloat16; elsewhere this module sets ``TRITON_INTERPRET=1`` before importing the kernels and
+runs them in Triton's CPU interpreter in float32 and float16 (the interpreter's bfloat16 ``tl.dot`` is wrong).
+Shapes are tiny with T not a multiple of the 16-row interpreter tile, so every loop segment (pure far, boundary
+straddling, pure local, diagonal) runs.
+
+Tolerances (relative Frobenius error ``|x - ref| / |ref|`` against float64 on the same rounded inputs):
+float32 1e-5 (exact fp32 products, ``input_precision="ieee"``), float16 1e-2, bfloat16 3e-2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+if not ON_GPU:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import kernels  # noqa: E402  (TRITON_INTERPRET must be set before this import)
+from kernels import aha_attention, dar_attention, mswa_attention  # noqa: E402
+from kernels.aha import route_rows  # noqa: E402
+
+assert kernels.INTERPRET != ON_GPU, "kernels was imported before this module chose the device; run it alone"
+
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
+TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+# ------------------------------------------------------------------------------------------------ reference
+def two_path_reference(q, k_loc, v_loc, k_far, v_far, local, far):
+    """float64 softmax attention: pair (i, j) uses the local k/v where ``local`` and the far k/v where ``far``.
+
+    ``local``, ``far``: bool, broadcast to (B, H, T, T), disjoint. A row with no pair gives zeros.
+    """
+    q, k_loc, v_loc, k_far, v_far = (t.double() for t in (q, k_loc, v_loc, k_far, v_far))
+    s = torch.where(local, q @ k_loc.transpose(-1, -2), q @ k_far.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    p = torch.softmax(s.masked_fill(~(local | far), float("-inf")), dim=-1).nan_to_num(0.0)
+    return torch.where(local, p, 0.0) @ v_loc + torch.where(far, p, 0.0) @ v_far
+
+
+def distances(T: int) -> torch.Tensor:
+    """(T, T) ``i - j``; negative above the diagonal."""
+    pos = torch.arange(T, device=DEVICE)
+    return pos[:, None] - pos[None, :]
+
+
+def leaves(n: int, shape, dtype) -> list[torch.Tensor]:
+    """``n`` random leaf tensors (never zeros), rounded to ``dtype``."""
+    return [torch.randn(shape, device=DEVICE).to(dtype).requires_grad_() for _ in range(n)]
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_against_reference(out, inputs, ref_fn, dtype, label):
+    """Compare ``out`` and the gradients of ``inputs`` with ``ref_fn(*float64 copies)`` under one upstream grad."""
+    assert torch.isfinite(out).all(), f"{label}: non-finite output"
+    grad_out = torch.randn_like(out)
+    out.backward(grad_out)
+    ref_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    ref = ref_fn(*ref_inputs)
+    ref.backward(grad_out.double())
+    errs = {"out": rel_err(out, ref)}
+    for n, (t, r) in enumerate(zip(inputs, ref_inputs)):
+        errs[f"grad{n}"] = rel_err(t.grad, r.grad) if r.grad.norm() > 0 else t.grad.double().abs().max().item()
+    bad = {k: v for k, v in errs.items() if not v <= TOL[dtype]}
+    assert not bad, f"{label} {dtype}: relative errors over {TOL[dtype]:g}: {bad}"
+
+
+# ------------------------------------------------------------------------------------------------ DAR
+# (B, H, T, d_h, w): w in {0, 1, 5, 128, >= T}, plus a window that is not a tile multiple over several tiles.
+def with_dtypes(cases, half_cases):
+    """Every case in float32; the ``half_cases`` indices also in the half dtypes (every case on the GPU)."""
+    return [(*c, dt) for n, c in enumerate(cases) for dt in DTYPES
+            if dt == torch.float32 or ON_GPU or n in half_cases]
+
+
+DAR_CASES = [(2, 2, 37, 16, 0), (2, 3, 45, 32, 1), (1, 2, 70, 64, 5), (2, 2, 33, 128, 128), (2, 2, 50, 32, 50),
+             (1, 2, 69, 16, 20)]
+
+
+@pytest.mark.parametrize("B,H,T,D,w,dtype", with_dtypes(DAR_CASES, half_cases=(1, 5)))
+def test_dar_matches_reference(B, H, T, D, w, dtype):
+    torch.manual_seed(T * 1000 + w)
+    inputs = leaves(5, (B, H, T, D), dtype)
+    delta = distances(T)
+    local = (delta >= 0) & (delta < w)
+    far = (delta >= 0) & (delta >= w)
+    out = dar_attention(*inputs, w)
+    assert out.shape == (B, H, T, D) and out.dtype == dtype
+    check_against_reference(out, inputs, lambda *x: two_path_reference(*x, local, far), dtype, f"dar w={w}")
+
+
+# ------------------------------------------------------------------------------------------------ MSWA
+MSWA_CASES = [(2, 4, 53, 32, [1, 5, 17, 128]), (1, 4, 40, 16, [0, 2, 16, 64]), (2, 2, 29, 64, [29, 3]),
+              (1, 3, 50, 128, [8, 33, 1])]
+
+
+@pytest.mark.parametrize("B,H,T,D,windows,dtype", with_dtypes(MSWA_CASES, half_cases=(0,)))
+def test_mswa_matches_reference(B, H, T, D, windows, dtype):
+    torch.manual_seed(T)
+    q, k, v = leaves(3, (B, H, T, D), dtype)
+    win = torch.tensor(windows, device=DEVICE)
+    delta = distances(T)
+    local = (delta >= 0) & (delta < win[:, None, None])  # (H, T, T)
+    out = mswa_attention(q, k, v, win)
+    check_against_reference(out, [q, k, v], lambda q, k, v: two_path_reference(q, k, v, k, v, local, local & False),
+                            dtype, f"mswa windows={windows}")
+
+
+def test_mswa_equal_windows_is_swa_and_accepts_strided_inputs():
+    """q, k, v as the model makes them (chunks of one fused projection: non-contiguous, strided heads)."""
+    torch.manual_seed(3)
+    B, H, T, D, w = 2, 2, 35, 16, 7
+    qkv = torch.randn(B, T, H, 3 * D, device=DEVICE).transpose(1, 2).requires_grad_()
+    q, k, v = qkv.chunk(3, dim=-1)
+    assert not q.is_contiguous()
+    out = mswa_attention(q, k, v, torch.full((H,), w, dtype=torch.long))
+    delta = distances(T)
+    local = (delta >= 0) & (delta < w)
+    check_against_reference(out, [qkv], lambda x: two_path_reference(*x.chunk(3, -1), *x.chunk(3, -1)[1:],
+                                                                     local, local & False),
+                            torch.float32, "swa strided")
+
+
+# ------------------------------------------------------------------------------------------------ AHA
+# (B, H, T, d_h, w, fraction of rows routed to full attention)
+AHA_CASES = [(2, 2, 45, 32, 5, 0.1), (1, 2, 70, 16, 20, 0.5), (2, 2, 37, 64, 1, 1.0), (1, 2, 40, 128, 128, 0.3),
+             (2, 2, 33, 16, 4, 0.0)]
+
+
+@pytest.mark.parametrize("B,H,T,D,w,frac,dtype", with_dtypes(AHA_CASES, half_cases=(0,)))
+def test_aha_matches_reference(B, H, T, D, w, frac, dtype):
+    torch.manual_seed(T + w)
+    q, k, v = leaves(3, (B, H, T, D), dtype)
+    gate = torch.rand(B, H, T, device=DEVICE) < frac
+    delta = distances(T)
+    causal = delta >= 0
+    allowed = torch.where(gate[..., None], causal, causal & (delta < w))  # (B, H, T, T)
+    out = aha_attention(q, k, v, gate, w)
+    check_against_reference(out, [q, k, v], lambda q, k, v: two_path_reference(q, k, v, k, v, allowed, allowed & False),
+                            dtype, f"aha w={w} frac={frac}")
+
+
+def test_route_rows_compacts_gate_by_head_then_position():
+    gate = torch.zeros(2, 2, 40, dtype=torch.bool, device=DEVICE)
+    gate[0, 1, [3, 9, 17, 18, 39]] = True
+    gate[1, 0, torch.arange(0, 40, 2)] = True
+    rows, tiles, bh_start = route_rows(gate, block_m=8)
+    assert bh_start.tolist() == [0, 0, 5, 25, 25]
+    assert rows[:5].tolist() == [3, 9, 17, 18, 39] and rows[5:].tolist() == list(range(0, 40, 2))
+    # head 1 (b=0, h=1): one tile of 5 rows; head 2 (b=1, h=0): 20 rows -> tiles of 8, 8, 4
+    assert tiles.tolist() == [[1, 0, 5], [2, 5, 8], [2, 13, 8], [2, 21, 4]]
+    empty_rows, empty_tiles, empty_start = route_rows(torch.zeros_like(gate), block_m=8)
+    assert empty_rows.numel() == 0 and empty_tiles.shape == (0, 3) and empty_start.tolist() == [0] * 5
+
+
+# ------------------------------------------------------------------------------------------------ errors
+def small(dtype=torch.float32, shape=(1, 2, 8, 16)):
+    return torch.randn(shape, device=DEVICE, dtype=dtype)
+
+
+def test_bad_inputs_raise_clear_errors():
+    q = small()
+    with pytest.raises(ValueError, match=r"must be \(B, H, T, d_h\)"):
+        mswa_attention(q[0], q[0], q[0], torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="k shape"):
+        mswa_attention(q, small(shape=(1, 2, 9, 16)), q, torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="dtype"):
+        dar_attention(q, q, q, q, q.double(), 4)
+    with pytest.raises(TypeError, match="unsupported"):
+        mswa_attention(q.double(), q.double(), q.double(), torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="window must be an integer >= 0"):
+        dar_attention(q, q, q, q, q, -1)
+    with pytest.raises(ValueError, match=r"windows must have shape \(2,\)"):
+        mswa_attention(q, q, q, torch.tensor([1, 2, 3]))
+    with pytest.raises(TypeError, match="integer tensor"):
+        mswa_attention(q, q, q, torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="every window must be >= 0"):
+        mswa_attention(q, q, q, torch.tensor([1, -2]))
+    with pytest.raises(ValueError, match="gate must be a bool tensor"):
+        aha_attention(q, q, q, torch.ones(1, 2, 8), 4)
+    if not ON_GPU:
+        with pytest.raises(TypeError, match="interpreter computes bfloat16"):
+            mswa_attention(*(small(torch.bfloat16),) * 3, torch.tensor([1, 2]))
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the CPU error without the interpreter")
+def test_cpu_tensor_without_interpreter_is_a_clear_error():
+    code = ("import torch, kernels\n"
+            "x = torch.randn(1, 1, 4, 16)\n"
+            "try:\n    kernels.mswa_attention(x, x, x, torch.tensor([2]))\n"
+            "except RuntimeError as e:\n    print('ERR', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
