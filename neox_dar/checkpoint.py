@@ -3,7 +3,9 @@
     {save}/checkpoints/step_00001000/   one complete checkpoint (written under a temporary name, then renamed)
         model.safetensors               consolidated weights (Hugging Face names), float32
         config.yml                      the resolved config
-        state.json                      step, consumed samples, ... (the trainer's state)
+        state.json                      step, consumed samples, ... (the trainer's state) and the manifest:
+                                        every file of the checkpoint with its size, written last
+        rng_rank00000.pt ...            RNG states of every rank; DeepSpeed's model/optimizer files
     {save}/checkpoints/latest           name of the newest complete checkpoint, updated last
 
 ``load_model`` accepts a run directory, its ``checkpoints`` directory, or one step directory.
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -21,6 +24,47 @@ from .model import CausalLM, build_model
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.yml"
+STATE = "state.json"
+LATEST = "latest"
+STEP_PREFIX = "step_"
+
+
+def step_dir_name(step: int) -> str:
+    """``step_00001000`` for step 1000."""
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def step_dirs(checkpoints_dir: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_*`` directory under ``checkpoints_dir``, newest first."""
+    root = Path(checkpoints_dir)
+    found = []
+    for p in root.glob(STEP_PREFIX + "*") if root.is_dir() else ():
+        suffix = p.name[len(STEP_PREFIX):]
+        if p.is_dir() and suffix.isdigit():
+            found.append((int(suffix), p))
+    return sorted(found, reverse=True)
+
+
+def incomplete_reason(step_dir: str | Path) -> str | None:
+    """None when ``step_dir`` is a complete checkpoint, else why not (unreadable state, missing or
+    truncated file against the manifest in ``state.json``)."""
+    d = Path(step_dir)
+    try:
+        state = json.loads((d / STATE).read_text())
+        files = state["files"]
+    except FileNotFoundError:
+        return f"no {STATE}"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable {STATE} ({type(e).__name__}: {e})"
+    if WEIGHTS not in files:
+        return f"{STATE} lists no {WEIGHTS}"
+    for rel, size in files.items():
+        f = d / rel
+        if not f.is_file():
+            return f"missing file {rel}"
+        if f.stat().st_size != size:
+            return f"{rel} has {f.stat().st_size} bytes, the manifest says {size}"
+    return None
 
 
 def save_weights(model: CausalLM, cfg: Config, out_dir: str | Path) -> Path:

@@ -1,0 +1,65 @@
+"""The DeepSpeed engine built from our :class:`~neox_dar.config.Config`.
+
+DeepSpeed gets a torch ``AdamW`` and a ``LambdaLR`` (no DeepSpeed optimizer JSON: its CPU Adam would
+JIT-compile C++ for about a minute), and a config dict with the batch, clipping, ZeRO and precision settings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import Config
+from ..model import CausalLM, build_model, flops_per_token
+from .distributed import DistInfo
+from .optim import build_optimizer, build_scheduler
+
+
+def deepspeed_config(cfg: Config, world_size: int) -> dict:
+    """The DeepSpeed config dict: global batch = micro * grad_accum * world_size (a mismatch is a ConfigError)."""
+    grad_accum = cfg.gradient_accumulation_for(world_size)
+    micro = cfg.train_micro_batch_size_per_gpu
+    z = cfg.zero_optimization
+    dtype = cfg.dtype_name
+    out = {
+        "train_batch_size": micro * grad_accum * world_size,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": grad_accum,
+        "gradient_clipping": cfg.gradient_clipping,
+        "zero_optimization": {
+            "stage": z.stage,
+            "allgather_partitions": z.allgather_partitions,
+            "allgather_bucket_size": z.allgather_bucket_size,
+            "overlap_comm": z.overlap_comm,
+            "reduce_scatter": z.reduce_scatter,
+            "reduce_bucket_size": z.reduce_bucket_size,
+            "contiguous_gradients": z.contiguous_gradients,
+        },
+        "bf16": {"enabled": dtype == "bf16"},
+        "fp16": {"enabled": dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16,
+                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+    if dtype == "bf16":
+        # accumulate gradients in fp32 (the default under ZeRO; BF16_Optimizer at stage 0)
+        out["data_types"] = {"grad_accum_dtype": "fp32"}
+    return out
+
+
+def build_engine(cfg: Config, info: DistInfo):
+    """Seeded model (identical on every rank), optimizer, LR schedule and the DeepSpeed engine.
+
+    Returns ``(engine, model, flops)``: ``model`` is the bare :class:`CausalLM` (``engine.module``), ``flops``
+    its training FLOPs per token (counted before ZeRO-3 partitions the parameters)."""
+    import deepspeed
+
+    torch.manual_seed(cfg.seed)
+    model: CausalLM = build_model(cfg).to(info.device)
+    flops = flops_per_token(model, cfg.seq_length)["total"]
+    optimizer = build_optimizer(model, cfg, info.device)
+    scheduler = build_scheduler(optimizer, cfg)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=deepspeed_config(cfg, info.world_size))
+    if cfg.torch_compile:
+        engine.compile()
+    return engine, model, flops

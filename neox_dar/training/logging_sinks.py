@@ -1,0 +1,164 @@
+"""Where the training logs go (rank 0 only): terminal, ``{save}/metrics.jsonl``, W&B, TensorBoard,
+plus ``{save}/status.json`` and the resolved ``{save}/config.yml``.
+
+Terminal: on a TTY a tqdm progress bar with ETA plus one line per ``log_interval``; otherwise (batch jobs)
+only the lines, each with its ETA, so logs do not fill with bar redraws.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+from ..config import Config
+from .checkpointing import write_text_atomic
+
+STATUS = "status.json"
+METRICS = "metrics.jsonl"
+WANDB_ID = "wandb_run_id"
+
+
+def write_status(save: Path, state: str, step: int, train_iters: int, **extra) -> None:
+    """``{save}/status.json`` = {"state": running|done|interrupted|failed, "step", "train_iters", ...}."""
+    body = {"state": state, "step": step, "train_iters": train_iters, **extra,
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_text_atomic(save / STATUS, json.dumps(body) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop rows logged after ``step`` (by a run that died after its last checkpoint) before resuming."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+    write_text_atomic(path, "".join(l + "\n" for l in keep))
+
+
+def _scalars(row: dict) -> dict[str, float]:
+    """Flatten per-head lists (``mu_f/layer0`` -> ``mu_f/layer0/head0`` ...) for W&B and TensorBoard."""
+    out = {}
+    for k, v in row.items():
+        if isinstance(v, list):
+            out.update({f"{k}/head{i}": x for i, x in enumerate(v)})
+        elif isinstance(v, (int, float)) and k != "step":
+            out[k] = v
+    return out
+
+
+class RunLogger:
+    """Rank 0's log sinks for one run; on other ranks every method does nothing."""
+
+    def __init__(self, cfg: Config, is_main: bool, start_step: int):
+        self.cfg, self.enabled = cfg, is_main
+        self.save = Path(cfg.save)
+        self.start_step = start_step
+        self.t0 = time.time()
+        self.bar = self.wandb = self.tb = None
+        if not self.enabled:
+            return
+        self.save.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.save / "config.yml", cfg.to_yaml())
+        truncate_metrics(self.save / METRICS, start_step)
+        self.metrics = open(self.save / METRICS, "a")
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.train_iters, initial=start_step, unit="step", mininterval=1.0,
+                            dynamic_ncols=True, file=sys.stderr)
+        if cfg.use_wandb:
+            self._init_wandb()
+        if cfg.tensorboard_dir:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(cfg.tensorboard_dir, purge_step=start_step + 1)
+
+    def _init_wandb(self) -> None:
+        import wandb
+
+        id_file = self.save / WANDB_ID
+        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        id_file.write_text(run_id + "\n")
+        self.wandb = wandb.init(project=self.cfg.wandb_project, group=self.cfg.wandb_group,
+                                name=self.cfg.wandb_run_name, entity=self.cfg.wandb_team, id=run_id,
+                                resume="allow", dir=str(self.save), config=self.cfg.to_dict())
+        self.wandb.save(str(self.save / "config.yml"), base_path=str(self.save), policy="now")
+
+    # -- per step ------------------------------------------------------------------------------
+    def advance(self, step: int) -> None:
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+
+    def log(self, row: dict) -> None:
+        """Write one metrics row (train or validation) to every sink."""
+        if not self.enabled:
+            return
+        self.metrics.write(json.dumps(row) + "\n")
+        self.metrics.flush()
+        scalars = _scalars(row)
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=row["step"])
+        if self.tb is not None:
+            for k, v in scalars.items():
+                self.tb.add_scalar(k, v, row["step"])
+        self._print(self._line(row))
+
+    def _eta(self, step: int) -> str:
+        done = step - self.start_step
+        if done <= 0:
+            return "?"
+        left = (time.time() - self.t0) / done * (self.cfg.train_iters - step)
+        return str(datetime.timedelta(seconds=round(left)))
+
+    def _line(self, row: dict) -> str:
+        step = row["step"]
+        head = f"step {step}/{self.cfg.train_iters}"
+        if "valid_loss" in row:
+            return f"{head} | valid_loss {row['valid_loss']:.4f} | valid_ppl {row['valid_ppl']:.2f}"
+        parts = [head, f"loss {row['loss']:.4f}"]
+        if row.get("aux_loss"):
+            parts.append(f"aux {row['aux_loss']:.3e}")
+        parts += [f"lr {row['lr']:.3e}", f"grad_norm {row['grad_norm']:.3f}", f"{row['tokens_per_sec']:,.0f} tok/s",
+                  f"{row['tflops_per_device']:.3g} TFLOP/s/dev"]
+        if "mfu" in row:
+            parts.append(f"MFU {100 * row['mfu']:.1f}%")
+        mem = row.get("mem_allocated_gb", row.get("mem_rss_gb"))
+        if mem is not None:
+            parts.append(f"mem {mem:.2f} GB")
+        if "mu_f" in row:
+            parts.append(f"mu_f {row['mu_f']:.3f}")
+        parts.append(f"ETA {self._eta(step)}")
+        return " | ".join(parts)
+
+    def _print(self, line: str) -> None:
+        if self.bar is not None:
+            self.bar.write(line, file=sys.stderr)
+        else:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            self._print(text)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.metrics.close()
+        if self.bar is not None:
+            self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def perplexity(loss: float) -> float:
+    return math.exp(loss) if loss < 700 else float("inf")

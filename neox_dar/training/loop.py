@@ -1,0 +1,175 @@
+"""The training loop: resume, train ``train_iters`` optimizer steps, log, validate, checkpoint, stop on signals.
+
+Exit codes: 0 done; 3 stopped early with a checkpoint (SIGTERM/SIGUSR1, or ``exit_interval``): run the
+same command again to continue.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import Config
+from ..data import build_datasets
+from .batches import inputs_and_targets, lm_loss, micro_batches
+from .checkpointing import (CheckpointError, TrainState, find_resume_checkpoint, load_checkpoint,
+                            remove_stale_temporaries, save_checkpoint)
+from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
+from .engine import build_engine
+from .logging_sinks import RunLogger, write_status
+from .metrics import attention_stat_metrics, memory_gb, peak_flops, throughput
+from .signals import EXIT_INTERRUPTED, StopRequest
+from .validation import evaluate, validation_samples
+
+log = logging.getLogger("neox_dar.train")
+EXIT_DONE = 0
+
+
+def _seed_rank(cfg: Config, rank: int) -> None:
+    """Per-rank seeds for everything random after model init (dropout differs across data-parallel ranks)."""
+    seed = cfg.seed + rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def _resume_point(cfg: Config, info: DistInfo):
+    """The checkpoint to continue from, or None for a fresh start."""
+    if cfg.resume == "never":
+        return None
+    warn = log.warning if info.is_main else (lambda msg: None)
+    found = find_resume_checkpoint(cfg.load or cfg.save, warn=warn)
+    if found is None and cfg.load:
+        raise CheckpointError(f"load={cfg.load} holds no complete checkpoint")
+    return found
+
+
+def _averaged_stats(model, info: DistInfo) -> dict:
+    """The model's attention statistics from the last forward, averaged over ranks, as metrics fields."""
+    stats = model.attention_stats()
+    if not stats:
+        return {}
+    keys = sorted(stats)
+    flat = torch.cat([stats[k].detach().float().reshape(-1) for k in keys]).tolist()
+    mean = all_reduce_mean(flat, info.device)
+    out, i = {}, 0
+    for k in keys:
+        n = stats[k].numel()
+        out[k] = torch.tensor(mean[i:i + n])
+        i += n
+    return attention_stat_metrics(out)
+
+
+def unclipped_grad_norm(model) -> torch.Tensor:
+    """L2 norm of all gradients (already averaged over ranks by DeepSpeed's backward at the boundary)."""
+    return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+
+
+def train(cfg: Config, info: DistInfo) -> int:
+    """Run (or continue) training; return the process exit code."""
+    save = Path(cfg.save)
+    ckpt_root = save / "checkpoints"
+    if info.is_main:
+        remove_stale_temporaries(ckpt_root)
+    barrier()
+
+    engine, model, flops = build_engine(cfg, info)
+    world, micro = info.world_size, cfg.train_micro_batch_size_per_gpu
+    grad_accum = engine.gradient_accumulation_steps()
+    global_batch = micro * grad_accum * world
+
+    state = TrainState()
+    resume_dir = _resume_point(cfg, info)
+    if resume_dir is not None:
+        state = load_checkpoint(engine, cfg, info, resume_dir)
+    else:
+        _seed_rank(cfg, info.rank)
+
+    train_samples = cfg.train_iters * global_batch
+    train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world))
+    batches = iter(micro_batches(train_ds, cfg, info, max(train_samples, state.consumed_samples),
+                                 state.consumed_samples))
+
+    logger = RunLogger(cfg, info.is_main, state.step)
+    if resume_dir is not None:
+        logger.message(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples)")
+    if info.is_main:
+        write_status(save, "running", state.step, cfg.train_iters)
+    peak = peak_flops(cfg.peak_flops, info.device, cfg.dtype_name)
+    stop = StopRequest()
+    interval_loss: list[torch.Tensor] = []
+    interval_t0, interval_steps = time.time(), 0
+    exit_code = EXIT_DONE
+    # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
+    own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.dtype_name == "fp32"
+    grad_norm = None
+    try:
+        while state.step < cfg.train_iters:
+            lr = engine.get_lr()[0]
+            lm_sum = torch.zeros((), device=info.device)
+            aux_sum = torch.zeros((), device=info.device)
+            for micro_step in range(grad_accum):
+                x, y = inputs_and_targets(next(batches), info.device)
+                lm = lm_loss(engine(x), y)
+                aux = model.aux_loss().float()
+                engine.backward(lm + aux)
+                if own_grad_norm and micro_step == grad_accum - 1:
+                    grad_norm = unclipped_grad_norm(model)
+                engine.step()
+                lm_sum += lm.detach()
+                aux_sum += aux.detach()
+            state.step += 1
+            state.consumed_samples += global_batch
+            interval_loss.append(torch.stack([lm_sum, aux_sum]) / grad_accum)
+            interval_steps += 1
+            logger.advance(state.step)
+
+            if state.step % cfg.log_interval == 0 or state.step == cfg.train_iters:
+                if info.device.type == "cuda":
+                    torch.cuda.synchronize(info.device)
+                lm_mean, aux_mean = all_reduce_mean(torch.stack(interval_loss).mean(0).tolist(), info.device)
+                if not own_grad_norm:
+                    grad_norm = engine.get_global_grad_norm()
+                row = {"step": state.step, "loss": lm_mean + aux_mean, "lm_loss": lm_mean, "aux_loss": aux_mean,
+                       "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                       "consumed_samples": state.consumed_samples,
+                       **throughput(interval_steps, time.time() - interval_t0, global_batch, cfg.seq_length, world,
+                                    flops, peak),
+                       **memory_gb(info.device), **_averaged_stats(model, info)}
+                if engine.fp16_enabled():
+                    row["loss_scale"] = float(engine.optimizer.cur_scale)
+                logger.log(row)
+                interval_loss, interval_t0, interval_steps = [], time.time(), 0
+
+            if valid_ds is not None and cfg.eval_interval and state.step % cfg.eval_interval == 0:
+                logger.log({"step": state.step, **evaluate(engine, valid_ds, cfg, info),
+                            "consumed_samples": state.consumed_samples})
+                interval_t0 = time.time()
+
+            stopping = any_rank(stop.received is not None, info.device)
+            early_exit = bool(cfg.exit_interval) and state.step % cfg.exit_interval == 0
+            if (state.step % cfg.checkpoint_factor == 0 or state.step == cfg.train_iters or stopping
+                    or early_exit):
+                where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.keep_last_n)
+                logger.message(f"saved checkpoint {where}")
+                interval_t0 = time.time()
+            if (stopping or early_exit) and state.step < cfg.train_iters:
+                why = stop.received or ("another rank's signal" if stopping else f"exit_interval={cfg.exit_interval}")
+                logger.message(f"stopped at step {state.step} ({why}); run the same command again to continue")
+                exit_code = EXIT_INTERRUPTED
+                break
+        if info.is_main:
+            write_status(save, "done" if exit_code == EXIT_DONE else "interrupted", state.step, cfg.train_iters)
+    except BaseException:
+        if info.is_main:
+            write_status(save, "failed", state.step, cfg.train_iters)
+        raise
+    finally:
+        stop.restore()
+        logger.close()
+    return exit_code

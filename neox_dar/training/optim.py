@@ -1,0 +1,68 @@
+"""Pythia's optimizer and learning-rate schedule.
+
+Adam with decoupled weight decay (GPT-NeoX's ``Adam`` with ``weight_decay`` is AdamW); no weight decay on
+biases and LayerNorm parameters (every parameter with fewer than 2 dims), decay on matrices and embeddings.
+
+LR schedule (GPT-NeoX ``AnnealingLR``, with the step counted from 1): for optimizer step ``s = it + 1``
+(``it`` = steps already taken), with ``W = warmup_iters``, ``D = lr_decay_iters``, peak ``lr``, final ``min_lr``:
+
+    s <= W:          lr * s / W                                         (linear warmup)
+    W < s <= D:      min_lr + (lr - min_lr) * f((s - W) / (D - W))       f: cosine 0.5 (1 + cos(pi p)),
+                                                                            linear 1 - p, constant 1
+    s > D:           min_lr                                             (constant: lr)
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from ..config import Config
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups: matrices/embeddings with ``weight_decay``, biases and norm weights (ndim < 2) without."""
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` over Pythia's parameter groups (fused kernel on CUDA, foreach on CPU)."""
+    p = cfg.optimizer.params
+    impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=p.lr, betas=tuple(p.betas), eps=p.eps, **impl)
+
+
+def lr_at(cfg: Config, it: int) -> float:
+    """Learning rate of optimizer step ``it + 1`` (``it`` steps already taken)."""
+    peak, final = cfg.optimizer.params.lr, cfg.final_lr
+    s, warm, decay = it + 1, cfg.warmup_iters, cfg.decay_iters
+    if warm > 0 and s <= warm:
+        return peak * s / warm
+    if cfg.lr_decay_style == "constant":
+        return peak
+    if s > decay:
+        return final
+    span = max(1, decay - warm)
+    progress = (s - warm) / span
+    frac = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.lr_decay_style == "cosine" else 1.0 - progress
+    return final + (peak - final) * frac
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> LambdaLR:
+    """A :class:`LambdaLR` stepping once per optimizer step (DeepSpeed steps it after each update).
+
+    The multiplier is a plain function, so checkpoints hold only the step count: a resumed run follows
+    the schedule of its current config (e.g. a longer ``train_iters``)."""
+    peak = cfg.optimizer.params.lr
+
+    def multiplier(it: int) -> float:
+        return lr_at(cfg, it) / peak
+
+    return LambdaLR(optimizer, multiplier)

@@ -1,0 +1,206 @@
+"""End-to-end training on CPU: train.py in subprocesses (1 process, and 2 processes under torchrun/gloo).
+
+Shared runs (module fixtures) keep the file fast: one 1-process reference run and one 2-process ZeRO-2 run
+serve several assertions. Every run: tiny model, seq_length 32, global batch 8, 6 steps, fp32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from neox_dar.checkpoint import load_model, step_dir_name
+from neox_dar.training.checkpointing import find_resume_checkpoint
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = 6
+COMMON = [
+    "configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=32", f"train_iters={STEPS}",
+    "train_batch_size=8", "train_micro_batch_size_per_gpu=4", "log_interval=1", "eval_interval=3", "eval_iters=2",
+    "checkpoint_factor=3", "keep_last_n=3", "precision=fp32", "warmup=0.34",
+]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    # one thread per process: identical kernels in every run (exact resume), no oversubscription
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), WANDB_MODE="offline")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
+    return env
+
+
+def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int = 0) -> subprocess.CompletedProcess:
+    args = [*COMMON, f"data_path={data}", f"save={save}", *overrides]
+    if nproc == 1:
+        cmd = [sys.executable, "train.py", *args]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "train.py", *args]
+    out = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == expect, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    return out
+
+
+def rows(save: Path) -> list[dict]:
+    return [json.loads(l) for l in (save / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(save: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in rows(save) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    """A tokenized slice (20k tokens) of the embedded C4 training sample."""
+    from data_prep.tokenize import run
+
+    prefix = tmp_path_factory.mktemp("data") / "c4"
+    run(["data/sample/c4_sample.jsonl", "--tokenizer", "data/20B_tokenizer.json", "--out", str(prefix),
+         "--max-tokens", "20000", "--workers", "1"])
+    return str(prefix)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data) -> Path:
+    """1 process, micro 4 x grad-accum 2, ZeRO-0."""
+    save = tmp_path_factory.mktemp("reference")
+    train(save, data, "zero_optimization.stage=0")
+    return save
+
+
+@pytest.fixture(scope="module")
+def zero2(tmp_path_factory, data) -> Path:
+    """2 processes, micro 4 x grad-accum 1, ZeRO-2."""
+    save = tmp_path_factory.mktemp("zero2")
+    train(save, data, "zero_optimization.stage=2", nproc=2)
+    return save
+
+
+def test_run_outputs_and_loss_falls(reference):
+    """The reference run finishes, logs every contract field, validates, checkpoints, and its loss falls."""
+    status = json.loads((reference / "status.json").read_text())
+    assert (status["state"], status["step"], status["train_iters"]) == ("done", STEPS, STEPS)
+    train_rows = [r for r in rows(reference) if "loss" in r]
+    assert [r["step"] for r in train_rows] == list(range(1, STEPS + 1))
+    for key in ("loss", "lm_loss", "aux_loss", "lr", "grad_norm", "tokens_per_sec", "samples_per_sec",
+                "consumed_samples", "tflops_per_device", "mem_rss_gb"):
+        assert all(isinstance(r[key], (int, float)) for r in train_rows), key
+    assert train_rows[-1]["consumed_samples"] == 8 * STEPS
+    assert all(r["grad_norm"] > 0 for r in train_rows)
+    assert "mfu" not in train_rows[0]  # CPU: no peak FLOP/s known
+    assert train_rows[-1]["loss"] < train_rows[0]["loss"] - 0.2
+    valid = [r for r in rows(reference) if "valid_loss" in r]
+    assert [r["step"] for r in valid] == [3, 6]
+    assert valid[1]["valid_loss"] < valid[0]["valid_loss"]
+    # the LR schedule: warmup over 2 steps, cosine to min_lr = lr / 10 at step 6
+    lrs = [r["lr"] for r in train_rows]
+    assert lrs[0] == pytest.approx(1.5e-3) and lrs[1] == pytest.approx(3e-3) and lrs[-1] == pytest.approx(3e-4)
+    ckpts = reference / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == step_dir_name(STEPS)
+    assert find_resume_checkpoint(reference) == ckpts / step_dir_name(STEPS)
+    assert (reference / "config.yml").is_file()
+    model, cfg = load_model(reference)
+    assert cfg.seq_length == 32 and model.embed_out.weight.dtype == torch.float32
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_two_process_zero_matches_one_process(stage, reference, zero2, data, tmp_path):
+    """2 ranks x micro 4 (ZeRO-1/2/3) give the 1-rank micro 4 x grad-accum 2 losses to 1e-5 relative."""
+    if stage == 2:
+        save = zero2
+    else:
+        save = tmp_path / f"zero{stage}"
+        train(save, data, f"zero_optimization.stage={stage}", nproc=2)
+    ref, got = losses(reference), losses(save)
+    assert sorted(got) == sorted(ref)
+    for step in ref:
+        assert got[step] == pytest.approx(ref[step], rel=1e-5), (step, got[step], ref[step])
+    if stage == 3:
+        # consolidated weights gathered from the ZeRO-3 partitions are DeepSpeed's fp32 masters, exactly
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        step_dir = save / "checkpoints" / step_dir_name(STEPS)
+        ours = load_file(str(step_dir / "model.safetensors"))
+        theirs = get_fp32_state_dict_from_zero_checkpoint(str(step_dir.parent), tag=step_dir.name)
+        assert ours.keys() == theirs.keys()
+        for k in ours:
+            assert torch.equal(ours[k], theirs[k].float()), k
+
+
+def test_exact_resume_one_process(reference, data, tmp_path):
+    """Stop after step 3 (exit code 3), run the same command again: losses equal the reference bit for bit."""
+    save = tmp_path / "resumed"
+    train(save, data, "zero_optimization.stage=0", "exit_interval=3", expect=3)
+    status = json.loads((save / "status.json").read_text())
+    assert (status["state"], status["step"]) == ("interrupted", 3)
+    out = train(save, data, "zero_optimization.stage=0", "exit_interval=3")
+    assert "resumed from" in out.stdout
+    assert json.loads((save / "status.json").read_text())["state"] == "done"
+    assert losses(save) == losses(reference)
+
+
+def test_exact_resume_two_processes_zero2(zero2, data, tmp_path):
+    """2 ranks under ZeRO-2, stopped after step 3 and resumed: bit-for-bit the uninterrupted ZeRO-2 losses.
+
+    (torchrun reports any non-zero worker exit as 1; the run's own state is in status.json.)"""
+    save = tmp_path / "resumed"
+    train(save, data, "zero_optimization.stage=2", "exit_interval=3", nproc=2, expect=1)
+    assert json.loads((save / "status.json").read_text())["state"] == "interrupted"
+    train(save, data, "zero_optimization.stage=2", nproc=2)
+    assert losses(save) == losses(zero2)
+
+
+def test_sigterm_checkpoints_and_resumes(data, tmp_path):
+    """SIGTERM mid-run: a complete checkpoint at the next step boundary, exit 3, and the rerun finishes."""
+    save = tmp_path / "preempted"
+    args = [*COMMON, f"data_path={data}", f"save={save}", "train_iters=400", "eval_interval=0",
+            "checkpoint_factor=1000"]
+    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not ((save / "metrics.jsonl").is_file() and rows(save)) and time.time() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 3, output
+    status = json.loads((save / "status.json").read_text())
+    assert status["state"] == "interrupted" and 1 <= status["step"] < 400
+    step_dir = find_resume_checkpoint(save)
+    assert step_dir.name == step_dir_name(status["step"])
+    state = json.loads((step_dir / "state.json").read_text())
+    assert state["consumed_samples"] == 8 * status["step"]
+    train(save, data, "train_iters=400", "eval_interval=0", "checkpoint_factor=1000",
+          f"exit_interval={status['step'] + 2}", expect=3)
+    assert max(losses(save)) == status["step"] + 2
+
+
+def test_checkpoint_with_missing_file_is_skipped(reference, data, tmp_path):
+    """A newest checkpoint with a file gone is skipped (warning) in favour of the previous complete one."""
+    save = tmp_path / "damaged"
+    shutil.copytree(reference, save)
+    newest = save / "checkpoints" / step_dir_name(STEPS)
+    (newest / "rng_rank00000.pt").unlink()
+    warnings = []
+    assert find_resume_checkpoint(save, warn=warnings.append) == save / "checkpoints" / step_dir_name(3)
+    assert len(warnings) == 1 and "missing file" in warnings[0]
+    out = train(save, data, "zero_optimization.stage=0")
+    assert "skipping incomplete checkpoint" in out.stderr
+    assert losses(save) == losses(reference)
+
+
+def test_batch_mismatch_is_a_config_error(data, tmp_path):
+    out = train(tmp_path / "bad", data, "train_batch_size=12", "gradient_accumulation_steps=2", expect=2)
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("config error:") and "train_batch_size" in lines[0]
+    assert not (tmp_path / "bad").exists()
