@@ -33,8 +33,9 @@ class ScoreResult:
     attention_stats: dict[str, list[float]] = field(default_factory=dict)
 
 
-class _StatsMean:
-    """Token-weighted running mean of ``model.attention_stats()`` over forwards (e.g. AHA's ``mu_f`` per head)."""
+class AttentionStatsMean:
+    """Running mean of ``model.attention_stats()`` over forwards (e.g. AHA's ``mu_f`` per head), each forward
+    weighted by the positions it ran (``add(B * T)``, padding included)."""
 
     def __init__(self, model: object):
         self.stats_fn = getattr(model, "attention_stats", None)
@@ -81,7 +82,7 @@ def score_documents(
     remaining = np.bincount([w[0] for w in windows], minlength=len(streams))
     nll = np.zeros(len(streams), dtype=np.float64)
     n_tokens = np.array([len(x) - 1 for x in streams], dtype=np.int64)
-    stats = _StatsMean(model)
+    stats = AttentionStatsMean(model)
 
     docs_done = int((remaining == 0).sum())
     bar = tqdm(total=int(n_tokens.sum()), unit="tok", unit_scale=True, desc=desc, disable=not progress,
