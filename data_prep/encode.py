@@ -81,10 +81,12 @@ def load_tokenizer_spec(path: str, eod_id: int | None = None) -> TokenizerSpec:
         raise ValueError(f"{path} has no {EOD_TOKEN} / EOS token; pass --eod-id")
     if not 0 <= eod < vocab:
         raise ValueError(f"EOD id {eod} is outside the vocabulary of {vocab} tokens")
-    return TokenizerSpec(path=os.path.abspath(path), kind=kind, eod_id=int(eod), vocab_size=int(vocab))
+    spec = TokenizerSpec(path=os.path.abspath(path), kind=kind, eod_id=int(eod), vocab_size=int(vocab))
+    _TOKENIZERS[spec.path] = tok  # reused when this process tokenizes (--workers 1)
+    return spec
 
 
-_TOKENIZERS: dict[str, object] = {}
+_TOKENIZERS: dict[str, object] = {}  # path -> loaded tokenizer, one per process
 
 
 def encode_texts(spec: TokenizerSpec, texts: list[str]) -> list[list[int]]:

@@ -251,9 +251,12 @@ def run(argv: list[str] | None = None) -> dict:
     resumed = len(journal.done)
     progress = _Progress(sources, args.max_tokens, enabled=not args.no_progress)
     try:
-        num_shards, bad, _ = run_shards(args, sources, spec, dtype, journal, progress)
+        num_shards, bad, total_tokens = run_shards(args, sources, spec, dtype, journal, progress)
     finally:
         progress.close()
+    if total_tokens == 0:
+        _report_bad(sources, bad)
+        raise DataPrepError(f"no usable documents in the inputs ({len(bad)} bad records)")
     counts = merge_shards(shard_dir, num_shards, args.out, dtype, args.max_tokens)
     skipped = _report_bad(sources, bad)
     manifest = {

@@ -181,3 +181,26 @@ def test_missing_input_and_bad_tokenizer_are_one_line_errors(tmp_path):
                         str(tmp_path / "t.json"), "--out", str(tmp_path / "x")], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode == 1 and "not a Hugging Face tokenizer.json" in r.stderr
+
+
+def test_sentencepiece_model_with_its_eos_as_eod(tmp_path):
+    import sentencepiece as spm
+
+    texts = [" ".join(json.loads(line)["text"].split()) for line in C4_LINES[:150]]
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(texts), model_prefix=str(tmp_path / "sp"), vocab_size=300,
+                                   minloglevel=2)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[:20]))
+    r = subprocess.run([sys.executable, "-m", "data_prep.tokenize", str(tmp_path / "d.jsonl"), "--tokenizer",
+                        str(tmp_path / "sp.model"), "--out", str(tmp_path / "sp_out"), "--no-progress"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    sp = spm.SentencePieceProcessor(model_file=str(tmp_path / "sp.model"))
+    ds = IndexedDataset(tmp_path / "sp_out")
+    assert sp.eos_id() == 2 and ds.dtype == np.uint16
+    assert [list(ds[i]) for i in range(len(ds))] == [ids + [2] for ids in sp.encode(texts[:20])]
+
+
+def test_inputs_with_no_usable_document_are_an_error(tmp_path):
+    (tmp_path / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
+    r = prep(tmp_path / "empty.jsonl", "--out", tmp_path / "e", check=False)
+    assert r.returncode == 1 and "no usable documents in the inputs (1 bad records)" in r.stderr
