@@ -72,9 +72,9 @@ def data(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
-    """1 process, micro 4 x grad-accum 2, ZeRO-0."""
+    """1 process, micro 4 x grad-accum 2, ZeRO-0; logging to W&B (offline) and TensorBoard too."""
     save = tmp_path_factory.mktemp("reference")
-    train(save, data, "zero_optimization.stage=0")
+    train(save, data, "zero_optimization.stage=0", "use_wandb=true", f"tensorboard_dir={save / 'tb'}")
     return save
 
 
@@ -111,6 +111,8 @@ def test_run_outputs_and_loss_falls(reference):
     assert (reference / "config.yml").is_file()
     model, cfg = load_model(reference)
     assert cfg.seq_length == 32 and model.embed_out.weight.dtype == torch.float32
+    assert list(reference.glob("wandb/offline-run-*/run-*.wandb")) and (reference / "wandb_run_id").is_file()
+    assert list((reference / "tb").glob("events.out.tfevents.*"))
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -161,10 +163,11 @@ def test_exact_resume_two_processes_zero2(zero2, data, tmp_path):
 
 
 def test_sigterm_checkpoints_and_resumes(data, tmp_path):
-    """SIGTERM mid-run: a complete checkpoint at the next step boundary, exit 3, and the rerun finishes."""
+    """SIGTERM mid-run (an AHA model: its mu_f and L1 term are logged): a complete checkpoint at the next step
+    boundary, exit 3, and the rerun continues."""
     save = tmp_path / "preempted"
-    args = [*COMMON, f"data_path={data}", f"save={save}", "train_iters=400", "eval_interval=0",
-            "checkpoint_factor=1000"]
+    extra = ["train_iters=400", "eval_interval=0", "checkpoint_factor=1000", "attention_type=aha", "window_size=8"]
+    args = [*COMMON, f"data_path={data}", f"save={save}", *extra]
     proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
@@ -180,9 +183,11 @@ def test_sigterm_checkpoints_and_resumes(data, tmp_path):
     assert step_dir.name == step_dir_name(status["step"])
     state = json.loads((step_dir / "state.json").read_text())
     assert state["consumed_samples"] == 8 * status["step"]
-    train(save, data, "train_iters=400", "eval_interval=0", "checkpoint_factor=1000",
-          f"exit_interval={status['step'] + 2}", expect=3)
+    train(save, data, *extra, f"exit_interval={status['step'] + 2}", expect=3)
     assert max(losses(save)) == status["step"] + 2
+    row = rows(save)[-1]
+    assert row["aux_loss"] > 0 and row["loss"] == pytest.approx(row["lm_loss"] + row["aux_loss"])
+    assert len(row["mu_f/layer0"]) == 4 and len(row["mu_f/layer1"]) == 4 and 0 <= row["mu_f"] <= 1
 
 
 def test_checkpoint_with_missing_file_is_skipped(reference, data, tmp_path):

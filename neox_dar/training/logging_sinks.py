@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import secrets
 import sys
 import time
 from pathlib import Path
@@ -85,7 +86,7 @@ class RunLogger:
         import wandb
 
         id_file = self.save / WANDB_ID
-        run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
         self.wandb = wandb.init(project=self.cfg.wandb_project, group=self.cfg.wandb_group,
                                 name=self.cfg.wandb_run_name, entity=self.cfg.wandb_team, id=run_id,

@@ -1,0 +1,172 @@
+"""Unit tests of the training engine's pieces (no process group, no training): LR schedule, parameter groups,
+DeepSpeed config, checkpoint completeness and pruning, metrics helpers, command-line handling."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from neox_dar.checkpoint import STATE, WEIGHTS, incomplete_reason, step_dir_name, step_dirs
+from neox_dar.config import ConfigError, load_config
+from neox_dar.model import build_model
+from neox_dar.training.checkpointing import capture_rng, find_resume_checkpoint, prune, restore_rng
+from neox_dar.training.engine import deepspeed_config
+from neox_dar.training.logging_sinks import truncate_metrics
+from neox_dar.training.metrics import attention_stat_metrics, peak_flops, throughput
+from neox_dar.training.optim import build_optimizer, build_scheduler, lr_at, param_groups
+
+TINY = "configs/tiny.yml"
+
+
+def cfg_with(*overrides):
+    return load_config(TINY, overrides=overrides)
+
+
+def test_lr_schedule_warmup_cosine_and_floor():
+    cfg = cfg_with("train_iters=100", "warmup=0.1", "optimizer.params.lr=1e-3", "min_lr=1e-4")
+    assert [lr_at(cfg, it) for it in range(3)] == pytest.approx([1e-4, 2e-4, 3e-4])
+    assert lr_at(cfg, 9) == pytest.approx(1e-3)                          # step 10 = end of warmup: peak
+    assert lr_at(cfg, 54) == pytest.approx(1e-4 + 0.9e-3 * 0.5)          # half-way through the decay
+    assert lr_at(cfg, 99) == pytest.approx(1e-4)                         # step 100: min_lr
+    assert lr_at(cfg, 150) == pytest.approx(1e-4)                        # beyond lr_decay_iters
+    lin = cfg_with("train_iters=100", "warmup=0.1", "optimizer.params.lr=1e-3", "min_lr=0", "lr_decay_style=linear")
+    assert lr_at(lin, 54) == pytest.approx(0.5e-3)
+    const = cfg_with("train_iters=100", "warmup=0.0", "lr_decay_style=constant")
+    assert lr_at(const, 0) == lr_at(const, 99) == const.optimizer.params.lr
+
+
+def test_scheduler_follows_lr_at_and_ignores_old_config_on_load():
+    cfg = cfg_with("train_iters=20", "warmup=0.2")
+    model = torch.nn.Linear(4, 4)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    sched = build_scheduler(opt, cfg)
+    seen = []
+    for _ in range(20):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([lr_at(cfg, it) for it in range(20)])
+    # a resumed run with a longer schedule keeps its own schedule: only the step count is in the state
+    state = sched.state_dict()
+    longer = cfg_with("train_iters=40", "warmup=0.2")
+    sched2 = build_scheduler(build_optimizer(model, longer, torch.device("cpu")), longer)
+    sched2.load_state_dict(state)
+    assert sched2.last_epoch == 20 and sched2.lr_lambdas[0](20) == pytest.approx(lr_at(longer, 20) / 3e-3)
+
+
+def test_param_groups_exclude_biases_and_norms_from_weight_decay():
+    cfg = cfg_with()
+    model = build_model(cfg)
+    decay, no_decay = param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for p in decay["params"]}
+    plain = {names[id(p)] for p in no_decay["params"]}
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert "embed_out.weight" in decayed and "gpt_neox.embed_in.weight" in decayed
+    assert "gpt_neox.layers.0.attention.query_key_value.weight" in decayed
+    assert all(n.endswith("bias") or "layernorm" in n or "layer_norm" in n for n in plain)
+    assert "gpt_neox.final_layer_norm.weight" in plain and "gpt_neox.layers.1.mlp.dense_h_to_4h.bias" in plain
+    assert len(decayed) + len(plain) == len(list(model.parameters()))
+
+
+def test_deepspeed_config_batch_precision_and_mismatch():
+    cfg = cfg_with("train_batch_size=64", "train_micro_batch_size_per_gpu=4", "zero_optimization.stage=2",
+                   "precision=bf16", "gradient_clipping=0.5")
+    ds = deepspeed_config(cfg, world_size=4)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (64, 4, 4)
+    assert ds["zero_optimization"]["stage"] == 2 and ds["gradient_clipping"] == 0.5
+    assert ds["bf16"]["enabled"] and not ds["fp16"]["enabled"] and "optimizer" not in ds
+    fp16 = deepspeed_config(cfg_with("precision=fp16"), world_size=1)
+    assert fp16["fp16"]["enabled"] and fp16["fp16"]["loss_scale"] == 0  # dynamic loss scaling
+    with pytest.raises(ConfigError, match="train_batch_size"):
+        deepspeed_config(cfg, world_size=3)
+    with pytest.raises(ConfigError, match="train_batch_size"):
+        deepspeed_config(cfg_with("train_batch_size=16", "gradient_accumulation_steps=2"), world_size=2)
+
+
+def _fake_checkpoint(root, step, files=None):
+    d = root / step_dir_name(step)
+    d.mkdir(parents=True)
+    (d / WEIGHTS).write_bytes(b"w" * 10)
+    (d / "rng_rank00000.pt").write_bytes(b"r" * 3)
+    manifest = files if files is not None else {WEIGHTS: 10, "rng_rank00000.pt": 3}
+    (d / STATE).write_text(json.dumps({"step": step, "consumed_samples": step * 8, "files": manifest}))
+    return d
+
+
+def test_incomplete_checkpoints_are_detected_and_skipped(tmp_path):
+    root = tmp_path / "checkpoints"
+    good = _fake_checkpoint(root, 10)
+    truncated = _fake_checkpoint(root, 20)
+    (truncated / WEIGHTS).write_bytes(b"w" * 4)
+    no_state = root / step_dir_name(30)
+    no_state.mkdir()
+    bad_json = _fake_checkpoint(root, 40)
+    (bad_json / STATE).write_text("{not json")
+    missing = _fake_checkpoint(root, 50)
+    (missing / "rng_rank00000.pt").unlink()
+    assert incomplete_reason(good) is None
+    assert "bytes" in incomplete_reason(truncated)
+    assert incomplete_reason(no_state) == f"no {STATE}"
+    assert "unreadable" in incomplete_reason(bad_json)
+    assert incomplete_reason(missing) == "missing file rng_rank00000.pt"
+    assert [s for s, _ in step_dirs(root)] == [50, 40, 30, 20, 10]
+    warnings = []
+    assert find_resume_checkpoint(tmp_path, warn=warnings.append) == good
+    assert len(warnings) == 4
+    assert find_resume_checkpoint(tmp_path / "empty") is None
+
+
+def test_prune_keeps_newest_complete_and_latest(tmp_path):
+    root = tmp_path
+    for s in (1, 2, 3, 4):
+        _fake_checkpoint(root, s)
+    (root / "latest").write_text(step_dir_name(4) + "\n")
+    prune(root, keep_last_n=2)
+    assert [s for s, _ in step_dirs(root)] == [4, 3]
+
+
+def test_truncate_metrics_drops_rows_after_resume_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)) + '{"step": 8, "lo')
+    truncate_metrics(path, 5)
+    assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_rng_capture_restore_round_trip(tmp_path):
+    torch.manual_seed(3), np.random.seed(3), random.seed(3)
+    saved = capture_rng()
+    torch.save(saved, tmp_path / "rng.pt")
+    expect = (torch.rand(3), np.random.rand(3), random.random())
+    restore_rng(torch.load(tmp_path / "rng.pt", weights_only=True))
+    got = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(expect[0], got[0]) and np.array_equal(expect[1], got[1]) and expect[2] == got[2]
+
+
+def test_metrics_helpers():
+    out = throughput(steps=10, seconds=5.0, global_batch=8, seq_length=128, world_size=2, flops_per_token=1e9,
+                     peak=1e12)
+    assert out["samples_per_sec"] == 16.0 and out["tokens_per_sec"] == 2048.0
+    assert out["tflops_per_device"] == pytest.approx(1e9 * 2048 / 2 / 1e12)
+    assert out["mfu"] == pytest.approx(out["tflops_per_device"])
+    assert "mfu" not in throughput(1, 1.0, 1, 1, 1, 1.0, None)
+    assert peak_flops(None, torch.device("cpu"), "fp32") is None
+    assert peak_flops(2e12, torch.device("cpu"), "fp32") == 2e12
+    stats = {"layer0/mu_f": torch.tensor([0.25, 0.75]), "layer1/mu_f": torch.tensor([0.5, 0.5])}
+    m = attention_stat_metrics(stats)
+    assert m["mu_f/layer0"] == [0.25, 0.75] and m["mu_f"] == pytest.approx(0.5)
+
+
+def test_command_line_handling():
+    import train
+
+    assert train._strip_launcher_args(["--local_rank=3", "a.yml", "--local_rank", "1", "x=1"]) == ["a.yml", "x=1"]
+    cfg = cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x")
+    with pytest.raises(ConfigError, match="data file not found"):
+        train.check_config(cfg, 1)
+    with pytest.raises(ConfigError, match="save"):
+        train.check_config(cfg_with("data_path=/nonexistent/prefix"), 1)
