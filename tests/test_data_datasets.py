@@ -68,6 +68,8 @@ def test_index_maps_are_cached_and_reloaded(tmp_path):
     assert all(f.startswith(str(tmp_path / "cache")) for f in c.cache_files.values())
     other = GPTDataset("train", indexed, np.arange(10, 30), 50, SEQ, seed=5)  # a different split: a new map
     assert other.cache_files != a.cache_files
+    retokenized = write_random(tmp_path / "d", 30, seed=99)  # same prefix and document count, new content
+    assert GPTDataset("train", retokenized, np.arange(30), 50, SEQ, seed=5).cache_files != a.cache_files
 
 
 def test_concurrent_builders_share_one_build(tmp_path):

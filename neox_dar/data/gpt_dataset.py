@@ -72,7 +72,7 @@ class GPTDataset:
                                  f"(the dataset holds {len(indexed)}); change `split` or use a larger dataset")
         if num_samples < 1:
             raise DataSplitError(f"split '{name}': num_samples must be >= 1, got {num_samples}")
-        sizes = indexed.sizes[documents]
+        sizes = np.ascontiguousarray(indexed.sizes[documents])
         tokens_per_epoch = int(sizes.sum(dtype=np.int64))
         if tokens_per_epoch <= 1:
             raise DataSplitError(f"split '{name}' of {indexed.prefix} has {tokens_per_epoch} tokens in "
@@ -83,9 +83,8 @@ class GPTDataset:
         else:
             num_epochs = num_epochs_for(tokens_per_epoch, self.seq_length, num_samples)
         self.num_epochs = num_epochs
-        key = hashlib.sha256(np.ascontiguousarray(documents).tobytes()
-                             + f"{os.path.getsize(indexed.prefix + '.idx')}|{shuffle}|{self.fixed_sequences}"
-                             .encode()).hexdigest()[:12]
+        key = hashlib.sha256(documents.tobytes() + sizes.tobytes()
+                             + f"{shuffle}|{self.fixed_sequences}".encode()).hexdigest()[:12]  # stale maps never match
         base = os.path.basename(indexed.prefix)
         directory = cache_dir or os.path.dirname(os.path.abspath(indexed.prefix))
         stem = os.path.join(directory, f"{base}_{name}_indexmap_{num_samples}ns_{seq_length}sl_{seed}s_{key}")

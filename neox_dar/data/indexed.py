@@ -178,9 +178,9 @@ class IndexedDataset:
             raise IndexedDatasetError(
                 f"{bpath}: {bsize} bytes but {ipath} describes {self.num_tokens} tokens of {self.dtype} = "
                 f"{self.num_tokens * item} bytes (truncated or mismatched .bin/.idx pair)")
-        d = self.doc_idx
-        if len(d) == 0 or d[0] != 0 or d[-1] != n or (len(d) > 1 and np.any(np.diff(d) < 0)):
-            raise IndexedDatasetError(f"{ipath}: document index must rise from 0 to the sequence count {n}")
+        d = self.doc_idx  # GPTDataset does not use it; checked only for corruption (some writers omit the last end)
+        if len(d) == 0 or d[0] != 0 or d[-1] > n or (len(d) > 1 and np.any(np.diff(d) < 0)):
+            raise IndexedDatasetError(f"{ipath}: document index must rise from 0 to at most the sequence count {n}")
 
     def __len__(self) -> int:
         return len(self.sizes)
