@@ -1,0 +1,55 @@
+"""``python -m neox_dar.attention.describe``: windows, extra parameters, FLOPs and KV-cache bytes per token."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from neox_dar.attention.describe import kv_cache_numbers_per_token, main
+from neox_dar.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cfg(variant, *overrides):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # pythia-70m's 6 layers do not split into 4 MSWA groups
+        return load_config(ROOT / "configs/pythia-70m.yml", ROOT / f"configs/attention/{variant}.yml",
+                           overrides=overrides)
+
+
+@pytest.mark.parametrize("variant,per_layer", [
+    ("vanilla", 2 * 512),
+    ("aha", 2 * 512),  # every key is kept
+    ("swa", 2 * 512 * 128 / 2048),
+    ("dar", 128 + 2 * 512 * 128 / 2048),  # SPEC: T d_down + w 2d numbers per layer
+    ("uniform", 128),
+])
+def test_kv_cache_numbers_per_token(variant, per_layer):
+    assert kv_cache_numbers_per_token(cfg(variant), 2048) == [pytest.approx(per_layer)] * 6
+
+
+def test_kv_cache_mswa_sums_each_heads_window():
+    c = cfg("mswa")
+    windows = [8, 8, 16, 16, 32, 32, 64, 64]  # layer 0 of pythia-70m, base 128
+    assert kv_cache_numbers_per_token(c, 2048)[0] == pytest.approx(sum(2 * 64 * w / 2048 for w in windows))
+    short = kv_cache_numbers_per_token(c, 16)[0]  # a context shorter than a window keeps every token
+    assert short == pytest.approx(sum(2 * 64 * min(w, 16) / 16 for w in windows))
+
+
+def test_command_line_report(capsys):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rc = main([str(ROOT / "configs/pythia-70m.yml"), str(ROOT / "configs/attention/mswa.yml"), "window_size=64",
+                   "--dtype", "fp32"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "layer  5:    32    32    64    64   128   128   256   256" in out
+    assert "extra parameters: 0" in out and "fp32" in out
+    assert main([str(ROOT / "configs/pythia-70m.yml"), str(ROOT / "configs/attention/dar.yml")]) == 0
+    out = capsys.readouterr().out
+    assert "extra parameters: 786,432 (131,072 per layer" in out
+    assert "2,304.0 bytes per token" in out  # 6 layers x (128 + 64) numbers x 2 bytes
+    assert main([str(ROOT / "configs/pythia-70m.yml"), "attention_type=bogus"]) == 2
