@@ -136,3 +136,18 @@ def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
     assert str(tmp_path / "missing.json.gz") in capsys.readouterr().err
     assert main([str(root), "--corpora", "c5"]) == 2
     assert main([str(tmp_path / "no_run"), "--corpora", "c4"]) == 2
+
+
+@pytest.mark.parametrize("attention", ["dar", "uniform", "swa", "mswa", "aha"])
+def test_every_variant_scores_independently_of_batching(attention, docs, tmp_path):
+    """Right padding never reaches a scored position in any variant: batch size 1 and 3 give the same NLL."""
+    overrides = {"uniform": ["window_size=0"], "mswa": ["window_size=8", "num_layers=4"]}.get(attention, ["window_size=8"])
+    make_checkpoint(tmp_path, overrides=[f"attention_type={attention}", *overrides], seed=11)
+    loaded = load_for_eval(tmp_path)
+    assert loaded.info["attention_type"] == attention
+    tok = load_tokenizer(loaded.cfg)
+    one = score_corpus(loaded.model, tok, docs[1:4], SEQ, 0, batch_size=1, progress=False, per_document=True)
+    three = score_corpus(loaded.model, tok, docs[1:4], SEQ, 0, batch_size=3, progress=False, per_document=True)
+    assert [r["nll"] for r in three["per_document"]] == pytest.approx([r["nll"] for r in one["per_document"]],
+                                                                      rel=1e-5)
+    assert ("attention_stats" in one) == (attention == "aha")
