@@ -36,21 +36,27 @@ start() {
     done
     local host
     host=$(hostname)
-    mkdir -p "$dir/state" "$dir/spool" "$dir/log" "$dir/munge"
-    # munged: the system key, a socket of our own, run as the munge user
-    if [[ ! -S "$dir/munge/munge.socket" ]]; then
-        chown munge:munge "$dir/munge"
-        chmod 0700 "$dir/munge"
-        runuser -u munge -- munged --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
-            --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed" --force
-        wait_for 10 test -S "$dir/munge/munge.socket" || { echo "munged did not start" >&2; exit 1; }
-        cp "$dir/munge/munged.pid" "$dir/munged.pid"
+    mkdir -p "$dir/state" "$dir/spool" "$dir/log"
+    # munged: the system key, a socket of our own, run as the munge user. Its directory lies directly
+    # under /tmp: the munge user must reach it (pytest's and mktemp's directories are private to root).
+    local mdir
+    if [[ -f "$dir/munge.path" ]]; then mdir=$(cat "$dir/munge.path"); else
+        mdir=$(mktemp -d /tmp/neox-dar-munge.XXXXXX)
+        echo "$mdir" > "$dir/munge.path"
+    fi
+    if [[ ! -S "$mdir/munge.socket" ]]; then
+        chown munge:munge "$mdir"
+        chmod 0755 "$mdir"
+        runuser -u munge -- munged --socket="$mdir/munge.socket" --pid-file="$mdir/munged.pid" \
+            --log-file="$mdir/munged.log" --seed-file="$mdir/munged.seed" --force
+        wait_for 10 test -S "$mdir/munge.socket" || { echo "munged did not start; see $mdir/munged.log" >&2; exit 1; }
+        cp "$mdir/munged.pid" "$dir/munged.pid"
     fi
     cat > "$conf" <<CONF
 ClusterName=local
 SlurmctldHost=$host
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$mdir/munge.socket
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root
@@ -107,7 +113,7 @@ case "$cmd" in
         stop_pidfile "$dir/slurmd.pid"
         stop_pidfile "$dir/slurmctld.pid"
         stop_pidfile "$dir/munged.pid"
-        rm -f "$dir/munge/munge.socket"
+        if [[ -f "$dir/munge.path" ]]; then rm -rf "$(cat "$dir/munge.path")" "$dir/munge.path"; fi
         ;;
     env) echo "export SLURM_CONF=$conf" ;;
     *) echo "usage: $0 start|stop|env DIR [CPUS]" >&2; exit 2 ;;

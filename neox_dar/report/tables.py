@@ -48,7 +48,8 @@ def baselines(runs: list[RunRecord], selector: dict | None, group_by: list[str])
 
 
 def build_table(runs: list[RunRecord], report: dict) -> Table:
-    """Rows in ``report['rows']`` order (default: the given order); columns run, axes, corpora, Rel., extras."""
+    """Rows in ``report['rows']`` order (default: the baseline, then the given order); columns run, axes,
+    corpora, Rel., extras."""
     metric = report.get("metric", "token_perplexity")
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
@@ -56,6 +57,8 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     if order:
         by_name = {r.name: r for r in runs}
         runs = [by_name[n] for n in order if n in by_name] + [r for r in runs if r.name not in order]
+    elif base and not group_by:  # as in the papers: the baseline first
+        runs = [r for r in runs if r in base.values()] + [r for r in runs if r not in base.values()]
     axes = [a for a in dict.fromkeys(k for r in runs for k in r.axes)]
     with_mu_f = any(r.cfg.attention_type == "aha" for r in runs)
     with_cost = bool(report.get("cost"))

@@ -95,13 +95,16 @@ def render(template: str, values: dict[str, object]) -> str:
 
 
 def eval_args(ev: dict | None) -> list[str]:
-    """eval.perplexity options from the sweep's ``eval:`` mapping (empty list: no evaluation)."""
+    """eval.perplexity options from the sweep's ``eval:`` mapping (corpora, max_docs, args); [] = no evaluation."""
     if not ev:
         return []
-    args = ["--corpora", *ev["corpora"]] if ev.get("corpora") else []
+    unknown = set(ev) - {"corpora", "max_docs", "args"}
+    if unknown:
+        raise SweepError(f"unknown eval setting(s) {', '.join(sorted(unknown))} (allowed: args, corpora, max_docs)")
+    args = ["--corpora", ",".join(ev.get("corpora") or ("fineweb_edu", "c4", "wikitext103"))]
     if ev.get("max_docs") is not None:
         args += ["--max-docs", str(ev["max_docs"])]
-    return args or ["--corpora", "fineweb_edu", "c4", "wikitext103"]
+    return args + [str(a) for a in ev.get("args") or []]
 
 
 def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log_dir: Path,
