@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from .corpora import CORPORA, CorpusError, load_hub, load_local, select_documents
-from .loading import load_tokenizer
+from .loading import encode_texts, load_tokenizer
 from .table import TITLES
 
 
 def document_lengths(texts: list[str], tokenizer) -> np.ndarray:
     """Tokens per document (no prefix token), int64 array of len(texts)."""
-    return np.array([len(e.ids) for e in tokenizer.encode_batch(texts, add_special_tokens=False)], dtype=np.int64)
+    return np.array([ids.size for ids in encode_texts(tokenizer, texts)], dtype=np.int64)
 
 
 def length_summary(lengths: np.ndarray, window: int, seq_length: int) -> dict:

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
@@ -111,3 +112,13 @@ def prefix_token_id(tokenizer: Tokenizer, token: str = PREFIX_TOKEN) -> int:
     if token_id is None:
         raise ValueError(f"the tokenizer has no '{token}' token; pass --prefix-token")
     return token_id
+
+
+def encode_texts(tokenizer: Tokenizer, texts: list[str], chunk: int = 1024) -> list[np.ndarray]:
+    """Token ids of each text (no special tokens added), int64 arrays; encoded ``chunk`` texts at a time so a
+    large corpus never holds all its ``Encoding`` objects at once."""
+    out: list[np.ndarray] = []
+    for i in range(0, len(texts), chunk):
+        encodings = tokenizer.encode_batch(texts[i:i + chunk], add_special_tokens=False)
+        out += [np.asarray(e.ids, dtype=np.int64) for e in encodings]
+    return out

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from .corpora import (CORPORA, CorpusError, Document, corpus_manifest, load_hub, load_local, manifest_hash,
                       select_documents)
-from .loading import DTYPES, load_for_eval, load_tokenizer, prefix_token_id
+from .loading import DTYPES, encode_texts, load_for_eval, load_tokenizer, prefix_token_id
 from .metrics import corpus_metrics, count_bytes, count_words
 from .scoring import score_documents
 
@@ -32,8 +32,7 @@ def score_corpus(model: torch.nn.Module, tokenizer: Tokenizer, docs: list[Docume
     """Metrics of one corpus (:func:`eval.metrics.corpus_metrics`) plus throughput, AHA-style attention
     statistics (token-weighted means over all forwards, e.g. ``layer{l}/mu_f`` per head) and, when
     ``per_document``, each document's ``{"id", "nll", "tokens"}``."""
-    encodings = tokenizer.encode_batch([d.text for d in docs], add_special_tokens=False)
-    token_ids = [e.ids for e in encodings]
+    token_ids = encode_texts(tokenizer, [d.text for d in docs])
     scores = score_documents(model, token_ids, max_length, prefix_token, stride=stride, batch_size=batch_size,
                              device=device, progress=progress, desc=name)
     words = sum(count_words(d.count_text) for d in docs)

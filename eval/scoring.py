@@ -58,7 +58,7 @@ class AttentionStatsMean:
 
 def score_documents(
     model: torch.nn.Module | LogitsFn,
-    documents: Sequence[Sequence[int]],
+    documents: Sequence[Sequence[int] | np.ndarray],
     max_length: int,
     prefix_token: int,
     stride: int | None = None,
@@ -75,7 +75,8 @@ def score_documents(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    streams = [np.asarray([prefix_token, *doc], dtype=np.int64) for doc in documents]
+    prefix = np.array([prefix_token], dtype=np.int64)
+    streams = [np.concatenate([prefix, np.asarray(doc, dtype=np.int64)]) for doc in documents]
     # (doc, start, end, n_targets), longest input first; ties keep document order
     windows = [(d, s, e, n) for d, x in enumerate(streams) for s, e, n in rolling_spans(len(x) - 1, max_length, stride)]
     windows.sort(key=lambda w: -(w[2] - w[1]))
