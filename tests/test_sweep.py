@@ -179,3 +179,15 @@ def test_submit_skips_done_and_queued_runs(four_runs, tmp_path, monkeypatch, cap
     text = capsys.readouterr().out
     assert "already queued" in text and "nothing to submit" in text
     assert len((tmp_path / "sbatch.log").read_text().splitlines()) == 1
+
+
+def test_run_local_skips_done_runs_and_builds_launch_commands(four_runs, capsys):
+    from neox_dar.sweep.local import train_command
+
+    path, out = four_runs
+    capsys.readouterr()
+    assert sweep_main([str(path), "run", "--local", "--out", str(out), "--only", "w1"]) == 0
+    assert "w1: done, skipped" in capsys.readouterr().out
+    assert train_command(out / "w3", 1)[1:] == ["train.py", str(out / "w3" / "config.yml")]
+    cmd = train_command(out / "w3", 4)
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
