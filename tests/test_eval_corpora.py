@@ -27,7 +27,7 @@ def corpora():
 
 def test_three_corpora_load_from_data_eval(corpora):
     assert DEFAULT_DATA_DIR == REPO / "data" / "eval"
-    assert len(corpora["wikitext103"]) == 62          # WikiText-2 test: 62 articles in wikitext_document_level
+    assert len(corpora["wikitext103"]) == 62          # articles of the WikiText-2 (= WikiText-103) test split
     assert len(corpora["c4"]) == 30
     assert len(corpora["fineweb_edu"]) == 150
     for docs in corpora.values():
