@@ -309,16 +309,20 @@ def _validate(c: Config) -> None:
            and sum(float(p) for p in parts) > 0, "split", "must be three non-negative numbers 'train,valid,test'", c.split)
 
 
-# Attention keys that only some variants read: setting one for another variant is a warning.
+# Attention keys that only some variants read: a non-default value for another variant is a warning.
 _VARIANT_KEYS = {
     "dar_d_down": ("dar", "uniform"),
     "mswa_windows": ("mswa",),
+    "mswa_variant": ("mswa",),
+    "aha_threshold": ("aha",),
+    "aha_l1_coef": ("aha",),
 }
 
 
 def _warn_unused_attention_keys(c: Config) -> None:
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     for key, users in _VARIANT_KEYS.items():
-        if getattr(c, key) is not None and c.attention_type not in users:
+        if getattr(c, key) != defaults[key] and c.attention_type not in users:
             warnings.warn(f"'{key}' is set but attention_type is '{c.attention_type}' (it is read only by "
                           f"{', '.join(users)}); it has no effect", stacklevel=3)
     if c.attention_type == "uniform" and c.window_size not in (0, 128):

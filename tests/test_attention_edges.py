@@ -327,3 +327,12 @@ def test_triton_on_cpu_is_a_clear_error(monkeypatch):
     auto = build_attention(cfg_for("dar", "auto", window_size=4), 0)
     assert auto.resolved_impl(torch.device("cpu")) == "sdpa"
     assert auto.resolved_impl(torch.device("cuda")) == "triton"
+
+
+@pytest.mark.parametrize("key,value,attention_type", [("aha_l1_coef", 1e-3, "dar"), ("aha_threshold", 0.3, "mswa"),
+                                                      ("mswa_variant", "heads", "swa"), ("dar_d_down", 8, "aha"),
+                                                      ("mswa_windows", [[1, 2, 3, 4]] * 2, "vanilla")])
+def test_keys_of_another_variant_warn(key, value, attention_type):
+    with pytest.warns(UserWarning, match=f"'{key}' is set but attention_type is '{attention_type}'"):
+        Config.from_dict({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "window_size": 4,
+                          "attention_type": attention_type, key: value})

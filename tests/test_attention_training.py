@@ -54,7 +54,7 @@ def unigram_entropy(tokens: torch.Tensor) -> float:
 def train(attention_type: str, tokens: torch.Tensor) -> dict:
     cfg = Config(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=SEQ, vocab_size=VOCAB,
                  make_vocab_size_divisible_by=1, attention_type=attention_type, window_size=16,
-                 aha_l1_coef=3e-2, attention_impl="sdpa")
+                 attention_impl="sdpa", **({"aha_l1_coef": 3e-2} if attention_type == "aha" else {}))
     torch.manual_seed(0)
     model = build_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
