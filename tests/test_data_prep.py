@@ -1,17 +1,22 @@
 """python -m data_prep.tokenize: worker-count independence, crash + resume, budget, formats, bad input."""
 
+import contextlib
 import gzip
 import hashlib
+import io
 import json
+import os
 import random
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from data_prep.tokenize import main
 from neox_dar.data import IndexedDataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,11 +25,16 @@ C4_LINES = (ROOT / "data/sample/c4_sample.jsonl").read_text().splitlines()
 
 
 def prep(*args, env=None, check=True):
-    import os
-
-    e = dict(os.environ, **(env or {}))
-    r = subprocess.run([sys.executable, "-m", "data_prep.tokenize", *map(str, args), "--tokenizer", str(TOKENIZER),
-                        "--no-progress"], cwd=ROOT, capture_output=True, text=True, env=e)
+    """Run the command: in this process, or as a subprocess when ``env`` adds variables."""
+    argv = [*map(str, args), "--tokenizer", str(TOKENIZER), "--no-progress"]
+    if env is None:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = main(argv)
+        r = types.SimpleNamespace(returncode=rc, stderr=err.getvalue())
+    else:
+        r = subprocess.run([sys.executable, "-m", "data_prep.tokenize", *argv], cwd=ROOT, capture_output=True,
+                           text=True, env=dict(os.environ, **env))
     if check and r.returncode != 0:
         raise AssertionError(r.stderr)
     return r
@@ -204,3 +214,25 @@ def test_inputs_with_no_usable_document_are_an_error(tmp_path):
     (tmp_path / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     r = prep(tmp_path / "empty.jsonl", "--out", tmp_path / "e", check=False)
     assert r.returncode == 1 and "no usable documents in the inputs (1 bad records)" in r.stderr
+
+
+def test_hugging_face_dataset_input_streams_offline(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "hub").mkdir()
+    (tmp_path / "hub" / "train.jsonl").write_text("\n".join(C4_LINES[:6]) + "\n")
+    prep(tmp_path / "hub" / "train.jsonl", "--out", tmp_path / "local")
+    prep(f"hf:{tmp_path / 'hub'}@train", "--out", tmp_path / "hf",
+         env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home")})
+    assert digest(tmp_path / "hf") == digest(tmp_path / "local")
+    manifest = json.loads((tmp_path / "hf.manifest.json").read_text())
+    assert manifest["inputs"][0]["hf_dataset"] == str(tmp_path / "hub") and manifest["inputs"][0]["split"] == "train"
+
+
+def test_token_counts_and_hf_specs_parse():
+    from data_prep.sources import parse_hf
+    from data_prep.tokenize import parse_count
+
+    assert [parse_count(t) for t in ("10_000_000_000", "10B", "500M", "1e9", "1.5k", "123")] == [
+        10**10, 10**10, 5 * 10**8, 10**9, 1500, 123]
+    assert parse_hf("hf:allenai/c4:en@validation") == ("allenai/c4", "en", "validation")
+    assert parse_hf("hf:roneneldan/TinyStories") == ("roneneldan/TinyStories", None, "train")
