@@ -160,13 +160,28 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_submit_skips_done_and_queued_runs(four_runs, tmp_path, monkeypatch, capsys):
-    path, out = four_runs
+@pytest.fixture()
+def fake_queue(tmp_path, monkeypatch):
+    """sbatch that answers job 77 (and logs its calls); squeue that knows only 77's array tasks, as pending."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(bin_dir / "sbatch", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/sbatch.log\necho 77\n")
     _executable(bin_dir / "squeue", "#!/bin/bash\n[[ $4 == 77_* ]] && echo \"$4 PENDING\"\nexit 0\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return tmp_path / "sbatch.log"
+
+
+def test_status_marks_running_runs_without_a_live_job_stale(four_runs, fake_queue, capsys):
+    _, out = four_runs
+    (out / "w2" / "slurm_jobs.txt").write_text("55\n")
+    capsys.readouterr()
+    assert sweep_main([str(out), "status"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("w2 "))
+    assert line.split()[1] == "stale"
+
+
+def test_submit_skips_done_and_queued_runs(four_runs, fake_queue, capsys):
+    path, out = four_runs
     args = [str(path), "submit", "--out", str(out), "--gpus-per-node", "0", "--nproc-per-node", "1",
             "--cpus-per-task", "1", "--concurrency", "2"]
     assert sweep_main(args) == 0
@@ -178,7 +193,7 @@ def test_submit_skips_done_and_queued_runs(four_runs, tmp_path, monkeypatch, cap
     assert sweep_main(args) == 0  # again: everything left is queued
     text = capsys.readouterr().out
     assert "already queued" in text and "nothing to submit" in text
-    assert len((tmp_path / "sbatch.log").read_text().splitlines()) == 1
+    assert len(fake_queue.read_text().splitlines()) == 1
 
 
 def test_run_local_skips_done_runs_and_builds_launch_commands(four_runs, capsys):

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shutil
 import sys
+import time
 from pathlib import Path
 
 from .local import run_local
-from .rundir import RunFileError, run_state
+from .rundir import METRICS, RunFileError, run_state
 from .slurm import SlurmSettings, queued_jobs, submit_runs
 from .spec import SWEEP_COPY, SweepError, describe, load_sweep, plan, write_plan
 
@@ -100,12 +102,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def _age(path: Path) -> str:
+    """How long ago ``path`` was last written (the trainer appends to metrics.jsonl every log step)."""
+    if not path.is_file():
+        return "-"
+    s = max(0, int(time.time() - path.stat().st_mtime))
+    return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
+
+
 def _status(planned, sweep) -> int:
     rows = []
     for p in planned:
         st = run_state(p.run_dir, want_eval=bool(sweep.eval))
+        state = st.state
+        if state == "running" and st.jobs and shutil.which("squeue") and not queued_jobs(st.jobs):
+            state = "stale"  # status.json says running but none of its SLURM jobs is alive
         rows.append({
-            "run": st.name, "state": st.state,
+            "run": st.name, "state": state, "updated": _age(p.run_dir / METRICS),
             "step": f"{st.step}/{st.train_iters}" if st.step is not None and st.train_iters else (st.step or "-"),
             "loss": f"{st.loss:.4f}" if st.loss is not None else "-",
             "valid_loss": f"{st.valid_loss:.4f}" if st.valid_loss is not None else "-",
