@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from neox_dar.sweep.slurm import LAUNCHER, SlurmSettings, job_script, render
+from neox_dar.sweep.slurm import LAUNCHER, TRAIN_SCRIPT, SlurmSettings, job_script, render
 from neox_dar.sweep.spec import SweepError, parse_sweep, plan, write_plan
 
 SWEEP = {"name": "tiny-sweep", "configs": ["configs/tiny.yml"], "set": {"train_iters": 20},
@@ -57,14 +57,14 @@ def test_array_script_renders_and_parses(tmp_path):
 def test_single_run_gpu_script(tmp_path):
     script = job_script(SlurmSettings.from_dict({"nodes": 4, "gpus_per_node": 8, "constraint": "h100",
                                                  "mem": "0", "signal_seconds": 300}),
-                        "one", [tmp_path / "run"], tmp_path / "logs", {"corpora": ["c4"], "max_docs": 5},
+                        "one", [tmp_path / "run"], tmp_path / "logs", {"corpora": ["c4", "wikitext103"], "max_docs": 5},
                         workdir=tmp_path)
     lines = _sbatch_lines(script)
     assert "#SBATCH --gpus-per-node=8" in lines and "#SBATCH --nodes=4" in lines
     assert "#SBATCH --constraint=h100" in lines and "#SBATCH --signal=B:USR1@300" in lines
     assert not any(line.startswith("#SBATCH --array") for line in lines)
     assert "NPROC_PER_NODE=8" in script
-    assert "EVAL_ARGS=(--corpora c4 --max-docs 5)" in script
+    assert "EVAL_ARGS=(--corpora c4,wikitext103 --max-docs 5)" in script
 
 
 def test_settings_errors():
@@ -149,7 +149,7 @@ def test_rendezvous_from_slurm_variables(tmp_path, fake_slurm):
         args = call["argv"]
         assert "--nnodes=2" in args and f"--node_rank={i}" in args and "--nproc_per_node=4" in args
         assert "--master_addr=gpu-a" in args and f"--master_port={20000 + 12345 % 20000}" in args
-        assert args[-2:] == ["train.py", str(run_dir / "config.yml")]
+        assert args[-2:] == [str(TRAIN_SCRIPT), str(run_dir / "config.yml")]
     assert not (rec / "scontrol.log").exists()  # done: no requeue
     assert "training done" in (run_dir / "logs" / "job.log").read_text()
 

@@ -198,11 +198,12 @@ def test_submit_skips_done_and_queued_runs(four_runs, fake_queue, capsys):
 
 def test_run_local_skips_done_runs_and_builds_launch_commands(four_runs, capsys):
     from neox_dar.sweep.local import train_command
+    from neox_dar.sweep.slurm import TRAIN_SCRIPT
 
     path, out = four_runs
     capsys.readouterr()
     assert sweep_main([str(path), "run", "--local", "--out", str(out), "--only", "w1"]) == 0
     assert "w1: done, skipped" in capsys.readouterr().out
-    assert train_command(out / "w3", 1)[1:] == ["train.py", str(out / "w3" / "config.yml")]
+    assert train_command(out / "w3", 1)[1:] == [str(TRAIN_SCRIPT), str(out / "w3" / "config.yml")]
     cmd = train_command(out / "w3", 4)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]

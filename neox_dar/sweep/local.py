@@ -7,16 +7,16 @@ import sys
 from pathlib import Path
 
 from .rundir import FINAL_EVAL, EVAL_DIR, run_state
-from .slurm import REPO, eval_args
+from .slurm import TRAIN_SCRIPT, eval_args
 
 
 def _run_logged(cmd: list[str], log: Path) -> int:
-    """Run ``cmd`` from the repository root, echoing its output and appending it to ``log``."""
+    """Run ``cmd`` here, echoing its output and appending it to ``log``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
@@ -28,8 +28,9 @@ def train_command(run_dir: Path, nproc: int, python: str = sys.executable) -> li
     """``python train.py CONFIG`` (one process) or torchrun --standalone with ``nproc`` processes."""
     config = str(run_dir / "config.yml")
     if nproc <= 1:
-        return [python, "train.py", config]
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py", config]
+        return [python, str(TRAIN_SCRIPT), config]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(TRAIN_SCRIPT),
+            config]
 
 
 def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:

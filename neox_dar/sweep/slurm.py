@@ -23,6 +23,7 @@ from .spec import SweepError
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TEMPLATE = REPO / "slurm" / "sweep.sbatch"
 LAUNCHER = REPO / "slurm" / "launch_node.sh"
+TRAIN_SCRIPT = REPO / "train.py"
 _FIELD = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 QUEUED_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                  "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
@@ -137,6 +138,7 @@ def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log
         "python": shlex.quote(settings.python or sys.executable),
         "nproc_per_node": settings.procs_per_node,
         "launcher": shlex.quote(str(LAUNCHER)),
+        "train_script": shlex.quote(str(TRAIN_SCRIPT)),
         "eval_args": " ".join(shlex.quote(a) for a in eval_args(ev)),
         "workdir": shlex.quote(str(workdir or Path.cwd())),
         "setup": "\n".join(settings.setup),
