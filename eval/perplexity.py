@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from .corpora import (CORPORA, CorpusError, Document, corpus_manifest, load_hub, load_local, manifest_hash,
-                      select_documents)
+from .corpora import (CORPORA, DEFAULT_DATA_DIR, LOCAL_PATHS, CorpusError, Document, corpus_manifest, load_hub,
+                      load_local, manifest_hash, select_documents)
 from .loading import DTYPES, encode_texts, load_for_eval, load_tokenizer, prefix_token_id
 from .metrics import corpus_metrics, count_bytes, count_words
 from .scoring import score_documents
@@ -63,7 +63,7 @@ def load_corpora(names: list[str], source: str = "local", data_dir: str | None =
             where = "hub:" + name
         else:
             docs = load_local(name, paths.get(name), data_dir)
-            where = str(paths.get(name) or "data/eval")
+            where = str(paths.get(name) or Path(data_dir or DEFAULT_DATA_DIR) / LOCAL_PATHS[name])
         selected[name] = select_documents(docs, max_docs, wanted, name)
         entries[name] = corpus_manifest(selected[name], where)
     return selected, entries

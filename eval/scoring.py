@@ -95,25 +95,22 @@ def score_documents(
             batch = windows[b:b + batch_size]
             width = max(e - s for _, s, e, _ in batch)
             ids = torch.full((len(batch), width), pad_token, dtype=torch.long)
-            targets = torch.full((len(batch), width), -100, dtype=torch.long)
-            for row, (d, s, e, n) in enumerate(batch):
-                length = e - s
-                ids[row, :length] = torch.from_numpy(streams[d][s:e])
-                targets[row, length - n:length] = torch.from_numpy(streams[d][e - n + 1:e + 1])
-            ids, targets = ids.to(device), targets.to(device)
-            logits = model(ids)
-            scored = targets != -100
-            token_nll = F.cross_entropy(logits[scored].float(), targets[scored], reduction="none")
-            row_of = scored.nonzero()[:, 0]
-            row_nll = torch.zeros(len(batch), dtype=torch.float64, device=token_nll.device)
-            row_nll.index_add_(0, row_of, token_nll.double())
-            stats.add(int(scored.shape[0] * scored.shape[1]))
-            for row, value in enumerate(row_nll.cpu().tolist()):
-                d = batch[row][0]
+            for row, (d, s, e, _) in enumerate(batch):
+                ids[row, :e - s] = torch.from_numpy(streams[d][s:e])
+            logits = model(ids.to(device))
+            stats.add(ids.numel())
+            # one row at a time: float32 log-probs of the scored positions only (no (B, T, V) float32 copy)
+            row_nll = torch.stack([
+                F.cross_entropy(logits[row, e - s - n:e - s].float(),
+                                torch.from_numpy(streams[d][e - n + 1:e + 1]).to(logits.device),
+                                reduction="none").double().sum()
+                for row, (d, s, e, n) in enumerate(batch)])
+            for (d, _, _, _), value in zip(batch, row_nll.cpu().tolist()):
                 nll[d] += value
                 remaining[d] -= 1
                 docs_done += int(remaining[d] == 0)
-            bar.update(int(scored.sum()))
+            n_scored = sum(n for _, _, _, n in batch)
+            bar.update(n_scored)
             bar.set_postfix(docs=f"{docs_done}/{len(streams)}")
     bar.close()
     return ScoreResult(nll=nll.tolist(), tokens=n_tokens.tolist(), windows=len(windows),

@@ -105,7 +105,8 @@ def test_missing_corpus_names_the_path(tmp_path):
     ("fineweb_edu", b"PAR1 truncated parquet", "corrupt fineweb_edu file"),
 ])
 def test_corrupt_corpus_names_the_path(tmp_path, name, content, match):
-    suffix = {"c4": ".json.gz", "wikitext103": ".raw"}.get(name, ".parquet" if content.startswith(b"PAR1") else ".jsonl")
+    default = ".parquet" if content.startswith(b"PAR1") else ".jsonl"
+    suffix = {"c4": ".json.gz", "wikitext103": ".raw"}.get(name, default)
     path = tmp_path / f"bad{suffix}"
     path.write_bytes(content)
     with pytest.raises(CorpusError, match=match) as info:

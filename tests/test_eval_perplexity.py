@@ -141,7 +141,8 @@ def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
 @pytest.mark.parametrize("attention", ["dar", "uniform", "swa", "mswa", "aha"])
 def test_every_variant_scores_independently_of_batching(attention, docs, tmp_path):
     """Right padding never reaches a scored position in any variant: batch size 1 and 3 give the same NLL."""
-    overrides = {"uniform": ["window_size=0"], "mswa": ["window_size=8", "num_layers=4"]}.get(attention, ["window_size=8"])
+    overrides = {"uniform": ["window_size=0"], "mswa": ["window_size=8", "num_layers=4"]}.get(attention,
+                                                                                             ["window_size=8"])
     make_checkpoint(tmp_path, overrides=[f"attention_type={attention}", *overrides], seed=11)
     loaded = load_for_eval(tmp_path)
     assert loaded.info["attention_type"] == attention
