@@ -66,5 +66,5 @@ def windowed_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int
     band = (delta >= 0) & (delta < window)
     mask = band.expand(nb, bs, span).clone()
     mask[0] &= s >= halo  # block 0: slots left of position 0 are padding
-    out = F.scaled_dot_product_attention(qb, blocks_of_keys(k), blocks_of_keys(v), attn_mask=mask)
+    out = F.scaled_dot_product_attention(qb, blocks_of_keys(k), blocks_of_keys(v), attn_mask=mask[None])
     return out.reshape(B, H, nb * bs, D)[:, :, :T]
