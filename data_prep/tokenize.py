@@ -47,7 +47,8 @@ from .sources import Source, expand_inputs, iter_records
 
 # Fault injection for tests: SIGKILL this process right after journaling this many shards in a run.
 KILL_AFTER_ENV = "NEOX_DAR_DATA_PREP_KILL_AFTER_SHARDS"
-MAX_BAD_SHOWN = 20
+MAX_BAD_SHOWN = 20  # on stderr
+MAX_BAD_LISTED = 100_000  # in the manifest
 
 
 class DataPrepError(RuntimeError):
@@ -143,7 +144,7 @@ def run_shards(args, sources: list[Source], spec: TokenizerSpec, dtype: np.dtype
     used, bad, tokens, written = 0, [], 0, 0
     try:
         while True:
-            while len(window) < max(2 * args.workers, 1):
+            while len(window) < (2 * args.workers if pool is not None else 1):
                 nxt = next(shards, None)
                 if nxt is None:
                     break
@@ -224,12 +225,13 @@ def _report_bad(sources: list[Source], bad: list[list]) -> dict:
     for src, line, reason in bad[:MAX_BAD_SHOWN]:
         print(f"skipped {_where(sources, src, line)}: {reason}", file=sys.stderr)
     if len(bad) > MAX_BAD_SHOWN:
-        print(f"... and {len(bad) - MAX_BAD_SHOWN} more (all listed in the manifest)", file=sys.stderr)
+        print(f"... and {len(bad) - MAX_BAD_SHOWN} more (the first {MAX_BAD_LISTED:,} are listed in the manifest)",
+              file=sys.stderr)
     if bad:
         print(f"skipped {len(bad)} bad records: " + ", ".join(f"{k}: {v}" for k, v in reasons.most_common()),
               file=sys.stderr)
-    return {"total": len(bad), "by_reason": dict(reasons),
-            "records": [f"{_where(sources, s, ln)}: {r}" for s, ln, r in bad]}
+    return {"total": len(bad), "by_reason": dict(reasons), "records_listed": min(len(bad), MAX_BAD_LISTED),
+            "records": [f"{_where(sources, s, ln)}: {r}" for s, ln, r in bad[:MAX_BAD_LISTED]]}
 
 
 def run(argv: list[str] | None = None) -> dict:

@@ -72,6 +72,17 @@ def test_index_maps_are_cached_and_reloaded(tmp_path):
     assert GPTDataset("train", retokenized, np.arange(30), 50, SEQ, seed=5).cache_files != a.cache_files
 
 
+def test_datasets_pickle_by_reference_for_data_loader_workers(tmp_path):
+    import pickle
+
+    indexed = write_random(tmp_path / "d", 300, seed=13)
+    ds = GPTDataset("train", indexed, np.arange(300), 400, SEQ, seed=14)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 4096 < indexed.num_tokens * 2  # no token or index-map data inside
+    copy = pickle.loads(blob)
+    assert len(copy) == len(ds) and all(np.array_equal(copy[i], ds[i]) for i in range(0, len(ds), 37))
+
+
 def test_concurrent_builders_share_one_build(tmp_path):
     indexed = write_random(tmp_path / "d", 40, seed=6)
     out, errors = [], []

@@ -108,6 +108,18 @@ class GPTDataset:
         maps = load_or_build(stem + ".lock", self.cache_files, build)
         self.doc_idx, self.sample_idx, self.shuffle_idx = maps["doc_idx"], maps["sample_idx"], maps["shuffle_idx"]
 
+    def __getstate__(self) -> dict:
+        """Pickled without the memory-mapped index maps; they are reopened from the cache files."""
+        state = dict(self.__dict__)
+        for k in ("doc_idx", "sample_idx", "shuffle_idx"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        maps = _load(self.cache_files)
+        self.doc_idx, self.sample_idx, self.shuffle_idx = maps["doc_idx"], maps["sample_idx"], maps["shuffle_idx"]
+
     def __len__(self) -> int:
         return len(self.shuffle_idx)
 

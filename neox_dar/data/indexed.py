@@ -182,6 +182,12 @@ class IndexedDataset:
         if len(d) == 0 or d[0] != 0 or d[-1] > n or (len(d) > 1 and np.any(np.diff(d) < 0)):
             raise IndexedDatasetError(f"{ipath}: document index must rise from 0 to at most the sequence count {n}")
 
+    def __getstate__(self) -> str:
+        return self.prefix  # pickled by name (DataLoader workers reopen the maps, nothing is copied)
+
+    def __setstate__(self, prefix: str) -> None:
+        self.__init__(prefix)
+
     def __len__(self) -> int:
         return len(self.sizes)
 
