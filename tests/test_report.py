@@ -162,3 +162,27 @@ def test_cost_column_orders_swa_family(sweep_dir):
     cost = table.columns.index("Cost")
     assert _row(table, "vanilla")[cost] == pytest.approx(1.0)
     assert 0 < _row(table, "mswa-w16")[cost] < 0.5
+
+
+def test_fig3_uses_evaluations_at_several_steps(sweep_dir):
+    from neox_dar.report.figures import _eval_points, _valid_points
+
+    root, results = sweep_dir
+    rng = random.Random(5)
+    for name in ("vanilla", "dar-d32"):
+        for step in (10, 20):
+            r = json.loads(json.dumps(results[name]))
+            r["step"] = step
+            for c in CORPORA:
+                r["corpora"][c]["token_perplexity"] = rng.uniform(30, 90)
+            (root / name / "eval" / f"step_{step:08d}.json").write_text(json.dumps(r))
+    runs, sweep, _ = collect(root)
+    by = {r.name: r for r in runs}
+    pts = _eval_points(by["dar-d32"], by["vanilla"], "token_perplexity")
+    assert [s for s, _ in pts] == [10, 20, 40]
+    ppl = {n: {s: {c: e["corpora"][c]["token_perplexity"] for c in CORPORA} for e in by[n].evals
+               for s in [e["step"]]} for n in ("vanilla", "dar-d32")}
+    assert pts[0][1] == pytest.approx(_rel(ppl["dar-d32"][10], ppl["vanilla"][10]))
+    assert by["dar-d32"].eval["step"] == 40  # the table keeps the final evaluation
+    valid = _valid_points(by["dar-d32"], by["vanilla"])
+    assert [s for s, _ in valid] == [20, 40]

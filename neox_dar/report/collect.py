@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import yaml
 from eval.corpora import CORPORA
 from eval.table import TITLES
 
 from ..config import Config, load_config
-from ..sweep.rundir import final_eval, read_json, read_metrics
+from ..sweep.rundir import read_evals, read_json, read_metrics
 from ..sweep.spec import RUN_META, SWEEP_COPY, Sweep, SweepError, load_sweep
 
 CORPUS_TITLES = TITLES
@@ -32,8 +31,12 @@ class RunRecord:
     cfg: Config
     axes: dict[str, str]
     metrics: list[dict]
-    eval: dict | None
-    extra: dict[str, Any] = field(default_factory=dict)
+    evals: list[dict]  # every eval/*.json, by step
+
+    @property
+    def eval(self) -> dict | None:
+        """The evaluation at the highest step (the table's numbers), or None."""
+        return self.evals[-1] if self.evals else None
 
     def perplexity(self, corpus: str, metric: str) -> float | None:
         """``metric`` of ``corpus`` from the final evaluation; None when it was not evaluated."""
@@ -88,7 +91,7 @@ def load_run(run_dir: Path) -> RunRecord:
     meta = read_json(meta_path) if meta_path.is_file() else {}
     return RunRecord(name=meta.get("run", run_dir.name), run_dir=run_dir, cfg=_load_cfg(run_dir),
                      axes={k: str(v) for k, v in (meta.get("axes") or {}).items()},
-                     metrics=read_metrics(run_dir), eval=final_eval(run_dir))
+                     metrics=read_metrics(run_dir), evals=read_evals(run_dir))
 
 
 def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:

@@ -1,7 +1,9 @@
 """The papers' figures as PNG, drawn from the run files.
 
-- ``relative_ppl_vs_step.png`` (DAR Fig. 3): validation perplexity of each run / its group's baseline x 100
-  at every step both logged a ``valid_loss`` (one validation set, where the paper averages three corpora).
+- ``relative_ppl_vs_step.png`` (DAR Fig. 3): each run's perplexity / its group's baseline x 100 over training.
+  Where a run and its baseline have evaluations (``eval/*.json``) at two or more common steps, the paper's
+  Rel. (%) over the three corpora; otherwise the validation perplexity from ``valid_loss`` rows (one
+  validation set). The legend says which.
 - ``loss_curves.png``: training loss per run, one panel per group.
 - ``cost_vs_perplexity.png`` (MSWA Table 5 as a plot): relative attention cost vs Rel. (%).
 - ``aha_mu_f_heatmap.png`` (AHA Fig. 3): full-attention usage per layer (rows) and head (columns).
@@ -19,6 +21,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from eval.table import relative_percent  # noqa: E402
 
 from .collect import RunRecord  # noqa: E402
 from .tables import Table, baselines, group_key  # noqa: E402
@@ -51,19 +55,35 @@ def _save(fig, path: Path, rect=None) -> Path:
     return path
 
 
+def _eval_points(run: RunRecord, base: RunRecord, metric: str) -> list[tuple[int, float]]:
+    """(step, Rel. %) at every step where both runs have an evaluation with all three corpora."""
+    ref = {e["step"]: e for e in base.evals if e.get("step") is not None}
+    pts = [(e["step"], relative_percent(e, ref[e["step"]], metric)) for e in run.evals if e.get("step") in ref]
+    return [(s, v) for s, v in pts if v is not None]
+
+
+def _valid_points(run: RunRecord, base: RunRecord) -> list[tuple[int, float]]:
+    """(step, validation perplexity ratio %) at every step where both runs logged ``valid_loss``."""
+    ref = {row["step"]: row["valid_loss"] for row in base.valid_rows()}
+    return [(row["step"], math.exp(row["valid_loss"] - ref[row["step"]]) * 100)
+            for row in run.valid_rows() if row["step"] in ref]
+
+
 def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
+    """Per run: evaluations at >= 2 common steps give the paper's Rel. (%); otherwise validation loss."""
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
+    metric = report.get("metric", "token_perplexity")
     series = []
     for r in runs:
         b = base.get(group_key(r, group_by))
         if b is None or b is r:
             continue
-        ref = {row["step"]: row["valid_loss"] for row in b.valid_rows()}
-        pts = [(row["step"], math.exp(row["valid_loss"] - ref[row["step"]]) * 100)
-               for row in r.valid_rows() if row["step"] in ref]
+        pts, source = _eval_points(r, b, metric), "eval"
+        if len(pts) < 2:
+            pts, source = _valid_points(r, b), "valid"
         if pts:
-            series.append((group_key(r, group_by), r.name, pts))
+            series.append((group_key(r, group_by), f"{r.name} ({source})", pts))
     if not series:
         return None
     keys = list(dict.fromkeys(s[0] for s in series))
@@ -72,7 +92,7 @@ def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path) -> Path
         for _, name, pts in (s for s in series if s[0] == key):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
         ax.axhline(100.0, color="black", lw=1, ls="--")
-        _label(ax, "step", "validation perplexity / baseline (%)", " ".join(key) or "relative perplexity")
+        _label(ax, "step", "perplexity / baseline (%)", " ".join(key) or "relative perplexity")
     return _save(fig, out / "relative_ppl_vs_step.png")
 
 

@@ -113,10 +113,6 @@ class RunState:
     evaluated: bool
     jobs: list[str]
 
-    @property
-    def needs_work(self) -> bool:
-        return self.state != "done"
-
 
 def run_state(run_dir: Path, want_eval: bool = False) -> RunState:
     """State of a run from its files; a trained run that still lacks a wanted evaluation is 'evaluating'."""

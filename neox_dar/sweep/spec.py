@@ -92,12 +92,6 @@ class Sweep:
     def default_out(self) -> Path:
         return Path(self.raw.get("out") or Path("runs") / self.name)
 
-    def run(self, name: str) -> RunSpec:
-        for r in self.runs:
-            if r.name == name:
-                return r
-        raise SweepError(f"sweep '{self.name}' has no run named '{name}' (runs: {', '.join(r.name for r in self.runs)})")
-
 
 def _label(key: str, value: Any) -> str:
     if isinstance(value, float):
