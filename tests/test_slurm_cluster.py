@@ -98,7 +98,8 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
 
     # SIGUSR1 to the DAR job's batch script once it is training; it must checkpoint and requeue
     target = runs["dar"]
-    _wait("the DAR run to train a few steps", lambda: len(_train_steps(target)) >= 3, 150, 0.5)
+    # generous: a cold DeepSpeed op cache (~/.cache/torch_extensions) costs minutes before step 1
+    _wait("the DAR run to train a few steps", lambda: len(_train_steps(target)) >= 3, 480, 0.5)
     subprocess.run(["scancel", "--signal=USR1", "--batch", jobs["dar"]], check=True, timeout=30)
     _wait("the DAR run to stop at a checkpoint",
           lambda: (read_status(target) or {}).get("state") == "interrupted", 90, 0.5)
