@@ -162,9 +162,10 @@ def run_shards(args, sources: list[Source], spec: TokenizerSpec, dtype: np.dtype
                 entry = journal.done[sid]
             else:
                 entry = job.result() if isinstance(job, cf.Future) else job
-                if args.strict and entry["bad"]:
-                    src, line, reason = entry["bad"][0]
-                    raise DataPrepError(f"{_where(sources, src, line)}: {reason} (--strict)")
+            if args.strict and entry["bad"]:  # journaled shards too: an earlier run may not have been strict
+                src, line, reason = entry["bad"][0]
+                raise DataPrepError(f"{_where(sources, src, line)}: {reason} (--strict)")
+            if job is not None:
                 journal.append(entry)
                 written += 1
                 if kill_after and written >= kill_after:
