@@ -40,12 +40,14 @@ def format_rows(rows: list[dict]) -> str:
 def _slurm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("SLURM settings (override the sweep file's slurm: mapping)")
     for f in dataclasses.fields(SlurmSettings):
+        flag, helptext = f"--{f.name.replace('_', '-')}", f.metadata.get("help")
         if f.name in ("extra_sbatch", "setup"):
-            g.add_argument(f"--{f.name.replace('_', '-')}", action="append", dest=f.name, default=None)
+            g.add_argument(flag, action="append", dest=f.name, default=None, help=helptext)
             continue
         kind = int if f.name in ("nodes", "gpus_per_node", "nproc_per_node", "cpus_per_task", "concurrency",
                                  "signal_seconds") else str
-        g.add_argument(f"--{f.name.replace('_', '-')}", type=kind, dest=f.name, default=None)
+        g.add_argument(flag, type=kind, dest=f.name, default=None, help=helptext,
+                       choices=("array", "per-run") if f.name == "mode" else None)
 
 
 def build_parser() -> argparse.ArgumentParser:

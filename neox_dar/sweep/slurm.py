@@ -13,10 +13,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
+from ..config import _f
 from .rundir import record_job
 from .spec import SweepError
 
@@ -33,25 +34,26 @@ QUEUED_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"
 class SlurmSettings:
     """What the sbatch script asks for; every field is a `slurm:` key in the sweep file."""
 
-    nodes: int = 1
-    gpus_per_node: int = 8
-    nproc_per_node: Optional[int] = None  # default: gpus_per_node (required in CPU mode)
-    cpus_per_task: int = 16
-    mem: Optional[str] = None
-    time: str = "24:00:00"
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    constraint: Optional[str] = None
-    mail_user: Optional[str] = None
-    mail_type: Optional[str] = None
-    mode: Literal["array", "per-run"] = "array"
-    concurrency: Optional[int] = None  # array mode: at most this many runs at once (%N)
-    signal_seconds: int = 120
-    template: Optional[str] = None
-    extra_sbatch: list[str] = field(default_factory=list)  # raw options, e.g. ["--exclusive"]
-    setup: list[str] = field(default_factory=list)  # shell lines before training (module load, venv)
-    python: Optional[str] = None  # default: the Python running the sweep tool
+    nodes: int = _f(1, "Nodes per run; one srun task (one torchrun) per node.")
+    gpus_per_node: int = _f(8, "#SBATCH --gpus-per-node; 0 = CPU mode.")
+    nproc_per_node: Optional[int] = _f(None, "Training processes per node (default gpus_per_node; needed in CPU mode).")
+    cpus_per_task: int = _f(16, "CPUs for each node's task.")
+    mem: Optional[str] = _f(None, "#SBATCH --mem (e.g. 0 = all of the node's memory).")
+    time: str = _f("24:00:00", "#SBATCH --time.")
+    partition: Optional[str] = _f(None, "#SBATCH --partition.")
+    account: Optional[str] = _f(None, "#SBATCH --account.")
+    qos: Optional[str] = _f(None, "#SBATCH --qos.")
+    constraint: Optional[str] = _f(None, "#SBATCH --constraint (node features, e.g. h100).")
+    mail_user: Optional[str] = _f(None, "#SBATCH --mail-user.")
+    mail_type: Optional[str] = _f(None, "#SBATCH --mail-type (e.g. END,FAIL).")
+    mode: Literal["array", "per-run"] = _f("array", "One job array over the runs, or one job per run.")
+    concurrency: Optional[int] = _f(None, "Array mode: at most this many runs at once (--array=0-N%%C).")
+    signal_seconds: int = _f(120, "USR1 this many seconds before the time limit (checkpoint, requeue).")
+    template: Optional[str] = _f(None, "sbatch template (default slurm/sweep.sbatch).")
+    extra_sbatch: list[str] = _f([], "Raw #SBATCH options (repeatable; on the command line: "
+                                     "--extra-sbatch=--exclusive).")
+    setup: list[str] = _f([], "Shell lines run before training: module load, source venv (repeatable).")
+    python: Optional[str] = _f(None, "Python on the compute nodes (default: the one running submit).")
 
     @classmethod
     def from_dict(cls, data: dict) -> "SlurmSettings":
@@ -59,7 +61,8 @@ class SlurmSettings:
         data = {k.replace("-", "_"): v for k, v in data.items()}
         unknown = set(data) - names
         if unknown:
-            raise SweepError(f"unknown slurm setting(s) {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(names))})")
+            raise SweepError(f"unknown slurm setting(s) {', '.join(sorted(unknown))} "
+                             f"(allowed: {', '.join(sorted(names))})")
         s = cls(**data)
         s.validate()
         return s
@@ -88,7 +91,8 @@ def render(template: str, values: dict[str, object]) -> str:
         names = _FIELD.findall(line)
         missing = [n for n in names if n not in values]
         if missing:
-            raise SweepError(f"sbatch template field(s) {', '.join(missing)} unknown (known: {', '.join(sorted(values))})")
+            raise SweepError(f"sbatch template field(s) {', '.join(missing)} unknown "
+                             f"(known: {', '.join(sorted(values))})")
         if line.startswith("#SBATCH") and any(values[n] in (None, "") for n in names):
             continue
         out.append(_FIELD.sub(lambda m: str(values[m.group(1)]), line))

@@ -154,7 +154,8 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
         raise SweepError(f"{where} must hold a mapping")
     unknown = set(data) - _TOP_KEYS
     if unknown:
-        raise SweepError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(_TOP_KEYS))})")
+        raise SweepError(f"unknown key(s) in {where}: {', '.join(sorted(unknown))} "
+                         f"(allowed: {', '.join(sorted(_TOP_KEYS))})")
     name = data.get("name") or (path.stem if path else None)
     if not name or not _NAME_OK.match(str(name)):
         raise SweepError(f"{where}: 'name' must be a word of letters, digits, '.', '_', '+', '-', got {name!r}")
