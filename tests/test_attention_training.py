@@ -19,6 +19,7 @@ from tokenizers import Tokenizer
 
 from neox_dar.config import Config
 from neox_dar.model import build_model
+from test_attention_paths import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, SEQ, BATCH, STEPS = 256, 64, 8, 100
@@ -33,15 +34,6 @@ def tokens() -> torch.Tensor:
             ids += tok.encode(json.loads(line)["text"]).ids + [0]
     keep = {t: n for n, (t, _) in enumerate(Counter(ids).most_common(VOCAB - 1))}
     return torch.tensor([keep.get(t, VOCAB - 1) for t in ids])
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared, loaded CPU two threads are several times slower for these tiny ops."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def unigram_entropy(tokens: torch.Tensor) -> float:

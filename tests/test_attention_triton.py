@@ -27,8 +27,8 @@ SCRIPT = textwrap.dedent("""
                          attention_impl=impl, window_size=3, aha_l1_coef=0.1)
             torch.manual_seed(0)
             m = build_attention(cfg, 3)
-            a = torch.randn(2, 11, 32, requires_grad=True)
-            cos, sin = RotaryEmbedding(cfg.rotary_ndims, 10000)(11, torch.float32, a.device)
+            a = torch.randn(1, 9, 32, requires_grad=True)
+            cos, sin = RotaryEmbedding(cfg.rotary_ndims, 10000)(9, torch.float32, a.device)
             out = m(a, cos, sin)
             up = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
             ((out * up).sum() + (m.aux_loss if m.aux_loss is not None else 0)).backward()
@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_triton_path_matches_reference_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["dar", "ok", "uniform", "ok", "swa", "ok", "mswa", "ok", "aha", "ok"]
