@@ -120,20 +120,20 @@ def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:
 
 
 def relative_cost(run: RunRecord, cache: dict) -> float:
-    """Mean attended keys per query summed over layers, as a fraction of vanilla's at the same shape."""
+    """Attention FLOPs per token (``model.flops_per_token``) at ``seq_length``, as a fraction of vanilla's."""
     import torch
 
-    from ..model import build_model
+    from ..model import build_model, flops_per_token
 
-    def keys(cfg: Config) -> float:
+    def attention_flops(cfg: Config) -> float:
         k = yaml.safe_dump(cfg.to_dict())
         if k not in cache:
             with warnings.catch_warnings(), torch.device("meta"):
                 warnings.simplefilter("ignore")
                 model = build_model(cfg)
-            cache[k] = sum(m.attended_keys(cfg.seq_length) for m in model.attention_modules())
+            cache[k] = flops_per_token(model, cfg.seq_length)["attention"]
         return cache[k]
 
     vanilla = Config.from_dict({**run.cfg.to_dict(), "attention_type": "vanilla", "mswa_windows": None,
                                 "dar_d_down": None})
-    return keys(run.cfg) / keys(vanilla)
+    return attention_flops(run.cfg) / attention_flops(vanilla)

@@ -130,7 +130,7 @@ def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path) -> Path |
         for x, y, name in pts:
             ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.set_xscale("log")
-    _label(ax, "attention cost (attended keys, relative to vanilla)", "Rel. perplexity (%)", "cost vs perplexity")
+    _label(ax, "attention FLOPs per token, relative to vanilla", "Rel. perplexity (%)", "cost vs perplexity")
     return _save(fig, out / "cost_vs_perplexity.png")
 
 

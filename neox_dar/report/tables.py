@@ -88,7 +88,8 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
              f"{', '.join(CORPUS_TITLES.get(c, c) for c in CORPORA)} of ppl / ppl(baseline) x 100"
              + (f", baseline per {', '.join(group_by)}" if group_by else "") + f". '{MISSING_TEXT}' = not evaluated."]
     if with_cost:
-        notes.append("Cost: attended keys per query summed over layers, relative to vanilla attention.")
+        notes.append("Cost: attention FLOPs per token at seq_length (scores, weighted sums, variant extras), "
+                     "relative to vanilla attention; AHA counted with every gate open.")
     if with_mu_f:
         notes.append("mu_f: share of (token, head, layer) gates that chose full attention, last logged value.")
     return Table(report.get("title") or "Perplexity", columns, rows, notes + flags)
