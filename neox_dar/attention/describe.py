@@ -15,6 +15,7 @@ kept); DAR ``d_down + 2d min(w, C) / C`` (SPEC / DAR paper Sec. 5: every token k
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import typing
 
@@ -61,8 +62,7 @@ def describe(cfg: Config, context: int | None = None, dtype: str = "bf16") -> st
     L, d, H = cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads
     with torch.device("meta"):
         model = build_model(cfg)
-        vanilla = build_model(Config.from_dict({**cfg.to_dict(), "attention_type": "vanilla", "dar_d_down": None,
-                                                "mswa_windows": None}))
+        vanilla = build_model(dataclasses.replace(cfg, attention_type="vanilla"))
     lines = [f"attention_type: {cfg.attention_type} (attention_impl: {cfg.attention_impl}); {L} layers, d={d}, "
              f"H={H}, d_h={cfg.head_dim}, seq_length={cfg.seq_length}"]
     t = cfg.attention_type
