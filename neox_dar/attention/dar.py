@@ -22,14 +22,14 @@ from .triton_bridge import triton_kernel
 
 
 def dar_masks(seq_len: int, window: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Boolean (T, T) masks ``(near, far)``: ``near`` = causal and ``i - j < w``, ``far`` = causal and ``i - j >= w``."""
+    """Boolean (T, T) masks ``(near, far)``: ``near`` = causal and ``i - j < w``, ``far`` = causal, ``i - j >= w``."""
     causal = window_mask(seq_len, None, device)
     near = window_mask(seq_len, window, device)
     return near, causal & ~near
 
 
 def dar_reference(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
-    """DAR attention by explicit per-pair source selection, float32 math; all inputs (B, H, T, d_h) -> (B, H, T, d_h)."""
+    """DAR attention by explicit per-pair source selection in float32; inputs (B, H, T, d_h) -> (B, H, T, d_h)."""
     T = q.shape[-2]
     near, far = dar_masks(T, window, q.device)
     qf = q.float()

@@ -70,8 +70,8 @@ def describe(cfg: Config, context: int | None = None, dtype: str = "bf16") -> st
         lines.append(f"window w={0 if t == 'uniform' else cfg.window_size} (keys with i - j < w use full width), "
                      f"d_down={cfg.d_down}")
     elif t in ("swa", "aha"):
-        lines.append(f"window w={cfg.window_size} (keys j with i - j < w, itself included)"
-                     + (f"; router threshold {cfg.aha_threshold}, L1 coefficient {cfg.aha_l1_coef}" if t == "aha" else ""))
+        router = f"; router threshold {cfg.aha_threshold}, L1 coefficient {cfg.aha_l1_coef}" if t == "aha" else ""
+        lines.append(f"window w={cfg.window_size} (keys j with i - j < w, itself included){router}")
     elif t == "mswa":
         source = "explicit mswa_windows" if cfg.mswa_windows is not None else f"rule, variant '{cfg.mswa_variant}'"
         lines.append(f"windows per layer (rows) and head (columns), base w={cfg.window_size} ({source}):")
