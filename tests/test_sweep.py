@@ -207,3 +207,16 @@ def test_run_local_skips_done_runs_and_builds_launch_commands(four_runs, capsys)
     assert train_command(out / "w3", 1)[1:] == [str(TRAIN_SCRIPT), str(out / "w3" / "config.yml")]
     cmd = train_command(out / "w3", 4)
     assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"]
+
+
+def test_submit_dry_run_writes_per_run_scripts_and_records_nothing(four_runs, capsys):
+    path, out = four_runs
+    args = [str(path), "submit", "--out", str(out), "--dry-run", "--mode", "per-run", "--gpus-per-node", "4",
+            "--nodes", "2", "--partition", "gpu", "--only", "w4", "w5"]
+    assert sweep_main(args) == 0
+    assert "wrote" in capsys.readouterr().out
+    for run in ("w4", "w5"):
+        script = (out / "slurm" / f"st.{run}.sbatch").read_text()
+        assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=4" in script
+        assert "#SBATCH --partition=gpu" in script and "--array" not in script
+        assert not (out / run / "slurm_jobs.txt").exists()
