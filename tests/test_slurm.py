@@ -95,13 +95,13 @@ def fake_slurm(tmp_path):
     rec = tmp_path / "records"
     rec.mkdir()
     _executable(bin_dir / "srun", f"""#!/bin/bash
+echo "srun $*" >> {rec}/srun.log
 while [[ $1 == --* ]]; do shift; done
 IFS=, read -r -a hosts <<<"$SLURM_JOB_NODELIST"
 rc=0
 for i in "${{!hosts[@]}}"; do
     SLURM_NODEID=$i SLURMD_NODENAME=${{hosts[$i]}} "$@" || rc=$?
 done
-echo "srun $*" >> {rec}/srun.log
 exit $rc
 """)
     _executable(bin_dir / "scontrol", f"""#!/bin/bash
@@ -139,9 +139,12 @@ def _planned_script(tmp_path: Path, nodes: int = 2) -> tuple[Path, Path]:
 def test_rendezvous_from_slurm_variables(tmp_path, fake_slurm):
     env, rec = fake_slurm
     script, run_dir = _planned_script(tmp_path)
-    proc = subprocess.run(["bash", str(script)], env={**env, "FAKE_TRAIN_STATE": "done", "FAKE_TRAIN_EXIT": "0"},
+    proc = subprocess.run(["bash", str(script)], env={**env, "FAKE_TRAIN_STATE": "done", "FAKE_TRAIN_EXIT": "0",
+                                                      "SLURM_CPUS_PER_TASK": "3", "SLURM_GPUS_PER_NODE": "8"},
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    srun = (rec / "srun.log").read_text()
+    assert "--ntasks-per-node=1" in srun and "--cpus-per-task=3" in srun and "--gpus-per-node=8" in srun
     calls = [json.loads((rec / f"torchrun-{i}.json").read_text()) for i in range(2)]
     for i, call in enumerate(calls):
         assert call["MASTER_ADDR"] == "gpu-a"  # first host of the node list, on every node
