@@ -96,6 +96,8 @@ def train(cfg: Config, info: DistInfo) -> int:
                                  state.consumed_samples))
 
     logger = RunLogger(cfg, info.is_main, state.step)
+    if cfg.eval_interval and valid_ds is None:
+        logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
     if resume_dir is not None:
         logger.message(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples)")
     if info.is_main:
@@ -141,8 +143,9 @@ def train(cfg: Config, info: DistInfo) -> int:
                        **throughput(interval_steps, time.time() - interval_t0, global_batch, cfg.seq_length, world,
                                     flops, peak),
                        **memory_gb(info.device), **_averaged_stats(model, info)}
-                if engine.fp16_enabled():
-                    row["loss_scale"] = float(engine.optimizer.cur_scale)
+                scale = getattr(engine.optimizer, "cur_scale", None) if engine.fp16_enabled() else None
+                if scale is not None:
+                    row["loss_scale"] = float(scale)
                 logger.log(row)
                 interval_loss, interval_t0, interval_steps = [], time.time(), 0
 

@@ -1,0 +1,193 @@
+"""Training throughput of a config on the device present: tokens/s, TFLOP/s and MFU through train.py's
+DeepSpeed engine, and (``--compare-hf``, the default on CPU) the time per training step of our model against
+``transformers.GPTNeoXForCausalLM`` of the same shape and weights.
+
+    python bench/train_throughput.py configs/tiny.yml configs/attention/vanilla.yml [key=value ...]
+        [--steps 10] [--warmup 3] [--compare-hf | --no-compare-hf] [--out bench/results/x.json]
+
+Engine part: one process (a 1-rank group), ``train_batch_size`` of the config (micro x grad-accum), random
+tokens, ``--steps`` optimizer steps timed after ``--warmup`` (CUDA synchronised). MFU needs a peak FLOP/s:
+detected GPU or ``peak_flops=...``.
+
+Comparison part: plain PyTorch training steps (forward, float32 cross-entropy, backward, AdamW step) on one
+micro-batch, both models in the config's precision (fp32 on CPU), identical weights; the two models' steps
+alternate so both see the same machine load; the median step time of each is reported (on CPU the process's
+CPU time, robust to other processes on a shared machine; on GPU synchronised wall time).
+
+Writes JSON (device, versions, git commit, command, UTC date, every number) to ``--out`` (default
+``bench/results/train_throughput_<device>.json``) and prints a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from neox_dar.config import Config, load_config, split_args  # noqa: E402
+from neox_dar.model import build_model, flops_per_token  # noqa: E402
+from neox_dar.training.metrics import peak_flops  # noqa: E402
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
+    """tokens/s, TFLOP/s and MFU of ``steps`` optimizer steps of train.py's DeepSpeed engine (1 rank)."""
+    from neox_dar.training.batches import lm_loss
+    from neox_dar.training.distributed import init_distributed
+    from neox_dar.training.engine import build_engine
+
+    info = init_distributed()
+    engine, model, flops = build_engine(cfg, info)
+    grad_accum = engine.gradient_accumulation_steps()
+    micro = cfg.train_micro_batch_size_per_gpu
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, cfg.vocab_size, (grad_accum, micro, cfg.seq_length + 1), generator=gen).to(info.device)
+
+    def step() -> None:
+        for m in range(grad_accum):
+            x, y = tokens[m, :, :-1], tokens[m, :, 1:]
+            engine.backward(lm_loss(engine(x), y) + model.aux_loss().float())
+            engine.step()
+
+    for _ in range(warmup):
+        step()
+    _sync(info.device)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync(info.device)
+    seconds = (time.perf_counter() - t0) / steps
+    tokens_per_sec = grad_accum * micro * cfg.seq_length / seconds
+    peak = peak_flops(cfg.peak_flops, info.device, cfg.dtype_name)
+    out = {"step_time_s": seconds, "tokens_per_sec": tokens_per_sec, "global_batch": grad_accum * micro,
+           "flops_per_token": flops, "tflops_per_device": flops * tokens_per_sec / 1e12, "peak_flops": peak,
+           "mfu": flops * tokens_per_sec / peak if peak else None}
+    if info.device.type == "cuda":
+        out["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(info.device) / 1e9
+    return out
+
+
+def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) -> dict:
+    """Median time per plain-PyTorch training step: ours vs ``GPTNeoXForCausalLM`` (same shape and weights)."""
+    from transformers import GPTNeoXForCausalLM
+
+    from neox_dar.convert import to_hf
+
+    if cfg.attention_type != "vanilla":
+        raise SystemExit("--compare-hf needs attention_type: vanilla (Hugging Face has only full attention)")
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype_name]
+    torch.manual_seed(cfg.seed)
+    ours = build_model(cfg).to(device=device, dtype=dtype)
+    with tempfile.TemporaryDirectory() as tmp:  # through the project's converter: same weights, HF names
+        to_hf(ours, cfg, tmp)
+        hf = GPTNeoXForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype).to(device)
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, cfg.vocab_size, (cfg.train_micro_batch_size_per_gpu, cfg.seq_length + 1),
+                           generator=gen).to(device)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    # CPU: process CPU time (all threads), which other processes' load on a shared machine barely disturbs;
+    # CUDA: wall time around synchronised steps
+    clock = time.process_time if device.type == "cpu" else time.perf_counter
+    runs = {}
+    for name, model, logits_of in (("ours", ours, lambda m: m(x)), ("hf", hf, lambda m: m(input_ids=x).logits)):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
+
+        def step(model=model, opt=opt, logits_of=logits_of) -> float:
+            _sync(device)
+            t0 = clock()
+            logits = logits_of(model)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            _sync(device)
+            return clock() - t0
+
+        runs[name] = step
+    times = {"ours": [], "hf": []}
+    for i in range(warmup + steps):
+        for name in (("ours", "hf") if i % 2 == 0 else ("hf", "ours")):
+            t = runs[name]()
+            if i >= warmup:
+                times[name].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"ours_step_s": med["ours"], "hf_step_s": med["hf"], "hf_over_ours": med["hf"] / med["ours"],
+            "clock": "process CPU time" if device.type == "cpu" else "wall time",
+            "batch": cfg.train_micro_batch_size_per_gpu, "seq_length": cfg.seq_length, "hf_attention": "sdpa",
+            "ours_attention_impl": ours.gpt_neox.layers[0].attention.resolved_impl(device),
+            "all_step_s": times}
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("config", nargs="+", help="YAML files and key=value overrides, as for train.py")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--compare-hf", action=argparse.BooleanOptionalAction, default=None,
+                   help="time ours vs transformers.GPTNeoXForCausalLM (default: on CPU only)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    paths, overrides = split_args(args.config)
+    cfg = load_config(*paths, overrides=overrides)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    compare = args.compare_hf if args.compare_hf is not None else device.type == "cpu"
+
+    result = {"command": " ".join(["python", "bench/train_throughput.py", *(argv or sys.argv[1:])]),
+              "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              "device": device_name(device), "torch": torch.__version__, "git_commit": git_commit(),
+              "precision": cfg.dtype_name, "config": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+                                                       "num_attention_heads": cfg.num_attention_heads,
+                                                       "seq_length": cfg.seq_length,
+                                                       "attention_type": cfg.attention_type,
+                                                       "zero_stage": cfg.zero_optimization.stage}}
+    result["engine"] = engine_throughput(cfg, args.steps, args.warmup)
+    e = result["engine"]
+    mfu = f"{100 * e['mfu']:.1f}%" if e["mfu"] is not None else "n/a (no peak FLOP/s for this device; set peak_flops)"
+    print(f"{result['device']}: {e['tokens_per_sec']:,.0f} tokens/s, {e['tflops_per_device']:.3g} TFLOP/s, MFU {mfu}, "
+          f"{e['step_time_s'] * 1e3:.1f} ms per step of {e['global_batch']} x {cfg.seq_length} tokens")
+    if compare:
+        result["vs_hf"] = c = compare_with_hf(cfg, device, args.steps, args.warmup)
+        print(f"training step, batch {c['batch']} x {c['seq_length']}: ours {c['ours_step_s'] * 1e3:.1f} ms "
+              f"({c['ours_attention_impl']}), transformers GPTNeoXForCausalLM {c['hf_step_s'] * 1e3:.1f} ms "
+              f"(sdpa): HF/ours = {c['hf_over_ours']:.3f} ({c['clock']}, median)")
+    tag = "cuda" if device.type == "cuda" else "cpu"
+    out = args.out or ROOT / "bench" / "results" / f"train_throughput_{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
