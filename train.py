@@ -42,6 +42,9 @@ def check_config(cfg, world_size: int) -> None:
     cfg.gradient_accumulation_for(world_size)
     if not (cfg.data_path or cfg.train_data_paths):
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
+    if cfg.dtype_name == "bf16" and cfg.zero_optimization.stage == 0:
+        raise ConfigError("precision bf16 (the default on GPUs) needs zero_optimization.stage >= 1: DeepSpeed keeps "
+                          "fp32 master weights for bf16 only under ZeRO (stage 1 on one GPU costs nothing)")
     for prefix in [cfg.data_path] if cfg.data_path else list(cfg.train_data_paths) + list(cfg.valid_data_paths or []):
         for ext in (".bin", ".idx"):
             if not os.path.isfile(prefix + ext):

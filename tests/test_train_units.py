@@ -170,3 +170,6 @@ def test_command_line_handling():
         train.check_config(cfg, 1)
     with pytest.raises(ConfigError, match="save"):
         train.check_config(cfg_with("data_path=/nonexistent/prefix"), 1)
+    with pytest.raises(ConfigError, match="bf16"):
+        train.check_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "precision=bf16",
+                                    "zero_optimization.stage=0"), 1)

@@ -41,7 +41,8 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
         "wall_clock_breakdown": False,
     }
     if dtype == "bf16":
-        # accumulate gradients in fp32 (the default under ZeRO; BF16_Optimizer at stage 0)
+        # fp32 gradient accumulation and fp32 master weights (DeepSpeed's BF16_Optimizer at ZeRO-1, the ZeRO
+        # optimizer at 2 and 3; at ZeRO-0 DeepSpeed would train pure bf16, which train.py refuses)
         out["data_types"] = {"grad_accum_dtype": "fp32"}
     return out
 
