@@ -44,7 +44,6 @@ class AhaAttention(torch.autograd.Function):
         rows, tiles, bh_start = route_rows(gate, GATHER_BLOCK_M)
         far_forward_gathered(q, k, v, o, lse, windows, rows, tiles)
         ctx.save_for_backward(q, k, v, o, lse, windows, rows, tiles, bh_start)
-        ctx.mark_non_differentiable(gate)
         return o
 
     @staticmethod

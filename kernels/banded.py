@@ -23,12 +23,13 @@ from .runtime import block_d, dot_precision, gather_configs, qk_scales, tile_con
 from .tiles import (dkdv_tile, dq_tile, finish_rows, fwd_tile, key_tile_query_bounds, load_row_stats, load_rows,
                     lse_merge, query_tile_key_bounds, store_rows)
 
-_TUNE_KEY = ["T", "BLOCK_D", "HAS_LOCAL", "HAS_FAR"]
+_TUNE_KEY = ["T", "D", "HAS_LOCAL", "HAS_FAR"]
 
 
 # ----------------------------------------------------------------------------------------------------- row loops
 @triton.jit
-def attend_rows(q, pos, p_min, p_max, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, D, qk_scale,
+def attend_rows(q, pos, p_min, p_max, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, D: tl.constexpr,
+                qk_scale,
                 HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Online softmax of rows ``pos`` (within ``[p_min, p_max]``) over every key tile they see: ``(acc, m, l)``."""
@@ -37,52 +38,54 @@ def attend_rows(q, pos, p_min, p_max, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    t_lo, t_far_end, t_loc_lo, t_loc_hi, t_hi = query_tile_key_bounds(p_min, p_max, w, BLOCK_N, HAS_LOCAL, HAS_FAR)
+    t_lo, t_far_end, t_mix_end, t_loc_hi, t_hi = query_tile_key_bounds(p_min, p_max, w, BLOCK_N, HAS_LOCAL, HAS_FAR)
     if HAS_FAR:
         for t in range(t_lo, t_far_end):
             acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf,
                                      offs_n, offs_d, D, qk_scale, False, True, False, PRECISION)
-    for t in range(t_far_end, t_loc_lo):
+    for t in range(t_far_end, t_mix_end):
         acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf,
                                  offs_n, offs_d, D, qk_scale, HAS_LOCAL, HAS_FAR, True, PRECISION)
     if HAS_LOCAL:
-        for t in range(t_loc_lo, t_loc_hi):
+        for t in range(t_mix_end, t_loc_hi):
             acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf,
                                      offs_n, offs_d, D, qk_scale, True, False, False, PRECISION)
         for t in range(t_loc_hi, t_hi):
             acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf,
-                                     s_vf, offs_n, offs_d, D, qk_scale, HAS_LOCAL, HAS_FAR, True, PRECISION)
+                                     s_vf, offs_n, offs_d, D, qk_scale, True, False, True, PRECISION)
     return acc, m_i, l_i
 
 
 @triton.jit
-def dq_rows(q, do, lse, delta, pos, p_min, p_max, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, D, qk_scale,
+def dq_rows(q, do, lse, delta, pos, p_min, p_max, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, D: tl.constexpr,
+            qk_scale,
             HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     """Unscaled ``dq`` (BLOCK_M, BLOCK_D) of rows ``pos``, over the same key tiles as :func:`attend_rows`."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     dq = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    t_lo, t_far_end, t_loc_lo, t_loc_hi, t_hi = query_tile_key_bounds(p_min, p_max, w, BLOCK_N, HAS_LOCAL, HAS_FAR)
+    t_lo, t_far_end, t_mix_end, t_loc_hi, t_hi = query_tile_key_bounds(p_min, p_max, w, BLOCK_N, HAS_LOCAL, HAS_FAR)
     if HAS_FAR:
         for t in range(t_lo, t_far_end):
             dq = dq_tile(dq, q, do, lse, delta, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf,
                          offs_n, offs_d, D, qk_scale, False, True, False, PRECISION)
-    for t in range(t_far_end, t_loc_lo):
+    for t in range(t_far_end, t_mix_end):
         dq = dq_tile(dq, q, do, lse, delta, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf,
                      offs_n, offs_d, D, qk_scale, HAS_LOCAL, HAS_FAR, True, PRECISION)
     if HAS_LOCAL:
-        for t in range(t_loc_lo, t_loc_hi):
+        for t in range(t_mix_end, t_loc_hi):
             dq = dq_tile(dq, q, do, lse, delta, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf,
                          offs_n, offs_d, D, qk_scale, True, False, False, PRECISION)
         for t in range(t_loc_hi, t_hi):
             dq = dq_tile(dq, q, do, lse, delta, pos, t * BLOCK_N, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf,
-                         offs_n, offs_d, D, qk_scale, HAS_LOCAL, HAS_FAR, True, PRECISION)
+                         offs_n, offs_d, D, qk_scale, True, False, True, PRECISION)
     return dq
 
 
 @triton.jit
-def dkdv_rows(dkl, dvl, dkf, dvf, kl, vl, kf, vf, Q, DO, LSE, DELTA, pos, row_ok, keys, w, T, s_q, s_g, D, qk_scale,
+def dkdv_rows(dkl, dvl, dkf, dvf, kl, vl, kf, vf, Q, DO, LSE, DELTA, pos, row_ok, keys, w, T, s_q, s_g,
+              D: tl.constexpr, qk_scale,
               USE_LOCAL: tl.constexpr, USE_FAR: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr,
               BLOCK_D: tl.constexpr):
     """Load query rows ``pos`` (q, do, lse, delta) and add their contribution to the key tile's gradients."""
@@ -125,7 +128,7 @@ def gathered_rows(ROWS, TILES, WIN, H, T, BLOCK_M: tl.constexpr):
 def _fwd_kernel(Q, KL, VL, KF, VF, O, LSE, WIN,
                 s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                 s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-                H, T, D, qk_scale,
+                H, T, D: tl.constexpr, qk_scale,
                 HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, H, T, BLOCK_M)
@@ -146,7 +149,7 @@ def _fwd_kernel(Q, KL, VL, KF, VF, O, LSE, WIN,
 def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN,
                s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-               H, T, D, sm_scale, qk_scale,
+               H, T, D: tl.constexpr, sm_scale, qk_scale,
                HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, H, T, BLOCK_M)
@@ -166,7 +169,7 @@ def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN,
 def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN,
                  s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                  s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-                 H, T, D, sm_scale, qk_scale,
+                 H, T, D: tl.constexpr, sm_scale, qk_scale,
                  HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     tl.static_assert(HAS_LOCAL, "contiguous-row backward always has the local path")
@@ -195,16 +198,16 @@ def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN,
     DOp = DO + b * s_gb + h * s_gh
     LSEp = LSE + bh * T
     DELTAp = DELTA + bh * T
-    t_lo, t_loc_lo, t_loc_hi, t_far_lo, t_hi = key_tile_query_bounds(n0, w, T, BLOCK_M, BLOCK_N, HAS_FAR)
-    for t in range(t_lo, t_loc_lo):
+    t_lo, t_diag_end, t_loc_end, t_far_lo, t_hi = key_tile_query_bounds(n0, w, T, BLOCK_M, BLOCK_N, HAS_FAR)
+    for t in range(t_lo, t_diag_end):
         pos = t * BLOCK_M + offs_m
         dkl, dvl, dkf, dvf = dkdv_rows(dkl, dvl, dkf, dvf, kl, vl, kf, vf, Qp, DOp, LSEp, DELTAp, pos, pos < T, keys,
-                                       w, T, s_qt, s_gt, D, qk_scale, True, HAS_FAR, True, PRECISION, BLOCK_D)
-    for t in range(t_loc_lo, t_loc_hi):
+                                       w, T, s_qt, s_gt, D, qk_scale, True, False, True, PRECISION, BLOCK_D)
+    for t in range(t_diag_end, t_loc_end):
         pos = t * BLOCK_M + offs_m
         dkl, dvl, dkf, dvf = dkdv_rows(dkl, dvl, dkf, dvf, kl, vl, kf, vf, Qp, DOp, LSEp, DELTAp, pos, pos < T, keys,
                                        w, T, s_qt, s_gt, D, qk_scale, True, False, False, PRECISION, BLOCK_D)
-    for t in range(t_loc_hi, t_far_lo):
+    for t in range(t_loc_end, t_far_lo):
         pos = t * BLOCK_M + offs_m
         dkl, dvl, dkf, dvf = dkdv_rows(dkl, dvl, dkf, dvf, kl, vl, kf, vf, Qp, DOp, LSEp, DELTAp, pos, pos < T, keys,
                                        w, T, s_qt, s_gt, D, qk_scale, True, HAS_FAR, True, PRECISION, BLOCK_D)
@@ -221,11 +224,11 @@ def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN,
         store_rows(DVF + g_off, dvf, keys, key_ok, s_gt, offs_d, D)
 
 
-@triton.autotune(configs=gather_configs(), key=["T", "BLOCK_D"], restore_value=["O", "LSE"])
+@triton.autotune(configs=gather_configs(), key=["T", "D"], restore_value=["O", "LSE"])
 @triton.jit
 def _far_fwd_gather_kernel(Q, K, V, O, LSE, WIN, ROWS, TILES,
                            s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_gb, s_gh, s_gt,
-                           H, T, D, qk_scale,
+                           H, T, D: tl.constexpr, qk_scale,
                            PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr):
     """Far keys (``i - j >= w``) for the compacted rows, merged by LSE into ``O``/``LSE`` (the local result)."""
@@ -245,11 +248,11 @@ def _far_fwd_gather_kernel(Q, K, V, O, LSE, WIN, ROWS, TILES,
     tl.store(LSE + bh * T + pos, lse, mask=row_ok)
 
 
-@triton.autotune(configs=gather_configs(), key=["T", "BLOCK_D"], restore_value=["DQ"])
+@triton.autotune(configs=gather_configs(), key=["T", "D"], restore_value=["DQ"])
 @triton.jit
 def _far_dq_gather_kernel(Q, K, V, DO, LSE, DELTA, DQ, WIN, ROWS, TILES,
                           s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_gb, s_gh, s_gt,
-                          H, T, D, sm_scale, qk_scale,
+                          H, T, D: tl.constexpr, sm_scale, qk_scale,
                           PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr):
     """Adds the far keys' part of ``dq`` for the compacted rows into ``DQ``."""
@@ -267,11 +270,11 @@ def _far_dq_gather_kernel(Q, K, V, DO, LSE, DELTA, DQ, WIN, ROWS, TILES,
     store_rows(DQ + g_off, dq_prev + dq * sm_scale, pos, row_ok, s_gt, offs_d, D)
 
 
-@triton.autotune(configs=gather_configs(), key=["T", "BLOCK_D"], restore_value=["DK", "DV"])
+@triton.autotune(configs=gather_configs(), key=["T", "D"], restore_value=["DK", "DV"])
 @triton.jit
 def _far_dkdv_gather_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, WIN, ROWS, BH_START,
                             s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_gb, s_gh, s_gt,
-                            H, T, D, sm_scale, qk_scale,
+                            H, T, D: tl.constexpr, sm_scale, qk_scale,
                             PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                             BLOCK_N: tl.constexpr):
     """Adds the compacted rows' far-pair gradients into the key tile's ``DK``/``DV``.
@@ -309,7 +312,8 @@ def _far_dkdv_gather_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, WIN, ROWS, BH_START
             rr = r0 + offs_m
             row_ok = rr < row_end
             pos = tl.load(ROWS + rr, mask=row_ok, other=0)
-            local_dk, local_dv, dk, dv = dkdv_rows(dk, dv, dk, dv, k, v, k, v, Qp, DO + g_off, LSE + bh * T, DELTA + bh * T,
+            local_dk, local_dv, dk, dv = dkdv_rows(dk, dv, dk, dv, k, v, k, v, Qp, DO + g_off, LSE + bh * T,
+                                                   DELTA + bh * T,
                                        pos, row_ok, keys, w, T, s_qt, s_gt, D, qk_scale, False, True, True,
                                        PRECISION, BLOCK_D)
         dk_prev = load_rows(DK + g_off, keys, key_ok, s_gt, offs_d, D).to(tl.float32)

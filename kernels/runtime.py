@@ -45,7 +45,8 @@ def gather_configs() -> list[triton.Config]:
         key = (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
         if key not in seen:
             seen.add(key)
-            out.append(triton.Config({"BLOCK_M": GATHER_BLOCK_M, "BLOCK_N": key[0]}, num_warps=key[1], num_stages=key[2]))
+            out.append(triton.Config({"BLOCK_M": GATHER_BLOCK_M, "BLOCK_N": key[0]}, num_warps=key[1],
+                                     num_stages=key[2]))
     return out
 
 
@@ -91,6 +92,11 @@ def check_qkv(fn: str, q: torch.Tensor, **others: torch.Tensor) -> None:
                         "use float32 or float16 under TRITON_INTERPRET=1")
     if q.shape[-1] > 256 or q.shape[2] == 0:
         raise ValueError(f"{fn}: need 1 <= T and d_h <= 256, got shape {tuple(q.shape)}")
+    spans = [t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+             for t in (q, *others.values())]
+    if max(spans) >= 2**31:
+        raise ValueError(f"{fn}: tensors spanning 2**31 or more elements are unsupported (int32 offsets); "
+                         "split the batch")
     check_device(fn, q)
     for name, t in others.items():
         if t.shape != q.shape:

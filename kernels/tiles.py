@@ -11,9 +11,9 @@ DAR uses both (``k_far = k_glob``), SWA/MSWA and AHA's local path use local only
 (``k_far = k``). Scores are kept in base 2 (``qk_scale = log2(e) / sqrt(d_h)``), so the saved log-sum-exp is
 ``lse2 = log2(sum_j exp2(s_ij))``; an empty row has ``lse2 = -inf`` and output 0.
 
-Tiles come in three kinds: *pure far* (every pair far, no mask), *pure local* (every pair local and causal, no
-mask) and *masked* (the one or two tiles that straddle ``delta = w`` or the diagonal: per-element select; when both
-flags are set, only these tiles load both key/value sets).
+Tiles come in four kinds: *pure far* (every pair far, no mask), *pure local* (every pair local and causal, no
+mask), *masked local* (the diagonal: every pair within the window, causal mask) and *masked* (the tiles that
+straddle ``delta = w``: per-element select; only these load both key/value sets when both flags are set).
 """
 
 from __future__ import annotations
@@ -23,28 +23,42 @@ import triton.language as tl
 
 
 @triton.jit
-def load_rows(base, pos, row_ok, stride_t, offs_d, D):
-    """Load rows ``pos`` (BLOCK,) of a (T, D) slab with row stride ``stride_t`` -> (BLOCK, BLOCK_D), zeros outside."""
-    return tl.load(base + pos[:, None] * stride_t + offs_d[None, :],
-                   mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+def row_col_mask(row_ok, offs_d, D: tl.constexpr):
+    """(BLOCK, BLOCK_D) mask: valid rows, and columns ``< D`` only when ``D`` is not the tile width."""
+    if D == offs_d.shape[0]:
+        mask = row_ok[:, None] & (offs_d[None, :] >= 0)
+    else:
+        mask = row_ok[:, None] & (offs_d[None, :] < D)
+    return mask
 
 
 @triton.jit
-def store_rows(base, val, pos, row_ok, stride_t, offs_d, D):
+def load_rows(base, pos, row_ok, stride_t, offs_d, D: tl.constexpr):
+    """Load rows ``pos`` (BLOCK,) of a (T, D) slab with row stride ``stride_t`` -> (BLOCK, BLOCK_D), zeros outside."""
+    return tl.load(base + pos[:, None] * stride_t + offs_d[None, :], mask=row_col_mask(row_ok, offs_d, D), other=0.0)
+
+
+@triton.jit
+def store_rows(base, val, pos, row_ok, stride_t, offs_d, D: tl.constexpr):
     """Store (BLOCK, BLOCK_D) ``val`` to rows ``pos`` of a (T, D) slab."""
     tl.store(base + pos[:, None] * stride_t + offs_d[None, :], val.to(base.dtype.element_ty),
-             mask=row_ok[:, None] & (offs_d[None, :] < D))
+             mask=row_col_mask(row_ok, offs_d, D))
 
 
 @triton.jit
-def pair_masks(pos, keys, w, T, USE_LOCAL: tl.constexpr, USE_FAR: tl.constexpr):
-    """For rows ``pos`` (M,) and keys ``keys`` (N,): ``(ok, is_local)``, each (M, N).
+def pair_masks(pos, keys, w, T, USE_LOCAL: tl.constexpr, USE_FAR: tl.constexpr, KEY_MAJOR: tl.constexpr = False):
+    """For rows ``pos`` (M,) and keys ``keys`` (N,): ``(ok, is_local)``, each (M, N), or (N, M) if ``KEY_MAJOR``.
 
     ``ok``: the pair is scored (causal, key exists, and in a region the flags enable); ``is_local``: ``delta < w``.
     """
-    delta = pos[:, None] - keys[None, :]
+    if KEY_MAJOR:
+        delta = pos[None, :] - keys[:, None]
+        key_ok = keys[:, None] < T
+    else:
+        delta = pos[:, None] - keys[None, :]
+        key_ok = keys[None, :] < T
     is_local = delta < w
-    ok = (delta >= 0) & (keys[None, :] < T)
+    ok = (delta >= 0) & key_ok
     if not USE_FAR:
         ok = ok & is_local
     if not USE_LOCAL:
@@ -54,18 +68,20 @@ def pair_masks(pos, keys, w, T, USE_LOCAL: tl.constexpr, USE_FAR: tl.constexpr):
 
 @triton.jit
 def query_tile_key_bounds(p_min, p_max, w, BLOCK_N: tl.constexpr, HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr):
-    """Key-tile index segments for a query tile whose rows lie in ``[p_min, p_max]``.
+    """Key-tile index segments, in key order, for a query tile whose rows lie in ``[p_min, p_max]``.
 
-    Returns ``(t_lo, t_far_end, t_loc_lo, t_loc_hi, t_hi)``: tiles ``[t_lo, t_far_end)`` are pure far,
-    ``[t_far_end, t_loc_lo)`` masked, ``[t_loc_lo, t_loc_hi)`` pure local, ``[t_loc_hi, t_hi)`` masked.
-    Only local: the loop starts at the tile holding key ``p_min - w + 1`` (work ~ window, not ~ T).
+    Returns ``(t_lo, t_far_end, t_mix_end, t_loc_hi, t_hi)``:
+    ``[t_lo, t_far_end)`` pure far (every key ``<= p_min - w``), ``[t_far_end, t_mix_end)`` masked with both
+    paths (straddles ``i - j = w``), ``[t_mix_end, t_loc_hi)`` pure local, ``[t_loc_hi, t_hi)`` masked local-only
+    (the diagonal: every pair within the window, causal mask only). Without the far path the loop starts at the
+    tile holding key ``p_min - w + 1``, so a sliding-window program's work is ~ its window, not ~ T.
     """
     if HAS_LOCAL:
         t_hi = tl.cdiv(p_max + 1, BLOCK_N)
     else:
         t_hi = tl.cdiv(tl.maximum(p_max - w + 1, 0), BLOCK_N)
     if HAS_FAR:
-        t_lo = 0
+        t_lo = t_hi * 0
         t_far_end = tl.minimum(tl.maximum(p_min - w + 1, 0) // BLOCK_N, t_hi)
     else:
         t_lo = tl.maximum(p_min - w + 1, 0) // BLOCK_N
@@ -73,23 +89,21 @@ def query_tile_key_bounds(p_min, p_max, w, BLOCK_N: tl.constexpr, HAS_LOCAL: tl.
             t_hi = t_lo
         t_far_end = t_lo
     if HAS_LOCAL:
-        t_loc_lo = tl.maximum(tl.cdiv(tl.maximum(p_max - w + 1, 0), BLOCK_N), t_far_end)
-        t_loc_hi = tl.minimum((p_min + 1) // BLOCK_N, t_hi)
-        if t_loc_hi <= t_loc_lo:
-            t_loc_lo = t_hi
-            t_loc_hi = t_hi
+        t_mix_end = tl.minimum(tl.maximum(tl.cdiv(tl.maximum(p_max - w + 1, 0), BLOCK_N), t_far_end), t_hi)
+        t_loc_hi = tl.minimum(tl.maximum((p_min + 1) // BLOCK_N, t_mix_end), t_hi)
     else:
-        t_loc_lo = t_hi
+        t_mix_end = t_hi
         t_loc_hi = t_hi
-    return t_lo, t_far_end, t_loc_lo, t_loc_hi, t_hi
+    return t_lo, t_far_end, t_mix_end, t_loc_hi, t_hi
 
 
 @triton.jit
 def key_tile_query_bounds(n0, w, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_FAR: tl.constexpr):
-    """Query-tile index segments for the key tile ``[n0, n0 + BLOCK_N)`` (contiguous rows, local path on).
+    """Query-tile index segments, in row order, for the key tile ``[n0, n0 + BLOCK_N)`` (contiguous rows).
 
-    Returns ``(t_lo, t_loc_lo, t_loc_hi, t_far_lo, t_hi)``: ``[t_lo, t_loc_lo)`` masked, ``[t_loc_lo, t_loc_hi)``
-    pure local, ``[t_loc_hi, t_far_lo)`` masked, ``[t_far_lo, t_hi)`` pure far.
+    Returns ``(t_lo, t_diag_end, t_loc_end, t_far_lo, t_hi)``: ``[t_lo, t_diag_end)`` masked local-only (the
+    diagonal, every pair within the window), ``[t_diag_end, t_loc_end)`` pure local, ``[t_loc_end, t_far_lo)``
+    masked with both paths, ``[t_far_lo, t_hi)`` pure far.
     """
     t_lo = n0 // BLOCK_M
     if HAS_FAR:
@@ -98,17 +112,17 @@ def key_tile_query_bounds(n0, w, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
         t_hi = tl.cdiv(tl.minimum(T, n0 + BLOCK_N - 1 + w), BLOCK_M)
         if w <= 0:
             t_hi = t_lo
-    t_loc_lo = tl.minimum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M), t_hi)
-    t_loc_hi = tl.maximum(tl.minimum((n0 + w) // BLOCK_M, t_hi), t_loc_lo)
+    t_loc_end = tl.minimum(tl.maximum((n0 + w) // BLOCK_M, t_lo), t_hi)  # below: max(i - j) < w
+    t_diag_end = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1, BLOCK_M), t_lo), t_loc_end)  # below: not causal
     if HAS_FAR:
-        t_far_lo = tl.maximum(tl.minimum(tl.cdiv(n0 + BLOCK_N - 1 + w, BLOCK_M), t_hi), t_loc_hi)
+        t_far_lo = tl.minimum(tl.maximum(tl.cdiv(n0 + BLOCK_N - 1 + w, BLOCK_M), t_loc_end), t_hi)
     else:
         t_far_lo = t_hi
-    return t_lo, t_loc_lo, t_loc_hi, t_far_lo, t_hi
+    return t_lo, t_diag_end, t_loc_end, t_far_lo, t_hi
 
 
 @triton.jit
-def load_key_tile(KL, VL, KF, VF, keys, key_ok, s_kl, s_vl, s_kf, s_vf, offs_d, D,
+def load_key_tile(KL, VL, KF, VF, keys, key_ok, s_kl, s_vl, s_kf, s_vf, offs_d, D: tl.constexpr,
                   USE_LOCAL: tl.constexpr, USE_FAR: tl.constexpr):
     """Key/value rows ``keys`` of the enabled paths -> ``(kl, vl, kf, vf)``; a disabled path aliases the other."""
     if USE_LOCAL:
@@ -172,7 +186,8 @@ def split_dot(p, is_local, vl, vf, USE_LOCAL: tl.constexpr, USE_FAR: tl.constexp
 
 
 @triton.jit
-def fwd_tile(acc, m_i, l_i, q, pos, n0, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, offs_n, offs_d, D, qk_scale,
+def fwd_tile(acc, m_i, l_i, q, pos, n0, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, offs_n, offs_d,
+             D: tl.constexpr, qk_scale,
              USE_LOCAL: tl.constexpr, USE_FAR: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
     """One key tile of the online-softmax forward: returns the updated ``(acc, m_i, l_i)`` (base-2 running max)."""
     keys = n0 + offs_n
@@ -232,7 +247,7 @@ def dkdv_tile(dkl, dvl, dkf, dvf, kl, vl, kf, vf, q, do, lse, delta, pos, keys, 
     """
     tl.static_assert(MASKED or not (USE_LOCAL and USE_FAR), "only masked tiles read both paths")
     if MASKED:
-        ok, is_local = pair_masks(pos, keys, w, T, USE_LOCAL, USE_FAR)
+        ok_t, loc_t = pair_masks(pos, keys, w, T, USE_LOCAL, USE_FAR, KEY_MAJOR=True)
     if USE_LOCAL:
         st_loc = tl.dot(kl, tl.trans(q), input_precision=PRECISION) * qk_scale
         dpt_loc = tl.dot(vl, tl.trans(do), input_precision=PRECISION)
@@ -240,7 +255,6 @@ def dkdv_tile(dkl, dvl, dkf, dvf, kl, vl, kf, vf, q, do, lse, delta, pos, keys, 
         st_far = tl.dot(kf, tl.trans(q), input_precision=PRECISION) * qk_scale
         dpt_far = tl.dot(vf, tl.trans(do), input_precision=PRECISION)
     if USE_LOCAL and USE_FAR:
-        loc_t = tl.trans(is_local)
         st = tl.where(loc_t, st_loc, st_far)
         dpt = tl.where(loc_t, dpt_loc, dpt_far)
     elif USE_LOCAL:
@@ -251,7 +265,7 @@ def dkdv_tile(dkl, dvl, dkf, dvf, kl, vl, kf, vf, q, do, lse, delta, pos, keys, 
         dpt = dpt_far
     pt = tl.exp2(st - lse[None, :])
     if MASKED:
-        pt = tl.where(tl.trans(ok), pt, 0.0)
+        pt = tl.where(ok_t, pt, 0.0)
     dst = pt * (dpt - delta[None, :])
     if USE_LOCAL and USE_FAR:
         pt_loc = tl.where(loc_t, pt, 0.0)
@@ -270,7 +284,8 @@ def dkdv_tile(dkl, dvl, dkf, dvf, kl, vl, kf, vf, q, do, lse, delta, pos, keys, 
 
 
 @triton.jit
-def dq_tile(dq, q, do, lse, delta, pos, n0, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, offs_n, offs_d, D, qk_scale,
+def dq_tile(dq, q, do, lse, delta, pos, n0, w, T, KL, VL, KF, VF, s_kl, s_vl, s_kf, s_vf, offs_n, offs_d,
+            D: tl.constexpr, qk_scale,
             USE_LOCAL: tl.constexpr, USE_FAR: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
     """One key tile's contribution to a query tile's unscaled ``dq`` (BLOCK_M, BLOCK_D), query-major."""
     keys = n0 + offs_n

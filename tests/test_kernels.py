@@ -6,6 +6,9 @@ runs them in Triton's CPU interpreter in float32 and float16 (the interpreter's 
 Shapes are tiny with T not a multiple of the 16-row interpreter tile, so every loop segment (pure far, boundary
 straddling, pure local, diagonal) runs.
 
+The last test runs the tiny model (configs/tiny.yml) through the attention variants with
+``attention_impl: triton`` against ``reference``.
+
 Tolerances (relative Frobenius error ``|x - ref| / |ref|`` against float64 on the same rounded inputs):
 float32 1e-5 (exact fp32 products, ``input_precision="ieee"``), float16 1e-2, bfloat16 3e-2.
 """
@@ -16,6 +19,7 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,12 +31,23 @@ if not ON_GPU:
 import kernels  # noqa: E402  (TRITON_INTERPRET must be set before this import)
 from kernels import aha_attention, dar_attention, mswa_attention  # noqa: E402
 from kernels.aha import route_rows  # noqa: E402
+from neox_dar.config import load_config  # noqa: E402
+from neox_dar.model import build_model  # noqa: E402
 
 assert kernels.INTERPRET != ON_GPU, "kernels was imported before this module chose the device; run it alone"
 
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if ON_GPU else [])
 TOL = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_intra_op_thread():
+    """Tiny tensors: one intra-op thread is faster than many on a loaded CPU; restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if not ON_GPU else before)
+    yield
+    torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------------------------------------ reference
@@ -86,7 +101,7 @@ def with_dtypes(cases, half_cases):
 
 
 DAR_CASES = [(2, 2, 37, 16, 0), (2, 3, 45, 32, 1), (1, 2, 70, 64, 5), (2, 2, 33, 128, 128), (2, 2, 50, 32, 50),
-             (1, 2, 69, 16, 20)]
+             (1, 2, 69, 16, 20), (1, 2, 64, 32, 16)]
 
 
 @pytest.mark.parametrize("B,H,T,D,w,dtype", with_dtypes(DAR_CASES, half_cases=(1, 5)))
@@ -205,3 +220,41 @@ def test_cpu_tensor_without_interpreter_is_a_clear_error():
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
+
+
+# ------------------------------------------------------------------------------------------------ the model
+# configs/tiny.yml with attention_impl triton vs reference, same weights, float32: the kernels as training calls
+# them (through neox_dar/attention). Relative errors: logits 1e-5, every parameter gradient 1e-4.
+TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yml"
+
+
+def run_model(model, ids):
+    """Logits and the gradients of the LM loss plus the variant's aux loss (AHA's router term)."""
+    model.zero_grad(set_to_none=True)
+    logits = model(ids)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    aux = model.aux_loss()
+    (loss + (aux if aux is not None else 0.0)).backward()
+    return logits.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.filterwarnings("ignore:MSWA. num_layers")
+@pytest.mark.parametrize("attention_type,window", [("dar", 5), ("mswa", 8), ("aha", 6)])
+def test_tiny_model_triton_matches_reference(attention_type, window):
+    torch.manual_seed(0)
+    overrides = (f"attention_type={attention_type}", f"window_size={window}", "precision=fp32")
+    ref_cfg = load_config(TINY, overrides=(*overrides, "attention_impl=reference"))
+    tri_cfg = load_config(TINY, overrides=(*overrides, "attention_impl=triton"))
+    ref_model = build_model(ref_cfg).to(DEVICE)
+    tri_model = build_model(tri_cfg).to(DEVICE)
+    tri_model.load_state_dict(ref_model.state_dict())
+    ids = torch.randint(0, ref_cfg.vocab_size, (2, 35), device=DEVICE)
+    ref_logits, ref_grads = run_model(ref_model, ids)
+    tri_logits, tri_grads = run_model(tri_model, ids)
+    assert rel_err(tri_logits, ref_logits) < 1e-5
+    assert ref_grads.keys() == tri_grads.keys() and len(ref_grads) > 0
+    if attention_type == "aha":
+        router = [n for n in ref_grads if "router" in n]
+        assert router and all(ref_grads[n].abs().sum() > 0 for n in router)
+    bad = {n: rel_err(tri_grads[n], g) for n, g in ref_grads.items() if not rel_err(tri_grads[n], g) < 1e-4}
+    assert not bad, f"{attention_type}: gradients differ: {bad}"

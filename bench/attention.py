@@ -1,0 +1,377 @@
+"""Benchmark the Triton kernels (kernels/) against PyTorch paths: forward and forward+backward time, peak memory.
+
+Per kernel and sequence length it times: ``triton`` (this project's kernel), ``reference`` (the model's
+explicit-mask path, float32 math), ``sdpa_path`` (the model's SDPA path for the variant), ``sdpa_causal`` (plain
+causal ``scaled_dot_product_attention`` forced to the flash backend, same q/k/v shapes: the speed of light for
+dense causal attention) and ``flex`` (``flex_attention`` compiled, with the variant's mask; block-mask build not
+timed; DAR has no flex equivalent: two key sets). MSWA is timed over the four layer groups of the SPEC's window
+table (base ``w``: windows ``w/16 .. 4w``), every other method likewise four times, and summed.
+
+Modes:
+  python bench/attention.py                      # CUDA (the target). Defaults: bf16, B=8, H=12, d_h=64,
+                                                 #   T in {2048, 8192}, w=128, AHA 10% rows routed global
+  python bench/attention.py --interpret          # CPU smoke run under TRITON_INTERPRET=1, tiny shapes;
+                                                 #   timings are the interpreter's, NOT GPU performance
+  python bench/attention.py --compile-only       # no GPU needed: compile every kernel for sm_90a and report
+                                                 #   registers, spills, shared memory and wgmma use
+
+Writes JSON (device, torch/triton versions, git commit, command, UTC date, every number) to ``bench/results/``
+(or ``--out``) and prints a table of time ratios with the issue's targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Targets from the kernels issue (H100, bf16, B=8, H=12, d_h=64, w=128), checked at T=8192 unless noted.
+TARGETS = [
+    ("dar", "triton/sdpa_causal fwd+bwd <= 1.15 (every T)", lambda r: r["triton"] / r["sdpa_causal"] <= 1.15, None),
+    ("dar", "reference/triton fwd+bwd >= 5", lambda r: r["reference"] / r["triton"] >= 5, 8192),
+    ("mswa", "triton < flex fwd+bwd (every T)", lambda r: r["triton"] < r["flex"], None),
+    ("mswa", "triton/sdpa_causal fwd+bwd < 0.5", lambda r: r["triton"] / r["sdpa_causal"] < 0.5, 8192),
+    ("aha", "triton/sdpa_causal fwd+bwd < 0.4", lambda r: r["triton"] / r["sdpa_causal"] < 0.4, 8192),
+]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--interpret", action="store_true",
+                   help="CPU smoke run under TRITON_INTERPRET=1 with tiny shapes (interpreter timings, not GPU)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile every kernel for sm_90a without a GPU and report registers/spills/shared/wgmma")
+    p.add_argument("--compile-filter", default="", help="--compile-only: only kernels whose name contains this")
+    p.add_argument("--compile-configs", type=int, default=2, help="--compile-only: autotune configs per kernel")
+    p.add_argument("--kernels", nargs="+", default=["dar", "mswa", "aha"], choices=["dar", "mswa", "aha"])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--seqlens", type=int, nargs="+", default=[2048, 8192])
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--aha-frac", type=float, default=0.1, help="fraction of (token, head) rows routed global")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
+    p.add_argument("--methods", nargs="+", default=["triton", "reference", "sdpa_path", "sdpa_causal", "flex"])
+    p.add_argument("--warmup-ms", type=float, default=50.0)
+    p.add_argument("--rep-ms", type=float, default=300.0)
+    p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/attention-<tag>.json)")
+    args = p.parse_args(argv)
+    if args.interpret:
+        args.batch, args.heads, args.head_dim, args.seqlens, args.window = 1, 4, 16, [48], 8
+        args.dtype = "fp32"
+        args.methods = [m for m in args.methods if m in ("triton", "reference", "sdpa_path")]
+    return args
+
+
+# ---------------------------------------------------------------------------------------------- environment
+def git_commit() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels", "bench"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "") if rev else "unknown"
+    except OSError:
+        return "unknown"
+
+
+def environment(args, torch, triton) -> dict:
+    gpu = torch.cuda.is_available() and not args.interpret
+    return {
+        "label": ("GPU timings" if gpu else
+                  "Triton CPU interpreter smoke timings: correctness plumbing only, NOT GPU performance"),
+        "device": torch.cuda.get_device_name() if gpu else "cpu (TRITON_INTERPRET=1)",
+        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
+        "commit": git_commit(), "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }
+
+
+# ---------------------------------------------------------------------------------------------- timing
+class Timer:
+    """Median milliseconds of a callable: CUDA events via ``triton.testing.do_bench`` on GPU, wall clock on CPU."""
+
+    def __init__(self, torch, triton, args, gpu: bool):
+        self.torch, self.triton, self.args, self.gpu = torch, triton, args, gpu
+
+    def ms(self, fn) -> float:
+        if self.gpu:
+            return float(self.triton.testing.do_bench(fn, warmup=self.args.warmup_ms, rep=self.args.rep_ms,
+                                                      return_mode="median"))
+        fn()
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return statistics.median(times)
+
+    def peak_mb(self, fn) -> float | None:
+        if not self.gpu:
+            return None
+        torch = self.torch
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+# ---------------------------------------------------------------------------------------------- cases
+def build_cases(name: str, T: int, args, torch, device, dtype):
+    """``(inputs, {method: forward callable(*inputs) -> output})`` for one kernel at length ``T``."""
+    import torch.nn.functional as F
+
+    import kernels
+    from neox_dar.attention.aha import aha_reference, aha_sdpa
+    from neox_dar.attention.dar import dar_reference, dar_sdpa
+    from neox_dar.attention.masks import masked_attention, window_mask
+    from neox_dar.attention.mswa import mswa_window_table
+    from neox_dar.attention.windowed import windowed_sdpa
+    from neox_dar.config import Config
+
+    B, H, D, w = args.batch, args.heads, args.head_dim, args.window
+    gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_()
+
+    def sdpa_causal(q, k, v):
+        with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def flex_fn(mask_mod, bsz, heads):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        block_mask = create_block_mask(mask_mod, bsz, heads, T, T, device=device)
+        compiled = torch.compile(flex_attention, dynamic=False)
+        return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+
+    methods = {}
+    if name == "dar":
+        inputs = [rand(B, H, T, D) for _ in range(5)]
+        methods = {"triton": lambda *x: kernels.dar_attention(*x, w), "reference": lambda *x: dar_reference(*x, w),
+                   "sdpa_path": lambda *x: dar_sdpa(*x, w), "sdpa_causal": lambda q, k, v, *_: sdpa_causal(q, k, v)}
+    elif name == "mswa":
+        inputs = [rand(B, H, T, D) for _ in range(3)]
+        table = mswa_window_table(Config(attention_type="mswa", num_layers=4, num_attention_heads=H,
+                                         hidden_size=H * D, window_size=w))
+        wins = [torch.tensor(row, device=device) for row in table]
+        masks = [torch.stack([window_mask(T, x, device) for x in row]) for row in table] \
+            if "reference" in args.methods else []
+
+        def sdpa_path(q, k, v, row):
+            out = torch.empty_like(q)
+            for x in sorted(set(row)):
+                heads = torch.tensor([h for h, hw in enumerate(row) if hw == x], device=device)
+                out[:, heads] = windowed_sdpa(q[:, heads], k[:, heads], v[:, heads], x)
+            return out
+
+        layers = lambda f: lambda *x: sum(f(*x, n) for n in range(len(table)))  # noqa: E731
+        methods = {"triton": layers(lambda q, k, v, n: kernels.mswa_attention(q, k, v, wins[n])),
+                   "reference": layers(lambda q, k, v, n: masked_attention(q, k, v, masks[n])),
+                   "sdpa_path": layers(lambda q, k, v, n: sdpa_path(q, k, v, table[n])),
+                   "sdpa_causal": layers(lambda q, k, v, n: sdpa_causal(q, k, v))}
+        if "flex" in args.methods:
+            flex = [flex_fn(lambda b, h, qi, ki, wt=wt: (qi >= ki) & (qi - ki < wt[h]), None, H) for wt in wins]
+            methods["flex"] = layers(lambda q, k, v, n: flex[n](q, k, v))
+    elif name == "aha":
+        inputs = [rand(B, H, T, D) for _ in range(3)]
+        gate = (torch.rand(B, H, T, generator=gen) < args.aha_frac).to(device)
+        methods = {"triton": lambda q, k, v: kernels.aha_attention(q, k, v, gate, w),
+                   "reference": lambda q, k, v: aha_reference(q, k, v, gate, w),
+                   "sdpa_path": lambda q, k, v: aha_sdpa(q, k, v, gate, w), "sdpa_causal": sdpa_causal}
+        if "flex" in args.methods:
+            methods["flex"] = flex_fn(lambda b, h, qi, ki: (qi >= ki) & (gate[b, h, qi] | (qi - ki < w)), B, H)
+    return inputs, {m: f for m, f in methods.items() if m in args.methods}
+
+
+def measure(fn, inputs, timer, torch) -> dict:
+    """Forward and forward+backward median ms and forward+backward peak MiB; OOM is recorded, not fatal."""
+    grad = torch.randn_like(fn(*inputs)).detach()
+
+    def fwd():
+        with torch.no_grad():
+            fn(*inputs)
+
+    def fwd_bwd():
+        for x in inputs:
+            x.grad = None
+        fn(*inputs).backward(grad)
+
+    try:
+        return {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
+    except torch.cuda.OutOfMemoryError:
+        return {"fwd_ms": None, "fwd_bwd_ms": None, "peak_mib": None, "error": "out of memory"}
+
+
+def run_benchmarks(args, torch, triton) -> dict:
+    gpu = not args.interpret
+    device = torch.device("cuda" if gpu else "cpu")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    timer = Timer(torch, triton, args, gpu)
+    results = []
+    for name in args.kernels:
+        for T in args.seqlens:
+            inputs, methods = build_cases(name, T, args, torch, device, dtype)
+            for method, fn in methods.items():
+                r = {"kernel": name, "T": T, "method": method, **measure(fn, inputs, timer, torch)}
+                results.append(r)
+                print(f"{name:5s} T={T:6d} {method:12s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
+                      f"  peak {fmt(r['peak_mib'])} MiB {r.get('error', '')}", flush=True)
+                if gpu:
+                    torch.cuda.empty_cache()
+    return {"results": results, "targets": check_targets(results) if gpu else []}
+
+
+def fmt(x) -> str:
+    return "-" if x is None else f"{x:9.3f}"
+
+
+def check_targets(results) -> list[dict]:
+    by = {}
+    for r in results:
+        by.setdefault((r["kernel"], r["T"]), {})[r["method"]] = r["fwd_bwd_ms"]
+    out = []
+    for kernel, text, ok, only_T in TARGETS:
+        for (k, T), times in sorted(by.items()):
+            if k != kernel or (only_T is not None and T != only_T):
+                continue
+            try:
+                passed = bool(ok(times))
+            except (KeyError, TypeError):
+                passed = None  # a method was not run or ran out of memory
+            out.append({"kernel": kernel, "T": T, "target": text, "passed": passed})
+    return out
+
+
+def print_table(report: dict) -> None:
+    by = {}
+    for r in report["results"]:
+        by.setdefault((r["kernel"], r["T"]), {})[r["method"]] = r
+    print(f"\n{report['label']} on {report['device']}\n")
+    print("| kernel | T | method | fwd ms | fwd+bwd ms | peak MiB | fwd+bwd / sdpa_causal | fwd+bwd / triton |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (k, T), rows in by.items():
+        base = rows.get("sdpa_causal", {}).get("fwd_bwd_ms")
+        tri = rows.get("triton", {}).get("fwd_bwd_ms")
+        for m, r in rows.items():
+            fb = r["fwd_bwd_ms"]
+            ratio = lambda d: f"{fb / d:.2f}" if fb and d else "-"  # noqa: E731
+            print(f"| {k} | {T} | {m} | {fmt(r['fwd_ms'])} | {fmt(fb)} | {fmt(r['peak_mib'])} | {ratio(base)} "
+                  f"| {ratio(tri)} |")
+    for t in report["targets"]:
+        state = {True: "PASS", False: "FAIL", None: "n/a"}[t["passed"]]
+        print(f"target {t['kernel']} T={t['T']}: {t['target']}: {state}")
+
+
+# ---------------------------------------------------------------------------------------------- compile report
+def compile_report(args) -> dict:
+    """Compile every kernel specialization for sm_90a (no GPU needed) and read ptxas's resource report."""
+    import re
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from kernels import banded
+
+    pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
+    int_ptrs = {"WIN", "ROWS", "TILES", "BH_START"}
+    fp32_ptrs = {"LSE", "DELTA"}
+    specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)),
+             ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
+             ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
+             ("_dkdv_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)),
+             ("_dkdv_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
+             ("_far_fwd_gather_kernel", {}), ("_far_dq_gather_kernel", {}), ("_far_dkdv_gather_kernel", {})]
+    rows = []
+    for kname, flags in [(k, f) for k, f in specs if args.compile_filter in k]:
+        tuner = getattr(banded, kname)
+        jf = tuner.fn
+        for cfg in tuner.configs[:args.compile_configs]:
+            consts = dict(flags, PRECISION="tf32" if args.dtype != "fp32" else "ieee", D=args.head_dim,
+                          BLOCK_D=max(16, triton.next_power_of_2(args.head_dim)), **cfg.kwargs)
+            sig = {}
+            for a in jf.arg_names:
+                if a in consts:
+                    sig[a] = "constexpr"
+                elif a in int_ptrs:
+                    sig[a] = "*i32"
+                elif a in fp32_ptrs:
+                    sig[a] = "*fp32"
+                elif a.isupper() and a not in ("H", "T", "D"):
+                    sig[a] = "*" + pointer_dtype
+                else:
+                    sig[a] = "fp32" if a.endswith("scale") else "i32"
+            # what a launch specializes on: 16-byte aligned pointers and strides divisible by 16
+            aligned = {(n,): [["tt.divisibility", 16]] for n, a in enumerate(jf.arg_names)
+                       if sig[a].startswith("*") or (a.startswith("s_") and args.head_dim % 16 == 0)}
+            src = ASTSource(fn=jf, signature=sig, constexprs={(jf.arg_names.index(k),): v for k, v in consts.items()},
+                            attrs=aligned)
+            t0 = time.perf_counter()
+            compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                                      options=dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages))
+            ptx = compiled.asm["ptx"]
+            with tempfile.TemporaryDirectory() as tmp:
+                Path(tmp, "k.ptx").write_text(ptx)
+                info = subprocess.run([get_ptxas(90).path, "-v", "--gpu-name=sm_90a", f"{tmp}/k.ptx", "-o",
+                                       f"{tmp}/k.cubin"], capture_output=True, text=True)
+            text = info.stdout + info.stderr
+            regs = re.search(r"Used (\d+) registers", text)
+            spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+            row = {"kernel": kname, **flags, "BLOCK_M": cfg.kwargs["BLOCK_M"], "BLOCK_N": cfg.kwargs["BLOCK_N"],
+                   "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared_bytes": compiled.metadata.shared,
+                   "registers": int(regs.group(1)) if regs else None,
+                   "spill_store_bytes": int(spill.group(1)) if spill else None,
+                   "spill_load_bytes": int(spill.group(2)) if spill else None,
+                   "wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
+                   "cp_async_16B": len(re.findall(r"cp\.async\.cg\.shared\.global.*, 16;", ptx)),
+                   "compile_s": round(time.perf_counter() - t0, 1)}
+            rows.append(row)
+            print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
+    return {"label": "sm_90a compile report (ptxas resource usage; no GPU run, no timings)", "results": rows,
+            "targets": []}
+
+
+# ---------------------------------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path.insert(0, str(ROOT))
+    import torch
+    import triton
+
+    if args.compile_only:
+        report = {**environment(args, torch, triton), **compile_report(args)}
+        report["device"] = "none (compiled for sm_90a)"
+        tag = "compile-sm90a"
+    else:
+        if not args.interpret and not torch.cuda.is_available():
+            print("bench/attention.py: no CUDA GPU here; the kernels' target is CUDA. Use --interpret for a CPU "
+                  "smoke run (interpreter timings, not GPU performance) or --compile-only.", file=sys.stderr)
+            return 2
+        report = environment(args, torch, triton)
+        report.update(run_benchmarks(args, torch, triton))
+        print_table(report)
+        tag = "interpreter-smoke" if args.interpret else report["device"].replace(" ", "_")
+    out = args.out or ROOT / "bench" / "results" / f"attention-{tag}-{report['date'][:19].replace(':', '')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
