@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from .corpora import (CORPORA, DEFAULT_DATA_DIR, LOCAL_PATHS, CorpusError, Document, corpus_manifest, load_hub,
-                      load_local, manifest_hash, select_documents)
+from .corpora import (CORPORA, DEFAULT_DATA_DIR, HUB_SOURCES, LOCAL_PATHS, CorpusError, Document, corpus_manifest,
+                      load_hub, load_local, manifest_hash, select_documents)
 from .loading import DTYPES, encode_texts, load_for_eval, load_tokenizer, prefix_token_id
 from .metrics import corpus_metrics, count_bytes, count_words
 from .scoring import score_documents
@@ -60,7 +60,8 @@ def load_corpora(names: list[str], source: str = "local", data_dir: str | None =
             raise CorpusError(f"the manifest has no entry for corpus '{name}'")
         if source == "hub":
             docs = load_hub(name, max_docs=wanted["num_documents"] if wanted else max_docs)
-            where = "hub:" + name
+            src = HUB_SOURCES[name]
+            where = f"hub:{src.path}/{src.name}/{src.split}"
         else:
             docs = load_local(name, paths.get(name), data_dir)
             where = str(paths.get(name) or Path(data_dir or DEFAULT_DATA_DIR) / LOCAL_PATHS[name])
