@@ -21,7 +21,7 @@ import gzip
 import hashlib
 import json
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -193,13 +193,11 @@ def load_local(corpus: str, path: str | Path | None = None, data_dir: str | Path
     _check_corpus(corpus)
     if path is None:
         path = Path(data_dir or DEFAULT_DATA_DIR) / LOCAL_PATHS[corpus]
-    reader: Callable[[Path], Iterable[Document]]
+    files = corpus_files(corpus, path)
     if corpus == "wikitext103":
-        reader = _load_wikitext_file
+        docs = [doc for f in files for doc in _load_wikitext_file(f)]
     else:
-        def reader(f: Path) -> Iterable[Document]:
-            return _load_records(f, corpus)
-    docs = [doc for f in corpus_files(corpus, path) for doc in reader(f)]
+        docs = [doc for f in files for doc in _load_records(f, corpus)]
     if not docs:
         raise CorpusError(f"{corpus} corpus at {path} holds no documents")
     return docs
