@@ -336,7 +336,7 @@ def compile_report(args) -> dict:
                    "spill_store_bytes": int(spill.group(1)) if spill else None,
                    "spill_load_bytes": int(spill.group(2)) if spill else None,
                    "wgmma": ptx.count("wgmma.mma_async"), "mma_sync": ptx.count("mma.sync"),
-                   "cp_async_16B": len(re.findall(r"cp\.async\.cg\.shared\.global.*, 16;", ptx)),
+                   "cp_async_16B": ptx.count("cp.async.cg.shared.global"),
                    "compile_s": round(time.perf_counter() - t0, 1)}
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)

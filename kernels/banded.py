@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import block_d, dot_precision, gather_configs, qk_scales, tile_configs
+from .runtime import block_d, dot_precision, gather_configs, key_major_configs, qk_scales, tile_configs
 from .tiles import (dkdv_tile, dq_tile, finish_rows, fwd_tile, key_tile_query_bounds, load_row_stats, load_rows,
                     lse_merge, query_tile_key_bounds, store_rows)
 
@@ -164,7 +164,7 @@ def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN,
     store_rows(DQ + b * s_gb + h * s_gh, dq * sm_scale, pos, row_ok, s_gt, offs_d, D)
 
 
-@triton.autotune(configs=tile_configs(), key=_TUNE_KEY)
+@triton.autotune(configs=key_major_configs(), key=_TUNE_KEY)
 @triton.jit
 def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN,
                  s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
@@ -270,7 +270,7 @@ def _far_dq_gather_kernel(Q, K, V, DO, LSE, DELTA, DQ, WIN, ROWS, TILES,
     store_rows(DQ + g_off, dq_prev + dq * sm_scale, pos, row_ok, s_gt, offs_d, D)
 
 
-@triton.autotune(configs=gather_configs(), key=["T", "D"], restore_value=["DK", "DV"])
+@triton.autotune(configs=key_major_configs(), key=["T", "D"], restore_value=["DK", "DV"])
 @triton.jit
 def _far_dkdv_gather_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, WIN, ROWS, BH_START,
                             s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_gb, s_gh, s_gt,

@@ -29,6 +29,15 @@ _GPU_CONFIGS = [
         (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2), (64, 16, 4, 2),
     ]
 ]
+# Key-major backward (dk/dv): BLOCK_N keys own up to four (BLOCK_N, d_h) float32 accumulators (DAR), so it
+# prefers fewer query rows per step (BLOCK_M) than the query-major kernels, as FlashAttention-2's backward does.
+_GPU_KEY_MAJOR_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
+    for bm, bn, nw, ns in [
+        (32, 64, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3), (64, 128, 8, 3),
+        (16, 64, 4, 3), (32, 64, 4, 2), (64, 32, 4, 3), (16, 128, 8, 2),
+    ]
+]
 GATHER_BLOCK_M: int = 16 if INTERPRET else 64
 """Rows per program of the compacted (gathered) AHA far path; fixed because the tile table is built for it."""
 
@@ -36,6 +45,11 @@ GATHER_BLOCK_M: int = 16 if INTERPRET else 64
 def tile_configs() -> list[triton.Config]:
     """Autotune candidates for kernels over contiguous rows."""
     return _INTERPRET_CONFIGS if INTERPRET else _GPU_CONFIGS
+
+
+def key_major_configs() -> list[triton.Config]:
+    """Autotune candidates for the dk/dv kernels (one program per key tile, looping over query rows)."""
+    return _INTERPRET_CONFIGS if INTERPRET else _GPU_KEY_MAJOR_CONFIGS
 
 
 def gather_configs() -> list[triton.Config]:
