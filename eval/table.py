@@ -64,13 +64,13 @@ _LATEX = str.maketrans({"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": 
                         "{": r"\{", "}": r"\}"})
 
 
-def _latex_escape(text: str) -> str:
+def latex_escape(text: str) -> str:
     return text.translate(_LATEX)
 
 
 def latex(rows: list[list[str]], metric: str) -> str:
-    head = [_latex_escape(h) for h in header(metric)]
-    body = [" & ".join(_latex_escape(c) for c in r) + r" \\" for r in rows]
+    head = [latex_escape(h) for h in header(metric)]
+    body = [" & ".join(latex_escape(c) for c in r) + r" \\" for r in rows]
     return "\n".join([r"\begin{tabular}{l" + "r" * (len(head) - 1) + "}", r"\toprule", " & ".join(head) + r" \\",
                       r"\midrule", body[0], r"\midrule", *body[1:], r"\bottomrule", r"\end{tabular}"])
 
@@ -94,7 +94,7 @@ def _load(path: str) -> dict:
     return res
 
 
-def _flag_other_documents(runs: list[tuple[str, dict]], baseline: dict) -> list[str]:
+def flag_other_documents(runs: list[tuple[str, dict]], baseline: dict) -> list[str]:
     notes = []
     for name, res in runs:
         for corpus, entry in res["corpora"].items():
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     runs = list(zip(names, results))
-    for note in _flag_other_documents(runs, baseline):
+    for note in flag_other_documents(runs, baseline):
         print(note, file=sys.stderr)
     rows = table_rows(runs, (args.baseline_name, baseline), args.metric)
     parts = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eval.table import MISSING as MISSING_TEXT
-from eval.table import _flag_other_documents, _latex_escape, relative_percent
+from eval.table import flag_other_documents, latex_escape, relative_percent
 
 from ..sweep.spec import SweepError
 from .collect import CORPORA, CORPUS_TITLES, RunRecord, relative_cost
@@ -75,7 +75,7 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
         b = base.get(group_key(r, group_by))
         rel = relative_percent(r.eval, b.eval, metric) if (b and b.eval and r.eval) else MISSING
         if b and b is not r and b.eval and r.eval:
-            flags += _flag_other_documents([(r.name, r.eval)], b.eval)
+            flags += flag_other_documents([(r.name, r.eval)], b.eval)
         row = [r.name, *(r.axes.get(a, "") for a in axes), *(ppl[c] for c in CORPORA), rel]
         if with_cost:
             row.append(relative_cost(r, cache))
@@ -100,7 +100,7 @@ def _cell(v, latex: bool = False) -> str:
         return MISSING_TEXT
     if isinstance(v, float):
         return f"{v:.2f}"
-    return _latex_escape(str(v)) if latex else str(v)
+    return latex_escape(str(v)) if latex else str(v)
 
 
 def to_markdown(t: Table) -> str:
