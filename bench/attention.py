@@ -75,8 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def git_commit() -> str:
     try:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "kernels", "bench"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "kernels", "bench"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
         return rev + ("+dirty" if dirty else "") if rev else "unknown"
     except OSError:
         return "unknown"
