@@ -82,7 +82,7 @@ def expand_inputs(patterns: list[str], seed: int) -> list[Source]:
             raise InputError(f"no input matches {pat!r}")
         for m in matches:
             if not os.path.isfile(m):
-                raise InputError(f"input not found: {m}")
+                raise InputError(f"input is not a file: {m}" if os.path.exists(m) else f"input not found: {m}")
             _kind(m)
             st = os.stat(m)
             found[os.path.abspath(m)] = Source(path=os.path.abspath(m), size=st.st_size, mtime_ns=st.st_mtime_ns)

@@ -72,6 +72,7 @@ def parse_count(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m data_prep.tokenize", description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[2:]) + "\n\nDetails: docs/data.md",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, globs or hf:NAME[:CONFIG][@SPLIT]")
     p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer.json or SentencePiece .model")
