@@ -178,3 +178,24 @@ def test_sampler_resumes_exactly_from_consumed_samples():
         DataParallelSampler(total, 0, micro, 3, world)
     with pytest.raises(ValueError, match="consumed_samples"):
         DataParallelSampler(total, 201, micro, 0, world)
+
+
+def _rank_builds(rank, world, init_file, prefix, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        ds = GPTDataset("train", IndexedDataset(prefix), np.arange(40), 90, SEQ, seed=21)
+        np.save(f"{out_dir}/rank{rank}.npy", np.stack([ds[i] for i in range(len(ds))]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torch_distributed_ranks_build_once_and_agree(tmp_path):
+    import torch.multiprocessing as mp
+
+    write_random(tmp_path / "d", 40, seed=20)
+    mp.spawn(_rank_builds, args=(2, str(tmp_path / "init"), str(tmp_path / "d"), str(tmp_path)), nprocs=2)
+    a, b = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
+    np.testing.assert_array_equal(a, b)
+    assert len(list(tmp_path.glob("d_train_indexmap_*_idx.npy"))) == 3
