@@ -49,7 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="CPU smoke run under TRITON_INTERPRET=1 with tiny shapes (interpreter timings, not GPU)")
     p.add_argument("--compile-only", action="store_true",
                    help="compile every kernel for sm_90a without a GPU and report registers/spills/shared/wgmma")
-    p.add_argument("--compile-filter", default="", help="--compile-only: only kernels whose name contains this")
+    p.add_argument("--compile-filter", nargs="+", default=[""],
+                   help="--compile-only: only kernels whose name contains one of these")
     p.add_argument("--compile-configs", type=int, default=2, help="--compile-only: autotune configs per kernel")
     p.add_argument("--kernels", nargs="+", default=["dar", "mswa", "aha"], choices=["dar", "mswa", "aha"])
     p.add_argument("--batch", type=int, default=8)
@@ -296,7 +297,7 @@ def compile_report(args) -> dict:
              ("_dkdv_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
              ("_far_fwd_gather_kernel", {}), ("_far_dq_gather_kernel", {}), ("_far_dkdv_gather_kernel", {})]
     rows = []
-    for kname, flags in [(k, f) for k, f in specs if args.compile_filter in k]:
+    for kname, flags in [(k, f) for k, f in specs if any(sub in k for sub in args.compile_filter)]:
         tuner = getattr(banded, kname)
         jf = tuner.fn
         for cfg in tuner.configs[:args.compile_configs]:

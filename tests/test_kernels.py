@@ -15,6 +15,7 @@ float32 1e-5 (exact fp32 products, ``input_precision="ieee"``), float16 1e-2, bf
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -218,14 +219,45 @@ def test_cpu_tensor_without_interpreter_is_a_clear_error():
             "except RuntimeError as e:\n    print('ERR', e)\n")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                         cwd=Path(__file__).resolve().parent.parent)
     assert "ERR" in res.stdout and "TRITON_INTERPRET=1" in res.stdout, res.stdout + res.stderr
+
+
+# ------------------------------------------------------------------------------------------------ bench script
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_bench(*args: str, interpret: bool = False) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    return subprocess.run([sys.executable, str(ROOT / "bench" / "attention.py"), *args], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without CUDA")
+def test_bench_refuses_cpu_without_interpret_flag():
+    res = run_bench("--kernels", "mswa")
+    assert res.returncode == 2 and "no CUDA GPU" in res.stderr, res.stdout + res.stderr
+
+
+def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
+    """What the interpreter cannot check: the kernels compile for sm_90a (Triton's bundled ptxas), the matrix
+    products become wgmma, tile loads 16-byte cp.async, and the chosen configurations do not spill."""
+    out = tmp_path / "compile.json"
+    res = run_bench("--compile-only", "--compile-configs", "1", "--compile-filter", "_dq_kernel", "_far_fwd",
+                    "--out", str(out))
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert {r["kernel"] for r in rows} == {"_dq_kernel", "_far_fwd_gather_kernel"} and len(rows) == 3
+    for r in rows:
+        assert r["wgmma"] > 0 and r["mma_sync"] == 0 and r["cp_async_16B"] > 0, r
+        assert r["spill_store_bytes"] == 0 and r["registers"] <= 255, r
 
 
 # ------------------------------------------------------------------------------------------------ the model
 # configs/tiny.yml with attention_impl triton vs reference, same weights, float32: the kernels as training calls
 # them (through neox_dar/attention). Relative errors: logits 1e-5, every parameter gradient 1e-4.
-TINY = Path(__file__).resolve().parent.parent / "configs" / "tiny.yml"
+TINY = ROOT / "configs" / "tiny.yml"
 
 
 def run_model(model, ids):
