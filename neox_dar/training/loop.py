@@ -74,6 +74,7 @@ def train(cfg: Config, info: DistInfo) -> int:
     """Run (or continue) training; return the process exit code."""
     save = Path(cfg.save)
     ckpt_root = save / "checkpoints"
+    stop = StopRequest()  # from here on, SIGTERM/SIGUSR1 stop the run at the first step boundary
     if info.is_main:
         remove_stale_temporaries(ckpt_root)
     barrier()
@@ -103,7 +104,6 @@ def train(cfg: Config, info: DistInfo) -> int:
     if info.is_main:
         write_status(save, "running", state.step, cfg.train_iters)
     peak = peak_flops(cfg.peak_flops, info.device, cfg.dtype_name)
-    stop = StopRequest()
     interval_loss: list[torch.Tensor] = []
     interval_t0, interval_steps = time.time(), 0
     exit_code = EXIT_DONE
