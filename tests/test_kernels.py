@@ -119,7 +119,7 @@ def test_dar_matches_reference(B, H, T, D, w, dtype):
 
 # ------------------------------------------------------------------------------------------------ MSWA
 MSWA_CASES = [(2, 4, 53, 32, [1, 5, 17, 128]), (1, 4, 40, 16, [0, 2, 16, 64]), (2, 2, 29, 64, [29, 3]),
-              (1, 3, 50, 128, [8, 33, 1])]
+              (1, 3, 50, 128, [8, 33, 1]), (1, 2, 30, 24, [4, 30])]  # d_h = 24: padded, masked columns
 
 
 @pytest.mark.parametrize("B,H,T,D,windows,dtype", with_dtypes(MSWA_CASES, half_cases=(0,)))
