@@ -152,7 +152,8 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
 
     def flex_fn(mask_mod, bsz, heads):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        block_mask = create_block_mask(mask_mod, bsz, heads, T, T, device=device)
+        # _compile: build the block mask chunk-wise instead of materializing (B, H, T, T) booleans
+        block_mask = create_block_mask(mask_mod, bsz, heads, T, T, device=device, _compile=True)
         compiled = torch.compile(flex_attention, dynamic=False)
         return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
 
