@@ -310,7 +310,7 @@ def compile_report(args) -> dict:
     from kernels import banded
 
     pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
-    int_ptrs = {"WIN", "ROWS", "TILES", "BH_START"}
+    int_ptrs = {"WIN", "ROWS", "COUNTS"}
     fp32_ptrs = {"LSE", "DELTA"}
     specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)),
              ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),

@@ -1,8 +1,9 @@
 """AHA routed attention: each (token, head) row is full causal attention if its gate is on, else sliding-window.
 
-Every row runs the local (sliding-window) pass; the rows whose gate is on are compacted into a list sorted by
-(batch*head, position) and only they visit the far keys (``i - j >= w``), merged into the local result by
-log-sum-exp. The backward does the same: the local pass for all rows, the far pass for the routed rows only.
+Every row runs the local (sliding-window) pass; each head's routed rows are compacted into a sorted list of
+positions (a stable sort of the gate, no host synchronization) and only they visit the far keys
+(``i - j >= w``), merged into the local result by log-sum-exp. The backward does the same: the local pass for
+all rows, the far pass for the routed rows only.
 """
 
 from __future__ import annotations
@@ -10,29 +11,19 @@ from __future__ import annotations
 import torch
 
 from .banded import banded_backward, banded_forward, far_backward_gathered, far_forward_gathered, row_deltas
-from .runtime import GATHER_BLOCK_M, check_device, check_qkv, check_window, head_windows, unit_last_dim
+from .runtime import check_device, check_qkv, check_window, head_windows, unit_last_dim
 
 
-def route_rows(gate: torch.Tensor, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Compact the routed rows of ``gate`` (B, H, T) bool.
+def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Compact each head's routed rows, without a host synchronization.
 
-    Returns ``rows`` int32 (N,): positions of the N routed rows, sorted by (b*H + h, position);
-    ``tiles`` int32 (n_tiles, 3): (b*H + h, first index into ``rows``, row count <= block_m), one per program;
-    ``bh_start`` int32 (B*H + 1,): ``rows[bh_start[bh]:bh_start[bh+1]]`` are head ``bh``'s rows.
+    ``gate`` (B, H, T) bool -> ``rows`` int32 (B*H, T): per (b*H + h), the routed positions in ascending order
+    first, then the others; ``counts`` int32 (B*H,): how many of each row's leading entries are routed.
     """
     B, H, T = gate.shape
     flat = gate.reshape(B * H, T)
-    idx = flat.nonzero()
-    counts = flat.sum(1)
-    bh_start = torch.zeros(B * H + 1, dtype=torch.int64, device=gate.device)
-    bh_start[1:] = counts.cumsum(0)
-    n_tiles = (counts + block_m - 1) // block_m
-    tile_bh = torch.repeat_interleave(torch.arange(B * H, device=gate.device), n_tiles)
-    first_tile = n_tiles.cumsum(0) - n_tiles
-    start = bh_start[tile_bh] + (torch.arange(tile_bh.numel(), device=gate.device) - first_tile[tile_bh]) * block_m
-    count = torch.minimum(bh_start[tile_bh + 1] - start, torch.full_like(start, block_m))
-    tiles = torch.stack([tile_bh, start, count], dim=1).to(torch.int32).contiguous()
-    return idx[:, 1].to(torch.int32).contiguous(), tiles, bh_start.to(torch.int32)
+    rows = torch.argsort((~flat).to(torch.int8), dim=1, stable=True)
+    return rows.to(torch.int32).contiguous(), flat.sum(1, dtype=torch.int32)
 
 
 class AhaAttention(torch.autograd.Function):
@@ -41,19 +32,19 @@ class AhaAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gate, windows):
         o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
-        rows, tiles, bh_start = route_rows(gate, GATHER_BLOCK_M)
-        far_forward_gathered(q, k, v, o, lse, windows, rows, tiles)
-        ctx.save_for_backward(q, k, v, o, lse, windows, rows, tiles, bh_start)
+        rows, counts = route_rows(gate)
+        far_forward_gathered(q, k, v, o, lse, windows, rows, counts)
+        ctx.save_for_backward(q, k, v, o, lse, windows, rows, counts)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, windows, rows, tiles, bh_start = ctx.saved_tensors
+        q, k, v, o, lse, windows, rows, counts = ctx.saved_tensors
         do = do.contiguous()
         delta = row_deltas(o, do)
         dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, lse, delta, do, windows, has_far=False,
                                            grad_dtype=torch.float32)
-        far_backward_gathered(q, k, v, do, lse, delta, dq, dk, dv, windows, rows, tiles, bh_start)
+        far_backward_gathered(q, k, v, do, lse, delta, dq, dk, dv, windows, rows, counts)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
 
 

@@ -5,12 +5,13 @@ Kernels (``B*H`` on grid axis 1, one program per tile on axis 0):
 * ``_fwd_kernel``: query tile -> output rows and base-2 LSE (FlashAttention-2 forward).
 * ``_dkdv_kernel``: key tile -> ``dk``/``dv`` for both key sets, looping over the query tiles that see it.
 * ``_dq_kernel``: query tile -> ``dq``, looping over the same key tiles as the forward.
-* ``_far_*_gather`` kernels: the same three, but the query rows are a compacted list of (head, position) rows
-  (AHA's routed rows): the forward merges its far result into the local one by LSE, the backward adds into the
-  local path's gradients.
+* ``_far_*_gather`` kernels: the same three, but the query rows are each head's routed positions, compacted and
+  sorted (AHA): the forward merges its far result into the local one by LSE, the backward adds into the local
+  path's gradients.
 
 Tensors: ``q, k_*, v_*`` (B, H, T, d_h) with unit stride on d_h (other strides passed); ``o``, ``do`` and the
-gradients contiguous (B, H, T, d_h); ``lse``, ``delta`` float32 (B*H, T); ``windows`` int32 (H,).
+gradients contiguous (B, H, T, d_h); ``lse``, ``delta`` float32 (B*H, T); ``windows`` int32 (H,); routed
+``rows`` int32 (B*H, T) and ``counts`` int32 (B*H,).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import block_d, dot_precision, gather_configs, key_major_configs, qk_scales, tile_configs
+from .runtime import block_d, dot_precision, key_major_configs, qk_scales, tile_configs
 from .tiles import (dkdv_tile, dq_tile, finish_rows, fwd_tile, key_tile_query_bounds, load_row_stats, load_rows,
                     lse_merge, query_tile_key_bounds, store_rows)
 
@@ -107,16 +108,15 @@ def contiguous_rows(WIN, H, T, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def gathered_rows(ROWS, TILES, WIN, H, T, BLOCK_M: tl.constexpr):
-    """This program's compacted rows from the tile table (bh, start, count): ``(bh, b, h, w, pos, row_ok, p_min,
-    p_max)``."""
+def gathered_rows(ROWS, COUNTS, WIN, H, T, BLOCK_M: tl.constexpr):
+    """This program's routed rows: rows ``tile * BLOCK_M ..`` of head ``bh``'s sorted list (``ROWS[bh]``, the
+    first ``COUNTS[bh]`` entries valid). Returns ``(bh, b, h, w, pos, row_ok, p_min, p_max)``; a program past
+    the head's count has no valid row and does no work."""
     tile = tl.program_id(0)
-    bh = tl.load(TILES + 3 * tile)
-    start = tl.load(TILES + 3 * tile + 1)
-    count = tl.load(TILES + 3 * tile + 2)
+    bh = tl.program_id(1)
     r = tl.arange(0, BLOCK_M)
-    row_ok = r < count
-    pos = tl.load(ROWS + start + r, mask=row_ok, other=0)
+    row_ok = r < tl.load(COUNTS + bh) - tile * BLOCK_M
+    pos = tl.load(ROWS + bh * T + tile * BLOCK_M + r, mask=row_ok, other=0)
     p_min = tl.min(tl.where(row_ok, pos, T))
     p_max = tl.max(tl.where(row_ok, pos, -1))
     return bh, bh // H, bh % H, tl.load(WIN + bh % H), pos, row_ok, p_min, p_max
@@ -224,15 +224,15 @@ def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN,
         store_rows(DVF + g_off, dvf, keys, key_ok, s_gt, offs_d, D)
 
 
-@triton.autotune(configs=gather_configs(), key=["T", "D"], restore_value=["O", "LSE"])
+@triton.autotune(configs=tile_configs(), key=["T", "D"], restore_value=["O", "LSE"])
 @triton.jit
-def _far_fwd_gather_kernel(Q, K, V, O, LSE, WIN, ROWS, TILES,
+def _far_fwd_gather_kernel(Q, K, V, O, LSE, WIN, ROWS, COUNTS,
                            s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_gb, s_gh, s_gt,
                            H, T, D: tl.constexpr, qk_scale,
                            PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                            BLOCK_N: tl.constexpr):
     """Far keys (``i - j >= w``) for the compacted rows, merged by LSE into ``O``/``LSE`` (the local result)."""
-    bh, b, h, w, pos, row_ok, p_min, p_max = gathered_rows(ROWS, TILES, WIN, H, T, BLOCK_M)
+    bh, b, h, w, pos, row_ok, p_min, p_max = gathered_rows(ROWS, COUNTS, WIN, H, T, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_rows(Q + b * s_qb + h * s_qh, pos, row_ok, s_qt, offs_d, D)
     Kp = K + b * s_kb + h * s_kh
@@ -248,15 +248,15 @@ def _far_fwd_gather_kernel(Q, K, V, O, LSE, WIN, ROWS, TILES,
     tl.store(LSE + bh * T + pos, lse, mask=row_ok)
 
 
-@triton.autotune(configs=gather_configs(), key=["T", "D"], restore_value=["DQ"])
+@triton.autotune(configs=tile_configs(), key=["T", "D"], restore_value=["DQ"])
 @triton.jit
-def _far_dq_gather_kernel(Q, K, V, DO, LSE, DELTA, DQ, WIN, ROWS, TILES,
+def _far_dq_gather_kernel(Q, K, V, DO, LSE, DELTA, DQ, WIN, ROWS, COUNTS,
                           s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_gb, s_gh, s_gt,
                           H, T, D: tl.constexpr, sm_scale, qk_scale,
                           PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr):
     """Adds the far keys' part of ``dq`` for the compacted rows into ``DQ``."""
-    bh, b, h, w, pos, row_ok, p_min, p_max = gathered_rows(ROWS, TILES, WIN, H, T, BLOCK_M)
+    bh, b, h, w, pos, row_ok, p_min, p_max = gathered_rows(ROWS, COUNTS, WIN, H, T, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_rows(Q + b * s_qb + h * s_qh, pos, row_ok, s_qt, offs_d, D)
     g_off = b * s_gb + h * s_gh
@@ -272,7 +272,7 @@ def _far_dq_gather_kernel(Q, K, V, DO, LSE, DELTA, DQ, WIN, ROWS, TILES,
 
 @triton.autotune(configs=key_major_configs(), key=["T", "D"], restore_value=["DK", "DV"])
 @triton.jit
-def _far_dkdv_gather_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, WIN, ROWS, BH_START,
+def _far_dkdv_gather_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, WIN, ROWS, COUNTS,
                             s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_gb, s_gh, s_gt,
                             H, T, D: tl.constexpr, sm_scale, qk_scale,
                             PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -287,8 +287,8 @@ def _far_dkdv_gather_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, WIN, ROWS, BH_START
     b = bh // H
     h = bh % H
     w = tl.load(WIN + h)
-    row_end = tl.load(BH_START + bh + 1)
-    lo = tl.load(BH_START + bh)
+    lo = bh * T
+    row_end = lo + tl.load(COUNTS + bh)
     hi = row_end
     target = n0 + w
     while lo < hi:
@@ -371,26 +371,23 @@ def banded_backward(q, k_loc, v_loc, k_far, v_far, lse, delta, do, windows, has_
     return dq, dkl, dvl, None, None
 
 
-def far_forward_gathered(q, k, v, o, lse, windows, rows, tiles):
-    """Add the far part of the compacted rows into ``o``/``lse`` in place (LSE merge with the local result)."""
+def far_forward_gathered(q, k, v, o, lse, windows, rows, counts):
+    """Add the far part of the routed rows (:func:`kernels.aha.route_rows`) into ``o``/``lse`` in place (LSE merge
+    with the local result). One program per (row tile, head); a tile past a head's count does no work."""
     B, H, T, D = q.shape
-    if tiles.shape[0] == 0:
-        return
     _, qk_scale = qk_scales(D)
-    _far_fwd_gather_kernel[(tiles.shape[0],)](
-        q, k, v, o, lse, windows, rows, tiles, *_s3(q), *_s3(k), *_s3(v), *_s3(o), H, T, D, qk_scale,
+    _far_fwd_gather_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
+        q, k, v, o, lse, windows, rows, counts, *_s3(q), *_s3(k), *_s3(v), *_s3(o), H, T, D, qk_scale,
         PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
 
 
-def far_backward_gathered(q, k, v, do, lse, delta, dq, dk, dv, windows, rows, tiles, bh_start):
-    """Add the far pairs' gradients of the compacted rows into ``dq``, ``dk``, ``dv`` (contiguous like ``do``)."""
+def far_backward_gathered(q, k, v, do, lse, delta, dq, dk, dv, windows, rows, counts):
+    """Add the far pairs' gradients of the routed rows into ``dq``, ``dk``, ``dv`` (contiguous like ``do``)."""
     B, H, T, D = q.shape
-    if tiles.shape[0] == 0:
-        return
     sm_scale, qk_scale = qk_scales(D)
     strides = (*_s3(q), *_s3(k), *_s3(v), *_s3(dq))
     meta = dict(PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
     _far_dkdv_gather_kernel[lambda m: (triton.cdiv(T, m["BLOCK_N"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv, windows, rows, bh_start, *strides, H, T, D, sm_scale, qk_scale, **meta)
-    _far_dq_gather_kernel[(tiles.shape[0],)](
-        q, k, v, do, lse, delta, dq, windows, rows, tiles, *strides, H, T, D, sm_scale, qk_scale, **meta)
+        q, k, v, do, lse, delta, dk, dv, windows, rows, counts, *strides, H, T, D, sm_scale, qk_scale, **meta)
+    _far_dq_gather_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
+        q, k, v, do, lse, delta, dq, windows, rows, counts, *strides, H, T, D, sm_scale, qk_scale, **meta)

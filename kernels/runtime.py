@@ -38,9 +38,6 @@ _GPU_KEY_MAJOR_CONFIGS = [
         (16, 64, 4, 3), (32, 64, 4, 2), (64, 32, 4, 3), (16, 128, 8, 2),
     ]
 ]
-GATHER_BLOCK_M: int = 16 if INTERPRET else 64
-"""Rows per program of the compacted (gathered) AHA far path; fixed because the tile table is built for it."""
-
 
 def tile_configs() -> list[triton.Config]:
     """Autotune candidates for kernels over contiguous rows."""
@@ -50,18 +47,6 @@ def tile_configs() -> list[triton.Config]:
 def key_major_configs() -> list[triton.Config]:
     """Autotune candidates for the dk/dv kernels (one program per key tile, looping over query rows)."""
     return _INTERPRET_CONFIGS if INTERPRET else _GPU_KEY_MAJOR_CONFIGS
-
-
-def gather_configs() -> list[triton.Config]:
-    """Autotune candidates for the gathered-rows kernels: ``BLOCK_M`` pinned to :data:`GATHER_BLOCK_M`."""
-    seen, out = set(), []
-    for c in tile_configs():
-        key = (c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
-        if key not in seen:
-            seen.add(key)
-            out.append(triton.Config({"BLOCK_M": GATHER_BLOCK_M, "BLOCK_N": key[0]}, num_warps=key[1],
-                                     num_stages=key[2]))
-    return out
 
 
 def block_d(head_dim: int) -> int:

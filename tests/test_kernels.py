@@ -168,17 +168,15 @@ def test_aha_matches_reference(B, H, T, D, w, frac, dtype):
                             dtype, f"aha w={w} frac={frac}")
 
 
-def test_route_rows_compacts_gate_by_head_then_position():
+def test_route_rows_compacts_each_heads_routed_positions_in_order():
     gate = torch.zeros(2, 2, 40, dtype=torch.bool, device=DEVICE)
     gate[0, 1, [3, 9, 17, 18, 39]] = True
     gate[1, 0, torch.arange(0, 40, 2)] = True
-    rows, tiles, bh_start = route_rows(gate, block_m=8)
-    assert bh_start.tolist() == [0, 0, 5, 25, 25]
-    assert rows[:5].tolist() == [3, 9, 17, 18, 39] and rows[5:].tolist() == list(range(0, 40, 2))
-    # head 1 (b=0, h=1): one tile of 5 rows; head 2 (b=1, h=0): 20 rows -> tiles of 8, 8, 4
-    assert tiles.tolist() == [[1, 0, 5], [2, 5, 8], [2, 13, 8], [2, 21, 4]]
-    empty_rows, empty_tiles, empty_start = route_rows(torch.zeros_like(gate), block_m=8)
-    assert empty_rows.numel() == 0 and empty_tiles.shape == (0, 3) and empty_start.tolist() == [0] * 5
+    rows, counts = route_rows(gate)
+    assert rows.shape == (4, 40) and rows.dtype == torch.int32
+    assert counts.tolist() == [0, 5, 20, 0]
+    assert rows[1, :5].tolist() == [3, 9, 17, 18, 39] and rows[2, :20].tolist() == list(range(0, 40, 2))
+    assert all(sorted(r.tolist()) == list(range(40)) for r in rows)  # a permutation of the positions per head
 
 
 # ------------------------------------------------------------------------------------------------ errors
