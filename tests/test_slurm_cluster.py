@@ -106,13 +106,16 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
     stopped_at = read_status(target)["step"]
     assert stopped_at < STEPS
 
-    def requeued_and_restarted():
-        # SLURM holds a requeued batch job ~120 s before it is eligible again; release it now
-        subprocess.run(["scontrol", "update", f"JobId={jobs['dar']}", "StartTime=now"], capture_output=True,
-                       timeout=30)
-        return "restart 1]" in (target / "logs" / "job.log").read_text()
-
-    _wait("the DAR job to be requeued and restarted", requeued_and_restarted, 60, 1.0)
+    # SLURM holds a requeued batch job ~120 s before it is eligible again; the test releases it early, but only
+    # once the old batch script has exited: a job released while its previous instance is still finishing is
+    # killed by slurmctld ("Job credential revoked") instead of restarting.
+    _wait("the DAR job to requeue itself", lambda: "requeueing" in (target / "logs" / "job.log").read_text(), 60, 0.5)
+    _wait("the requeued DAR job to be pending",
+          lambda: _slurm("squeue", "-h", "-j", jobs["dar"], "-o", "%T").strip() == "PENDING", 60, 0.5)
+    time.sleep(5)
+    subprocess.run(["scontrol", "update", f"JobId={jobs['dar']}", "StartTime=now"], check=True, capture_output=True,
+                   timeout=30)
+    _wait("the DAR job to restart", lambda: "restart 1]" in (target / "logs" / "job.log").read_text(), 120, 1.0)
 
     def finished():
         pending = [j for j in jobs.values() if _slurm("squeue", "-h", "-j", j, "-o", "%T").strip()]

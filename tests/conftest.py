@@ -1,0 +1,14 @@
+"""Session-wide test settings.
+
+Triton picks compiled or interpreted kernels when a ``@triton.jit`` function is defined, so the choice must
+be made before anything imports Triton: without CUDA, the whole session uses the CPU interpreter
+(``TRITON_INTERPRET=1``), whichever test module happens to import the kernels first.
+"""
+
+import os
+
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
