@@ -22,7 +22,6 @@ Writes JSON (device, torch/triton versions, git commit, command, UTC date, every
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -73,25 +72,16 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------------- environment
-def git_commit() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "kernels", "bench"],
-                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        return rev + ("+dirty" if dirty else "") if rev else "unknown"
-    except OSError:
-        return "unknown"
-
-
 def environment(args, torch, triton) -> dict:
+    from neox_dar.provenance import provenance
+
     gpu = torch.cuda.is_available() and not args.interpret
     return {
         "label": ("GPU timings" if gpu else
                   "Triton CPU interpreter smoke timings: correctness plumbing only, NOT GPU performance"),
         "device": torch.cuda.get_device_name() if gpu else "cpu (TRITON_INTERPRET=1)",
         "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
-        "commit": git_commit(), "command": " ".join([sys.executable.split("/")[-1], *sys.argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        **provenance(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
 
@@ -389,7 +379,7 @@ def main(argv=None) -> int:
         report.update(run_benchmarks(args, torch, triton))
         print_table(report)
         tag = "interpreter-smoke" if args.interpret else report["device"].replace(" ", "_")
-    out = args.out or ROOT / "bench" / "results" / f"attention-{tag}-{report['date'][:19].replace(':', '')}.json"
+    out = args.out or ROOT / "bench" / "results" / f"attention-{tag}-{report['date_utc'].replace(':', '')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")

@@ -21,11 +21,9 @@ Writes JSON (device, versions, git commit, command, UTC date, every number) to `
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from neox_dar.config import Config, load_config, split_args  # noqa: E402
-from neox_dar.model import build_model, flops_per_token  # noqa: E402
+from neox_dar.model import build_model  # noqa: E402
+from neox_dar.provenance import provenance  # noqa: E402
 from neox_dar.training.metrics import peak_flops  # noqa: E402
 
 
@@ -141,14 +140,6 @@ def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) 
             "all_step_s": times}
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("config", nargs="+", help="YAML files and key=value overrides, as for train.py")
@@ -163,9 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     compare = args.compare_hf if args.compare_hf is not None else device.type == "cpu"
 
-    result = {"command": " ".join(["python", "bench/train_throughput.py", *(argv or sys.argv[1:])]),
-              "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-              "device": device_name(device), "torch": torch.__version__, "git_commit": git_commit(),
+    result = {**provenance(["bench/train_throughput.py", *(sys.argv[1:] if argv is None else argv)]),
+              "device": device_name(device), "torch": torch.__version__,
               "precision": cfg.dtype_name, "config": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                                                        "num_attention_heads": cfg.num_attention_heads,
                                                        "seq_length": cfg.seq_length,

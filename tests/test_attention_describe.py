@@ -9,9 +9,10 @@ import pytest
 
 from neox_dar.attention.describe import kv_cache_numbers_per_token, main
 from neox_dar.config import load_config
-from test_attention_paths import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
 
 ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg(variant, *overrides):

@@ -15,9 +15,10 @@ from neox_dar.attention.masks import masked_attention, window_mask
 from neox_dar.attention.windowed import mean_attended_keys
 from neox_dar.config import Config
 from neox_dar.model import build_model, flops_per_token, init_std
-from test_attention_paths import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
 
 IMPLS = ["reference", "sdpa"]
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def cfg_for(attention_type, impl="sdpa", H=4, d_h=16, **keys):

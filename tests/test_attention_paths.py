@@ -20,14 +20,7 @@ from neox_dar.attention.masks import masked_attention, window_mask
 from neox_dar.attention.windowed import windowed_sdpa
 from neox_dar.config import Config
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a shared, loaded CPU two threads are several times slower for these tiny ops.
-    (Imported by the other test_attention_* files.)"""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------------------------------------

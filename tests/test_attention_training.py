@@ -19,10 +19,11 @@ from tokenizers import Tokenizer
 
 from neox_dar.config import Config
 from neox_dar.model import build_model
-from test_attention_paths import one_thread  # noqa: F401  (autouse fixture: one intra-op thread)
 
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB, SEQ, BATCH, STEPS = 256, 64, 8, 100
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from neox_dar.report.__main__ import main as report_main
-from neox_dar.report.collect import CORPORA, collect
+from eval.corpora import CORPORA
+from neox_dar.report.collect import collect
 from neox_dar.report.tables import build_table, to_latex, to_markdown
 from neox_dar.sweep.spec import parse_sweep, plan, write_plan
 

@@ -12,7 +12,6 @@ the SLURM binaries are not installed.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time

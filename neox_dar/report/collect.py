@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from eval.corpora import CORPORA
 from eval.table import TITLES
 
 from ..config import Config, load_config

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eval.corpora import CORPORA
 from eval.table import MISSING as MISSING_TEXT
 from eval.table import flag_other_documents, latex_escape, relative_percent
 
 from ..sweep.spec import SweepError
-from .collect import CORPORA, CORPUS_TITLES, RunRecord, relative_cost
+from .collect import CORPUS_TITLES, RunRecord, relative_cost
 
 MISSING = None
 

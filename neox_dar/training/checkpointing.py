@@ -17,7 +17,6 @@ import logging
 import os
 import random
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from safetensors.torch import save_file
 
 from ..checkpoint import CONFIG, LATEST, STATE, WEIGHTS, incomplete_reason, step_dir_name, step_dirs
 from ..config import Config
+from ..provenance import code_version
 from .distributed import DistInfo, barrier
 
 log = logging.getLogger("neox_dar.train")
@@ -49,21 +49,6 @@ class CheckpointError(RuntimeError):
 
 def rng_file(rank: int) -> str:
     return f"rng_rank{rank:05d}.pt"
-
-
-def code_version() -> dict:
-    """Git commit of the code (and whether the tree had local changes), when it runs from a checkout."""
-    from .. import __version__
-
-    repo = Path(__file__).resolve().parents[2]
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
-        return {"package_version": __version__, "git_commit": commit, "git_dirty": dirty}
-    except (OSError, subprocess.SubprocessError):
-        return {"package_version": __version__, "git_commit": None}
 
 
 # ----------------------------------------------------------------------------------------------

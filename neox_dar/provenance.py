@@ -1,0 +1,35 @@
+"""Where a number came from: package version, git commit of the code, the command and the UTC date.
+
+Saved with every checkpoint (``code_version``) and every benchmark result (``provenance``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def code_version() -> dict:
+    """Package version, git commit of the code and whether the tree had local changes (when run from a checkout)."""
+    from . import __version__
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
+        return {"package_version": __version__, "git_commit": commit, "git_dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        return {"package_version": __version__, "git_commit": None}
+
+
+def provenance(argv: list[str] | None = None) -> dict:
+    """``code_version()`` plus the command line (``argv``, default ``sys.argv``) and the UTC date."""
+    args = sys.argv if argv is None else argv
+    return {"command": " ".join(["python", *args]),
+            "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            **code_version()}
