@@ -68,7 +68,7 @@ class ZeroConfig:
     reduce_scatter: bool = _f(True, "Use reduce-scatter for gradients.")
     reduce_bucket_size: int = _f(500_000_000, "DeepSpeed ZeRO reduce bucket size (elements).")
     contiguous_gradients: bool = _f(True, "Copy gradients to a contiguous buffer.")
-    cpu_offload: bool = _f(False, "Offload optimizer state to CPU memory (DeepSpeed offload_optimizer).")
+    cpu_offload: bool = _f(False, "GPT-NeoX's ZeRO-Offload switch; only false is supported (Pythia configs carry it).")
 
 
 @dataclass
@@ -287,6 +287,8 @@ def _validate(c: Config) -> None:
     _check(c.weight_decay >= 0, "weight_decay", "must be >= 0", c.weight_decay)
     _check(c.gradient_clipping >= 0, "gradient_clipping", "must be >= 0", c.gradient_clipping)
     _check(0 <= c.zero_optimization.stage <= 3, "zero_optimization.stage", "must be 0, 1, 2 or 3", c.zero_optimization.stage)
+    _check(not c.zero_optimization.cpu_offload, "zero_optimization.cpu_offload",
+           "ZeRO-Offload is not supported: use a higher zero_optimization.stage", c.zero_optimization.cpu_offload)
     if c.gradient_accumulation_steps is not None:
         _check(c.gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1", c.gradient_accumulation_steps)
     if c.train_batch_size is not None:
