@@ -89,21 +89,25 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: s
 def load_tokenizer(cfg: Config | None = None, path: str | Path | None = None,
                    hf_dir: Path | None = None) -> Tokenizer:
     """The tokenizer: ``path`` if given; else the HF folder's ``tokenizer.json``; else the config's
-    ``vocab_file`` (relative to the working directory or the repository); else the bundled Pythia tokenizer."""
+    ``vocab_file`` (relative to the working directory or the repository; an error when it is set but missing);
+    else, for a config without ``vocab_file``, the bundled Pythia tokenizer."""
     if path is not None:
         if not Path(path).is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
         return Tokenizer.from_file(str(path))
-    candidates = []
-    if hf_dir is not None:
-        candidates.append(hf_dir / "tokenizer.json")
+    if cfg is not None and cfg.tokenizer_type != "HFTokenizer":
+        raise ValueError(f"tokenizer_type {cfg.tokenizer_type!r}: evaluation reads Hugging Face tokenizer.json files "
+                         "only; pass --tokenizer PATH/tokenizer.json")
+    if hf_dir is not None and (hf_dir / "tokenizer.json").is_file():
+        return Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
     if cfg is not None and cfg.vocab_file:
-        candidates += [Path(cfg.vocab_file), REPO_ROOT / cfg.vocab_file]
-    candidates.append(DEFAULT_TOKENIZER)
-    for candidate in candidates:
-        if candidate.is_file():
-            return Tokenizer.from_file(str(candidate))
-    raise FileNotFoundError(f"no tokenizer found (tried {', '.join(map(str, candidates))})")
+        candidates = [Path(cfg.vocab_file), REPO_ROOT / cfg.vocab_file]
+        for candidate in candidates:
+            if candidate.is_file():
+                return Tokenizer.from_file(str(candidate))
+        raise FileNotFoundError(f"the checkpoint's vocab_file was not found (tried {', '.join(map(str, candidates))}); "
+                                "pass --tokenizer")
+    return Tokenizer.from_file(str(DEFAULT_TOKENIZER))
 
 
 def prefix_token_id(tokenizer: Tokenizer, token: str = PREFIX_TOKEN) -> int:
