@@ -105,13 +105,13 @@ class _Progress:
     """tqdm bar over input bytes (or over tokens with a budget) showing docs/s, tokens/s and ETA."""
 
     def __init__(self, sources: list[Source], max_tokens: int | None, enabled: bool):
-        from tqdm import tqdm
+        from neox_dar.progress import progress_bar
 
         self.by_tokens = max_tokens is not None
         total = max_tokens if self.by_tokens else (
             sum(s.size for s in sources) if all(s.size is not None for s in sources) else None)
-        self.bar = tqdm(total=total, unit="tok" if self.by_tokens else "B", unit_scale=True, disable=not enabled,
-                        dynamic_ncols=True, smoothing=0.1)
+        self.bar = progress_bar(total=total, unit="tok" if self.by_tokens else "B", unit_scale=True,
+                                disable=not enabled, smoothing=0.1)
         self.start, self.docs, self.tokens, self.pos = time.time(), 0, 0, 0
 
     def update(self, docs: int, tokens: int, pos: int) -> None:

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+
+from neox_dar.progress import progress_bar
 
 from .rolling import rolling_spans
 
@@ -86,8 +87,7 @@ def score_documents(
     stats = AttentionStatsMean(model)
 
     docs_done = int((remaining == 0).sum())
-    bar = tqdm(total=int(n_tokens.sum()), unit="tok", unit_scale=True, desc=desc, disable=not progress,
-               dynamic_ncols=True)
+    bar = progress_bar(total=int(n_tokens.sum()), unit="tok", unit_scale=True, desc=desc, disable=not progress)
     bar.set_postfix(docs=f"{docs_done}/{len(streams)}")
     start_time = time.perf_counter()
     with torch.inference_mode():

@@ -30,9 +30,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch import nn
-from tqdm import tqdm
 
 from .model import CausalLM
+from .progress import progress_bar
 
 
 def lambda_weights(psi: torch.Tensor, s: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -161,7 +161,7 @@ def train_projection(projection: DimPOProjection, layers_qkv, steps: int, lr: fl
     for layer, (q, k, v) in enumerate(layers_qkv):
         psi, valid, qs, ks, _ = query_lists(q, k, v, every=q.shape[1])
         opt = torch.optim.Adam(projection.proj[layer].parameters(), lr=lr)
-        for step in tqdm(range(steps), desc=f"DimPO layer {layer}", leave=False, disable=None):
+        for step in progress_bar(iterable=range(steps), desc=f"DimPO layer {layer}", leave=False):
             pick = torch.randint(0, psi.shape[0], (queries_per_step,), generator=gen)
             w = projection.proj[layer]
             logits = torch.einsum("nd,ntd->nt", w(qs[pick]), w(ks[pick])) / math.sqrt(projection.d_proj)
