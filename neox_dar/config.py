@@ -93,7 +93,7 @@ class Config:
         "wang_init", "Init of the layer-output projections: wang_init std 2/(L*sqrt(d))."
     )
     init_method_std: float = _f(0.02, "Std for the 'normal' init methods.")
-    attention_dropout: float = _f(0.0, "Dropout on attention probabilities (Pythia: 0).")
+    attention_dropout: float = _f(0.0, "Dropout on attention probabilities: only 0 is supported (Pythia: 0).")
     hidden_dropout: float = _f(0.0, "Dropout on residual branches (Pythia: 0).")
 
     # ---- attention variants (ours) ----------------------------------------------
@@ -258,8 +258,9 @@ def _validate(c: Config) -> None:
     _check(c.rotary_ndims % 2 == 0, "rotary_pct",
            f"head_dim * rotary_pct = {c.rotary_ndims} must be even", c.rotary_pct)
     _check(c.layernorm_epsilon > 0, "layernorm_epsilon", "must be > 0", c.layernorm_epsilon)
-    for key in ("attention_dropout", "hidden_dropout"):
-        _check(0.0 <= getattr(c, key) < 1.0, key, "must be in [0, 1)", getattr(c, key))
+    _check(0.0 <= c.hidden_dropout < 1.0, "hidden_dropout", "must be in [0, 1)", c.hidden_dropout)
+    _check(c.attention_dropout == 0.0, "attention_dropout", "only 0 is supported (no attention path applies dropout)",
+           c.attention_dropout)
     _check(c.window_size >= 0, "window_size", "must be >= 0", c.window_size)
     if c.dar_d_down is not None:
         _check(1 <= c.dar_d_down <= c.hidden_size, "dar_d_down", f"must be in 1..hidden_size={c.hidden_size}", c.dar_d_down)

@@ -82,6 +82,7 @@ def test_unknown_nested_key_and_command_line_origin():
     ("attention_type=mswa", None),
     ("attention_type=mswax", r"invalid value for 'attention_type'.*choose one of vanilla, dar"),
     ("mswa_windows=[[1,2]]", r"'mswa_windows'"),
+    ("attention_dropout=0.1", r"'attention_dropout': 0.1 \(only 0 is supported"),
     ("zero_optimization.cpu_offload=true", r"'zero_optimization.cpu_offload'.*not supported"),
 ])
 def test_impossible_values_name_key_and_rule(override, pattern):
