@@ -22,7 +22,6 @@ Writes JSON (device, torch/triton versions, git commit, command, UTC date, every
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -379,10 +378,10 @@ def main(argv=None) -> int:
         report.update(run_benchmarks(args, torch, triton))
         print_table(report)
         tag = "interpreter-smoke" if args.interpret else report["device"].replace(" ", "_")
-    out = args.out or ROOT / "bench" / "results" / f"attention-{tag}-{report['date_utc'].replace(':', '')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"wrote {out}")
+    from neox_dar.provenance import write_result
+
+    stamp = report["date_utc"].replace(":", "")
+    write_result(report, args.out or ROOT / "bench" / "results" / f"attention-{tag}-{stamp}.json")
     return 0
 
 

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from data_prep.tokenize import run  # noqa: E402
+from neox_dar.provenance import provenance, write_result  # noqa: E402
 
 
 def _cpu() -> float:
@@ -109,6 +110,7 @@ def main() -> int:
 
     base = summary("baseline")
     result = {
+        **provenance(["bench/data_prep.py", *sys.argv[1:]]),
         "corpus": f"{Path(args.corpus).name} x{args.copies}", "documents": len(texts), "tokens": tokens,
         "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM", "default"),
         "cpu_count": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2), "python": platform.python_version(),
@@ -121,7 +123,7 @@ def main() -> int:
         result["pipeline"][f"workers_{w}"] = row
     print(json.dumps(result, indent=2))
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(result, args.out)
     return 0
 
 

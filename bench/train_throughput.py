@@ -21,7 +21,6 @@ Writes JSON (device, versions, git commit, command, UTC date, every number) to `
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -37,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from neox_dar.config import Config, load_config, split_args  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
-from neox_dar.provenance import provenance  # noqa: E402
+from neox_dar.provenance import provenance, write_result  # noqa: E402
 from neox_dar.training.metrics import peak_flops  # noqa: E402
 
 
@@ -172,10 +171,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({c['ours_attention_impl']}), transformers GPTNeoXForCausalLM {c['hf_step_s'] * 1e3:.1f} ms "
               f"(sdpa): HF/ours = {c['hf_over_ours']:.3f} ({c['clock']}, median)")
     tag = "cuda" if device.type == "cuda" else "cpu"
-    out = args.out or ROOT / "bench" / "results" / f"train_throughput_{tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {out}")
+    write_result(result, args.out or ROOT / "bench" / "results" / f"train_throughput_{tag}.json")
     return 0
 
 

@@ -1,11 +1,12 @@
 """Where a number came from: package version, git commit of the code, the command and the UTC date.
 
-Saved with every checkpoint (``code_version``) and every benchmark result (``provenance``).
+Saved with every checkpoint (``code_version``) and every benchmark result (``provenance``, ``write_result``).
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +34,12 @@ def provenance(argv: list[str] | None = None) -> dict:
     return {"command": " ".join(["python", *args]),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             **code_version()}
+
+
+def write_result(report: dict, path: str | Path) -> Path:
+    """Write a benchmark ``report`` as JSON to ``path`` (parent folders created) and say where."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"wrote {out}")
+    return out
