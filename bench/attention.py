@@ -155,7 +155,8 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
         inputs = [rand(B, H, T, D) for _ in range(3)]
         table = mswa_window_table(Config(attention_type="mswa", num_layers=4, num_attention_heads=H,
                                          hidden_size=H * D, window_size=w))
-        wins = [torch.tensor(row, device=device) for row in table]
+        wins = [torch.tensor(row, device=device) for row in table]  # for flex's mask_mod
+        host_wins = [torch.tensor(row) for row in table]  # as the model passes them: read on the host
         masks = [torch.stack([window_mask(T, x, device) for x in row]) for row in table] \
             if "reference" in args.methods else []
 
@@ -167,7 +168,7 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
             return out
 
         layers = lambda f: lambda *x: sum(f(*x, n) for n in range(len(table)))  # noqa: E731
-        methods = {"triton": layers(lambda q, k, v, n: kernels.mswa_attention(q, k, v, wins[n])),
+        methods = {"triton": layers(lambda q, k, v, n: kernels.mswa_attention(q, k, v, host_wins[n])),
                    "reference": layers(lambda q, k, v, n: masked_attention(q, k, v, masks[n])),
                    "sdpa_path": layers(lambda q, k, v, n: sdpa_path(q, k, v, table[n])),
                    "sdpa_causal": layers(lambda q, k, v, n: sdpa_causal(q, k, v))}
@@ -322,7 +323,7 @@ def compile_report(args) -> dict:
                     sig[a] = "*i32"
                 elif a in fp32_ptrs:
                     sig[a] = "*fp32"
-                elif a.isupper() and a not in ("H", "T", "D"):
+                elif a.isupper() and a not in ("H", "T", "D", "W_TUNE"):
                     sig[a] = "*" + pointer_dtype
                 else:
                     sig[a] = "fp32" if a.endswith("scale") else "i32"

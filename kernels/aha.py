@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .banded import banded_backward, banded_forward, far_backward_gathered, far_forward_gathered, row_deltas
-from .runtime import check_device, check_qkv, check_window, head_windows, unit_last_dim
+from .runtime import check_device, check_qkv, head_windows, unit_last_dim
 
 
 def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,12 +34,14 @@ class AhaAttention(torch.autograd.Function):
         o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
         rows, counts = route_rows(gate)
         far_forward_gathered(q, k, v, o, lse, windows, rows, counts)
-        ctx.save_for_backward(q, k, v, o, lse, windows, rows, counts)
+        ctx.save_for_backward(q, k, v, o, lse, rows, counts)
+        ctx.windows = windows
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, windows, rows, counts = ctx.saved_tensors
+        q, k, v, o, lse, rows, counts = ctx.saved_tensors
+        windows = ctx.windows
         do = do.contiguous()
         delta = row_deltas(o, do)
         dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, lse, delta, do, windows, has_far=False,
@@ -62,5 +64,5 @@ def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
     check_device("aha_attention", gate)
     if gate.device != q.device:
         raise ValueError(f"aha_attention: gate is on {gate.device} but q is on {q.device}")
-    windows = head_windows("aha_attention", check_window("aha_attention", window), H, q.device)
+    windows = head_windows("aha_attention", window, H, T, q.device)
     return AhaAttention.apply(*unit_last_dim(q, k, v), gate.detach(), windows)

@@ -20,11 +20,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import block_d, dot_precision, key_major_configs, qk_scales, tile_configs
+from .runtime import HeadWindows, block_d, dot_precision, key_major_configs, qk_scales, tile_configs
 from .tiles import (dkdv_tile, dq_tile, finish_rows, fwd_tile, key_tile_query_bounds, load_row_stats, load_rows,
                     lse_merge, query_tile_key_bounds, store_rows)
 
-_TUNE_KEY = ["T", "D", "HAS_LOCAL", "HAS_FAR"]
+# W_TUNE: the launch's window bucket (runtime.HeadWindows.tune_bucket). The kernels never read it; it is in the
+# key so that each window regime (MSWA's 8 and 512, SWA, DAR) gets its own tuned tile shape.
+_TUNE_KEY = ["T", "D", "W_TUNE", "HAS_LOCAL", "HAS_FAR"]
 
 
 # ----------------------------------------------------------------------------------------------------- row loops
@@ -124,11 +126,11 @@ def gathered_rows(ROWS, COUNTS, WIN, H, T, BLOCK_M: tl.constexpr):
 
 # ----------------------------------------------------------------------------------------------------- kernels
 @triton.autotune(configs=tile_configs(), key=_TUNE_KEY)
-@triton.jit
+@triton.jit(do_not_specialize=["W_TUNE"])
 def _fwd_kernel(Q, KL, VL, KF, VF, O, LSE, WIN,
                 s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                 s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-                H, T, D: tl.constexpr, qk_scale,
+                H, T, W_TUNE, D: tl.constexpr, qk_scale,
                 HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, H, T, BLOCK_M)
@@ -145,11 +147,11 @@ def _fwd_kernel(Q, KL, VL, KF, VF, O, LSE, WIN,
 
 
 @triton.autotune(configs=tile_configs(), key=_TUNE_KEY)
-@triton.jit
+@triton.jit(do_not_specialize=["W_TUNE"])
 def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN,
                s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-               H, T, D: tl.constexpr, sm_scale, qk_scale,
+               H, T, W_TUNE, D: tl.constexpr, sm_scale, qk_scale,
                HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, H, T, BLOCK_M)
@@ -165,11 +167,11 @@ def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN,
 
 
 @triton.autotune(configs=key_major_configs(), key=_TUNE_KEY)
-@triton.jit
+@triton.jit(do_not_specialize=["W_TUNE"])
 def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN,
                  s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                  s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-                 H, T, D: tl.constexpr, sm_scale, qk_scale,
+                 H, T, W_TUNE, D: tl.constexpr, sm_scale, qk_scale,
                  HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     tl.static_assert(HAS_LOCAL, "contiguous-row backward always has the local path")
@@ -327,15 +329,16 @@ def _s3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
 
 
-def banded_forward(q, k_loc, v_loc, k_far, v_far, windows: torch.Tensor, has_local: bool, has_far: bool):
+def banded_forward(q, k_loc, v_loc, k_far, v_far, windows: HeadWindows, has_local: bool, has_far: bool):
     """Banded attention forward over contiguous rows. Returns ``o`` (B, H, T, d_h) contiguous, ``lse`` (B*H, T)."""
     B, H, T, D = q.shape
     o = torch.empty((B, H, T, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B * H, T), dtype=torch.float32, device=q.device)
     _, qk_scale = qk_scales(D)
     grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)  # noqa: E731
-    _fwd_kernel[grid](q, k_loc, v_loc, k_far, v_far, o, lse, windows,
-                      *_s3(q), *_s3(k_loc), *_s3(v_loc), *_s3(k_far), *_s3(v_far), *_s3(o), H, T, D, qk_scale,
+    _fwd_kernel[grid](q, k_loc, v_loc, k_far, v_far, o, lse, windows.values,
+                      *_s3(q), *_s3(k_loc), *_s3(v_loc), *_s3(k_far), *_s3(v_far), *_s3(o), H, T,
+                      windows.tune_bucket, D, qk_scale,
                       HAS_LOCAL=has_local, HAS_FAR=has_far, PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
     return o, lse
 
@@ -346,7 +349,8 @@ def row_deltas(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     return (o.float() * do.float()).sum(-1).reshape(B * H, T).contiguous()
 
 
-def banded_backward(q, k_loc, v_loc, k_far, v_far, lse, delta, do, windows, has_far: bool, grad_dtype=None):
+def banded_backward(q, k_loc, v_loc, k_far, v_far, lse, delta, do, windows: HeadWindows, has_far: bool,
+                    grad_dtype=None):
     """Gradients of the banded forward (local path on). ``do`` contiguous (B, H, T, d_h); ``delta`` from
     :func:`row_deltas`.
 
@@ -362,32 +366,33 @@ def banded_backward(q, k_loc, v_loc, k_far, v_far, lse, delta, do, windows, has_
     strides = (*_s3(q), *_s3(k_loc), *_s3(v_loc), *_s3(k_far), *_s3(v_far), *_s3(dq))
     meta = dict(HAS_LOCAL=True, HAS_FAR=has_far, PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
     _dkdv_kernel[lambda m: (triton.cdiv(T, m["BLOCK_N"]), B * H)](
-        q, k_loc, v_loc, k_far, v_far, do, lse, delta, dkl, dvl, dkf, dvf, windows, *strides,
-        H, T, D, sm_scale, qk_scale, **meta)
+        q, k_loc, v_loc, k_far, v_far, do, lse, delta, dkl, dvl, dkf, dvf, windows.values, *strides,
+        H, T, windows.tune_bucket, D, sm_scale, qk_scale, **meta)
     _dq_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
-        q, k_loc, v_loc, k_far, v_far, do, lse, delta, dq, windows, *strides, H, T, D, sm_scale, qk_scale, **meta)
+        q, k_loc, v_loc, k_far, v_far, do, lse, delta, dq, windows.values, *strides, H, T, windows.tune_bucket, D,
+        sm_scale, qk_scale, **meta)
     if has_far:
         return dq, dkl, dvl, dkf, dvf
     return dq, dkl, dvl, None, None
 
 
-def far_forward_gathered(q, k, v, o, lse, windows, rows, counts):
+def far_forward_gathered(q, k, v, o, lse, windows: HeadWindows, rows, counts):
     """Add the far part of the routed rows (:func:`kernels.aha.route_rows`) into ``o``/``lse`` in place (LSE merge
     with the local result). One program per (row tile, head); a tile past a head's count does no work."""
     B, H, T, D = q.shape
     _, qk_scale = qk_scales(D)
     _far_fwd_gather_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
-        q, k, v, o, lse, windows, rows, counts, *_s3(q), *_s3(k), *_s3(v), *_s3(o), H, T, D, qk_scale,
+        q, k, v, o, lse, windows.values, rows, counts, *_s3(q), *_s3(k), *_s3(v), *_s3(o), H, T, D, qk_scale,
         PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
 
 
-def far_backward_gathered(q, k, v, do, lse, delta, dq, dk, dv, windows, rows, counts):
+def far_backward_gathered(q, k, v, do, lse, delta, dq, dk, dv, windows: HeadWindows, rows, counts):
     """Add the far pairs' gradients of the routed rows into ``dq``, ``dk``, ``dv`` (contiguous like ``do``)."""
     B, H, T, D = q.shape
     sm_scale, qk_scale = qk_scales(D)
     strides = (*_s3(q), *_s3(k), *_s3(v), *_s3(dq))
     meta = dict(PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
     _far_dkdv_gather_kernel[lambda m: (triton.cdiv(T, m["BLOCK_N"]), B * H)](
-        q, k, v, do, lse, delta, dk, dv, windows, rows, counts, *strides, H, T, D, sm_scale, qk_scale, **meta)
+        q, k, v, do, lse, delta, dk, dv, windows.values, rows, counts, *strides, H, T, D, sm_scale, qk_scale, **meta)
     _far_dq_gather_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
-        q, k, v, do, lse, delta, dq, windows, rows, counts, *strides, H, T, D, sm_scale, qk_scale, **meta)
+        q, k, v, do, lse, delta, dq, windows.values, rows, counts, *strides, H, T, D, sm_scale, qk_scale, **meta)

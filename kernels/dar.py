@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .banded import banded_backward, banded_forward, row_deltas
-from .runtime import check_qkv, check_window, head_windows, unit_last_dim
+from .runtime import check_qkv, head_windows, unit_last_dim
 
 
 class DarAttention(torch.autograd.Function):
@@ -14,14 +14,16 @@ class DarAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k_loc, v_loc, k_glob, v_glob, windows):
         o, lse = banded_forward(q, k_loc, v_loc, k_glob, v_glob, windows, has_local=True, has_far=True)
-        ctx.save_for_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse, windows)
+        ctx.save_for_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse)
+        ctx.windows = windows
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k_loc, v_loc, k_glob, v_glob, o, lse, windows = ctx.saved_tensors
+        q, k_loc, v_loc, k_glob, v_glob, o, lse = ctx.saved_tensors
         do = do.contiguous()
-        grads = banded_backward(q, k_loc, v_loc, k_glob, v_glob, lse, row_deltas(o, do), do, windows, has_far=True)
+        grads = banded_backward(q, k_loc, v_loc, k_glob, v_glob, lse, row_deltas(o, do), do, ctx.windows,
+                                has_far=True)
         return (*grads, None)
 
 
@@ -33,5 +35,5 @@ def dar_attention(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_g
     All inputs (B, H, T, d_h), same dtype (float16/bfloat16/float32) and device; returns (B, H, T, d_h).
     """
     check_qkv("dar_attention", q, k_loc=k_loc, v_loc=v_loc, k_glob=k_glob, v_glob=v_glob)
-    windows = head_windows("dar_attention", check_window("dar_attention", window), q.shape[1], q.device)
+    windows = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device)
     return DarAttention.apply(*unit_last_dim(q, k_loc, v_loc, k_glob, v_glob), windows)

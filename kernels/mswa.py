@@ -14,23 +14,25 @@ class MswaAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, windows):
         o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
-        ctx.save_for_backward(q, k, v, o, lse, windows)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.windows = windows
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse, windows = ctx.saved_tensors
+        q, k, v, o, lse = ctx.saved_tensors
         do = do.contiguous()
-        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, lse, row_deltas(o, do), do, windows, has_far=False)
+        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, lse, row_deltas(o, do), do, ctx.windows, has_far=False)
         return dq, dk, dv, None
 
 
 def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
     """Causal attention where head ``h`` sees keys with ``i - j < windows[h]``, scale ``1/sqrt(d_h)``.
 
-    ``q, k, v``: (B, H, T, d_h); ``windows``: integer tensor (H,), each >= 0 (a row with no key gives zeros).
-    Each program starts its key loop at its own head's window, so work scales with the sum of the windows.
+    ``q, k, v``: (B, H, T, d_h); ``windows``: integer tensor (H,), each >= 0 (a row with no key gives zeros),
+    best on the CPU: the kernels read it on the host (a CUDA tensor costs a device synchronization). Each
+    program starts its key loop at its own head's window, so work scales with the sum of the windows.
     """
     check_qkv("mswa_attention", q, k=k, v=v)
-    win = head_windows("mswa_attention", windows, q.shape[1], q.device)
+    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device)
     return MswaAttention.apply(*unit_last_dim(q, k, v), win)

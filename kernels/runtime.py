@@ -7,7 +7,9 @@ seen then is :data:`INTERPRET`.
 
 from __future__ import annotations
 
+import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
@@ -21,12 +23,15 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Tiles. The interpreter runs every program serially in numpy: 16 x 16 tiles keep the tests fast and make
 # T ~ 20..70 span several tiles, so every loop segment (pure far, masked, pure local) is exercised.
 _INTERPRET_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
-# GPU candidates (FlashAttention-2 style shapes; small key tiles serve heads whose window is small).
+# GPU candidates (FlashAttention-2 style shapes; small key tiles serve heads whose window is small). Chosen with
+# ptxas's sm_90a report (bench/attention.py --compile-only, docs/kernels.md): every kernel keeps candidates that
+# do not spill registers at d_h 32, 64 and 128 under Triton 3.6 and 3.9; 128-row tiles use 8 warps, because with 4
+# warps the two-path (DAR) kernels spill. The autotuner then picks by timing.
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
     for bm, bn, nw, ns in [
-        (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2),
-        (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2), (64, 16, 4, 2),
+        (128, 64, 8, 3), (64, 64, 4, 3), (64, 64, 8, 3), (128, 128, 8, 2),
+        (64, 128, 4, 3), (128, 32, 8, 3), (64, 32, 4, 2), (64, 16, 4, 2),
     ]
 ]
 # Key-major backward (dk/dv): BLOCK_N keys own up to four (BLOCK_N, d_h) float32 accumulators (DAR), so it
@@ -34,8 +39,8 @@ _GPU_CONFIGS = [
 _GPU_KEY_MAJOR_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
     for bm, bn, nw, ns in [
-        (32, 64, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3), (64, 128, 8, 3),
-        (16, 64, 4, 3), (32, 64, 4, 2), (64, 32, 4, 3), (16, 128, 8, 2),
+        (32, 64, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 8, 3),
+        (16, 64, 4, 3), (64, 32, 8, 3), (64, 32, 4, 3), (16, 128, 8, 2),
     ]
 ]
 
@@ -122,14 +127,38 @@ def unit_last_dim(*ts: torch.Tensor) -> list[torch.Tensor]:
     return [t if t.stride(-1) == 1 else t.contiguous() for t in ts]
 
 
-def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, device: torch.device) -> torch.Tensor:
-    """Per-head windows as an int32 (H,) tensor on ``device``, clamped to 2**30 (beyond any sequence)."""
+class HeadWindows(NamedTuple):
+    """Per-head windows of one launch: ``values`` int32 (H,) on the kernels' device, and ``tune_bucket``, the
+    autotuner's key for them: ``min(max window, T)`` rounded up to a power of two (0 when every window is 0).
+    Windows decide how many key tiles a sliding-window program visits, so the best tile shape depends on them."""
+
+    values: torch.Tensor
+    tune_bucket: int
+
+
+@functools.lru_cache(maxsize=1024)
+def _device_windows(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """One int32 tensor per (windows, device), built once: later calls neither copy nor synchronize."""
+    return torch.tensor(values, dtype=torch.int32, device=device)
+
+
+def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: int,
+                 device: torch.device) -> HeadWindows:
+    """Validate per-head windows (an int for every head, or an integer tensor (H,)) and place them on ``device``.
+
+    Windows are read on the host: a CPU tensor (or an int) costs nothing; a CUDA tensor costs one device
+    synchronization per call. Values are clamped to 2**30 (beyond any sequence).
+    """
     if isinstance(windows, torch.Tensor):
         if windows.dim() != 1 or windows.shape[0] != num_heads:
             raise ValueError(f"{fn}: windows must have shape ({num_heads},), got {tuple(windows.shape)}")
         if windows.dtype.is_floating_point or windows.dtype == torch.bool:
             raise TypeError(f"{fn}: windows must be an integer tensor, got {windows.dtype}")
-        if bool((windows < 0).any()):
-            raise ValueError(f"{fn}: every window must be >= 0, got {windows.tolist()}")
-        return windows.clamp(max=2**30).to(device=device, dtype=torch.int32)
-    return torch.full((num_heads,), min(check_window(fn, windows), 2**30), dtype=torch.int32, device=device)
+        values = windows.tolist()
+        if min(values) < 0:
+            raise ValueError(f"{fn}: every window must be >= 0, got {values}")
+    else:
+        values = [check_window(fn, windows)] * num_heads
+    values = tuple(min(v, 2**30) for v in values)
+    widest = min(max(values), seq_len)
+    return HeadWindows(_device_windows(values, device), triton.next_power_of_2(widest) if widest > 0 else 0)

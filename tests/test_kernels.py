@@ -209,6 +209,25 @@ def test_bad_inputs_raise_clear_errors():
             mswa_attention(*(small(torch.bfloat16),) * 3, torch.tensor([1, 2]))
 
 
+def test_head_windows_are_read_on_the_host_cached_on_the_device_and_bucketed_for_the_autotuner():
+    from kernels import banded
+    from kernels.runtime import head_windows
+
+    w = head_windows("f", torch.tensor([8, 16, 512, 64]), 4, 2048, DEVICE)
+    assert w.values.dtype == torch.int32 and w.values.device.type == DEVICE.type
+    assert w.values.tolist() == [8, 16, 512, 64] and w.tune_bucket == 512
+    # built once per (windows, device): a later layer with the same windows neither copies nor synchronizes
+    assert head_windows("f", torch.tensor([8, 16, 512, 64]), 4, 2048, DEVICE).values is w.values
+    assert head_windows("f", 100, 4, 2048, DEVICE).tune_bucket == 128
+    assert head_windows("f", 5000, 4, 2048, DEVICE).tune_bucket == 2048  # a window >= T acts like T
+    assert head_windows("f", 2**40, 4, 3000, DEVICE).values.tolist() == [2**30] * 4
+    assert head_windows("f", 2**40, 4, 3000, DEVICE).tune_bucket == 4096
+    assert head_windows("f", torch.zeros(4, dtype=torch.long), 4, 64, DEVICE).tune_bucket == 0
+    # the bucket is what separates tuned tile shapes: every banded kernel keys its autotuning on it
+    for kernel in (banded._fwd_kernel, banded._dq_kernel, banded._dkdv_kernel):
+        assert "W_TUNE" in kernel.keys and "W_TUNE" in kernel.fn.arg_names
+
+
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU error without the interpreter")
 def test_cpu_tensor_without_interpreter_is_a_clear_error():
     code = ("import torch, kernels\n"

@@ -67,7 +67,7 @@ class MSWAAttention(Attention):
             allowed = torch.stack([window_mask(T, w, q.device) for w in self.windows])  # (H, T, T)
             return masked_attention(q, k, v, allowed)
         if impl == "triton":
-            windows = torch.tensor(self.windows, dtype=torch.long, device=q.device)
+            windows = torch.tensor(self.windows)  # on the CPU: the kernel reads it without a device sync
             return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
         out = torch.empty_like(q)
         for w in sorted(set(self.windows)):

@@ -27,7 +27,7 @@ class SWAAttention(Attention):
         if impl == "reference":
             return masked_attention(q, k, v, window_mask(q.shape[-2], self.window, q.device))
         if impl == "triton":
-            windows = torch.full((self.num_heads,), self.window, dtype=torch.long, device=q.device)
+            windows = torch.full((self.num_heads,), self.window)  # on the CPU: read without a device sync
             return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
         return windowed_sdpa(q, k, v, self.window)
 
