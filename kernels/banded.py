@@ -27,6 +27,7 @@ from .tiles import (dkdv_tile, dq_tile, finish_rows, fwd_tile, key_tile_query_bo
 # W_TUNE: the launch's window bucket (runtime.HeadWindows.tune_bucket). The kernels never read it; it is in the
 # key so that each window regime (MSWA's 8 and 512, SWA, DAR) gets its own tuned tile shape.
 _TUNE_KEY = ["T", "D", "W_TUNE", "HAS_LOCAL", "HAS_FAR"]
+_DELTA_ROWS = 64  # rows per program of the delta kernel (a memory-bound row reduction)
 
 
 # ----------------------------------------------------------------------------------------------------- row loops
@@ -324,6 +325,18 @@ def _far_dkdv_gather_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, WIN, ROWS, COUNTS,
         store_rows(DV + g_off, dv_prev + dv, keys, key_ok, s_gt, offs_d, D)
 
 
+@triton.jit
+def _delta_kernel(O, DO, DELTA, T, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``DELTA[bh, i] = sum_d O[bh, i, d] * DO[bh, i, d]`` in float32 for one tile of rows (contiguous inputs)."""
+    bh = tl.program_id(1)
+    pos = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = pos < T
+    offs_d = tl.arange(0, BLOCK_D)
+    o = load_rows(O + bh * T * D, pos, row_ok, D, offs_d, D).to(tl.float32)
+    do = load_rows(DO + bh * T * D, pos, row_ok, D, offs_d, D).to(tl.float32)
+    tl.store(DELTA + bh * T + pos, tl.sum(o * do, axis=1), mask=row_ok)
+
+
 # ----------------------------------------------------------------------------------------------------- launchers
 def _s3(t: torch.Tensor) -> tuple[int, int, int]:
     return t.stride(0), t.stride(1), t.stride(2)
@@ -344,9 +357,14 @@ def banded_forward(q, k_loc, v_loc, k_far, v_far, windows: HeadWindows, has_loca
 
 
 def row_deltas(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """``delta = rowsum(o * do)`` in float32, (B*H, T): the softmax-backward correction (FlashAttention-2)."""
-    B, H, T, _ = o.shape
-    return (o.float() * do.float()).sum(-1).reshape(B * H, T).contiguous()
+    """``delta = rowsum(o * do)`` in float32, (B*H, T): the softmax-backward correction (FlashAttention-2).
+
+    ``o``, ``do``: contiguous (B, H, T, d_h). One pass that reads each once (no float32 copies of either).
+    """
+    B, H, T, D = o.shape
+    delta = torch.empty((B * H, T), dtype=torch.float32, device=o.device)
+    _delta_kernel[(triton.cdiv(T, _DELTA_ROWS), B * H)](o, do, delta, T, D, BLOCK_M=_DELTA_ROWS, BLOCK_D=block_d(D))
+    return delta
 
 
 def banded_backward(q, k_loc, v_loc, k_far, v_far, lse, delta, do, windows: HeadWindows, has_far: bool,
