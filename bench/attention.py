@@ -1,11 +1,12 @@
 """Benchmark the Triton kernels (kernels/) against PyTorch paths: forward and forward+backward time, peak memory.
 
-Per kernel and sequence length it times: ``triton`` (this project's kernel), ``reference`` (the model's
-explicit-mask path, float32 math), ``sdpa_path`` (the model's SDPA path for the variant), ``sdpa_causal`` (plain
-causal ``scaled_dot_product_attention`` forced to the flash backend, same q/k/v shapes: the speed of light for
-dense causal attention) and ``flex`` (``flex_attention`` compiled, with the variant's mask; block-mask build not
-timed; DAR has no flex equivalent: two key sets). MSWA is timed over the four layer groups of the SPEC's window
-table (base ``w``: windows ``w/16 .. 4w``), every other method likewise four times, and summed.
+Per kernel and sequence length it times: ``triton`` (this project's kernel; for MSWA also ``triton_one_launch``,
+every head in one launch instead of one per window group), ``reference`` (the model's explicit-mask path, float32
+math), ``sdpa_path`` (the model's SDPA path for the variant), ``sdpa_causal`` (plain causal
+``scaled_dot_product_attention`` forced to the flash backend, same q/k/v shapes: the speed of light for dense causal
+attention) and ``flex`` (``flex_attention`` compiled, with the variant's mask; block-mask build not timed; DAR has
+no flex equivalent: two key sets). MSWA is timed over the four layer groups of the SPEC's window table (base ``w``:
+windows ``w/16 .. 4w``), every other method likewise four times, and summed.
 
 Modes:
   python bench/attention.py                      # CUDA (the target). Defaults: bf16, B=8, H=12, d_h=64,
@@ -58,7 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=128)
     p.add_argument("--aha-frac", type=float, default=0.1, help="fraction of (token, head) rows routed global")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
-    p.add_argument("--methods", nargs="+", default=["triton", "reference", "sdpa_path", "sdpa_causal", "flex"])
+    p.add_argument("--methods", nargs="+",
+                   default=["triton", "triton_one_launch", "reference", "sdpa_path", "sdpa_causal", "flex"],
+                   help="triton_one_launch: MSWA only, all heads in one launch (group_by_window=False)")
     p.add_argument("--warmup-ms", type=float, default=50.0)
     p.add_argument("--rep-ms", type=float, default=300.0)
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/attention-<tag>.json)")
@@ -66,7 +69,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.interpret:
         args.batch, args.heads, args.head_dim, args.seqlens, args.window = 1, 4, 16, [48], 8
         args.dtype = "fp32"
-        args.methods = [m for m in args.methods if m in ("triton", "reference", "sdpa_path")]
+        args.methods = [m for m in args.methods if m in ("triton", "triton_one_launch", "reference", "sdpa_path")]
     return args
 
 
@@ -169,6 +172,8 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
 
         layers = lambda f: lambda *x: sum(f(*x, n) for n in range(len(table)))  # noqa: E731
         methods = {"triton": layers(lambda q, k, v, n: kernels.mswa_attention(q, k, v, host_wins[n])),
+                   "triton_one_launch": layers(lambda q, k, v, n: kernels.mswa_attention(
+                       q, k, v, host_wins[n], group_by_window=False)),
                    "reference": layers(lambda q, k, v, n: masked_attention(q, k, v, masks[n])),
                    "sdpa_path": layers(lambda q, k, v, n: sdpa_path(q, k, v, table[n])),
                    "sdpa_causal": layers(lambda q, k, v, n: sdpa_causal(q, k, v))}
@@ -300,7 +305,7 @@ def compile_report(args) -> dict:
     from kernels import banded
 
     pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
-    int_ptrs = {"WIN", "ROWS", "COUNTS"}
+    int_ptrs = {"WIN", "HEADS", "ROWS", "COUNTS"}
     fp32_ptrs = {"LSE", "DELTA"}
     specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)),
              ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
@@ -323,7 +328,7 @@ def compile_report(args) -> dict:
                     sig[a] = "*i32"
                 elif a in fp32_ptrs:
                     sig[a] = "*fp32"
-                elif a.isupper() and a not in ("H", "T", "D", "W_TUNE"):
+                elif a.isupper() and a not in ("H", "G", "T", "D", "W_TUNE"):
                     sig[a] = "*" + pointer_dtype
                 else:
                     sig[a] = "fp32" if a.endswith("scale") else "i32"

@@ -1,6 +1,6 @@
 """The banded attention kernels every entry point launches (see :mod:`kernels.tiles` for the local/far vocabulary).
 
-Kernels (``B*H`` on grid axis 1, one program per tile on axis 0):
+Kernels (one program per tile on grid axis 0; batch x heads on axis 1):
 
 * ``_fwd_kernel``: query tile -> output rows and base-2 LSE (FlashAttention-2 forward).
 * ``_dkdv_kernel``: key tile -> ``dk``/``dv`` for both key sets, looping over the query tiles that see it.
@@ -9,9 +9,12 @@ Kernels (``B*H`` on grid axis 1, one program per tile on axis 0):
   sorted (AHA): the forward merges its far result into the local one by LSE, the backward adds into the local
   path's gradients.
 
+The first three run once per group of heads whose windows share a tune bucket (``runtime.HeadWindows``): axis 1
+is (batch, the group's ``G`` heads listed in ``HEADS``), and each group's launch is autotuned for its windows.
+
 Tensors: ``q, k_*, v_*`` (B, H, T, d_h) with unit stride on d_h (other strides passed); ``o``, ``do`` and the
-gradients contiguous (B, H, T, d_h); ``lse``, ``delta`` float32 (B*H, T); ``windows`` int32 (H,); routed
-``rows`` int32 (B*H, T) and ``counts`` int32 (B*H,).
+gradients contiguous (B, H, T, d_h); ``lse``, ``delta`` float32 (B*H, T); ``windows`` int32 (H,); ``heads``
+int32 (G,); routed ``rows`` int32 (B*H, T) and ``counts`` int32 (B*H,).
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import HeadWindows, block_d, dot_precision, key_major_configs, qk_scales, tile_configs
+from .runtime import (HeadWindows, block_d, dot_precision, key_major_configs, prune_for_window, qk_scales,
+                      tile_configs)
 from .tiles import (dkdv_tile, dq_tile, finish_rows, fwd_tile, key_tile_query_bounds, load_row_stats, load_rows,
                     lse_merge, query_tile_key_bounds, store_rows)
 
 # W_TUNE: the launch's window bucket (runtime.HeadWindows.tune_bucket). The kernels never read it; it is in the
 # key so that each window regime (MSWA's 8 and 512, SWA, DAR) gets its own tuned tile shape.
 _TUNE_KEY = ["T", "D", "W_TUNE", "HAS_LOCAL", "HAS_FAR"]
+_PRUNE = {"early_config_prune": prune_for_window}
 _DELTA_ROWS = 64  # rows per program of the delta kernel (a memory-bound row reduction)
 
 
@@ -102,12 +107,20 @@ def dkdv_rows(dkl, dvl, dkf, dvf, kl, vl, kf, vf, Q, DO, LSE, DELTA, pos, row_ok
 
 
 @triton.jit
-def contiguous_rows(WIN, H, T, BLOCK_M: tl.constexpr):
+def launch_head(HEADS, G, H):
+    """Grid axis 1 runs over (batch, the launch's G heads ``HEADS``): ``(bh, b, h)`` with ``bh = b * H + h``."""
+    b = tl.program_id(1) // G
+    h = tl.load(HEADS + tl.program_id(1) % G)
+    return b * H + h, b, h
+
+
+@triton.jit
+def contiguous_rows(WIN, HEADS, G, H, T, BLOCK_M: tl.constexpr):
     """This program's rows ``m0 .. m0 + BLOCK_M``: ``(bh, b, h, w, pos, row_ok, p_min, p_max)``."""
     m0 = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
+    bh, b, h = launch_head(HEADS, G, H)
     pos = m0 + tl.arange(0, BLOCK_M)
-    return bh, bh // H, bh % H, tl.load(WIN + bh % H), pos, pos < T, m0, tl.minimum(m0 + BLOCK_M, T) - 1
+    return bh, b, h, tl.load(WIN + h), pos, pos < T, m0, tl.minimum(m0 + BLOCK_M, T) - 1
 
 
 @triton.jit
@@ -126,15 +139,15 @@ def gathered_rows(ROWS, COUNTS, WIN, H, T, BLOCK_M: tl.constexpr):
 
 
 # ----------------------------------------------------------------------------------------------------- kernels
-@triton.autotune(configs=tile_configs(), key=_TUNE_KEY)
+@triton.autotune(configs=tile_configs(small_windows=True), key=_TUNE_KEY, prune_configs_by=_PRUNE)
 @triton.jit(do_not_specialize=["W_TUNE"])
-def _fwd_kernel(Q, KL, VL, KF, VF, O, LSE, WIN,
+def _fwd_kernel(Q, KL, VL, KF, VF, O, LSE, WIN, HEADS,
                 s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                 s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-                H, T, W_TUNE, D: tl.constexpr, qk_scale,
+                H, G, T, W_TUNE, D: tl.constexpr, qk_scale,
                 HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, H, T, BLOCK_M)
+    bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, HEADS, G, H, T, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_rows(Q + b * s_qb + h * s_qh, pos, row_ok, s_qt, offs_d, D)
     acc, m_i, l_i = attend_rows(q, pos, p_min, p_max, w, T,
@@ -147,15 +160,15 @@ def _fwd_kernel(Q, KL, VL, KF, VF, O, LSE, WIN,
     tl.store(LSE + bh * T + pos, lse, mask=row_ok)
 
 
-@triton.autotune(configs=tile_configs(), key=_TUNE_KEY)
+@triton.autotune(configs=tile_configs(small_windows=True), key=_TUNE_KEY, prune_configs_by=_PRUNE)
 @triton.jit(do_not_specialize=["W_TUNE"])
-def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN,
+def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN, HEADS,
                s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-               H, T, W_TUNE, D: tl.constexpr, sm_scale, qk_scale,
+               H, G, T, W_TUNE, D: tl.constexpr, sm_scale, qk_scale,
                HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, H, T, BLOCK_M)
+    bh, b, h, w, pos, row_ok, p_min, p_max = contiguous_rows(WIN, HEADS, G, H, T, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = load_rows(Q + b * s_qb + h * s_qh, pos, row_ok, s_qt, offs_d, D)
     do = load_rows(DO + b * s_gb + h * s_gh, pos, row_ok, s_gt, offs_d, D)
@@ -167,19 +180,17 @@ def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN,
     store_rows(DQ + b * s_gb + h * s_gh, dq * sm_scale, pos, row_ok, s_gt, offs_d, D)
 
 
-@triton.autotune(configs=key_major_configs(), key=_TUNE_KEY)
+@triton.autotune(configs=key_major_configs(small_windows=True), key=_TUNE_KEY, prune_configs_by=_PRUNE)
 @triton.jit(do_not_specialize=["W_TUNE"])
-def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN,
+def _dkdv_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DKL, DVL, DKF, DVF, WIN, HEADS,
                  s_qb, s_qh, s_qt, s_klb, s_klh, s_klt, s_vlb, s_vlh, s_vlt,
                  s_kfb, s_kfh, s_kft, s_vfb, s_vfh, s_vft, s_gb, s_gh, s_gt,
-                 H, T, W_TUNE, D: tl.constexpr, sm_scale, qk_scale,
+                 H, G, T, W_TUNE, D: tl.constexpr, sm_scale, qk_scale,
                  HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     tl.static_assert(HAS_LOCAL, "contiguous-row backward always has the local path")
     n0 = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
+    bh, b, h = launch_head(HEADS, G, H)
     w = tl.load(WIN + h)
     keys = n0 + tl.arange(0, BLOCK_N)
     key_ok = keys < T
@@ -348,11 +359,12 @@ def banded_forward(q, k_loc, v_loc, k_far, v_far, windows: HeadWindows, has_loca
     o = torch.empty((B, H, T, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B * H, T), dtype=torch.float32, device=q.device)
     _, qk_scale = qk_scales(D)
-    grid = lambda meta: (triton.cdiv(T, meta["BLOCK_M"]), B * H)  # noqa: E731
-    _fwd_kernel[grid](q, k_loc, v_loc, k_far, v_far, o, lse, windows.values,
-                      *_s3(q), *_s3(k_loc), *_s3(v_loc), *_s3(k_far), *_s3(v_far), *_s3(o), H, T,
-                      windows.tune_bucket, D, qk_scale,
-                      HAS_LOCAL=has_local, HAS_FAR=has_far, PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
+    for heads, bucket in windows.groups:
+        G = heads.numel()
+        _fwd_kernel[lambda m, G=G: (triton.cdiv(T, m["BLOCK_M"]), B * G)](
+            q, k_loc, v_loc, k_far, v_far, o, lse, windows.values, heads,
+            *_s3(q), *_s3(k_loc), *_s3(v_loc), *_s3(k_far), *_s3(v_far), *_s3(o), H, G, T, bucket, D, qk_scale,
+            HAS_LOCAL=has_local, HAS_FAR=has_far, PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
     return o, lse
 
 
@@ -383,12 +395,14 @@ def banded_backward(q, k_loc, v_loc, k_far, v_far, lse, delta, do, windows: Head
     sm_scale, qk_scale = qk_scales(D)
     strides = (*_s3(q), *_s3(k_loc), *_s3(v_loc), *_s3(k_far), *_s3(v_far), *_s3(dq))
     meta = dict(HAS_LOCAL=True, HAS_FAR=has_far, PRECISION=dot_precision(q.dtype), BLOCK_D=block_d(D))
-    _dkdv_kernel[lambda m: (triton.cdiv(T, m["BLOCK_N"]), B * H)](
-        q, k_loc, v_loc, k_far, v_far, do, lse, delta, dkl, dvl, dkf, dvf, windows.values, *strides,
-        H, T, windows.tune_bucket, D, sm_scale, qk_scale, **meta)
-    _dq_kernel[lambda m: (triton.cdiv(T, m["BLOCK_M"]), B * H)](
-        q, k_loc, v_loc, k_far, v_far, do, lse, delta, dq, windows.values, *strides, H, T, windows.tune_bucket, D,
-        sm_scale, qk_scale, **meta)
+    for heads, bucket in windows.groups:
+        G = heads.numel()
+        _dkdv_kernel[lambda m, G=G: (triton.cdiv(T, m["BLOCK_N"]), B * G)](
+            q, k_loc, v_loc, k_far, v_far, do, lse, delta, dkl, dvl, dkf, dvf, windows.values, heads, *strides,
+            H, G, T, bucket, D, sm_scale, qk_scale, **meta)
+        _dq_kernel[lambda m, G=G: (triton.cdiv(T, m["BLOCK_M"]), B * G)](
+            q, k_loc, v_loc, k_far, v_far, do, lse, delta, dq, windows.values, heads, *strides,
+            H, G, T, bucket, D, sm_scale, qk_scale, **meta)
     if has_far:
         return dq, dkl, dvl, dkf, dvf
     return dq, dkl, dvl, None, None

@@ -26,13 +26,16 @@ class MswaAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
-def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor,
+                   group_by_window: bool = True) -> torch.Tensor:
     """Causal attention where head ``h`` sees keys with ``i - j < windows[h]``, scale ``1/sqrt(d_h)``.
 
     ``q, k, v``: (B, H, T, d_h); ``windows``: integer tensor (H,), each >= 0 (a row with no key gives zeros),
     best on the CPU: the kernels read it on the host (a CUDA tensor costs a device synchronization). Each
     program starts its key loop at its own head's window, so work scales with the sum of the windows.
+    ``group_by_window``: one launch per group of heads with similar windows, each with its own tuned tile
+    (default); ``False``: all heads in one launch with one tile shape (kept to measure the choice).
     """
     check_qkv("mswa_attention", q, k=k, v=v)
-    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device)
+    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window)
     return MswaAttention.apply(*unit_last_dim(q, k, v), win)

@@ -44,14 +44,45 @@ _GPU_KEY_MAJOR_CONFIGS = [
     ]
 ]
 
-def tile_configs() -> list[triton.Config]:
-    """Autotune candidates for kernels over contiguous rows."""
-    return _INTERPRET_CONFIGS if INTERPRET else _GPU_CONFIGS
+# Small tiles for heads whose sliding window is small: a 64-row query tile with window 8 scores ~70 keys per row to
+# use 8 (its diagonal tiles dominate); 16- and 32-row tiles cut that several-fold. Below 64 rows the products are
+# mma.sync, not wgmma. Offered to the autotuner only for windows up to SMALL_WINDOW (see prune_for_window).
+SMALL_WINDOW = 64
+_GPU_SMALL_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
+    for bm, bn, nw, ns in [(16, 16, 1, 2), (16, 32, 2, 2), (32, 16, 2, 2), (32, 32, 4, 2)]
+]
+_GPU_KEY_MAJOR_SMALL_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
+    for bm, bn, nw, ns in [(16, 16, 1, 2), (16, 32, 2, 2), (32, 16, 2, 2), (32, 32, 2, 2)]
+]
 
 
-def key_major_configs() -> list[triton.Config]:
+def tile_configs(small_windows: bool = False) -> list[triton.Config]:
+    """Autotune candidates for kernels over query rows; with ``small_windows``, also the small tiles (which
+    :func:`prune_for_window` offers only to launches with small windows)."""
+    if INTERPRET:
+        return _INTERPRET_CONFIGS
+    return _GPU_CONFIGS + (_GPU_SMALL_CONFIGS if small_windows else [])
+
+
+def key_major_configs(small_windows: bool = False) -> list[triton.Config]:
     """Autotune candidates for the dk/dv kernels (one program per key tile, looping over query rows)."""
-    return _INTERPRET_CONFIGS if INTERPRET else _GPU_KEY_MAJOR_CONFIGS
+    if INTERPRET:
+        return _INTERPRET_CONFIGS
+    return _GPU_KEY_MAJOR_CONFIGS + (_GPU_KEY_MAJOR_SMALL_CONFIGS if small_windows else [])
+
+
+def is_small_tile(config: triton.Config) -> bool:
+    """True for the small-window tiles (both sides <= 32; no standard candidate is that small)."""
+    return max(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]) <= 32
+
+
+def prune_for_window(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
+    """Triton ``early_config_prune`` hook of the banded kernels: small tiles only for a sliding-window launch
+    (no far path) whose window bucket ``W_TUNE`` is at most :data:`SMALL_WINDOW`; standard tiles always."""
+    small = not kwargs.get("HAS_FAR", False) and 0 < named_args["W_TUNE"] <= SMALL_WINDOW
+    return [c for c in configs if small or not is_small_tile(c)] or configs
 
 
 def block_d(head_dim: int) -> int:
@@ -127,24 +158,40 @@ def unit_last_dim(*ts: torch.Tensor) -> list[torch.Tensor]:
     return [t if t.stride(-1) == 1 else t.contiguous() for t in ts]
 
 
-class HeadWindows(NamedTuple):
-    """Per-head windows of one launch: ``values`` int32 (H,) on the kernels' device, and ``tune_bucket``, the
-    autotuner's key for them: ``min(max window, T)`` rounded up to a power of two (0 when every window is 0).
-    Windows decide how many key tiles a sliding-window program visits, so the best tile shape depends on them."""
+class HeadGroup(NamedTuple):
+    """Heads launched together: ``heads`` int32 (G,) on the kernels' device, and ``tune_bucket``, the autotuner's
+    key for them: their window (capped at T) rounded up to a power of two, 0 for a zero window."""
 
-    values: torch.Tensor
+    heads: torch.Tensor
     tune_bucket: int
 
 
+class HeadWindows(NamedTuple):
+    """Per-head windows: ``values`` int32 (H,) on the kernels' device, and ``groups``, one launch each: heads
+    whose windows share a tune bucket. A launch's tile shape is tuned for its bucket, so a head with window 8 is
+    not run with the tiles of a head with window 512 (MSWA mixes both in one layer)."""
+
+    values: torch.Tensor
+    groups: tuple[HeadGroup, ...]
+
+
 @functools.lru_cache(maxsize=1024)
-def _device_windows(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """One int32 tensor per (windows, device), built once: later calls neither copy nor synchronize."""
+def _device_int32(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """One int32 tensor per (values, device), built once: later calls neither copy nor synchronize."""
     return torch.tensor(values, dtype=torch.int32, device=device)
 
 
-def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: int,
-                 device: torch.device) -> HeadWindows:
-    """Validate per-head windows (an int for every head, or an integer tensor (H,)) and place them on ``device``.
+def tune_bucket(window: int, seq_len: int) -> int:
+    """``min(window, T)`` rounded up to a power of two; 0 for a zero window."""
+    w = min(window, seq_len)
+    return triton.next_power_of_2(w) if w > 0 else 0
+
+
+def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: int, device: torch.device,
+                 group_by_window: bool = True) -> HeadWindows:
+    """Validate per-head windows (an int for every head, or an integer tensor (H,)), place them on ``device``
+    and group the heads by tune bucket (or, without ``group_by_window``, all heads in one group tuned for the
+    largest window).
 
     Windows are read on the host: a CPU tensor (or an int) costs nothing; a CUDA tensor costs one device
     synchronization per call. Values are clamped to 2**30 (beyond any sequence).
@@ -160,5 +207,9 @@ def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: 
     else:
         values = [check_window(fn, windows)] * num_heads
     values = tuple(min(v, 2**30) for v in values)
-    widest = min(max(values), seq_len)
-    return HeadWindows(_device_windows(values, device), triton.next_power_of_2(widest) if widest > 0 else 0)
+    buckets = [tune_bucket(v, seq_len) for v in values]
+    if not group_by_window:
+        buckets = [max(buckets)] * num_heads
+    groups = tuple(HeadGroup(_device_int32(tuple(h for h, b in enumerate(buckets) if b == bucket), device), bucket)
+                   for bucket in sorted(set(buckets), reverse=True))
+    return HeadWindows(_device_int32(values, device), groups)

@@ -125,13 +125,15 @@ MSWA_CASES = [(2, 4, 53, 32, [1, 5, 17, 128]), (1, 4, 40, 16, [0, 2, 16, 64]), (
 @pytest.mark.parametrize("B,H,T,D,windows,dtype", with_dtypes(MSWA_CASES, half_cases=(0,)))
 def test_mswa_matches_reference(B, H, T, D, windows, dtype):
     torch.manual_seed(T)
-    q, k, v = leaves(3, (B, H, T, D), dtype)
     win = torch.tensor(windows, device=DEVICE)
     delta = distances(T)
     local = (delta >= 0) & (delta < win[:, None, None])  # (H, T, T)
-    out = mswa_attention(q, k, v, win)
-    check_against_reference(out, [q, k, v], lambda q, k, v: two_path_reference(q, k, v, k, v, local, local & False),
-                            dtype, f"mswa windows={windows}")
+    for grouped in (True, False):  # one launch per window group (default), or every head in one launch
+        q, k, v = leaves(3, (B, H, T, D), dtype)
+        out = mswa_attention(q, k, v, win, group_by_window=grouped)
+        check_against_reference(out, [q, k, v],
+                                lambda q, k, v: two_path_reference(q, k, v, k, v, local, local & False),
+                                dtype, f"mswa windows={windows} group_by_window={grouped}")
 
 
 def test_mswa_equal_windows_is_swa_and_accepts_strided_inputs():
@@ -221,23 +223,32 @@ def test_row_deltas_kernel_matches_float64_rowsum():
             assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5), (shape, dtype)
 
 
-def test_head_windows_are_read_on_the_host_cached_on_the_device_and_bucketed_for_the_autotuner():
-    from kernels import banded
-    from kernels.runtime import head_windows
+def test_head_windows_are_read_on_the_host_cached_on_the_device_and_grouped_by_tune_bucket():
+    import triton
 
-    w = head_windows("f", torch.tensor([8, 16, 512, 64]), 4, 2048, DEVICE)
+    from kernels import banded
+    from kernels.runtime import head_windows, prune_for_window
+
+    w = head_windows("f", torch.tensor([8, 512, 7, 64, 500]), 5, 2048, DEVICE)
     assert w.values.dtype == torch.int32 and w.values.device.type == DEVICE.type
-    assert w.values.tolist() == [8, 16, 512, 64] and w.tune_bucket == 512
+    assert w.values.tolist() == [8, 512, 7, 64, 500]
+    # one launch per tune bucket, largest first, each with its own heads: window 8 is not run with 512's tiles
+    assert [(g.heads.tolist(), g.tune_bucket) for g in w.groups] == [([1, 4], 512), ([3], 64), ([0, 2], 8)]
     # built once per (windows, device): a later layer with the same windows neither copies nor synchronizes
-    assert head_windows("f", torch.tensor([8, 16, 512, 64]), 4, 2048, DEVICE).values is w.values
-    assert head_windows("f", 100, 4, 2048, DEVICE).tune_bucket == 128
-    assert head_windows("f", 5000, 4, 2048, DEVICE).tune_bucket == 2048  # a window >= T acts like T
+    again = head_windows("f", torch.tensor([8, 512, 7, 64, 500]), 5, 2048, DEVICE)
+    assert again.values is w.values and all(a.heads is b.heads for a, b in zip(again.groups, w.groups, strict=True))
+    assert [g.tune_bucket for g in head_windows("f", 100, 4, 2048, DEVICE).groups] == [128]
+    assert [g.tune_bucket for g in head_windows("f", 5000, 4, 2048, DEVICE).groups] == [2048]  # >= T acts as T
     assert head_windows("f", 2**40, 4, 3000, DEVICE).values.tolist() == [2**30] * 4
-    assert head_windows("f", 2**40, 4, 3000, DEVICE).tune_bucket == 4096
-    assert head_windows("f", torch.zeros(4, dtype=torch.long), 4, 64, DEVICE).tune_bucket == 0
-    # the bucket is what separates tuned tile shapes: every banded kernel keys its autotuning on it
+    assert [g.tune_bucket for g in head_windows("f", torch.zeros(4, dtype=torch.long), 4, 64, DEVICE).groups] == [0]
+    # every banded kernel keys its autotuning on the bucket; small tiles are offered only to small windows
     for kernel in (banded._fwd_kernel, banded._dq_kernel, banded._dkdv_kernel):
         assert "W_TUNE" in kernel.keys and "W_TUNE" in kernel.fn.arg_names
+    cfg = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}) for m, n in [(128, 64), (16, 64), (64, 32), (16, 16), (32, 32)]]
+    shapes = lambda cs: [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]) for c in cs]  # noqa: E731
+    assert shapes(prune_for_window(cfg, {"W_TUNE": 8}, HAS_FAR=False)) == shapes(cfg)
+    assert shapes(prune_for_window(cfg, {"W_TUNE": 128}, HAS_FAR=False)) == [(128, 64), (16, 64), (64, 32)]
+    assert shapes(prune_for_window(cfg, {"W_TUNE": 8}, HAS_FAR=True)) == [(128, 64), (16, 64), (64, 32)]
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the CPU error without the interpreter")
