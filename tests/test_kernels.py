@@ -51,6 +51,48 @@ def one_intra_op_thread():
     torch.set_num_threads(before)
 
 
+# Compiled, the autotuner would compile every candidate (8 to 12) for every dtype, head size and path the tests use:
+# about 120 kernel specializations (dtype x head size x path, counted from the cases below), so over 1000
+# compilations. Correctness does not depend on the tile, so on the GPU
+# each kernel is pinned to one candidate that fits every head size here (d_h <= 128): 64 x 32 query-major and
+# 64 x 32 (8 warps) key-major. KERNEL_TESTS_ALL_CONFIGS=1 tunes over every candidate instead (slow).
+PINNED_TILES = {"query_major": (64, 32, 4, 2), "key_major": (64, 32, 8, 3)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_tile_per_kernel_when_compiled():
+    from kernels import banded
+
+    if not ON_GPU or os.environ.get("KERNEL_TESTS_ALL_CONFIGS") == "1":
+        yield
+        return
+    tuners = {"query_major": [banded._fwd_kernel, banded._dq_kernel, banded._far_fwd_gather_kernel,
+                              banded._far_dq_gather_kernel],
+              "key_major": [banded._dkdv_kernel, banded._far_dkdv_gather_kernel]}
+    saved = {}
+    for family, kernels_ in tuners.items():
+        bm, bn, nw, ns = PINNED_TILES[family]
+        for tuner in kernels_:
+            pinned = [c for c in tuner.configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
+                                                   c.num_stages) == (bm, bn, nw, ns)]
+            assert len(pinned) == 1, f"{tuner.base_fn.__name__}: no candidate {PINNED_TILES[family]}"
+            saved[tuner], tuner.configs = tuner.configs, pinned
+    yield
+    for tuner, configs in saved.items():
+        tuner.configs = configs
+
+
+def test_pinned_gpu_tiles_are_real_candidates():
+    """What the GPU run pins must be one of the candidates the kernels tune over (checked on any machine)."""
+    from kernels import runtime
+
+    def shapes(configs):
+        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs}
+
+    assert PINNED_TILES["query_major"] in shapes(runtime._GPU_CONFIGS)
+    assert PINNED_TILES["key_major"] in shapes(runtime._GPU_KEY_MAJOR_CONFIGS)
+
+
 # ------------------------------------------------------------------------------------------------ reference
 def two_path_reference(q, k_loc, v_loc, k_far, v_far, local, far):
     """float64 softmax attention: pair (i, j) uses the local k/v where ``local`` and the far k/v where ``far``.
