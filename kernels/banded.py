@@ -28,7 +28,7 @@ from .runtime import (HeadWindows, block_d, dot_precision, key_major_configs, pr
 from .tiles import (dkdv_tile, dq_tile, finish_rows, fwd_tile, key_tile_query_bounds, load_row_stats, load_rows,
                     lse_merge, query_tile_key_bounds, store_rows)
 
-# W_TUNE: the launch's window bucket (runtime.HeadWindows.tune_bucket). The kernels never read it; it is in the
+# W_TUNE: the launch's window bucket (runtime.HeadGroup.tune_bucket). The kernels never read it; it is in the
 # key so that each window regime (MSWA's 8 and 512, SWA, DAR) gets its own tuned tile shape.
 _TUNE_KEY = ["T", "D", "W_TUNE", "HAS_LOCAL", "HAS_FAR"]
 _PRUNE = {"early_config_prune": prune_for_window}
