@@ -9,7 +9,8 @@ from .runtime import check_qkv, head_windows, unit_last_dim
 
 
 class MswaAttention(torch.autograd.Function):
-    """Per-head sliding-window attention in one launch for all heads. See :func:`mswa_attention`."""
+    """Per-head sliding-window attention (one launch per window group, or one for all heads). See
+    :func:`mswa_attention`."""
 
     @staticmethod
     def forward(ctx, q, k, v, windows):
