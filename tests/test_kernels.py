@@ -53,9 +53,9 @@ def one_intra_op_thread():
 
 # Compiled, the autotuner would compile every candidate (8 to 12) for every dtype, head size and path the tests use:
 # about 120 kernel specializations (dtype x head size x path, counted from the cases below), so over 1000
-# compilations. Correctness does not depend on the tile, so on the GPU
-# each kernel is pinned to one candidate that fits every head size here (d_h <= 128): 64 x 32 query-major and
-# 64 x 32 (8 warps) key-major. KERNEL_TESTS_ALL_CONFIGS=1 tunes over every candidate instead (slow).
+# compilations. Correctness does not depend on the tile, so on the GPU each kernel is pinned to one candidate that
+# fits every head size here (d_h <= 128): 64 x 32 query-major and 64 x 32 (8 warps) key-major.
+# KERNEL_TESTS_ALL_CONFIGS=1 tunes over every candidate instead (slow).
 PINNED_TILES = {"query_major": (64, 32, 4, 2), "key_major": (64, 32, 8, 3)}
 
 
