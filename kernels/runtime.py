@@ -175,16 +175,27 @@ class HeadWindows(NamedTuple):
     groups: tuple[HeadGroup, ...]
 
 
-@functools.lru_cache(maxsize=1024)
-def _device_int32(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """One int32 tensor per (values, device), built once: later calls neither copy nor synchronize."""
-    return torch.tensor(values, dtype=torch.int32, device=device)
-
-
 def tune_bucket(window: int, seq_len: int) -> int:
     """``min(window, T)`` rounded up to a power of two; 0 for a zero window."""
     w = min(window, seq_len)
     return triton.next_power_of_2(w) if w > 0 else 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _grouped_windows(values: tuple[int, ...], seq_len: int, device: torch.device,
+                     group_by_window: bool) -> HeadWindows:
+    """The device tensors and launch groups of ``values``, built once per (windows, T, device, grouping): a
+    later layer with the same windows neither copies to the device, nor synchronizes, nor regroups."""
+    buckets = [tune_bucket(v, seq_len) for v in values]
+    if not group_by_window:
+        buckets = [max(buckets)] * len(values)
+
+    def int32(xs):
+        return torch.tensor(xs, dtype=torch.int32, device=device)
+
+    groups = tuple(HeadGroup(int32([h for h, b in enumerate(buckets) if b == bucket]), bucket)
+                   for bucket in sorted(set(buckets), reverse=True))
+    return HeadWindows(int32(values), groups)
 
 
 def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: int, device: torch.device,
@@ -206,10 +217,4 @@ def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: 
             raise ValueError(f"{fn}: every window must be >= 0, got {values}")
     else:
         values = [check_window(fn, windows)] * num_heads
-    values = tuple(min(v, 2**30) for v in values)
-    buckets = [tune_bucket(v, seq_len) for v in values]
-    if not group_by_window:
-        buckets = [max(buckets)] * num_heads
-    groups = tuple(HeadGroup(_device_int32(tuple(h for h, b in enumerate(buckets) if b == bucket), device), bucket)
-                   for bucket in sorted(set(buckets), reverse=True))
-    return HeadWindows(_device_int32(values, device), groups)
+    return _grouped_windows(tuple(min(v, 2**30) for v in values), seq_len, device, group_by_window)

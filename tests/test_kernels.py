@@ -59,6 +59,11 @@ def one_intra_op_thread():
 PINNED_TILES = {"query_major": (64, 32, 4, 2), "key_major": (64, 32, 8, 3)}
 
 
+def tile_of(config) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of an autotune candidate."""
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_tile_per_kernel_when_compiled():
     from kernels import banded
@@ -71,10 +76,8 @@ def one_tile_per_kernel_when_compiled():
               "key_major": [banded._dkdv_kernel, banded._far_dkdv_gather_kernel]}
     saved = {}
     for family, kernels_ in tuners.items():
-        bm, bn, nw, ns = PINNED_TILES[family]
         for tuner in kernels_:
-            pinned = [c for c in tuner.configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps,
-                                                   c.num_stages) == (bm, bn, nw, ns)]
+            pinned = [c for c in tuner.configs if tile_of(c) == PINNED_TILES[family]]
             assert len(pinned) == 1, f"{tuner.base_fn.__name__}: no candidate {PINNED_TILES[family]}"
             saved[tuner], tuner.configs = tuner.configs, pinned
     yield
@@ -86,11 +89,8 @@ def test_pinned_gpu_tiles_are_real_candidates():
     """What the GPU run pins must be one of the candidates the kernels tune over (checked on any machine)."""
     from kernels import runtime
 
-    def shapes(configs):
-        return {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) for c in configs}
-
-    assert PINNED_TILES["query_major"] in shapes(runtime._GPU_CONFIGS)
-    assert PINNED_TILES["key_major"] in shapes(runtime._GPU_KEY_MAJOR_CONFIGS)
+    assert PINNED_TILES["query_major"] in {tile_of(c) for c in runtime._GPU_CONFIGS}
+    assert PINNED_TILES["key_major"] in {tile_of(c) for c in runtime._GPU_KEY_MAJOR_CONFIGS}
 
 
 # ------------------------------------------------------------------------------------------------ reference
@@ -276,7 +276,7 @@ def test_head_windows_are_read_on_the_host_cached_on_the_device_and_grouped_by_t
     assert w.values.tolist() == [8, 512, 7, 64, 500]
     # one launch per tune bucket, largest first, each with its own heads: window 8 is not run with 512's tiles
     assert [(g.heads.tolist(), g.tune_bucket) for g in w.groups] == [([1, 4], 512), ([3], 64), ([0, 2], 8)]
-    # built once per (windows, device): a later layer with the same windows neither copies nor synchronizes
+    # built once per (windows, T, device): a later layer with the same windows neither copies nor synchronizes
     again = head_windows("f", torch.tensor([8, 512, 7, 64, 500]), 5, 2048, DEVICE)
     assert again.values is w.values and all(a.heads is b.heads for a, b in zip(again.groups, w.groups, strict=True))
     assert [g.tune_bucket for g in head_windows("f", 100, 4, 2048, DEVICE).groups] == [128]
