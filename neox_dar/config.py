@@ -106,6 +106,10 @@ class Config:
     mswa_windows: Optional[list[list[int]]] = _f(None, "MSWA explicit window table [num_layers][num_attention_heads]; overrides the rule.")
     aha_threshold: float = _f(0.5, "AHA router threshold tau on sigmoid scores.")
     aha_l1_coef: float = _f(3e-4, "AHA L1 coefficient lambda on mean router score.")
+    aha_ste: Literal["selected", "difference"] = _f(
+        "selected", "AHA straight-through dL/ds: selected (SPEC: signed <dL/do, selected path>) or "
+        "difference (<dL/do, Full - Local>; one extra attention forward per layer in training)."
+    )
     attention_impl: Literal["auto", "reference", "triton", "sdpa"] = _f(
         "auto", "auto (triton on CUDA, else sdpa) | reference (materialized masks) | triton | sdpa."
     )
@@ -124,7 +128,7 @@ class Config:
     gradient_clipping: float = _f(1.0, "Clip the global gradient norm to this (0 disables).")
     zero_optimization: ZeroConfig = _f(ZeroConfig(), "DeepSpeed ZeRO settings.")
     precision: Literal["auto", "fp32", "fp16", "bf16", "bfloat16"] = _f("auto", "auto: bf16 on GPU, fp32 on CPU.")
-    seed: int = _f(1234, "Random seed.")
+    seed: int = _f(1234, "Random seed, 0..2**32-1 (numpy's RandomState range).")
     checkpoint_activations: bool = _f(False, "Recompute each layer in backward to save memory.")
     torch_compile: bool = _f(False, "Compile the model with torch.compile.")
 
@@ -132,9 +136,16 @@ class Config:
     data_path: Optional[str] = _f(None, "Prefix of one .bin/.idx dataset, split by `split`.")
     train_data_paths: Optional[list[str]] = _f(None, "Prefixes of training datasets (blend).")
     train_data_weights: Optional[list[float]] = _f(None, "Blend weights for train_data_paths.")
-    valid_data_paths: Optional[list[str]] = _f(None, "Prefixes of validation datasets.")
-    split: str = _f("969,30,1", "train,valid,test proportions of data_path's documents.")
+    valid_data_paths: Optional[list[str]] = _f(None, "Prefixes of validation datasets (blend).")
+    valid_data_weights: Optional[list[float]] = _f(None, "Blend weights for valid_data_paths (equal weights when unset, as GPT-NeoX).")
+    split: str = _f("969,30,1", "train,valid,test proportions of data_path's documents (',' or '/'; missing shares are 0).")
     data_shuffle: bool = _f(True, "Shuffle documents and samples (seeded); false reads samples in file order (Pythia's preshuffled data).")
+    data_fixed_length: Optional[bool] = _f(
+        None, "One document per sample (every document must hold seq_length + 1 tokens, e.g. Pythia's 2049-token Pile) "
+        "instead of GPT-NeoX's packing; unset: only when data_shuffle is false and every document has that length.")
+    data_check: Literal["full", "sample", "off"] = _f(
+        "full", "Start-up check that token ids are in [0, vocab_size): full scan of each .bin (cached by file size and "
+        "mtime), sample (64 windows of 1M tokens), or off; headers and sizes are always checked.")
     data_cache_path: Optional[str] = _f(None, "Directory for cached index maps (default: next to the data).")
     vocab_file: Optional[str] = _f(None, "Tokenizer file (HF tokenizer.json or SentencePiece model).")
     tokenizer_type: Literal["HFTokenizer", "SPMTokenizer"] = _f("HFTokenizer", "Tokenizer kind.")
@@ -149,7 +160,10 @@ class Config:
     exit_interval: Optional[int] = _f(None, "Checkpoint and stop (exit code 3) after every step divisible by this; rerun to continue.")
     log_interval: int = _f(10, "Log every this many steps.")
     eval_interval: int = _f(1000, "Validate every this many steps (0 disables).")
-    eval_iters: int = _f(10, "Validation micro-batches per evaluation.")
+    eval_iters: int = _f(10, "Validation global batches (train_batch_size sequences each) per evaluation, GPT-NeoX's count.")
+    eval_mode: Literal["continuous", "fixed"] = _f(
+        "continuous", "continuous (GPT-NeoX): each evaluation reads the next eval_iters batches of the validation set; "
+        "fixed: every evaluation reads the first eval_iters batches (the same data each time).")
     use_wandb: bool = _f(False, "Log to Weights & Biases (rank 0 only; WANDB_MODE=offline works).")
     wandb_project: str = _f("neox-dar", "W&B project.")
     wandb_group: Optional[str] = _f(None, "W&B group (a sweep's name).")
@@ -319,6 +333,7 @@ _VARIANT_KEYS = {
     "mswa_variant": ("mswa",),
     "aha_threshold": ("aha",),
     "aha_l1_coef": ("aha",),
+    "aha_ste": ("aha",),
 }
 
 
@@ -481,7 +496,7 @@ NEOX_IGNORED_KEYS = frozenset({
     "output_layer_parallelism", "scaled_upper_triang_masked_softmax_fusion", "bias_gelu_fusion",
     "checkpoint_num_layers", "partition_activations", "synchronize_each_layer", "data_impl", "distributed_backend",
     "steps_per_print", "wall_clock_breakdown", "launcher", "deepspeed_slurm", "deepspeed_mpi", "extra_save_iters",
-    "test_data_paths", "test_data_weights", "valid_data_weights", "attention_config", "pos_emb",
+    "test_data_paths", "test_data_weights", "attention_config", "pos_emb",
     "pipe_parallel_size", "model_parallel_size",
 })
 

@@ -239,11 +239,14 @@ def test_aha_router_forced_high_is_vanilla_and_low_is_swa(impl):
     assert torch.all(low.stats["mu_f"] == 0)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
-def test_aha_router_gradient_is_the_spec_formula(impl):
-    """dL/ds = <dL/do, Full> where g = 1 and -<dL/do, Local> where g = 0 (plus lambda / (L B T H) from the L1
-    term), computed here by hand and chained through sigmoid and the router's matrix product."""
-    cfg = cfg_for("aha", impl, H=4, window_size=3, aha_l1_coef=0.05)
+@pytest.mark.parametrize("ste", ["selected", "difference"])
+@pytest.mark.parametrize("impl", [*IMPLS, "triton"])
+def test_aha_router_gradient_is_the_ste_formula(impl, ste):
+    """``selected`` (SPEC): dL/ds = <dL/do, Full> where g = 1 and -<dL/do, Local> where g = 0; ``difference``:
+    dL/ds = <dL/do, Full - Local> (plus lambda / (L B T H) from the L1 term in both), computed here in float64 by
+    hand and chained through sigmoid and the router's matrix product. q, k, v get the same gradients under both
+    rules (the non-selected path never receives one). ``triton`` runs the kernels (Triton's CPU interpreter here)."""
+    cfg = cfg_for("aha", impl, H=4, window_size=3, aha_l1_coef=0.05, aha_ste=ste)
     aha = randomized(build_attention(cfg, 0), seed=4)
     a, cos, sin = inputs(cfg, B=2, T=11)
     R = torch.randn(2, 11, cfg.hidden_size, generator=torch.Generator().manual_seed(9))
@@ -253,16 +256,27 @@ def test_aha_router_gradient_is_the_spec_formula(impl):
     with torch.no_grad():
         B, T, d = a.shape
         H, D = cfg.num_attention_heads, cfg.head_dim
-        s = torch.sigmoid(a @ aha.router.weight.T)  # (B, T, H)
+        a64, w64 = a.double(), aha.router.weight.double()
+        s = torch.sigmoid(a64 @ w64.T)  # (B, T, H)
         g = (s > cfg.aha_threshold).transpose(1, 2)  # (B, H, T)
-        q, k, v = aha.split_heads(a, cos, sin)
+        q, k, v = (x.double() for x in aha.split_heads(a, cos, sin))
         full = masked_attention(q, k, v, window_mask(T, None))
         local = masked_attention(q, k, v, window_mask(T, 3))
-        d_o = (R @ aha.dense.weight).view(B, T, H, D).transpose(1, 2)  # dL/d(head outputs)
-        d_g = torch.where(g, (d_o * full).sum(-1), -(d_o * local).sum(-1))  # SPEC: dL/dg
+        d_o = (R.double() @ aha.dense.weight.double()).view(B, T, H, D).transpose(1, 2)  # dL/d(head outputs)
+        if ste == "selected":
+            d_g = torch.where(g, (d_o * full).sum(-1), -(d_o * local).sum(-1))
+        else:
+            d_g = (d_o * (full - local)).sum(-1)
         d_s = d_g.transpose(1, 2) + cfg.aha_l1_coef / (cfg.num_layers * B * T * H)
-        d_w = torch.einsum("bth,btd->hd", d_s * s * (1 - s), a)
-    torch.testing.assert_close(aha.router.weight.grad, d_w, atol=1e-5, rtol=1e-4)
+        d_w = torch.einsum("bth,btd->hd", d_s * s * (1 - s), a64)
+    torch.testing.assert_close(aha.router.weight.grad.double(), d_w, atol=1e-5, rtol=1e-4)
+
+    other = build_attention(cfg_for("aha", impl, H=4, window_size=3, aha_l1_coef=0.05,
+                                    aha_ste="difference" if ste == "selected" else "selected"), 0)
+    other.load_state_dict(aha.state_dict())
+    ((other(a, cos, sin) * R).sum() + other.aux_loss).backward()
+    torch.testing.assert_close(other.query_key_value.weight.grad, aha.query_key_value.weight.grad)
+    assert not torch.allclose(other.router.weight.grad, aha.router.weight.grad)
 
 
 def test_aha_aux_loss_is_lambda_times_mean_score_over_layers_tokens_heads():

@@ -2,8 +2,15 @@
 
 ``s = sigmoid(router(a))`` (B, T, H), gate ``g = 1[s > tau]``. Head output at token ``i``: full causal attention
 when ``g = 1``, sliding-window attention (window ``w``) when ``g = 0``; only the selected path produces the value
-and receives gradients. Straight-through rule (SPEC; AHA paper Eq. 3-4): ``dL/ds = (2g - 1) <dL/do, o>`` where
-``o`` is the selected path's output, realised as ``o * (1 + (2g - 1) (s - stop_grad(s)))``, whose value is ``o``.
+and receives gradients. Straight-through rule (``aha_ste``), both with value ``o`` (the selected path's output):
+
+* ``selected`` (default; SPEC, AHA paper Eq. 3-4 read literally): ``dL/ds = (2g - 1) <dL/do, o>``, realised as
+  ``o * (1 + (2g - 1) (s - stop_grad(s)))``. Only the selected path is ever computed.
+* ``difference`` (the usual STE through ``o = g Full + (1 - g) Local``): ``dL/ds = <dL/do, Full - Local>``,
+  realised as ``o + (2g - 1) (s - stop_grad(s)) (o - other)`` with ``other`` the non-selected path, computed
+  under ``no_grad`` by the same path function with the gate inverted (one extra attention forward per layer,
+  only when the router needs a gradient). q, k, v still get gradients through the selected path only.
+
 Auxiliary loss per layer ``lambda * mean(s) / L``, so the model's sum over layers is ``lambda`` times the mean of
 ``s`` over layers, tokens and heads.
 """
@@ -51,8 +58,9 @@ def aha_sdpa(q, k, v, gate: torch.Tensor, window: int) -> torch.Tensor:
 class AHAAttention(Attention):
     """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``).
 
-    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / num_layers`` and ``self.stats["mu_f"]``
-    = mean gate per head over batch and tokens, shape (H,).
+    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / num_layers``; ``self.stats["mu_f"]`` = mean
+    gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` = the gate itself, (B, T, H)
+    bool, which the evaluation averages over real (non-padding) positions only.
     """
 
     def __init__(self, cfg: Config, layer_idx: int):
@@ -60,22 +68,33 @@ class AHAAttention(Attention):
         self.window = cfg.window_size
         self.threshold = cfg.aha_threshold
         self.l1_coef = cfg.aha_l1_coef
+        self.ste = cfg.aha_ste
         self.num_layers = cfg.num_layers
         self.router = nn.Linear(cfg.hidden_size, cfg.num_attention_heads, bias=False)
+        self.token_stats: dict[str, torch.Tensor] = {}
+
+    def routed(self, q, k, v, gate: torch.Tensor) -> torch.Tensor:
+        """Each row through its gate's path on this module's ``attention_impl``; gate (B, H, T) bool."""
+        impl = self.resolved_impl(q.device)
+        if impl == "reference":
+            return aha_reference(q, k, v, gate, self.window)
+        if impl == "triton":
+            return triton_kernel("aha_attention", q.device)(q, k, v, gate.contiguous(), self.window)
+        return aha_sdpa(q, k, v, gate, self.window)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         s = torch.sigmoid(self.router(a).float())  # (B, T, H), float32 so the threshold is exact
         g = s > self.threshold
         gate = g.transpose(1, 2)  # (B, H, T)
-        impl = self.resolved_impl(q.device)
-        if impl == "reference":
-            o = aha_reference(q, k, v, gate, self.window)
-        elif impl == "triton":
-            o = triton_kernel("aha_attention", q.device)(q, k, v, gate.contiguous(), self.window)
-        else:
-            o = aha_sdpa(q, k, v, gate, self.window)
-        straight_through = (2.0 * g.float() - 1.0) * (s - s.detach())  # value 0, d/ds = 2g - 1
-        o = o * (1.0 + straight_through.transpose(1, 2)[..., None]).to(o.dtype)
+        o = self.routed(q, k, v, gate)
+        straight_through = ((2.0 * g.float() - 1.0) * (s - s.detach())).transpose(1, 2)[..., None]  # value 0
+        if self.ste == "selected":
+            o = o * (1.0 + straight_through).to(o.dtype)  # d/ds = (2g - 1) <dL/do, o>
+        elif s.requires_grad:  # "difference": d/ds = (2g - 1) <dL/do, o - other> = <dL/do, Full - Local>
+            with torch.no_grad():
+                other = self.routed(q, k, v, ~gate)
+            o = o + (straight_through * (o.detach() - other)).to(o.dtype)
         self.aux_loss = self.l1_coef * s.mean() / self.num_layers
         self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
+        self.token_stats = {"mu_f": g.detach()}
         return o
