@@ -1,16 +1,16 @@
 """AHA routed attention: each (token, head) row is full causal attention if its gate is on, else sliding-window.
 
 Every row runs the local (sliding-window) pass; each head's routed rows are compacted into a sorted list of
-positions (a stable sort of the gate, no host synchronization) and only they visit the far keys
-(``i - j >= w``), merged into the local result by log-sum-exp. The backward does the same: the local pass for
-all rows, the far pass for the routed rows only.
+positions (a stable sort of the gate, no host synchronization) and attend to every causal key in a second kernel
+that overwrites their output and LSE. The backward is one key-major launch: the local pairs of every row, then,
+into the same accumulators, the far pairs (``i - j >= w``) of the routed rows only.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .banded import banded_backward, banded_forward, far_backward_gathered, far_forward_gathered, row_deltas
+from .banded import banded_backward, banded_forward, routed_forward
 from .runtime import check_device, check_qkv, head_windows, unit_last_dim
 
 
@@ -33,7 +33,7 @@ class AhaAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, gate, windows):
         o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
         rows, counts = route_rows(gate)
-        far_forward_gathered(q, k, v, o, lse, windows, rows, counts)
+        routed_forward(q, k, v, o, lse, windows, rows, counts)
         ctx.save_for_backward(q, k, v, o, lse, rows, counts)
         ctx.windows = windows
         return o
@@ -41,22 +41,20 @@ class AhaAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse, rows, counts = ctx.saved_tensors
-        windows = ctx.windows
-        do = do.contiguous()
-        delta = row_deltas(o, do)
-        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, lse, delta, do, windows, has_far=False,
-                                           grad_dtype=torch.float32)
-        far_backward_gathered(q, k, v, do, lse, delta, dq, dk, dv, windows, rows, counts)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+        (do,) = unit_last_dim(do)
+        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, do, ctx.windows, has_far=False,
+                                           routed=(rows, counts))
+        return dq, dk, dv, None, None
 
 
 def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
     """Row ``(b, h, i)`` is full causal attention if ``gate[b, h, i]`` else attention over keys ``i - j < window``.
 
-    ``q, k, v``: (B, H, T, d_h); ``gate``: bool (B, H, T), no gradient. Returns (B, H, T, d_h), scale
-    ``1/sqrt(d_h)``. Far keys are read only for routed rows, in the forward and in the backward.
+    ``q``: (B, H, T, d_h); ``k, v``: (B, H_kv, T, d_h) with H_kv dividing H (grouped-query attention); ``gate``:
+    bool (B, H, T), per query head, no gradient. Returns (B, H, T, d_h), scale ``1/sqrt(d_h)``. Far keys are read
+    only for routed rows, in the forward and in the backward.
     """
-    check_qkv("aha_attention", q, k=k, v=v)
+    kv_group = check_qkv("aha_attention", q, k=k, v=v)
     B, H, T, _ = q.shape
     if gate.dtype != torch.bool or tuple(gate.shape) != (B, H, T):
         raise ValueError(f"aha_attention: gate must be a bool tensor of shape {(B, H, T)}, "
@@ -64,5 +62,5 @@ def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
     check_device("aha_attention", gate)
     if gate.device != q.device:
         raise ValueError(f"aha_attention: gate is on {gate.device} but q is on {q.device}")
-    windows = head_windows("aha_attention", window, H, T, q.device)
+    windows = head_windows("aha_attention", window, H, T, q.device, kv_group=kv_group)
     return AhaAttention.apply(*unit_last_dim(q, k, v), gate.detach(), windows)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .banded import banded_backward, banded_forward, row_deltas
+from .banded import banded_backward, banded_forward
 from .runtime import check_qkv, head_windows, unit_last_dim
 
 
@@ -21,9 +21,8 @@ class DarAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k_loc, v_loc, k_glob, v_glob, o, lse = ctx.saved_tensors
-        do = do.contiguous()
-        grads = banded_backward(q, k_loc, v_loc, k_glob, v_glob, lse, row_deltas(o, do), do, ctx.windows,
-                                has_far=True)
+        (do,) = unit_last_dim(do)
+        grads = banded_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse, do, ctx.windows, has_far=True)
         return (*grads, None)
 
 
@@ -32,8 +31,10 @@ def dar_attention(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_g
     """Causal attention where pair ``(i, j)`` uses ``k_loc[j], v_loc[j]`` if ``i - j < window`` else
     ``k_glob[j], v_glob[j]``, one softmax over all ``j <= i``, scale ``1/sqrt(d_h)``.
 
-    All inputs (B, H, T, d_h), same dtype (float16/bfloat16/float32) and device; returns (B, H, T, d_h).
+    ``q`` (B, H, T, d_h); the four key/value tensors (B, H_kv, T, d_h) with H_kv dividing H (grouped-query
+    attention: query head ``h`` reads key/value head ``h // (H // H_kv)``); same dtype (float16/bfloat16/float32)
+    and device. Returns (B, H, T, d_h).
     """
-    check_qkv("dar_attention", q, k_loc=k_loc, v_loc=v_loc, k_glob=k_glob, v_glob=v_glob)
-    windows = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device)
+    kv_group = check_qkv("dar_attention", q, k_loc=k_loc, v_loc=v_loc, k_glob=k_glob, v_glob=v_glob)
+    windows = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device, kv_group=kv_group)
     return DarAttention.apply(*unit_last_dim(q, k_loc, v_loc, k_glob, v_glob), windows)

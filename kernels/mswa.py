@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .banded import banded_backward, banded_forward, row_deltas
+from .banded import banded_backward, banded_forward
 from .runtime import check_qkv, head_windows, unit_last_dim
 
 
@@ -22,21 +22,23 @@ class MswaAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        do = do.contiguous()
-        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, lse, row_deltas(o, do), do, ctx.windows, has_far=False)
+        (do,) = unit_last_dim(do)
+        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, do, ctx.windows, has_far=False)
         return dq, dk, dv, None
 
 
 def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor,
                    group_by_window: bool = True) -> torch.Tensor:
-    """Causal attention where head ``h`` sees keys with ``i - j < windows[h]``, scale ``1/sqrt(d_h)``.
+    """Causal attention where query head ``h`` sees keys with ``i - j < windows[h]``, scale ``1/sqrt(d_h)``.
 
-    ``q, k, v``: (B, H, T, d_h); ``windows``: integer tensor (H,), each >= 0 (a row with no key gives zeros),
-    best on the CPU: the kernels read it on the host (a CUDA tensor costs a device synchronization). Each
-    program starts its key loop at its own head's window, so work scales with the sum of the windows.
-    ``group_by_window``: one launch per group of heads with similar windows, each with its own tuned tile
-    (default); ``False``: all heads in one launch with one tile shape (kept to measure the choice).
+    ``q``: (B, H, T, d_h); ``k, v``: (B, H_kv, T, d_h) with H_kv dividing H (grouped-query attention: query head
+    ``h`` reads key/value head ``h // (H // H_kv)``); ``windows``: integer tensor (H,), one per query head, each
+    >= 0 (a row with no key gives zeros), best on the CPU: the kernels read it on the host (a CUDA tensor costs a
+    device synchronization). Each program starts its key loop at its own head's window, so work scales with the
+    sum of the windows. ``group_by_window``: one launch per group of heads with similar windows, each with its own
+    tuned tile, groups tuned to the same tile merged (default); ``False``: all heads in one launch with one tile
+    shape (kept to measure the choice).
     """
-    check_qkv("mswa_attention", q, k=k, v=v)
-    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window)
+    kv_group = check_qkv("mswa_attention", q, k=k, v=v)
+    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window, kv_group)
     return MswaAttention.apply(*unit_last_dim(q, k, v), win)

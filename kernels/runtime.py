@@ -1,4 +1,4 @@
-"""Where the kernels may run, tile configurations for the autotuner, and input checks with one-line errors.
+"""Where the kernels may run, tile configurations and tuned launches, and input checks with one-line errors.
 
 Triton decides at decoration time (``import kernels``) whether a kernel is compiled for the GPU or run by its CPU
 interpreter, from ``TRITON_INTERPRET``. So the variable must be set before the first ``import kernels``; the value
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import math
+import subprocess
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -81,7 +83,8 @@ def is_small_tile(config: triton.Config) -> bool:
 def prune_for_window(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Triton ``early_config_prune`` hook of the banded kernels: small tiles only for a sliding-window launch
     (no far path) whose window bucket ``W_TUNE`` is at most :data:`SMALL_WINDOW`; standard tiles always."""
-    small = not kwargs.get("HAS_FAR", False) and 0 < named_args["W_TUNE"] <= SMALL_WINDOW
+    args = {**named_args, **kwargs}
+    small = not args.get("HAS_FAR", False) and not args.get("ROUTED", False) and 0 < args["W_TUNE"] <= SMALL_WINDOW
     return [c for c in configs if small or not is_small_tile(c)] or configs
 
 
@@ -90,9 +93,32 @@ def block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    """``tl.dot`` input precision: exact fp32 products for fp32 inputs (tests), tensor-core inputs otherwise."""
-    return "ieee" if dtype == torch.float32 else "tf32"
+def seq_bucket(seq_len: int) -> int:
+    """The autotuner's key for a sequence length: the next power of two (``T_TUNE``). Evaluation pads each batch
+    to its own width and generation grows T by one: keyed on the exact T, every new T would tune again."""
+    return triton.next_power_of_2(seq_len)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_exact_fp32() -> None:
+    warnings.warn("kernels: float32 inputs on CUDA use exact float32 products (input_precision='ieee', no tensor "
+                  "cores) because torch.get_float32_matmul_precision() is 'highest'; "
+                  "torch.set_float32_matmul_precision('high') selects TF32, bfloat16 inputs are faster still",
+                  stacklevel=4)
+
+
+def dot_precision(dtype: torch.dtype, device: torch.device) -> str:
+    """``tl.dot`` input precision. Half inputs: tensor cores (the value is unused). float32 inputs follow PyTorch's
+    own switch for float32 matrix products, ``torch.get_float32_matmul_precision()``: ``'highest'`` (PyTorch's
+    default) gives exact float32 products (``'ieee'``; on CUDA with a one-time warning that this is the slow path),
+    ``'high'`` or ``'medium'`` TF32 (``'tf32'``), as for every other float32 product of the model."""
+    if dtype != torch.float32:
+        return "tf32"
+    if torch.get_float32_matmul_precision() != "highest":
+        return "tf32"
+    if device.type == "cuda":
+        _warn_exact_fp32()
+    return "ieee"
 
 
 def qk_scales(head_dim: int) -> tuple[float, float]:
@@ -116,8 +142,10 @@ def check_device(name: str, t: torch.Tensor) -> None:
     raise RuntimeError(f"{name}: Triton kernels run on CUDA (or CPU under TRITON_INTERPRET=1), got device {t.device}")
 
 
-def check_qkv(fn: str, q: torch.Tensor, **others: torch.Tensor) -> None:
-    """Validate ``q`` (B, H, T, d_h) and every tensor in ``others`` against it: same shape, dtype and device."""
+def check_qkv(fn: str, q: torch.Tensor, **kv: torch.Tensor) -> int:
+    """Validate ``q`` (B, H, T, d_h) and the key/value tensors ``kv``, each (B, H_kv, T, d_h) with one H_kv that
+    divides H (grouped-query attention: query head ``h`` reads key/value head ``h // (H // H_kv)``), same dtype
+    and device. Returns the group size ``H // H_kv``."""
     if q.dim() != 4:
         raise ValueError(f"{fn}: q must be (B, H, T, d_h), got shape {tuple(q.shape)}")
     if q.dtype not in SUPPORTED_DTYPES:
@@ -125,21 +153,30 @@ def check_qkv(fn: str, q: torch.Tensor, **others: torch.Tensor) -> None:
     if INTERPRET and q.dtype == torch.bfloat16:
         raise TypeError(f"{fn}: the Triton CPU interpreter computes bfloat16 tl.dot incorrectly; "
                         "use float32 or float16 under TRITON_INTERPRET=1")
-    if q.shape[-1] > 256 or q.shape[2] == 0:
+    B, H, T, D = q.shape
+    if D > 256 or T == 0:
         raise ValueError(f"{fn}: need 1 <= T and d_h <= 256, got shape {tuple(q.shape)}")
+    if B * H > 65535:
+        raise ValueError(f"{fn}: batch x heads = {B * H} exceeds the 65535 programs of a grid axis; split the batch")
     spans = [t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-             for t in (q, *others.values())]
-    if max(spans) >= 2**31:
+             for t in (q, *kv.values())]
+    if max(spans) >= 2**31 or B * H * T * D >= 2**31:
         raise ValueError(f"{fn}: tensors spanning 2**31 or more elements are unsupported (int32 offsets); "
                          "split the batch")
     check_device(fn, q)
-    for name, t in others.items():
-        if t.shape != q.shape:
-            raise ValueError(f"{fn}: {name} shape {tuple(t.shape)} != q shape {tuple(q.shape)}")
+    first = next(iter(kv))
+    h_kv = kv[first].shape[1] if kv[first].dim() == 4 else 0
+    for name, t in kv.items():
+        if t.dim() != 4 or (t.shape[0], t.shape[2], t.shape[3]) != (B, T, D) or t.shape[1] != h_kv:
+            raise ValueError(f"{fn}: {name} shape {tuple(t.shape)} must be (B, H_kv, T, d_h) = "
+                             f"({B}, {h_kv or 'H_kv'}, {T}, {D}), the same H_kv for every key/value tensor")
         if t.dtype != q.dtype:
             raise TypeError(f"{fn}: {name} dtype {t.dtype} != q dtype {q.dtype}")
         if t.device != q.device:
             raise ValueError(f"{fn}: {name} is on {t.device} but q is on {q.device}")
+    if h_kv == 0 or H % h_kv:
+        raise ValueError(f"{fn}: key/value heads ({h_kv}) must divide query heads ({H})")
+    return H // h_kv
 
 
 def check_window(fn: str, window) -> int:
@@ -158,21 +195,44 @@ def unit_last_dim(*ts: torch.Tensor) -> list[torch.Tensor]:
     return [t if t.stride(-1) == 1 else t.contiguous() for t in ts]
 
 
-class HeadGroup(NamedTuple):
-    """Heads launched together: ``heads`` int32 (G,) on the kernels' device, and ``tune_bucket``, the autotuner's
-    key for them: their window (capped at T) rounded up to a power of two, 0 for a zero window."""
+def new_heads(like: torch.Tensor, heads: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialized (B, heads, T, d_h) tensor stored as (B, T, heads, d_h), the layout of the model's fused
+    projections: the model's ``o.transpose(1, 2).reshape(B, T, H * d_h)`` is then a view, not a copy (as for SDPA's
+    flash output), and a gradient copied into a fused ``qkv`` gradient reads whole (t, head) rows."""
+    B, H, T, D = like.shape
+    H = heads or H
+    return torch.empty((B, T, H, D), dtype=dtype or like.dtype, device=like.device).transpose(1, 2)
 
-    heads: torch.Tensor
+
+def zeros_heads(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`new_heads`, zeroed (an accumulator)."""
+    return new_heads(like, dtype=dtype).zero_()
+
+
+def s3(t: torch.Tensor) -> tuple[int, int, int]:
+    """Batch, head and row strides of a (B, H, T, d_h) tensor."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+# ---------------------------------------------------------------------------------------------- head groups
+class HeadGroup(NamedTuple):
+    """Key/value heads launched together: ``kv_heads`` int32 (G,) on the kernels' device (their query heads are
+    ``kv * R .. kv * R + R - 1``, R = H // H_kv), and ``tune_bucket``, the autotuner's key for them: the largest of
+    their query heads' windows (capped at T), rounded up to a power of two; 0 when every window is 0."""
+
+    kv_heads: torch.Tensor
     tune_bucket: int
 
 
 class HeadWindows(NamedTuple):
-    """Per-head windows: ``values`` int32 (H,) on the kernels' device, and ``groups``, one launch each: heads
-    whose windows share a tune bucket. A launch's tile shape is tuned for its bucket, so a head with window 8 is
-    not run with the tiles of a head with window 512 (MSWA mixes both in one layer)."""
+    """Per-query-head windows: ``values`` int32 (H,) on the kernels' device, and ``groups``, one launch each before
+    tuning: key/value heads whose windows share a tune bucket. A launch's tile shape is tuned for its bucket, so a
+    head with window 8 is not run with the tiles of a head with window 512 (MSWA mixes both in one layer).
+    ``plans``: per kernel and specialization, the tuned launches (:func:`tuned_launch`), filled on first use."""
 
     values: torch.Tensor
     groups: tuple[HeadGroup, ...]
+    plans: dict
 
 
 def tune_bucket(window: int, seq_len: int) -> int:
@@ -182,27 +242,29 @@ def tune_bucket(window: int, seq_len: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def _grouped_windows(values: tuple[int, ...], seq_len: int, device: torch.device,
-                     group_by_window: bool) -> HeadWindows:
-    """The device tensors and launch groups of ``values``, built once per (windows, T, device, grouping): a
-    later layer with the same windows neither copies to the device, nor synchronizes, nor regroups."""
-    buckets = [tune_bucket(v, seq_len) for v in values]
+def _grouped_windows(values: tuple[int, ...], t_bucket: int, device: torch.device, group_by_window: bool,
+                     kv_group: int) -> HeadWindows:
+    """The device tensors and launch groups of ``values``, built once per (windows, T bucket, device, grouping,
+    query heads per key/value head): a later layer with the same windows neither copies to the device, nor
+    synchronizes, nor regroups, and reuses the tuned launches."""
+    per_kv = [max(tune_bucket(v, t_bucket) for v in values[kv * kv_group:(kv + 1) * kv_group])
+              for kv in range(len(values) // kv_group)]
     if not group_by_window:
-        buckets = [max(buckets)] * len(values)
+        per_kv = [max(per_kv)] * len(per_kv)
 
     def int32(xs):
         return torch.tensor(xs, dtype=torch.int32, device=device)
 
-    groups = tuple(HeadGroup(int32([h for h, b in enumerate(buckets) if b == bucket]), bucket)
-                   for bucket in sorted(set(buckets), reverse=True))
-    return HeadWindows(int32(values), groups)
+    groups = tuple(HeadGroup(int32([kv for kv, b in enumerate(per_kv) if b == bucket]), bucket)
+                   for bucket in sorted(set(per_kv), reverse=True))
+    return HeadWindows(int32(values), groups, {})
 
 
 def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: int, device: torch.device,
-                 group_by_window: bool = True) -> HeadWindows:
-    """Validate per-head windows (an int for every head, or an integer tensor (H,)), place them on ``device``
-    and group the heads by tune bucket (or, without ``group_by_window``, all heads in one group tuned for the
-    largest window).
+                 group_by_window: bool = True, kv_group: int = 1) -> HeadWindows:
+    """Validate per-head windows (an int for every query head, or an integer tensor (H,)), place them on
+    ``device`` and group the key/value heads (``kv_group`` query heads each) by tune bucket (or, without
+    ``group_by_window``, all in one group tuned for the largest window).
 
     Windows are read on the host: a CPU tensor (or an int) costs nothing; a CUDA tensor costs one device
     synchronization per call. Values are clamped to 2**30 (beyond any sequence).
@@ -217,4 +279,59 @@ def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: 
             raise ValueError(f"{fn}: every window must be >= 0, got {values}")
     else:
         values = [check_window(fn, windows)] * num_heads
-    return _grouped_windows(tuple(min(v, 2**30) for v in values), seq_len, device, group_by_window)
+    return _grouped_windows(tuple(min(v, 2**30) for v in values), seq_bucket(seq_len), device, group_by_window,
+                            kv_group)
+
+
+def tile_of(config: triton.Config) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of an autotune candidate."""
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
+
+
+def tuned_launch(kernel, plans: dict, name: tuple, groups: list[dict], grid, args: dict,
+                 scratch: dict | None = None) -> None:
+    """Launch the autotuned ``kernel`` once per head group, then, once tuned, once per distinct tile shape.
+
+    ``groups``: per launch group the arguments that differ (``KV_HEADS``, ``G``, ``W_TUNE``), or ``[{}]`` for an
+    ungrouped kernel; ``grid(meta, group)`` -> the launch grid; ``args``: every other argument, by name. The first
+    call for ``name`` (the kernel and its specialization, a key of ``plans``) runs each group through the
+    autotuner (its key holds the group's window bucket and size) with ``scratch`` replacing the arguments the
+    kernel accumulates into (a tuning run must not add into them twice), records each group's tuned
+    configuration and merges groups that got the same one. Every call then launches that plan straight through
+    ``kernel.fn``: no ``Autotuner.run`` bookkeeping per launch, and one launch per tile shape.
+    """
+    plan = plans.get(name)
+    if plan is None:
+        tuned: dict[tuple, list[dict]] = {}
+        configs = {}
+        for group in groups:
+            kernel[lambda meta, group=group: grid(meta, group)](**{**args, **(scratch or {}), **group})
+            config = kernel.best_config
+            configs[tile_of(config)] = config
+            tuned.setdefault(tile_of(config), []).append(group)
+        plan = plans[name] = [(configs[tile], _merge_groups(members)) for tile, members in tuned.items()]
+    for config, group in plan:
+        kernel.fn[grid(config.kwargs, group)](**args, **group, **config.all_kwargs())
+
+
+def _merge_groups(members: list[dict]) -> dict:
+    """One launch for head groups tuned to the same tile: their key/value heads concatenated."""
+    if len(members) == 1:
+        return members[0]
+    heads = torch.cat([m["KV_HEADS"] for m in members])
+    return {**members[0], "KV_HEADS": heads, "G": heads.numel(), "W_TUNE": max(m["W_TUNE"] for m in members)}
+
+
+def device_report() -> dict:
+    """The GPU, its driver and the CUDA/torch/Triton versions, for benchmark records (None where unknown)."""
+    driver = None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    gpu = torch.cuda.is_available()
+    return {"device": torch.cuda.get_device_name() if gpu else None,
+            "capability": ".".join(map(str, torch.cuda.get_device_capability())) if gpu else None,
+            "driver": driver, "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__}
