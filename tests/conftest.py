@@ -25,3 +25,14 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tokenized_sample(tmp_path_factory) -> str:
+    """Prefix of a tokenized slice (20k tokens) of the embedded C4 training sample, shared by the session."""
+    from data_prep.tokenize import run
+
+    prefix = tmp_path_factory.mktemp("tokenized_sample") / "c4"
+    run(["data/sample/c4_sample.jsonl", "--tokenizer", "data/20B_tokenizer.json", "--out", str(prefix),
+         "--max-tokens", "20000", "--workers", "1", "--no-progress"])
+    return str(prefix)

@@ -95,6 +95,7 @@ def fake_slurm(tmp_path):
     rec = tmp_path / "records"
     rec.mkdir()
     _executable(bin_dir / "srun", f"""#!/bin/bash
+trap '' USR1  # the real srun forwards signals to the step; the fake one just survives them
 echo "srun $*" >> {rec}/srun.log
 while [[ $1 == --* ]]; do shift; done
 IFS=, read -r -a hosts <<<"$SLURM_JOB_NODELIST"
@@ -110,14 +111,21 @@ echo "$*" >> {rec}/scontrol.log
 """)
     _executable(bin_dir / "fake_torchrun", f"""#!/bin/bash
 python3 - "$@" <<'EOF'
-import json, os, sys
+import json, os, signal, sys, time
 rec = {{"argv": sys.argv[1:], "MASTER_ADDR": os.environ["MASTER_ADDR"], "MASTER_PORT": os.environ["MASTER_PORT"],
        "node": os.environ["SLURM_NODEID"]}}
 open("{rec}/torchrun-" + os.environ["SLURM_NODEID"] + ".json", "w").write(json.dumps(rec))
 config = sys.argv[-1]
 run_dir = os.path.dirname(config)
-json.dump({{"state": os.environ["FAKE_TRAIN_STATE"], "step": 5, "train_iters": 20}},
-          open(os.path.join(run_dir, "status.json"), "w"))
+if os.environ.get("FAKE_USR1"):  # SLURM's time-limit warning reaches the batch script during training
+    pid = os.getppid()
+    while pid > 1 and "job.sbatch" not in open(f"/proc/{{pid}}/cmdline").read():
+        pid = int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1])
+    os.kill(pid, signal.SIGUSR1)
+    time.sleep(0.5)
+if os.environ["FAKE_TRAIN_STATE"] != "none":
+    json.dump({{"state": os.environ["FAKE_TRAIN_STATE"], "step": int(os.environ.get("FAKE_STEP", 5)),
+               "train_iters": 20}}, open(os.path.join(run_dir, "status.json"), "w"))
 sys.exit(int(os.environ["FAKE_TRAIN_EXIT"]))
 EOF
 """)
@@ -157,26 +165,68 @@ def test_rendezvous_from_slurm_variables(tmp_path, fake_slurm):
     assert "training done" in (run_dir / "logs" / "job.log").read_text()
 
 
-def _one_node_job(script: Path, env: dict, state: str, exit_code: int) -> subprocess.CompletedProcess:
+def _one_node_job(script: Path, env: dict, state: str, exit_code: int, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(script)],
                           env={**env, "SLURM_JOB_NODELIST": "gpu-a", "SLURM_JOB_NUM_NODES": "1",
-                               "FAKE_TRAIN_STATE": state, "FAKE_TRAIN_EXIT": str(exit_code)},
+                               "FAKE_TRAIN_STATE": state, "FAKE_TRAIN_EXIT": str(exit_code), **extra},
                           capture_output=True, text=True, timeout=60)
 
 
-def test_interrupted_training_requeues_the_job(tmp_path, fake_slurm):
+def _requeues(rec: Path) -> list[list[str]]:
+    log = rec / "scontrol.log"
+    return [line.split() for line in log.read_text().splitlines()] if log.is_file() else []
+
+
+def test_time_limit_requeues_only_this_task(tmp_path, fake_slurm):
+    """USR1 (the time-limit warning) and a checkpoint: requeue this array task, not the whole array (for the
+    array's last task SLURM_JOB_ID is the array's own id, and requeueing it requeued every task)."""
     env, rec = fake_slurm
     script, run_dir = _planned_script(tmp_path, nodes=1)
     # torchrun reports a worker failure as exit 1; the run's status.json says it stopped at a checkpoint
-    proc = _one_node_job(script, env, "interrupted", 1)
+    proc = _one_node_job(script, {**env, "SLURM_JOB_ID": "779", "SLURM_ARRAY_JOB_ID": "777",
+                                  "SLURM_ARRAY_TASK_ID": "0"}, "interrupted", 1, FAKE_USR1="1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert (rec / "scontrol.log").read_text().split() == ["requeue", "12345"]
+    assert _requeues(rec) == [["requeue", "777_0"]]
+    proc = _one_node_job(script, env, "interrupted", 3, FAKE_USR1="1", FAKE_STEP="9")
+    assert proc.returncode == 0 and _requeues(rec)[-1] == ["requeue", "12345"]
+
+
+def test_a_stop_that_is_not_the_time_limit_is_not_requeued(tmp_path, fake_slurm):
+    """scancel (TERM) or exit_interval: the trainer checkpoints and stops; the job ends instead of requeueing
+    itself, so scancel stops a running job."""
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    proc = _one_node_job(script, env, "interrupted", 3)
+    assert proc.returncode == 0 and _requeues(rec) == []
+    assert "not at the time limit: not requeued" in (run_dir / "logs" / "job.log").read_text()
 
 
 def test_failed_training_fails_the_job(tmp_path, fake_slurm):
     env, rec = fake_slurm
     script, run_dir = _planned_script(tmp_path, nodes=1)
-    proc = _one_node_job(script, env, "failed", 1)
+    proc = _one_node_job(script, env, "failed", 1, FAKE_USR1="1")
     assert proc.returncode == 1
-    assert not (rec / "scontrol.log").exists()
+    assert _requeues(rec) == []
     assert "training failed" in (run_dir / "logs" / "job.log").read_text()
+
+
+def test_a_stale_interrupted_status_is_not_requeued(tmp_path, fake_slurm):
+    """A run preempted once (status 'interrupted') whose next attempt dies before writing any status: the old
+    status must not requeue it again (before: it requeued forever)."""
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    (run_dir / "status.json").write_text(json.dumps({"state": "interrupted", "step": 5, "train_iters": 20}))
+    proc = _one_node_job(script, env, "none", 1, FAKE_USR1="1")
+    assert proc.returncode == 1 and _requeues(rec) == []
+    assert "not updated by this attempt" in (run_dir / "logs" / "job.log").read_text()
+
+
+def test_requeueing_stops_without_progress(tmp_path, fake_slurm):
+    """Attempts that keep stopping at the same step: requeued max_requeues times, then the job gives up."""
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    codes = [_one_node_job(script, env, "interrupted", 3, FAKE_USR1="1", FAKE_STEP="5").returncode
+             for _ in range(4)]
+    assert codes == [0, 0, 0, 1]  # the first stop made progress; the next three attempts did not
+    assert len(_requeues(rec)) == 3
+    assert "no progress past step 5 in 3 requeues" in (run_dir / "logs" / "job.log").read_text()

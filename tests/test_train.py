@@ -7,7 +7,6 @@ serve several assertions. Every run: tiny model, seq_length 32, global batch 8, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -19,55 +18,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from neox_dar.checkpoint import load_model, step_dir_name
-from neox_dar.training.checkpointing import find_resume_checkpoint
+from neox_dar.checkpoint import load_model
+from neox_dar.rundir import newest_checkpoint, step_dir_name
 
-ROOT = Path(__file__).resolve().parents[1]
-STEPS = 6
-COMMON = [
-    "configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=32", f"train_iters={STEPS}",
-    "train_batch_size=8", "train_micro_batch_size_per_gpu=4", "log_interval=1", "eval_interval=3", "eval_iters=2",
-    "checkpoint_factor=3", "keep_last_n=3", "precision=fp32", "warmup=0.34",
-]
-
-
-def _env() -> dict:
-    env = dict(os.environ)
-    # one thread per process: identical kernels in every run (exact resume), no oversubscription
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), WANDB_MODE="offline")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
-    return env
-
-
-def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int = 0) -> subprocess.CompletedProcess:
-    args = [*COMMON, f"data_path={data}", f"save={save}", *overrides]
-    if nproc == 1:
-        cmd = [sys.executable, "train.py", *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "train.py", *args]
-    out = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
-    assert out.returncode == expect, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
-    return out
-
-
-def rows(save: Path) -> list[dict]:
-    return [json.loads(l) for l in (save / "metrics.jsonl").read_text().splitlines()]
-
-
-def losses(save: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in rows(save) if "loss" in r}
+from trainrun import COMMON, ROOT, STEPS, losses, rows, train, train_env
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> str:
-    """A tokenized slice (20k tokens) of the embedded C4 training sample."""
-    from data_prep.tokenize import run
-
-    prefix = tmp_path_factory.mktemp("data") / "c4"
-    run(["data/sample/c4_sample.jsonl", "--tokenizer", "data/20B_tokenizer.json", "--out", str(prefix),
-         "--max-tokens", "20000", "--workers", "1"])
-    return str(prefix)
+def data(tokenized_sample) -> str:
+    return tokenized_sample
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +66,7 @@ def test_run_outputs_and_loss_falls(reference):
     assert lrs[0] == pytest.approx(1.5e-3) and lrs[1] == pytest.approx(3e-3) and lrs[-1] == pytest.approx(3e-4)
     ckpts = reference / "checkpoints"
     assert (ckpts / "latest").read_text().strip() == step_dir_name(STEPS)
-    assert find_resume_checkpoint(reference) == ckpts / step_dir_name(STEPS)
+    assert newest_checkpoint(reference) == ckpts / step_dir_name(STEPS)
     assert (reference / "config.yml").is_file()
     model, cfg = load_model(reference)
     assert cfg.seq_length == 32 and model.embed_out.weight.dtype == torch.float32
@@ -168,7 +127,7 @@ def test_sigterm_checkpoints_and_resumes(data, tmp_path):
     save = tmp_path / "preempted"
     extra = ["train_iters=400", "eval_interval=0", "checkpoint_factor=1000", "attention_type=aha", "window_size=8"]
     args = [*COMMON, f"data_path={data}", f"save={save}", *extra]
-    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=train_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 300
     while not ((save / "metrics.jsonl").is_file() and rows(save)) and time.time() < deadline:
@@ -179,7 +138,7 @@ def test_sigterm_checkpoints_and_resumes(data, tmp_path):
     assert proc.returncode == 3, output
     status = json.loads((save / "status.json").read_text())
     assert status["state"] == "interrupted" and 1 <= status["step"] < 400
-    step_dir = find_resume_checkpoint(save)
+    step_dir = newest_checkpoint(save)
     assert step_dir.name == step_dir_name(status["step"])
     state = json.loads((step_dir / "state.json").read_text())
     assert state["consumed_samples"] == 8 * status["step"]
@@ -197,10 +156,10 @@ def test_checkpoint_with_missing_file_is_skipped(reference, data, tmp_path):
     newest = save / "checkpoints" / step_dir_name(STEPS)
     (newest / "rng_rank00000.pt").unlink()
     warnings = []
-    assert find_resume_checkpoint(save, warn=warnings.append) == save / "checkpoints" / step_dir_name(3)
-    assert len(warnings) == 1 and "missing file" in warnings[0]
+    assert newest_checkpoint(save, warn=warnings.append) == save / "checkpoints" / step_dir_name(3)
+    assert len(warnings) == 1 and "rng_rank00000.pt is missing" in warnings[0]
     out = train(save, data, "zero_optimization.stage=0")
-    assert "skipping incomplete checkpoint" in out.stderr
+    assert "skipping checkpoint" in out.stderr and "is missing" in out.stderr
     assert losses(save) == losses(reference)
 
 

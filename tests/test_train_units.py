@@ -1,21 +1,18 @@
 """Unit tests of the training engine's pieces (no process group, no training): LR schedule, parameter groups,
-DeepSpeed config, checkpoint completeness and pruning, metrics helpers, command-line handling."""
+DeepSpeed config, RNG states, metrics helpers, command-line handling. (Checkpoint files: tests/test_rundir.py.)"""
 
 from __future__ import annotations
 
-import json
 import random
 
 import numpy as np
 import pytest
 import torch
 
-from neox_dar.checkpoint import STATE, WEIGHTS, incomplete_reason, step_dir_name, step_dirs
 from neox_dar.config import ConfigError, load_config
 from neox_dar.model import build_model
-from neox_dar.training.checkpointing import capture_rng, find_resume_checkpoint, prune, restore_rng
+from neox_dar.training.checkpointing import capture_rng, restore_rng
 from neox_dar.training.engine import deepspeed_config
-from neox_dar.training.logging_sinks import truncate_metrics
 from neox_dar.training.metrics import attention_stat_metrics, peak_flops, throughput
 from neox_dar.training.optim import build_optimizer, build_scheduler, lr_at, param_groups
 
@@ -86,55 +83,6 @@ def test_deepspeed_config_batch_precision_and_mismatch():
         deepspeed_config(cfg, world_size=3)
     with pytest.raises(ConfigError, match="train_batch_size"):
         deepspeed_config(cfg_with("train_batch_size=16", "gradient_accumulation_steps=2"), world_size=2)
-
-
-def _fake_checkpoint(root, step, files=None):
-    d = root / step_dir_name(step)
-    d.mkdir(parents=True)
-    (d / WEIGHTS).write_bytes(b"w" * 10)
-    (d / "rng_rank00000.pt").write_bytes(b"r" * 3)
-    manifest = files if files is not None else {WEIGHTS: 10, "rng_rank00000.pt": 3}
-    (d / STATE).write_text(json.dumps({"step": step, "consumed_samples": step * 8, "files": manifest}))
-    return d
-
-
-def test_incomplete_checkpoints_are_detected_and_skipped(tmp_path):
-    root = tmp_path / "checkpoints"
-    good = _fake_checkpoint(root, 10)
-    truncated = _fake_checkpoint(root, 20)
-    (truncated / WEIGHTS).write_bytes(b"w" * 4)
-    no_state = root / step_dir_name(30)
-    no_state.mkdir()
-    bad_json = _fake_checkpoint(root, 40)
-    (bad_json / STATE).write_text("{not json")
-    missing = _fake_checkpoint(root, 50)
-    (missing / "rng_rank00000.pt").unlink()
-    assert incomplete_reason(good) is None
-    assert "bytes" in incomplete_reason(truncated)
-    assert incomplete_reason(no_state) == f"no {STATE}"
-    assert "unreadable" in incomplete_reason(bad_json)
-    assert incomplete_reason(missing) == "missing file rng_rank00000.pt"
-    assert [s for s, _ in step_dirs(root)] == [50, 40, 30, 20, 10]
-    warnings = []
-    assert find_resume_checkpoint(tmp_path, warn=warnings.append) == good
-    assert len(warnings) == 4
-    assert find_resume_checkpoint(tmp_path / "empty") is None
-
-
-def test_prune_keeps_newest_complete_and_latest(tmp_path):
-    root = tmp_path
-    for s in (1, 2, 3, 4):
-        _fake_checkpoint(root, s)
-    (root / "latest").write_text(step_dir_name(4) + "\n")
-    prune(root, keep_last_n=2)
-    assert [s for s, _ in step_dirs(root)] == [4, 3]
-
-
-def test_truncate_metrics_drops_rows_after_resume_step(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 8)) + '{"step": 8, "lo')
-    truncate_metrics(path, 5)
-    assert [json.loads(l)["step"] for l in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
 
 
 def test_rng_capture_restore_round_trip(tmp_path):

@@ -45,7 +45,7 @@ def _slurm_args(p: argparse.ArgumentParser) -> None:
             g.add_argument(flag, action="append", dest=f.name, default=None, help=helptext)
             continue
         kind = int if f.name in ("nodes", "gpus_per_node", "nproc_per_node", "cpus_per_task", "concurrency",
-                                 "signal_seconds") else str
+                                 "signal_seconds", "max_requeues") else str
         g.add_argument(flag, type=kind, dest=f.name, default=None, help=helptext,
                        choices=("array", "per-run") if f.name == "mode" else None)
 

@@ -1,102 +1,37 @@
-"""Reading one run directory as the trainer and the evaluator leave it.
+"""A sweep's view of one run directory (file names and readers: :mod:`neox_dar.rundir`).
 
     {run}/config.yml          resolved config (written by `plan`, rewritten identically by train.py)
     {run}/run.json            the sweep's record of the run: sweep, run, axes, configs, overrides
-    {run}/status.json         {"state": "running"|"done"|"interrupted"|"failed", "step": N, "train_iters": M}
+    {run}/status.json         {"state": "running"|"done"|"interrupted"|"failed", "step", "train_iters", "reason"}
     {run}/metrics.jsonl       one JSON object per logged step; validation rows carry `valid_loss`
-    {run}/checkpoints/latest  name of the newest complete checkpoint (step_XXXXXXXX)
+    {run}/checkpoints/        step_XXXXXXXX checkpoints (the newest complete one is the run's progress)
     {run}/eval/*.json         eval.perplexity results ({"step", "corpora": {name: {...}}})
     {run}/slurm_jobs.txt      SLURM job ids this run was submitted under, one per line
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-STATUS = "status.json"
-METRICS = "metrics.jsonl"
-EVAL_DIR = "eval"
-FINAL_EVAL = "perplexity.json"
-JOBS = "slurm_jobs.txt"
+from ..rundir import (EVAL_DIR, FINAL_EVAL, JOBS, METRICS, STATUS, RunFileError, checkpoint_step, job_ids,
+                      newest_checkpoint, read_evals, read_json, read_metrics, read_status, record_job)
 
-
-class RunFileError(ValueError):
-    """A run file that exists but cannot be read, named with its path."""
+__all__ = ["EVAL_DIR", "FINAL_EVAL", "JOBS", "METRICS", "STATUS", "RunFileError", "RunState", "final_eval", "job_ids",
+           "newest_checkpoint_step", "read_evals", "read_json", "read_metrics", "read_status", "record_job",
+           "run_state"]
 
 
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise RunFileError(f"{path}: not valid JSON ({e})") from None
-
-
-def read_status(run_dir: Path) -> dict | None:
-    """The trainer's status.json, or None before training started."""
-    p = Path(run_dir) / STATUS
-    return read_json(p) if p.is_file() else None
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    """Every row of metrics.jsonl; a torn last line (a run writing right now) is left out."""
-    p = Path(run_dir) / METRICS
-    if not p.is_file():
-        return []
-    lines = p.read_text().splitlines()
-    rows = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:
-                break
-            raise RunFileError(f"{p}:{i + 1}: not valid JSON ({e})") from None
-    return rows
-
-
-def checkpoint_step(run_dir: Path) -> int | None:
-    """Step of the newest complete checkpoint (from checkpoints/latest), or None."""
-    latest = Path(run_dir) / "checkpoints" / "latest"
-    if not latest.is_file():
-        return None
-    m = re.search(r"(\d+)$", latest.read_text().strip())
-    return int(m.group(1)) if m else None
-
-
-def read_evals(run_dir: Path) -> list[dict]:
-    """All eval.perplexity results of the run, sorted by step (results without a step sort last)."""
-    d = Path(run_dir) / EVAL_DIR
-    if not d.is_dir():
-        return []
-    results = []
-    for p in sorted(d.glob("*.json")):
-        r = read_json(p)
-        if isinstance(r, dict) and isinstance(r.get("corpora"), dict):
-            r = dict(r, _path=str(p))
-            results.append(r)
-    return sorted(results, key=lambda r: (r.get("step") is None, r.get("step") or 0))
+def newest_checkpoint_step(run_dir: Path) -> int | None:
+    """Step of the run's newest complete checkpoint (sizes checked, not checksums: cheap enough for a listing)."""
+    found = newest_checkpoint(run_dir, checksums=False, warn=None)
+    return checkpoint_step(found) if found is not None else None
 
 
 def final_eval(run_dir: Path) -> dict | None:
     """The evaluation at the highest step, or None when the run has none."""
     evals = read_evals(run_dir)
     return evals[-1] if evals else None
-
-
-def job_ids(run_dir: Path) -> list[str]:
-    p = Path(run_dir) / JOBS
-    return [ln.strip() for ln in p.read_text().splitlines() if ln.strip()] if p.is_file() else []
-
-
-def record_job(run_dir: Path, job_id: str) -> None:
-    with open(Path(run_dir) / JOBS, "a") as f:
-        f.write(job_id + "\n")
 
 
 @dataclass
@@ -130,4 +65,4 @@ def run_state(run_dir: Path, want_eval: bool = False) -> RunState:
         name=run_dir.name, state=state, step=step, train_iters=status.get("train_iters"),
         loss=train_rows[-1]["loss"] if train_rows else None,
         valid_loss=valid_rows[-1]["valid_loss"] if valid_rows else None,
-        checkpoint=checkpoint_step(run_dir), evaluated=evaluated, jobs=job_ids(run_dir))
+        checkpoint=newest_checkpoint_step(run_dir), evaluated=evaluated, jobs=job_ids(run_dir))

@@ -1,21 +1,21 @@
-"""Atomic, resumable training checkpoints on top of DeepSpeed's.
+"""DeepSpeed training checkpoints: saving and restoring the engine, the RNG states and the data position.
 
-One checkpoint is a directory ``{save}/checkpoints/step_XXXXXXXX`` (layout in :mod:`neox_dar.checkpoint`):
-DeepSpeed's model/optimizer/scheduler files (every rank's ZeRO partition), the RNG states of every rank,
-the consolidated fp32 ``model.safetensors`` and ``config.yml``, and ``state.json`` (step, consumed samples,
-code version, and the manifest of every file with its size).
+File names, atomic publication, manifests with checksums, pruning and finding checkpoints belong to
+:mod:`neox_dar.rundir`; this module adds what needs the DeepSpeed engine. A save writes everything into
+``.tmp-step_X`` (DeepSpeed's model/optimizer files of every rank, every rank's RNG state, the consolidated fp32
+``model.safetensors`` and ``config.yml``), rank 0 writes the manifest (size and xxh3-64 checksum of every file)
+and publishes the directory as ``step_X``; on any error (a full disk) the temporary directory is removed, the
+previous checkpoints stay intact, and the error names the path and the free space.
 
-Writing is atomic: everything goes to ``.tmp-step_XXXXXXXX``, files and directory are fsynced, the directory
-is renamed to its final name, and ``latest`` is replaced last (temporary file + ``os.replace``). On resume the
-newest checkpoint that matches its manifest wins; partial or corrupt ones are skipped with a warning.
+Loading never unpickles code: every DeepSpeed state file is read with ``torch.load(weights_only=True)``, with
+only the few plain DeepSpeed classes its optimizer state holds allowed (:data:`SAFE_GLOBALS`).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import os
+import pickle
 import random
+import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -25,14 +25,11 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from ..checkpoint import CONFIG, LATEST, STATE, WEIGHTS, incomplete_reason, step_dir_name, step_dirs
-from ..config import Config
+from ..config import Config, model_config_diff
 from ..provenance import code_version
-from .distributed import DistInfo, barrier
-
-log = logging.getLogger("neox_dar.train")
-
-TMP_PREFIX = ".tmp-"
+from ..rundir import (CONFIG, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune, publish, read_state,
+                      step_dir_name, write_manifest)
+from .distributed import DistInfo, any_rank, barrier
 
 
 @dataclass
@@ -41,10 +38,6 @@ class TrainState:
 
     step: int = 0
     consumed_samples: int = 0
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be used with this run (one line)."""
 
 
 def rng_file(rank: int) -> str:
@@ -80,6 +73,42 @@ def restore_rng(state: dict) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# loading DeepSpeed state without unpickling code
+
+
+def _safe_globals() -> list:
+    """The plain classes DeepSpeed's optimizer states hold (checked for ZeRO 0-3 in fp32, fp16 and bf16)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+def safe_torch_load(path: str | Path, map_location=None):
+    """``torch.load(weights_only=True)`` with DeepSpeed's few state classes allowed; a file that holds anything
+    else (a pickled callable) is a one-line CheckpointError, and nothing in it runs."""
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = found.group(1) if found else "objects"
+        raise CheckpointError(f"refusing {path}: it holds pickled {what}, which no neox-dar checkpoint contains; "
+                              "load only checkpoints you trust") from None
+
+
+def use_safe_loading(engine) -> None:
+    """Make ``engine.load_checkpoint`` read every file through :func:`safe_torch_load`."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
+        raise CheckpointError(f"unexpected DeepSpeed checkpoint engine {type(engine.checkpoint_engine).__name__}; "
+                              "neox-dar loads checkpoints only through the torch engine with weights_only=True")
+    engine.checkpoint_engine.load = lambda path, map_location=None: safe_torch_load(path, map_location)
+
+
+# ----------------------------------------------------------------------------------------------
 # consolidated weights
 
 
@@ -105,133 +134,102 @@ def consolidated_fp32_state(engine) -> dict[str, torch.Tensor]:
 # saving
 
 
-def _fsync_tree(d: Path) -> None:
-    for f in sorted(d.rglob("*")):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
-    _fsync_dir(d)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync, then ``os.replace`` it into place."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: TrainState, keep_last_n: int) -> Path:
-    """Write the checkpoint of ``state`` under ``root`` (collective), return its directory.
+    """Write the checkpoint of ``state`` under ``root`` (collective) and return its directory.
 
-    A complete checkpoint of the same step already there (the one this run resumed from) is kept as is."""
+    A checkpoint of the same step already there (one that failed its check and was skipped on resume) is
+    replaced, never kept. Any error removes the temporary directory and raises CheckpointError on every rank."""
     final = root / step_dir_name(state.step)
-    if final.is_dir() and incomplete_reason(final) is None:
-        return final
-    tag = TMP_PREFIX + step_dir_name(state.step)
+    tag = TMP_PREFIX + final.name
     tmp = root / tag
-    if info.is_main:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in (tmp, final):
-            if stale.exists():
-                shutil.rmtree(stale)
-    barrier()
-    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
-    torch.save(capture_rng(), tmp / rng_file(info.rank))
+    error = None
+    try:
+        if info.is_main:
+            root.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+        barrier()
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+        torch.save(capture_rng(), tmp / rng_file(info.rank))
+    except Exception as e:  # OSError from a full disk, or torch's RuntimeError wrapping one
+        error = e
     weights = consolidated_fp32_state(engine)
+    if any_rank(error is not None, info.device):
+        _abandon(tmp, info, error)
     barrier()
     if info.is_main:
-        save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
-        (tmp / CONFIG).write_text(cfg.to_yaml())
-        files = {str(f.relative_to(tmp)): f.stat().st_size for f in sorted(tmp.rglob("*")) if f.is_file()}
-        meta = {
-            "step": state.step,
-            "consumed_samples": state.consumed_samples,
-            "train_iters": cfg.train_iters,
-            "world_size": info.world_size,
-            "zero_stage": cfg.zero_optimization.stage,
-            "precision": cfg.dtype_name,
-            "code_version": code_version(),
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "deepspeed_tag": tag,
-            "files": files,
-        }
-        (tmp / STATE).write_text(json.dumps(meta, indent=1) + "\n")
-        _fsync_tree(tmp)
-        os.rename(tmp, final)
-        _fsync_dir(root)
-        write_text_atomic(root / LATEST, final.name + "\n")
-        prune(root, keep_last_n)
+        try:
+            save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            (tmp / CONFIG).write_text(cfg.to_yaml())
+            write_manifest(tmp, {
+                "step": state.step,
+                "consumed_samples": state.consumed_samples,
+                "train_iters": cfg.train_iters,
+                "world_size": info.world_size,
+                "zero_stage": cfg.zero_optimization.stage,
+                "precision": cfg.dtype_name,
+                "code_version": code_version(),
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            })
+            publish(tmp, final)
+            prune(root, keep_last_n)
+        except Exception as e:
+            error = e
+    if any_rank(error is not None, info.device):
+        _abandon(tmp, info, error)
     barrier()
     return final
 
 
-def prune(root: Path, keep_last_n: int) -> None:
-    """Delete complete checkpoints beyond the newest ``keep_last_n`` (never the one ``latest`` names)."""
-    latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
-    complete = [p for _, p in step_dirs(root) if incomplete_reason(p) is None]
-    for p in complete[keep_last_n:]:
-        if p.name != latest:
-            shutil.rmtree(p, ignore_errors=True)
-
-
-def remove_stale_temporaries(root: Path) -> None:
-    """Delete ``.tmp-*`` leftovers of a save that was killed midway (rank 0, before training)."""
-    for p in root.glob(TMP_PREFIX + "*") if root.is_dir() else ():
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-        log.warning("removed the unfinished checkpoint %s", p)
+def _abandon(tmp: Path, info: DistInfo, error: Exception | None) -> None:
+    """Remove a half-written checkpoint (rank 0) and raise one line saying where and why on every rank."""
+    if info.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+    barrier()
+    if error is None:
+        why = "another rank failed to write its part"
+    else:
+        why = getattr(error, "strerror", None) or (str(error).splitlines() or [type(error).__name__])[0]
+    raise CheckpointError(f"could not write checkpoint {tmp.with_name(tmp.name[len(TMP_PREFIX):])}: {why} "
+                          f"({free_space(tmp.parent)}); the previous checkpoints are intact")
 
 
 # ----------------------------------------------------------------------------------------------
 # resuming
 
 
-def checkpoints_root(path: str | Path) -> Path:
-    """The directory holding ``step_*`` dirs for a run directory or a checkpoints directory."""
-    p = Path(path)
-    return p / "checkpoints" if (p / "checkpoints").is_dir() or not step_dirs(p) else p
+def model_mismatch(step_dir: Path, cfg: Config) -> str | None:
+    """Why the checkpoint's config describes another model than ``cfg`` (continuing it would load mismatched
+    weights or silently change the architecture), or None when it is the same model."""
+    from ..config import ConfigError, load_config
 
-
-def find_resume_checkpoint(path: str | Path, warn=log.warning) -> Path | None:
-    """The newest complete checkpoint under ``path`` (a run dir, its ``checkpoints`` dir, or one step dir);
-    incomplete ones are skipped with a warning. None when there is none."""
-    p = Path(path)
-    if (p / STATE).is_file() or p.name.startswith("step_"):
-        reason = incomplete_reason(p)
-        if reason:
-            raise CheckpointError(f"checkpoint {p} is incomplete: {reason}")
-        return p
-    for _, d in step_dirs(checkpoints_root(p)):
-        reason = incomplete_reason(d)
-        if reason is None:
-            return d
-        warn(f"skipping incomplete checkpoint {d}: {reason}")
-    return None
+    try:
+        diff = model_config_diff(load_config(step_dir / CONFIG), cfg)
+    except ConfigError as e:
+        return f"{step_dir / CONFIG} is not a valid config ({e})"
+    if not diff:
+        return None
+    shown = ", ".join(f"{k} ({a!r} in the checkpoint, {b!r} now)" for k, (a, b) in list(diff.items())[:3])
+    return f"{step_dir} is a checkpoint of another model: {shown}"
 
 
 def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> TrainState:
-    """Restore DeepSpeed state, this rank's RNG and the data position from ``step_dir`` (collective)."""
-    meta = json.loads((step_dir / STATE).read_text())
+    """Restore DeepSpeed state, this rank's RNG and the data position from a verified ``step_dir`` (collective)."""
+    meta = read_state(step_dir)
     if meta["world_size"] != info.world_size and meta["zero_stage"] > 0:
         raise CheckpointError(
             f"{step_dir} was written by {meta['world_size']} ranks under ZeRO-{meta['zero_stage']}; resume it with "
             f"{meta['world_size']} ranks (this run has {info.world_size}), or start a new run from its "
             f"{WEIGHTS}")
-    loaded, _ = engine.load_checkpoint(str(step_dir.parent), tag=step_dir.name, load_optimizer_states=True,
-                                       load_lr_scheduler_states=True)
+    mismatch = model_mismatch(step_dir, cfg)
+    if mismatch:
+        raise CheckpointError(mismatch)
+    use_safe_loading(engine)
+    loaded, _ = engine.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
+                                       load_optimizer_states=True, load_lr_scheduler_states=True)
     if loaded is None:
         raise CheckpointError(f"DeepSpeed could not load {step_dir}")
     rng = step_dir / rng_file(info.rank)
     if rng.is_file():
-        restore_rng(torch.load(rng, weights_only=True))
+        restore_rng(safe_torch_load(rng))
     return TrainState(step=int(meta["step"]), consumed_samples=int(meta["consumed_samples"]))

@@ -16,32 +16,7 @@ import time
 from pathlib import Path
 
 from ..config import Config
-from .checkpointing import write_text_atomic
-
-STATUS = "status.json"
-METRICS = "metrics.jsonl"
-WANDB_ID = "wandb_run_id"
-
-
-def write_status(save: Path, state: str, step: int, train_iters: int, **extra) -> None:
-    """``{save}/status.json`` = {"state": running|done|interrupted|failed, "step", "train_iters", ...}."""
-    body = {"state": state, "step": step, "train_iters": train_iters, **extra,
-            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_text_atomic(save / STATUS, json.dumps(body) + "\n")
-
-
-def truncate_metrics(path: Path, step: int) -> None:
-    """Drop rows logged after ``step`` (by a run that died after its last checkpoint) before resuming."""
-    if not path.is_file():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-    write_text_atomic(path, "".join(l + "\n" for l in keep))
+from ..rundir import CONFIG, METRICS, WANDB_ID, truncate_metrics, write_text_atomic
 
 
 def _scalars(row: dict) -> dict[str, float]:
@@ -67,8 +42,8 @@ class RunLogger:
         if not self.enabled:
             return
         self.save.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(self.save / "config.yml", cfg.to_yaml())
-        truncate_metrics(self.save / METRICS, start_step)
+        write_text_atomic(self.save / CONFIG, cfg.to_yaml())
+        truncate_metrics(self.save, start_step)
         self.metrics = open(self.save / METRICS, "a")
         if sys.stderr.isatty():
             from tqdm import tqdm
@@ -91,7 +66,7 @@ class RunLogger:
         self.wandb = wandb.init(project=self.cfg.wandb_project, group=self.cfg.wandb_group,
                                 name=self.cfg.wandb_run_name, entity=self.cfg.wandb_team, id=run_id,
                                 resume="allow", dir=str(self.save), config=self.cfg.to_dict())
-        self.wandb.save(str(self.save / "config.yml"), base_path=str(self.save), policy="now")
+        self.wandb.save(str(self.save / CONFIG), base_path=str(self.save), policy="now")
 
     # -- per step ------------------------------------------------------------------------------
     def advance(self, step: int) -> None:

@@ -1,0 +1,432 @@
+"""The run directory: the one owner of every file name in it, of atomic writes and of checkpoint integrity.
+
+    {save}/config.yml                   the run's resolved config (written when training starts)
+    {save}/status.json                  {"state": running|done|interrupted|failed, "step", "train_iters",
+                                         "reason" (failed), "updated_at"}
+    {save}/metrics.jsonl                one JSON object per logged step (training and validation rows)
+    {save}/eval/*.json                  rolling-window evaluations ({"step", "corpora": {...}})
+    {save}/run.json                     a sweep's record of the run (sweep, run, axes, configs, overrides)
+    {save}/slurm_jobs.txt               SLURM job ids the run was submitted under, one per line
+    {save}/wandb_run_id                 the W&B run id (a resumed run continues the same W&B run)
+    {save}/checkpoints/step_XXXXXXXX/   one complete checkpoint:
+        model.safetensors               consolidated fp32 weights (Hugging Face names)
+        config.yml                      the resolved config
+        state.json                      step, consumed samples, provenance, and the manifest: every file of the
+                                        checkpoint with its size and xxh3-64 checksum (written last)
+        rng_rankNNNNN.pt, DeepSpeed's model and optimizer files
+    {save}/checkpoints/latest           name of the newest complete checkpoint (for people and external tools)
+    {save}/checkpoints/.tmp-step_X/     a checkpoint being written; renamed to step_X once complete
+    {save}/checkpoints/.del-step_X/     a checkpoint being deleted; renamed first, so a kill never leaves a
+                                        half-deleted step_X behind
+
+A checkpoint is *complete* when every file its manifest lists is there with the recorded size and checksum.
+Resuming, evaluation and conversion all find checkpoints through :func:`newest_checkpoint` /
+:func:`resolve_checkpoint` and refuse one that fails the check, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import xxhash
+
+log = logging.getLogger("neox_dar.rundir")
+
+CONFIG = "config.yml"
+STATUS = "status.json"
+METRICS = "metrics.jsonl"
+EVAL_DIR = "eval"
+FINAL_EVAL = "perplexity.json"
+RUN_META = "run.json"
+JOBS = "slurm_jobs.txt"
+WANDB_ID = "wandb_run_id"
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+WEIGHTS = "model.safetensors"
+STATE = "state.json"
+STEP_PREFIX = "step_"
+TMP_PREFIX = ".tmp-"
+DEL_PREFIX = ".del-"
+CHECKSUM = "xxh3_64"
+
+# Fault injection for the crash tests: "POINT" or "POINT:N" SIGKILLs this process the N-th time (default 1st)
+# it passes POINT (save-written, save-renamed, latest-written, prune-renamed, prune-deleting).
+KILL_AT_ENV = "NEOX_DAR_KILL_AT"
+_passes: dict[str, int] = {}
+
+
+def fault_point(name: str) -> None:
+    """SIGKILL this process here when ``NEOX_DAR_KILL_AT`` names this point (tests only; a no-op otherwise)."""
+    want = os.environ.get(KILL_AT_ENV)
+    if not want:
+        return
+    point, _, count = want.partition(":")
+    if point != name:
+        return
+    _passes[name] = _passes.get(name, 0) + 1
+    if _passes[name] == int(count or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that exists but cannot be used (incomplete, corrupt, untrusted, mismatched); one line."""
+
+
+# ----------------------------------------------------------------------------------------------
+# files
+
+
+def fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to a temporary file beside ``path``, fsync, then ``os.replace`` it into place.
+
+    On failure (a full disk) the temporary file is removed and the OSError names ``path``."""
+    path = Path(path)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OSError(e.errno, f"cannot write {path}: {e.strerror} ({free_space(path.parent)})") from None
+
+
+def free_space(path: str | Path) -> str:
+    """``"N GiB free on PATH"`` for the file system holding ``path`` (its nearest existing parent)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        usage = shutil.disk_usage(p)
+    except OSError:
+        return f"free space on {p} unknown"
+    return f"{usage.free / 2**30:.2f} GiB free on {p}"
+
+
+def file_checksum(path: str | Path, chunk: int = 1 << 24) -> str:
+    """xxh3-64 of a file's bytes as 16 hex digits (several GB/s, so a checkpoint adds seconds at most)."""
+    h = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"size", "xxh3_64"}}`` of every file under ``directory``, sorted."""
+    return {str(f.relative_to(directory)): {"size": f.stat().st_size, CHECKSUM: file_checksum(f)}
+            for f in sorted(directory.rglob("*")) if f.is_file()}
+
+
+def fsync_tree(d: Path) -> None:
+    for f in sorted(d.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    fsync_dir(d)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory by renaming it to ``.del-<name>`` first, then removing it; a kill in between leaves a
+    ``.del-*`` leftover that :func:`clean_leftovers` removes, never a half-deleted directory under its name."""
+    doomed = path.with_name(DEL_PREFIX + path.name)
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.rename(path, doomed)
+    fault_point("prune-renamed")
+    shutil.rmtree(doomed)
+
+
+# ----------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def step_dir_name(step: int) -> str:
+    """``step_00001000`` for step 1000."""
+    return f"{STEP_PREFIX}{step:08d}"
+
+
+def checkpoints_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def step_dirs(root: str | Path) -> list[tuple[int, Path]]:
+    """``(step, path)`` of every ``step_*`` directory directly under ``root``, newest first."""
+    root = Path(root)
+    found = []
+    for p in root.glob(STEP_PREFIX + "*") if root.is_dir() else ():
+        suffix = p.name[len(STEP_PREFIX):]
+        if p.is_dir() and suffix.isdigit():
+            found.append((int(suffix), p))
+    return sorted(found, reverse=True)
+
+
+def read_state(step_dir: str | Path) -> dict:
+    """A checkpoint's ``state.json``; CheckpointError (saying what is wrong, not where) when missing or unreadable."""
+    path = Path(step_dir) / STATE
+    try:
+        state = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"no {STATE}") from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"unreadable {STATE} ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
+        raise CheckpointError(f"{STATE} holds no manifest ('files')")
+    return state
+
+
+def verify(step_dir: str | Path, checksums: bool = True) -> str | None:
+    """None when ``step_dir`` is a complete checkpoint, else why not: no or unreadable manifest, a missing file, a
+    size or (with ``checksums``) checksum that differs from the manifest. A manifest without checksums (written
+    before they were recorded) is checked by size only."""
+    d = Path(step_dir)
+    try:
+        files = read_state(d)["files"]
+    except CheckpointError as e:
+        return str(e)
+    if WEIGHTS not in files:
+        return f"its manifest lists no {WEIGHTS}"
+    for rel, entry in files.items():
+        f = d / rel
+        size, digest = (entry, None) if isinstance(entry, int) else (entry.get("size"), entry.get(CHECKSUM))
+        if not f.is_file():
+            return f"{rel} is missing"
+        if f.stat().st_size != size:
+            return f"{rel} has {f.stat().st_size} bytes, the manifest says {size}"
+        if checksums and digest is not None and file_checksum(f) != digest:
+            return f"{rel} is corrupt (its {CHECKSUM} checksum differs from the manifest)"
+    return None
+
+
+def newest_checkpoint(run_dir: str | Path, checksums: bool = True,
+                      warn: Callable[[str], Any] | None = log.warning) -> Path | None:
+    """The newest complete checkpoint of a run directory (or of its ``checkpoints`` directory), or None.
+
+    Incomplete or corrupt ones are skipped, each with a warning saying why."""
+    p = Path(run_dir)
+    root = p / CHECKPOINTS if (p / CHECKPOINTS).is_dir() else p
+    for _, d in step_dirs(root):
+        reason = verify(d, checksums)
+        if reason is None:
+            return d
+        if warn is not None:
+            warn(f"skipping checkpoint {d}: {reason}")
+    return None
+
+
+def is_checkpoint_dir(path: str | Path) -> bool:
+    """A directory that is itself one checkpoint (a step directory or a weights folder), not a run directory."""
+    p = Path(path)
+    return (p / STATE).is_file() or (p / WEIGHTS).is_file() or p.name.startswith(STEP_PREFIX)
+
+
+def resolve_checkpoint(path: str | Path, checksums: bool = True,
+                       warn: Callable[[str], Any] | None = log.warning) -> Path:
+    """The checkpoint ``path`` names, verified against its manifest: ``path`` itself when it is one checkpoint
+    directory, else the newest complete one under a run or ``checkpoints`` directory. CheckpointError (one line)
+    when there is none or the named one fails the check. A weights folder without a manifest (``save_weights`` of
+    an older version) is accepted as it is."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint not found: {p}")
+    if is_checkpoint_dir(p):
+        if not (p / STATE).is_file() and (p / WEIGHTS).is_file() and not p.name.startswith(STEP_PREFIX):
+            return p
+        reason = verify(p, checksums)
+        if reason is not None:
+            raise CheckpointError(f"refusing checkpoint {p}: {reason}")
+        return p
+    found = newest_checkpoint(p, checksums, warn)
+    if found is None:
+        raise CheckpointError(f"no complete checkpoint under {p}")
+    return found
+
+
+def checkpoint_step(step_dir: str | Path) -> int | None:
+    """The training step of a checkpoint directory (its manifest's ``step``, else its ``step_N`` name)."""
+    d = Path(step_dir)
+    try:
+        step = read_state(d).get("step")
+        if step is not None:
+            return int(step)
+    except CheckpointError:
+        pass
+    suffix = d.name[len(STEP_PREFIX):] if d.name.startswith(STEP_PREFIX) else ""
+    return int(suffix) if suffix.isdigit() else None
+
+
+def write_manifest(directory: Path, meta: dict) -> None:
+    """Write ``state.json`` = ``meta`` + the manifest of every other file in ``directory`` (call it last)."""
+    files = {k: v for k, v in manifest(directory).items() if k != STATE}
+    (directory / STATE).write_text(json.dumps({**meta, "files": files}, indent=1) + "\n")
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Move a complete checkpoint ``tmp`` (manifest written) to ``final``, replacing a checkpoint of the same
+    step (it is renamed aside and deleted only after the new one is in place), then point ``latest`` at it."""
+    fsync_tree(tmp)
+    fault_point("save-written")
+    old = final.with_name(DEL_PREFIX + final.name)
+    if final.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    fault_point("save-renamed")
+    write_text_atomic(final.parent / LATEST, final.name + "\n")
+    fault_point("latest-written")
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def prune(root: Path, keep_last_n: int) -> list[Path]:
+    """Delete every checkpoint older than the newest ``keep_last_n`` complete ones (by size; never the one
+    ``latest`` names); returns what was deleted."""
+    latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
+    complete = [p for _, p in step_dirs(root) if verify(p, checksums=False) is None]
+    if len(complete) <= keep_last_n:
+        return []
+    oldest_kept = checkpoint_step(complete[keep_last_n - 1])
+    removed = []
+    for step, p in step_dirs(root):
+        if p.name != latest and step < oldest_kept:
+            fault_point("prune-deleting")
+            remove_tree(p)
+            removed.append(p)
+    return removed
+
+
+def clean_leftovers(root: Path, warn: Callable[[str], Any] = log.warning) -> list[Path]:
+    """Remove what a killed save or deletion left under a checkpoints directory: ``.tmp-*`` and ``.del-*``
+    entries, and ``step_*`` directories without a manifest (only a deletion by an older version, which removed
+    files in place, can leave those). Checkpoints that fail their checksums are kept (and skipped when resuming)
+    so they can be inspected. Returns what was removed."""
+    removed = []
+    if not root.is_dir():
+        return removed
+    for p in sorted(root.iterdir()):
+        leftover = p.name.startswith((TMP_PREFIX, DEL_PREFIX)) or (
+            p.is_dir() and p.name.startswith(STEP_PREFIX) and not (p / STATE).is_file())
+        if leftover:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            warn(f"removed the leftover of an interrupted checkpoint write or deletion: {p}")
+            removed.append(p)
+    return removed
+
+
+# ----------------------------------------------------------------------------------------------
+# status, metrics, evaluations, jobs
+
+
+class RunFileError(ValueError):
+    """A run file that exists but cannot be read, named with its path."""
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise RunFileError(f"{path}: not valid JSON ({e})") from None
+
+
+def write_status(run_dir: str | Path, state: str, step: int, train_iters: int, **extra) -> None:
+    """``{run}/status.json`` = {"state": running|done|interrupted|failed, "step", "train_iters", ...}."""
+    body = {"state": state, "step": step, "train_iters": train_iters, **extra,
+            "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    write_text_atomic(Path(run_dir) / STATUS, json.dumps(body) + "\n")
+
+
+def read_status(run_dir: str | Path) -> dict | None:
+    """The trainer's status.json, or None before training started."""
+    p = Path(run_dir) / STATUS
+    return read_json(p) if p.is_file() else None
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """Every row of metrics.jsonl; a torn last line (a run writing right now, or killed) is left out."""
+    p = Path(run_dir) / METRICS
+    if not p.is_file():
+        return []
+    lines = p.read_text().splitlines()
+    rows = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if i == len(lines) - 1:
+                break
+            raise RunFileError(f"{p}:{i + 1}: not valid JSON ({e})") from None
+    return rows
+
+
+def truncate_metrics(run_dir: str | Path, step: int) -> None:
+    """Drop rows logged after ``step`` (by a run that died after its last checkpoint) before resuming."""
+    rows = [r for r in read_metrics(run_dir) if r.get("step", 0) <= step]
+    if (Path(run_dir) / METRICS).is_file():
+        write_text_atomic(Path(run_dir) / METRICS, "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def read_evals(run_dir: str | Path) -> list[dict]:
+    """All evaluation results of the run, sorted by step (results without a step sort last)."""
+    d = Path(run_dir) / EVAL_DIR
+    if not d.is_dir():
+        return []
+    results = []
+    for p in sorted(d.glob("*.json")):
+        r = read_json(p)
+        if isinstance(r, dict) and isinstance(r.get("corpora"), dict):
+            results.append(dict(r, _path=str(p)))
+    return sorted(results, key=lambda r: (r.get("step") is None, r.get("step") or 0))
+
+
+def job_ids(run_dir: str | Path) -> list[str]:
+    p = Path(run_dir) / JOBS
+    return [ln.strip() for ln in p.read_text().splitlines() if ln.strip()] if p.is_file() else []
+
+
+def record_job(run_dir: str | Path, job_id: str) -> None:
+    with open(Path(run_dir) / JOBS, "a") as f:
+        f.write(job_id + "\n")
+
+
+@dataclass
+class RunDir:
+    """Paths of one run directory (``save``)."""
+
+    path: Path
+
+    def __post_init__(self):
+        self.path = Path(self.path)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def config(self) -> Path:
+        return self.path / CONFIG
+
+    def has_checkpoints(self) -> bool:
+        """True when any ``step_*`` directory is there (complete or not)."""
+        return bool(step_dirs(self.checkpoints))
