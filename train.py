@@ -15,7 +15,6 @@ checkpoint (SIGTERM/SIGUSR1 or exit_interval): run the same command again to con
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import warnings
 
@@ -45,10 +44,12 @@ def check_config(cfg, world_size: int) -> None:
     if cfg.dtype_name == "bf16" and cfg.zero_optimization.stage == 0:
         raise ConfigError("precision bf16 (the default on GPUs) needs zero_optimization.stage >= 1: DeepSpeed keeps "
                           "fp32 master weights for bf16 only under ZeRO (stage 1 on one GPU costs nothing)")
-    for prefix in [cfg.data_path] if cfg.data_path else list(cfg.train_data_paths) + list(cfg.valid_data_paths or []):
-        for ext in (".bin", ".idx"):
-            if not os.path.isfile(prefix + ext):
-                raise ConfigError(f"data file not found: {prefix + ext} (tokenize data with python -m data_prep.tokenize)")
+    from neox_dar.data import IndexedDatasetError, check_data_files
+
+    try:
+        check_data_files(cfg)  # every data file: header, sizes, dtype, token ids against vocab_size
+    except IndexedDatasetError as e:
+        raise ConfigError(str(e)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

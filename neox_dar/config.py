@@ -137,15 +137,15 @@ class Config:
     train_data_paths: Optional[list[str]] = _f(None, "Prefixes of training datasets (blend).")
     train_data_weights: Optional[list[float]] = _f(None, "Blend weights for train_data_paths.")
     valid_data_paths: Optional[list[str]] = _f(None, "Prefixes of validation datasets (blend).")
-    valid_data_weights: Optional[list[float]] = _f(None, "Blend weights for valid_data_paths (equal weights when unset, as GPT-NeoX).")
-    split: str = _f("969,30,1", "train,valid,test proportions of data_path's documents (',' or '/'; missing shares are 0).")
+    valid_data_weights: Optional[list[float]] = _f(None, "Blend weights for valid_data_paths (unset: equal, as GPT-NeoX).")
+    split: str = _f("969,30,1", "train,valid,test shares of data_path's documents (',' or '/'; missing shares are 0).")
     data_shuffle: bool = _f(True, "Shuffle documents and samples (seeded); false reads samples in file order (Pythia's preshuffled data).")
     data_fixed_length: Optional[bool] = _f(
         None, "One document per sample (every document must hold seq_length + 1 tokens, e.g. Pythia's 2049-token Pile) "
         "instead of GPT-NeoX's packing; unset: only when data_shuffle is false and every document has that length.")
-    data_check: Literal["full", "sample", "off"] = _f(
+    data_token_check: Literal["full", "sample", "skip"] = _f(
         "full", "Start-up check that token ids are in [0, vocab_size): full scan of each .bin (cached by file size and "
-        "mtime), sample (64 windows of 1M tokens), or off; headers and sizes are always checked.")
+        "mtime), sample (64 windows of 1M tokens) or skip; headers and sizes are always checked.")
     data_cache_path: Optional[str] = _f(None, "Directory for cached index maps (default: next to the data).")
     vocab_file: Optional[str] = _f(None, "Tokenizer file (HF tokenizer.json or SentencePiece model).")
     tokenizer_type: Literal["HFTokenizer", "SPMTokenizer"] = _f("HFTokenizer", "Tokenizer kind.")
@@ -244,8 +244,10 @@ class Config:
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "<dict>") -> "Config":
-        cfg = _build(cls, _normalize_keys(data, source, ""), {}, source, "")
-        _validate(cfg)
+        data, origins = _normalize_keys(data, source, ""), {}
+        _merge({}, data, origins, source)  # every key comes from `source`
+        cfg = _build(cls, data, origins, source, "")
+        _validate(cfg, origins)
         return cfg
 
 
@@ -253,12 +255,43 @@ class Config:
 # validation rules
 
 
+class _InvalidValue(ConfigError):
+    """A failed value rule; :func:`_validate` turns it into the one-line message."""
+
+    def __init__(self, key: str, rule: str, value: Any):
+        super().__init__(key, rule, value)
+        self.key, self.rule, self.value = key, rule, value
+
+
 def _check(ok: bool, key: str, rule: str, value: Any) -> None:
     if not ok:
-        raise ConfigError(f"invalid value for '{key}': {value!r} ({rule})")
+        raise _InvalidValue(key, rule, value)
 
 
-def _validate(c: Config) -> None:
+def _validate(c: Config, origins: dict[str, str] | None = None) -> None:
+    """Check every value rule; a failure is a ConfigError naming the key, where it was set last (a file or
+    "the command line", from ``origins``; nothing for a default) and the rule."""
+    try:
+        _check_values(c)
+    except _InvalidValue as e:
+        where = (origins or {}).get(e.key)
+        where = f" in {where}" if where else ""
+        raise ConfigError(f"invalid value for '{e.key}'{where}: {e.value!r} ({e.rule})") from None
+
+
+def split_shares(split: str) -> list[float] | None:
+    """GPT-NeoX's ``split``: up to three ','- or '/'-separated train,valid,test shares, missing ones 0
+    ("98,2" is [98, 2, 0]); None when malformed (not numbers, negative, more than three, zero sum)."""
+    try:
+        shares = [float(p) for p in split.replace("/", ",").split(",")]
+    except ValueError:
+        return None
+    if len(shares) > 3 or not all(math.isfinite(x) and x >= 0 for x in shares) or sum(shares) <= 0:
+        return None
+    return (shares + [0.0, 0.0])[:3]
+
+
+def _check_values(c: Config) -> None:
     """Cross-key value rules; each failure names the key and the rule."""
     for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
                 "vocab_size", "make_vocab_size_divisible_by", "train_micro_batch_size_per_gpu", "train_iters",
@@ -314,16 +347,19 @@ def _validate(c: Config) -> None:
     if c.exit_interval is not None:
         _check(c.exit_interval >= 1, "exit_interval", "must be >= 1", c.exit_interval)
     _check(c.num_workers >= 0, "num_workers", "must be >= 0", c.num_workers)
+    _check(0 <= c.seed <= 2**32 - 1, "seed", "must be in [0, 2**32 - 1], numpy RandomState's range", c.seed)
     if c.data_cache_path is not None:
         _check(bool(str(c.data_cache_path).strip()), "data_cache_path", "must be a directory path", c.data_cache_path)
-    if c.train_data_weights is not None:
-        _check(c.train_data_paths is not None and len(c.train_data_weights) == len(c.train_data_paths),
-               "train_data_weights", "needs one weight per entry of train_data_paths", c.train_data_weights)
-        _check(all(w >= 0 for w in c.train_data_weights) and sum(c.train_data_weights) > 0, "train_data_weights",
-               "must be non-negative with a positive sum", c.train_data_weights)
-    parts = c.split.split(",")
-    _check(len(parts) == 3 and all(p.strip().replace(".", "", 1).isdigit() for p in parts)
-           and sum(float(p) for p in parts) > 0, "split", "must be three non-negative numbers 'train,valid,test'", c.split)
+    for part in ("train", "valid"):
+        weights, paths = getattr(c, f"{part}_data_weights"), getattr(c, f"{part}_data_paths")
+        if weights is not None:
+            _check(paths is not None and len(weights) == len(paths), f"{part}_data_weights",
+                   f"needs one weight per entry of {part}_data_paths", weights)
+            _check(all(w >= 0 for w in weights) and sum(weights) > 0, f"{part}_data_weights",
+                   "must be non-negative with a positive sum", weights)
+    _check(split_shares(c.split) is not None, "split",
+           "must be 1 to 3 non-negative numbers 'train,valid,test' with a positive sum; missing shares are 0", c.split)
+
 
 
 # Attention keys that only some variants read: a non-default value for another variant is a warning.
@@ -509,7 +545,9 @@ def _translate_neox(merged: dict, origins: dict) -> None:
 
     for old, new in (("gas", "gradient_accumulation_steps"), ("save_interval", "checkpoint_factor")):
         if old in merged:
-            merged.setdefault(new, merged.pop(old))
+            value = merged.pop(old)
+            if new not in merged:
+                merged[new], origins[new] = value, where(old)
     for block, precision in (("fp16", "fp16"), ("bf16", "bf16")):
         if block in merged:
             value = merged.pop(block)
@@ -549,7 +587,7 @@ def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = ()) -
         _merge(merged, _normalize_keys(nested, "the command line", ""), origins, "the command line")
     _translate_neox(merged, origins)
     cfg = _build(Config, merged, origins, "<config>", "")
-    _validate(cfg)
+    _validate(cfg, origins)
     return cfg
 
 

@@ -1,28 +1,36 @@
-"""GPT-NeoX sample packing, index-map cache, Pythia's fixed sequences, blends, split guard, sampler."""
+"""GPT-NeoX sample packing, index-map cache, Pythia's fixed sequences, blends, splits, sampler, data keys."""
 
+import logging
 import threading
 
 import numpy as np
 import pytest
 
-from neox_dar.config import load_config
+from neox_dar.config import ConfigError, load_config
 from neox_dar.data import (BlendedDataset, DataParallelSampler, DataSplitError, GPTDataset, IndexedDataset,
                            IndexedDatasetWriter, build_datasets, split_bounds)
 
 SEQ = 16
 
 
-def write_random(prefix, n_docs, seed, max_len=40, vocab=50277, zero_docs=()):
-    rng = np.random.default_rng(seed)
-    w = IndexedDatasetWriter(prefix, np.uint16)
-    for i in range(n_docs):
-        w.add_document(np.zeros(0, np.int64) if i in zero_docs else rng.integers(1, vocab, int(rng.integers(1, max_len))))
+def write_docs(prefix, docs, dtype=np.uint16):
+    """A .bin/.idx pair holding ``docs`` (token arrays), one sequence each; its IndexedDataset."""
+    w = IndexedDatasetWriter(prefix, dtype)
+    for d in docs:
+        w.add_document(d)
     w.finalize()
     return IndexedDataset(prefix)
 
 
-def brute_force(indexed, documents, num_samples, seq_length, seed, shuffle):
-    """Samples by concatenating the (shuffled) epochs' documents and slicing, GPT-NeoX's definition."""
+def write_random(prefix, n_docs, seed, max_len=40, vocab=50277, zero_docs=()):
+    rng = np.random.default_rng(seed)
+    return write_docs(prefix, [rng.integers(1, vocab, 0 if i in zero_docs else int(rng.integers(1, max_len)))
+                               for i in range(n_docs)])
+
+
+def brute_force(indexed, documents, num_samples, seq_length, seed, shuffle=True):
+    """All S built samples (GPT-NeoX's dataset exposes the first S - 1) by concatenating the (shuffled)
+    epochs' documents and slicing, GPT-NeoX's definition; and the epoch count."""
     tokens_per_epoch = int(indexed.sizes[documents].sum())
     epochs = 1
     while (epochs * tokens_per_epoch - 1) // seq_length < num_samples:
@@ -48,7 +56,7 @@ def test_samples_equal_brute_force_concatenation_over_epochs(tmp_path, shuffle):
     want_samples = 3 * tokens // SEQ  # about three epochs
     ds = GPTDataset("train", indexed, documents, want_samples, SEQ, seed=11, shuffle=shuffle)
     want, epochs = brute_force(indexed, documents, want_samples, SEQ, 11, shuffle)
-    assert ds.num_epochs == epochs >= 3 and len(ds) == len(want) >= want_samples
+    assert ds.num_epochs == epochs >= 3 and len(ds) == len(want) - 1 >= want_samples - 1  # GPT-NeoX's len: S - 1
     for i in range(len(ds)):
         sample = ds[i]
         assert sample.dtype == np.int64 and sample.shape == (SEQ + 1,)
@@ -108,10 +116,7 @@ def test_concurrent_builders_share_one_build(tmp_path):
 def test_pythia_fixed_2049_token_sequences_load_in_order(tmp_path):
     rng = np.random.default_rng(8)
     seqs = rng.integers(0, 50277, size=(12, 2049))
-    w = IndexedDatasetWriter(tmp_path / "pile_preshuffled", np.uint16)
-    for s in seqs:
-        w.add_document(s)
-    w.finalize()
+    write_docs(tmp_path / "pile_preshuffled", seqs)
     cfg = load_config(overrides=[f"data_path={tmp_path / 'pile_preshuffled'}", "seq_length=2048", "split=1,0,0",
                                  "data_shuffle=false"])
     train, valid = build_datasets(cfg, train_samples=20, valid_samples=0)
@@ -120,21 +125,44 @@ def test_pythia_fixed_2049_token_sequences_load_in_order(tmp_path):
         np.testing.assert_array_equal(train[i], seqs[i % 12])
 
 
+def test_fixed_length_mode_never_silently_with_shuffling(tmp_path):
+    """2049-token documents with data_shuffle on are packed as GPT-NeoX packs them, unless data_fixed_length asks."""
+    rng = np.random.default_rng(18)
+    seqs = rng.integers(1, 50277, size=(12, 2049))
+    indexed = write_docs(tmp_path / "p", seqs)
+    base = [f"data_path={tmp_path / 'p'}", "seq_length=2048", "split=1,0,0"]
+    packed, _ = build_datasets(load_config(overrides=base), train_samples=20, valid_samples=0)
+    want, _ = brute_force(indexed, np.arange(12), 20, 2048, 1234)
+    assert not packed.fixed_sequences and len(packed) == len(want) - 1
+    for i in (0, 1, len(packed) - 1):
+        np.testing.assert_array_equal(packed[i], want[i])
+    asked, _ = build_datasets(load_config(overrides=base + ["data_fixed_length=true"]), 20, 0)
+    assert asked.fixed_sequences and len(asked) == 24
+    order = [next(k for k in range(12) if np.array_equal(asked[i], seqs[k])) for i in range(24)]
+    assert sorted(order) == sorted(list(range(12)) * 2) and order != list(range(12)) * 2  # whole sequences, shuffled
+    write_docs(tmp_path / "q", [seqs[0], seqs[1][:100]])
+    cfg = load_config(overrides=[f"data_path={tmp_path / 'q'}", "seq_length=2048", "split=1,0,0",
+                                 "data_fixed_length=true"])
+    with pytest.raises(DataSplitError, match="document 1 of .* holds 100 tokens, not seq_length \\+ 1 = 2049"):
+        build_datasets(cfg, train_samples=2, valid_samples=0)
+
+
 def test_blend_follows_weights_and_returns_member_samples(tmp_path):
     a = write_random(tmp_path / "a", 50, seed=9)
     b = write_random(tmp_path / "b", 80, seed=10)
     cfg = load_config(overrides=[f"train_data_paths=[{tmp_path / 'a'}, {tmp_path / 'b'}]", "train_data_weights=[3, 7]",
                                  f"valid_data_paths=[{tmp_path / 'b'}]", f"seq_length={SEQ}"])
     train, valid = build_datasets(cfg, train_samples=300, valid_samples=20)
-    assert isinstance(train, BlendedDataset) and len(train) == 300 and len(valid) >= 20
+    assert isinstance(train, BlendedDataset) and len(train) == sum(len(d) for d in train.datasets) >= 300
+    assert len(valid) >= 20
     idx = train.dataset_index.astype(np.int64)
     counts = np.cumsum(idx == 1)
-    steps = np.arange(1, 301)
+    steps = np.arange(1, len(train) + 1)
     assert np.all(np.abs(counts - 0.7 * steps) <= 1.0 + 1e-9)  # every prefix within one sample of the weights
     for i in (0, 1, 2, 150, 299):
         member = train.datasets[idx[i]]
         np.testing.assert_array_equal(train[i], member[int(train.dataset_sample_index[i])])
-    np.testing.assert_array_equal(valid[3], GPTDataset("valid", b, np.arange(80), 20, SEQ, cfg.seed)[3])
+    np.testing.assert_array_equal(valid[3], GPTDataset("valid", b, np.arange(80), 21, SEQ, cfg.seed)[3])  # 20 * 1.005
     assert a.num_tokens > 0
 
 
@@ -143,15 +171,29 @@ def test_split_bounds_follow_gpt_neox_rounding():
     assert split_bounds("949,50,1", 1000) == [0, 949, 999, 1000]
     assert split_bounds("1,0,0", 7) == [0, 7, 7, 7]
     assert split_bounds("98,1,1", 10) == [0, 10, 10, 10]
+    # GPT-NeoX's get_train_valid_test_split_: '/' works too and missing shares are 0
+    assert split_bounds("98,2", 100) == split_bounds("98,2,0", 100) == [0, 98, 100, 100]
+    assert split_bounds("969/30/1", 1000) == [0, 969, 999, 1000]
+    assert split_bounds("1", 9) == [0, 9, 9, 9]
 
 
-def test_split_that_rounds_to_zero_documents_is_an_error_not_a_spin(tmp_path):
+def test_split_with_missing_shares_is_accepted_and_bad_ones_are_config_errors():
+    assert load_config(overrides=["split=98,2"]).split == "98,2"
+    for bad in ("1,2,3,4", "a,b", "1,-1,0", "0,0,0"):
+        with pytest.raises(ConfigError, match="invalid value for 'split' in the command line"):
+            load_config(overrides=[f"split={bad}"])
+
+
+def test_split_that_rounds_to_zero_documents_gives_no_validation_set_with_a_warning(tmp_path, caplog):
     write_random(tmp_path / "tiny", 5, seed=12)
     cfg = load_config(overrides=[f"data_path={tmp_path / 'tiny'}", "split=969,30,1", f"seq_length={SEQ}"])
-    with pytest.raises(DataSplitError, match="gives validation 0 of the 5 documents"):
-        build_datasets(cfg, train_samples=10, valid_samples=4)
+    with caplog.at_level(logging.WARNING, logger="neox_dar.data.build"):
+        train, valid = build_datasets(cfg, train_samples=10, valid_samples=4)
+    assert valid is None and len(train) >= 10  # GPT-NeoX: no validation set, training goes on
+    assert "split '969,30,1' gives validation 0 of the 5 documents" in caplog.text
+    caplog.clear()
     train, valid = build_datasets(cfg, train_samples=10, valid_samples=0)
-    assert valid is None and len(train) >= 10
+    assert valid is None and len(train) >= 10 and "validation" not in caplog.text
     cfg = load_config(overrides=[f"data_path={tmp_path / 'tiny'}", "split=0,1,0", f"seq_length={SEQ}"])
     with pytest.raises(DataSplitError, match="split 'train' .* has 0 documents"):
         build_datasets(cfg, train_samples=10, valid_samples=0)
@@ -199,3 +241,29 @@ def test_torch_distributed_ranks_build_once_and_agree(tmp_path):
     a, b = np.load(tmp_path / "rank0.npy"), np.load(tmp_path / "rank1.npy")
     np.testing.assert_array_equal(a, b)
     assert len(list(tmp_path.glob("d_train_indexmap_*_idx.npy"))) == 3
+
+
+def test_seed_outside_numpy_range_is_a_config_error():
+    for bad in (-1, 2**32):
+        with pytest.raises(ConfigError, match=f"invalid value for 'seed' in the command line: {bad} "
+                                              r"\(must be in \[0, 2\*\*32 - 1\]"):
+            load_config(overrides=[f"seed={bad}"])
+    assert load_config(overrides=[f"seed={2**32 - 1}"]).seed == 2**32 - 1
+
+
+def test_value_errors_name_the_file_that_set_the_key(tmp_path):
+    (tmp_path / "x.yml").write_text("dar_d_down: 600\nattention_type: dar\n")
+    with pytest.raises(ConfigError, match=r"^invalid value for 'dar_d_down' in .*x\.yml: 600 \(must be in 1\.\."):
+        load_config(tmp_path / "x.yml")
+    (tmp_path / "w.yml").write_text("train_data_paths: [a, b]\ntrain_data_weights: [1, -1]\n")
+    with pytest.raises(ConfigError, match=r"'train_data_weights' in .*w\.yml: \[1\.0, -1\.0\]"):
+        load_config(tmp_path / "w.yml")
+    with pytest.raises(ConfigError, match=r"'valid_data_weights' in the command line: \[1\.0\] \(needs one weight"):
+        load_config(tmp_path / "w.yml", overrides=["train_data_weights=null", "valid_data_paths=[a, b]",
+                                                    "valid_data_weights=[1]"])
+    (tmp_path / "g.yml").write_text("gas: 0\n")  # a GPT-NeoX spelling keeps its file
+    with pytest.raises(ConfigError, match=r"'gradient_accumulation_steps' in .*g\.yml: 0"):
+        load_config(tmp_path / "g.yml")
+    (tmp_path / "m.yml").write_text("max_position_embeddings: 1024\n")  # seq_length keeps its default: no origin
+    with pytest.raises(ConfigError, match=r"^invalid value for 'seq_length': 2048 \(must be <="):
+        load_config(tmp_path / "m.yml")

@@ -1,6 +1,7 @@
-"""Training data: Megatron ``.bin/.idx`` token stores, GPT-NeoX sample packing, blending, sampling.
+"""Training data: Megatron ``.bin/.idx`` token stores, GPT-NeoX sample packing, blending, sampling, checks.
 
 * :func:`build_datasets` (cfg, train_samples, valid_samples) -> (train_ds, valid_ds or None)
+* :func:`check_data_files` (cfg): the start-up checks of every data file (headers, sizes, token ids)
 * :class:`DataParallelSampler` micro-batches of sample indices per rank, exact resume
 * :class:`IndexedDataset` / :class:`IndexedDatasetWriter`: validated reader and writer of the
   ``MMapIndexedDataset`` format that GPT-NeoX and megatron-core use
@@ -8,12 +9,14 @@
 """
 
 from .blended import BlendedDataset
-from .build import build_datasets, split_bounds
+from .build import blend_sample_counts, build_datasets, split_bounds
+from .check import check_data_files
 from .gpt_dataset import DataSplitError, GPTDataset
 from .indexed import IndexedDataset, IndexedDatasetError, IndexedDatasetWriter, best_dtype, write_index
 from .sampler import DataParallelSampler
 
 __all__ = [
-    "build_datasets", "split_bounds", "DataParallelSampler", "GPTDataset", "BlendedDataset", "DataSplitError",
-    "IndexedDataset", "IndexedDatasetError", "IndexedDatasetWriter", "best_dtype", "write_index",
+    "build_datasets", "blend_sample_counts", "split_bounds", "check_data_files", "DataParallelSampler", "GPTDataset",
+    "BlendedDataset", "DataSplitError", "IndexedDataset", "IndexedDatasetError", "IndexedDatasetWriter", "best_dtype",
+    "write_index",
 ]

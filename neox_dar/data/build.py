@@ -1,10 +1,14 @@
 """``build_datasets(cfg, train_samples, valid_samples)``: the training and validation datasets of a config.
 
-* ``data_path``: one dataset split into train/valid/test by ``split`` (GPT-NeoX's rule on
-  document counts, see :func:`split_bounds`);
-* ``train_data_paths`` (+ ``train_data_weights``, equal weights when unset) and
-  ``valid_data_paths``: whole datasets blended (validation datasets weighted by their
-  token counts).
+GPT-NeoX's ``build_train_valid_test_data_loaders`` rules:
+
+* ``data_path``: one dataset split into train/valid/test by ``split`` (document counts, see
+  :func:`split_bounds`); a split part with no documents has no dataset (a validation share
+  that rounds to zero documents gives no validation set, with a warning);
+* ``train_data_paths`` + ``train_data_weights`` and ``valid_data_paths`` + ``valid_data_weights``
+  (equal weights when unset): whole datasets blended; dataset i is asked for
+  ``ceil(samples * w_i * 1.005)`` samples (:func:`blend_sample_counts`) and the blend holds the
+  members' total length.
 
 Every sample is ``int64[seq_length + 1]``; shuffling follows ``data_shuffle`` and ``seed``;
 index maps are cached next to the data or in ``data_cache_path``.
@@ -12,73 +16,102 @@ index maps are cached next to the data or in ``data_cache_path``.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, split_shares
 from .blended import BlendedDataset
-from .gpt_dataset import DataSplitError, GPTDataset
+from .gpt_dataset import GPTDataset
 from .indexed import IndexedDataset
+
+log = logging.getLogger(__name__)
 
 
 def split_bounds(split: str, num_docs: int) -> list[int]:
-    """Document boundaries [4] of train/valid/test for ``split`` "a,b,c" over ``num_docs`` documents.
+    """Document boundaries [4] of train/valid/test for ``split`` ("a,b,c", "a/b/c", "a,b" or "a") over ``num_docs``.
 
-    GPT-NeoX's ``get_train_valid_test_split_``: each part gets round(fraction * num_docs)
-    documents and the rounding error is taken from the end.
+    GPT-NeoX's ``get_train_valid_test_split_``: missing shares are 0, each part gets
+    round(fraction * num_docs) documents and the rounding error is taken from the end.
     """
-    parts = [float(s) for s in split.replace("/", ",").split(",")]
-    parts = (parts + [0.0, 0.0, 0.0])[:3]
-    total = sum(parts)
+    shares = split_shares(split)
+    if shares is None:
+        raise ValueError(f"malformed split {split!r}: expected up to three non-negative numbers 'train,valid,test'")
+    total = sum(shares)
     bounds = [0]
-    for p in parts:
+    for p in shares:
         bounds.append(bounds[-1] + int(round(p / total * num_docs)))
     diff = bounds[-1] - num_docs
     return [bounds[0]] + [b - diff for b in bounds[1:]]
 
 
+def blend_sample_counts(weights: list[float], num_samples: int) -> tuple[list[float], list[int]]:
+    """GPT-NeoX's ``get_normalized_weights_and_num_samples``: the normalized weights and, for each
+    dataset, ``ceil(num_samples * w * 1.005)`` samples to build (0.5% headroom for the interleaving)."""
+    total = sum(weights)
+    normalized = [w / total for w in weights]
+    return normalized, [int(math.ceil(num_samples * w * 1.005)) for w in normalized]
+
+
 def _gpt(name: str, indexed: IndexedDataset, docs: np.ndarray, samples: int, cfg: Config) -> GPTDataset:
     return GPTDataset(name, indexed, docs, samples, cfg.seq_length, cfg.seed, shuffle=cfg.data_shuffle,
-                      cache_dir=cfg.data_cache_path)
+                      cache_dir=cfg.data_cache_path, fixed_length=cfg.data_fixed_length)
+
+
+def _warn_if_wraps(name: str, ds, samples: int) -> None:
+    wrap = getattr(ds, "first_wrap", None)
+    if wrap is not None and wrap < samples:
+        log.warning("%s data: sample %d onward of the %d needed reads past the end of a dataset and repeats its first "
+                    "samples (GPT-NeoX does the same; only tiny datasets get here)", name, wrap, samples)
 
 
 def _blend(name: str, paths: list[str], weights: list[float] | None, samples: int, cfg: Config):
-    stores = [IndexedDataset(p) for p in paths]
-    if weights is None:
-        weights = [s.num_tokens for s in stores] if name != "train" else [1.0] * len(stores)
-    w = np.asarray(weights, dtype=np.float64) / float(np.sum(weights))
-    if len(stores) == 1:
-        return _gpt(name, stores[0], np.arange(len(stores[0])), samples, cfg)
-    parts = [_gpt(name, s, np.arange(len(s)), math.ceil(wi * samples) + 1, cfg) for s, wi in zip(stores, w)]
-    return BlendedDataset(parts, list(w), samples)
+    """One dataset per path, each asked for its GPT-NeoX share of ``samples``, blended (a lone dataset as is)."""
+    weights, counts = blend_sample_counts(weights or [1.0] * len(paths), samples)
+    parts = []
+    for path, count in zip(paths, counts):
+        indexed = IndexedDataset(path)
+        parts.append(_gpt(name, indexed, np.arange(len(indexed)), count, cfg))
+    ds = parts[0] if len(parts) == 1 else BlendedDataset(parts, weights)
+    _warn_if_wraps(name, ds, samples)
+    return ds
+
+
+def _at_least(ds, samples: int):
+    """``ds``, or, when GPT-NeoX's counts leave it short of the ``samples`` training reads (tiny datasets only),
+    ``ds`` read cyclically up to ``samples`` (GPT-NeoX's training iterator cycles too)."""
+    if len(ds) >= samples:
+        return ds
+    cyclic = BlendedDataset([ds], [1.0], samples)
+    _warn_if_wraps("train", cyclic, samples)
+    return cyclic
 
 
 def build_datasets(cfg: Config, train_samples: int, valid_samples: int):
     """(train_ds, valid_ds or None); ``len(train_ds) >= train_samples``, ``ds[i]`` is ``int64[seq_length + 1]``.
 
     valid_ds is None when ``valid_samples`` is 0, when no validation data is configured, or
-    when ``split`` gives validation a zero share. A share that rounds to zero documents is a
-    :class:`DataSplitError` (never an endless loop).
+    when ``split`` gives validation no documents (a warning when its share is not 0).
     """
     if train_samples < 1:
         raise ValueError(f"train_samples must be >= 1, got {train_samples}")
     if cfg.train_data_paths:
-        train = _blend("train", cfg.train_data_paths, cfg.train_data_weights, train_samples, cfg)
+        train = _at_least(_blend("train", cfg.train_data_paths, cfg.train_data_weights, train_samples, cfg),
+                          train_samples)
         valid = None
         if cfg.valid_data_paths and valid_samples > 0:
-            valid = _blend("valid", cfg.valid_data_paths, None, valid_samples, cfg)
+            valid = _blend("valid", cfg.valid_data_paths, cfg.valid_data_weights, valid_samples, cfg)
         return train, valid
     if not cfg.data_path:
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
     indexed = IndexedDataset(cfg.data_path)
     b = split_bounds(cfg.split, len(indexed))
-    shares = [float(s) for s in cfg.split.replace("/", ",").split(",")]
-    train = _gpt("train", indexed, np.arange(b[0], b[1]), train_samples, cfg)
+    train = _at_least(_gpt("train", indexed, np.arange(b[0], b[1]), train_samples, cfg), train_samples)
     valid = None
-    if valid_samples > 0 and shares[1] > 0:
-        if b[2] == b[1]:
-            raise DataSplitError(f"split '{cfg.split}' gives validation 0 of the {len(indexed)} documents in "
-                                 f"{cfg.data_path}; raise its share, set it to 0, or use valid_data_paths")
+    if valid_samples > 0 and b[2] > b[1]:
         valid = _gpt("valid", indexed, np.arange(b[1], b[2]), valid_samples, cfg)
+    elif valid_samples > 0 and split_shares(cfg.split)[1] > 0:
+        log.warning("split '%s' gives validation 0 of the %d documents in %s: no validation set (as in GPT-NeoX); "
+                    "raise its share or use valid_data_paths", cfg.split, len(indexed), cfg.data_path)
     return train, valid

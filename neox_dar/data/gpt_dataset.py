@@ -11,10 +11,15 @@ and cached as ``.npy`` files (GPT-NeoX's ``_build_index_mappings``):
   stream's tokens ``[i * seq_length, (i + 1) * seq_length]``: seq_length + 1 tokens;
 * ``shuffle_idx`` [S]: a seeded permutation of the samples (same RandomState, drawn next).
 
-``ds[i]`` is ``int64[seq_length + 1]``. With ``shuffle=False`` both permutations are the
-identity, so samples come in file order. A dataset whose documents all hold exactly
-``seq_length + 1`` tokens (Pythia's pre-tokenized, pre-shuffled Pile: 2049-token
-sequences) is read one document per sample, which reproduces those sequences exactly.
+``ds[i]`` is ``int64[seq_length + 1]``; ``len(ds)`` is S - 1, GPT-NeoX's count (its
+``__len__`` is ``min(len(shuffle_idx) - 1, len(sample_idx) - 1)``). With ``shuffle=False``
+both permutations are the identity, so samples come in file order.
+
+Fixed-length mode (ours, for Pythia's pre-tokenized, pre-shuffled Pile of 2049-token
+sequences): each document is one sample, which reproduces those sequences exactly, and
+``len(ds)`` is E * D. It is used when ``fixed_length`` is True (every document must hold
+``seq_length + 1`` tokens) or, when it is None, only with ``shuffle=False`` and documents that
+all hold ``seq_length + 1`` tokens; shuffled data is always packed as GPT-NeoX packs it.
 
 Index maps are built by one process: under ``torch.distributed`` global rank 0 builds first
 while the others wait at a barrier; in every case a file lock next to the cache serialises
@@ -56,30 +61,38 @@ class GPTDataset:
         name: split name used in cache file names ("train", "valid", "test").
         indexed: the token store.
         documents: int array [D] of sequence indices in ``indexed`` this split uses.
-        num_samples: samples requested; ``len(ds)`` is at least this.
+        num_samples: samples requested (GPT-NeoX's epoch rule); ``len(ds)`` is at least num_samples - 1.
         seq_length: model sequence length (samples hold seq_length + 1 tokens).
         seed: seed of the document and sample shuffles.
         shuffle: shuffle documents and samples (False: file order).
         cache_dir: directory for index-map ``.npy`` files (default: next to the data).
+        fixed_length: one document per sample (True), packing (False), or None: fixed-length only
+            when ``shuffle`` is False and every document holds ``seq_length + 1`` tokens.
     """
 
     def __init__(self, name: str, indexed: IndexedDataset, documents: np.ndarray, num_samples: int,
-                 seq_length: int, seed: int, shuffle: bool = True, cache_dir: str | None = None):
-        self.name, self.indexed, self.seq_length = name, indexed, int(seq_length)
+                 seq_length: int, seed: int, shuffle: bool = True, cache_dir: str | None = None,
+                 fixed_length: bool | None = None):
+        self.name, self.indexed, self.seq_length, self.num_samples = name, indexed, int(seq_length), int(num_samples)
         documents = np.asarray(documents, dtype=np.int64)
         if len(documents) == 0:
             raise DataSplitError(f"split '{name}' of {indexed.prefix} has 0 documents "
                                  f"(the dataset holds {len(indexed)}); change `split` or use a larger dataset")
-        if num_samples < 1:
-            raise DataSplitError(f"split '{name}': num_samples must be >= 1, got {num_samples}")
+        if num_samples < 0:
+            raise DataSplitError(f"split '{name}': num_samples must be >= 0, got {num_samples}")
         sizes = np.ascontiguousarray(indexed.sizes[documents])
         tokens_per_epoch = int(sizes.sum(dtype=np.int64))
         if tokens_per_epoch <= 1:
             raise DataSplitError(f"split '{name}' of {indexed.prefix} has {tokens_per_epoch} tokens in "
                                  f"{len(documents)} documents; it cannot yield samples")
-        self.fixed_sequences = bool(np.all(sizes == self.seq_length + 1))
+        whole = sizes == self.seq_length + 1
+        if fixed_length and not whole.all():
+            bad = int(np.argmin(whole))
+            raise DataSplitError(f"data_fixed_length is set but document {int(documents[bad])} of {indexed.prefix} "
+                                 f"holds {int(sizes[bad])} tokens, not seq_length + 1 = {self.seq_length + 1}")
+        self.fixed_sequences = bool(fixed_length) or (fixed_length is None and not shuffle and bool(whole.all()))
         if self.fixed_sequences:
-            num_epochs = -(-num_samples // len(documents))
+            num_epochs = max(1, -(-num_samples // len(documents)))
         else:
             num_epochs = num_epochs_for(tokens_per_epoch, self.seq_length, num_samples)
         self.num_epochs = num_epochs
@@ -121,7 +134,7 @@ class GPTDataset:
         self.doc_idx, self.sample_idx, self.shuffle_idx = maps["doc_idx"], maps["sample_idx"], maps["shuffle_idx"]
 
     def __len__(self) -> int:
-        return len(self.shuffle_idx)
+        return len(self.shuffle_idx) if self.fixed_sequences else max(0, len(self.shuffle_idx) - 1)
 
     def __getitem__(self, idx: int) -> np.ndarray:
         """Sample ``idx`` as ``int64[seq_length + 1]``."""
@@ -141,7 +154,8 @@ class GPTDataset:
 
 
 @contextlib.contextmanager
-def _file_lock(path: str):
+def file_lock(path: str):
+    """Hold an exclusive ``flock`` on ``path`` (created, with its directory, when missing)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -156,7 +170,7 @@ def _load(files: dict[str, str]) -> dict[str, np.ndarray]:
 
 
 def _build_locked(lock: str, files: dict[str, str], build) -> None:
-    with _file_lock(lock):
+    with file_lock(lock):
         if all(os.path.isfile(p) for p in files.values()):
             return
         log.info("building index maps %s", lock[: -len(".lock")])

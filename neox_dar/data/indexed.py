@@ -47,7 +47,7 @@ _CODE_OF = {np.dtype(np.float64): 6, **{v: k for k, v in DTYPE_CODES.items() if 
 
 
 class IndexedDatasetError(ValueError):
-    """A missing, truncated or inconsistent ``.bin``/``.idx`` pair."""
+    """A missing, truncated or inconsistent ``.bin``/``.idx`` pair, or token ids it cannot hold (one line)."""
 
 
 def best_dtype(vocab_size: int) -> np.dtype:
@@ -97,6 +97,9 @@ class IndexedDatasetWriter:
     def __init__(self, prefix: str | os.PathLike, dtype: np.dtype):
         self.prefix = str(prefix)
         self.dtype = np.dtype(dtype)
+        if self.dtype.kind not in "iu" or self.dtype not in _CODE_OF:
+            raise IndexedDatasetError(f"{self.prefix}: token dtype must be one of "
+                                      f"{', '.join(str(d) for d in _CODE_OF if d.kind in 'iu')}, not {self.dtype}")
         self._bin = open(bin_path(self.prefix), "wb")
         self._sizes: list[np.ndarray] = []
         self._count = 0
@@ -135,7 +138,7 @@ class IndexedDataset:
         ipath, bpath = idx_path(self.prefix), bin_path(self.prefix)
         for p in (ipath, bpath):
             if not os.path.isfile(p):
-                raise IndexedDatasetError(f"dataset file not found: {p}")
+                raise IndexedDatasetError(f"data file not found: {p} (tokenize data with python -m data_prep.tokenize)")
         isize = os.path.getsize(ipath)
         if isize < HEADER_BYTES:
             raise IndexedDatasetError(f"{ipath}: truncated index ({isize} bytes, the header alone is {HEADER_BYTES})")
@@ -190,6 +193,11 @@ class IndexedDataset:
 
     def __len__(self) -> int:
         return len(self.sizes)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Every token of the ``.bin``, back to back: a read-only memory-mapped [num_tokens] array of ``dtype``."""
+        return np.frombuffer(self._bin_map, dtype=self.dtype, count=self.num_tokens)
 
     def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
         """Tokens ``[offset, offset + length)`` of sequence ``i`` (to its end when length is None)."""

@@ -150,7 +150,8 @@ def train(cfg: Config, info: DistInfo) -> int:
                 interval_loss, interval_t0, interval_steps = [], time.time(), 0
 
             if valid_ds is not None and cfg.eval_interval and state.step % cfg.eval_interval == 0:
-                logger.log({"step": state.step, **evaluate(engine, valid_ds, cfg, info),
+                evaluation = state.step // cfg.eval_interval - 1  # evaluations before this one: the stream position
+                logger.log({"step": state.step, **evaluate(engine, valid_ds, cfg, info, evaluation),
                             "consumed_samples": state.consumed_samples})
                 interval_t0 = time.time()
 

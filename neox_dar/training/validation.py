@@ -1,7 +1,23 @@
-"""Validation loss on the held-out split: ``eval_iters`` micro-batches per rank, always the same ones
-(the first ``eval_iters * micro * world_size`` validation samples), so successive values are comparable."""
+"""Validation loss, counted and positioned as GPT-NeoX does.
+
+GPT-NeoX builds ``(train_iters // eval_interval + 1) * eval_iters * train_batch_size`` validation
+samples (an evaluation every ``eval_interval`` steps plus a final one). An evaluation runs
+``eval_iters`` global batches, each ``gradient_accumulation_steps`` micro-batches per rank, and
+the validation iterator moves on with every evaluation: evaluation k (0-based) reads global
+micro-batches ``[k * eval_iters * grad_accum, (k + 1) * eval_iters * grad_accum)`` of the
+validation set, modulo the number of whole global micro-batches it holds. The position comes
+from k alone, so a resumed run reads exactly what an uninterrupted one reads. (GPT-NeoX's resume
+offset, ``(iteration * grad_accum // eval_interval) * eval_iters`` micro-batches, is the same
+number whenever grad_accum is 1 or the checkpoint step is a multiple of eval_interval, and skips
+ahead otherwise.) The loss is the mean over this rank's micro-batches, averaged over ranks.
+
+``eval_mode: fixed`` reads the first ``eval_iters`` global batches every time instead (the same
+data at every evaluation, so successive values differ only by the model).
+"""
 
 from __future__ import annotations
+
+from typing import Iterator
 
 import torch
 
@@ -12,22 +28,37 @@ from .logging_sinks import perplexity
 
 
 def validation_samples(cfg: Config, world_size: int) -> int:
-    """Validation samples the run needs (0 when validation is off)."""
-    return cfg.eval_iters * cfg.train_micro_batch_size_per_gpu * world_size if cfg.eval_interval > 0 else 0
+    """Validation samples the run needs, GPT-NeoX's count (0 when validation is off)."""
+    if cfg.eval_interval == 0:
+        return 0
+    return (cfg.train_iters // cfg.eval_interval + 1) * cfg.eval_iters * cfg.global_batch_for(world_size)
+
+
+def evaluation_micro_batches(valid_ds, cfg: Config, info: DistInfo, evaluation: int) -> Iterator[torch.Tensor]:
+    """This rank's micro-batches (B, seq_length + 1) for evaluation number ``evaluation`` (0-based)."""
+    per_global = cfg.train_micro_batch_size_per_gpu * info.world_size  # samples in one global micro-batch
+    count = cfg.eval_iters * cfg.gradient_accumulation_for(info.world_size)  # global micro-batches per evaluation
+    available = len(valid_ds) // per_global
+    if available == 0:
+        raise ValueError(f"the validation set holds {len(valid_ds)} samples, fewer than one global micro-batch "
+                         f"({per_global})")
+    position = 0 if cfg.eval_mode == "fixed" else evaluation * count % available
+    while count:  # one contiguous stretch at a time, wrapping to the start of the set
+        n = min(count, available - position)
+        yield from micro_batches(valid_ds, cfg, info, (position + n) * per_global, position * per_global)
+        count, position = count - n, 0
 
 
 @torch.no_grad()
-def evaluate(engine, valid_ds, cfg: Config, info: DistInfo) -> dict[str, float]:
-    """``{"valid_loss", "valid_ppl"}``: mean LM loss over the fixed validation micro-batches, all ranks."""
-    total = min(len(valid_ds), validation_samples(cfg, info.world_size))
+def evaluate(engine, valid_ds, cfg: Config, info: DistInfo, evaluation: int) -> dict[str, float]:
+    """``{"valid_loss", "valid_ppl"}`` of evaluation number ``evaluation`` (0-based), averaged over all ranks."""
     engine.eval()
     losses = []
     try:
-        for tokens in micro_batches(valid_ds, cfg, info, total, 0):
+        for tokens in evaluation_micro_batches(valid_ds, cfg, info, evaluation):
             x, y = inputs_and_targets(tokens, info.device)
             losses.append(lm_loss(engine(x), y))
     finally:
         engine.train()
-    local = torch.stack(losses).mean().item() if losses else float("nan")
-    (loss,) = all_reduce_mean([local], info.device)
+    (loss,) = all_reduce_mean([torch.stack(losses).mean().item()], info.device)
     return {"valid_loss": loss, "valid_ppl": perplexity(loss)}

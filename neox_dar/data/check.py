@@ -1,0 +1,162 @@
+"""Start-up checks of the data files a config names: ``check_data_files(cfg)``, before any model is built.
+
+For each ``.bin/.idx`` prefix (``data_path``, or ``train_data_paths`` + ``valid_data_paths``):
+
+* the pair opens as an :class:`IndexedDataset` (magic, version, dtype code, index size, pointers
+  against sizes, ``.bin`` size against the index) and holds tokens of an integer dtype;
+* the directory the index maps go to (``data_cache_path`` or the data's own) is writable;
+* with ``data_fixed_length: true``, every document holds ``seq_length + 1`` tokens;
+* token ids lie in ``[0, vocab_size)`` (``data_token_check``): ``full`` scans the whole ``.bin``
+  (chunked min/max over the memory map, a progress bar after 2 s) and caches the result in
+  ``{prefix}_token_range.json`` next to the index maps, keyed by the sizes and mtimes of both
+  files, so later runs read it back; ``sample`` scans 64 evenly spaced windows of 1M tokens
+  (not cached); ``skip`` skips the scan.
+
+A negative id is the sign of a wrong dtype (uint16 tokens declared int16); an id >= vocab_size
+of a different tokenizer. Every problem is an :class:`IndexedDatasetError` with one line naming
+the file and, for a token id, its sequence and position.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from ..config import Config
+from .gpt_dataset import file_lock
+from .indexed import IndexedDataset, IndexedDatasetError
+
+CHUNK_TOKENS = 1 << 22  # 8 MiB of uint16 per min/max pass: stays in cache between the two passes
+SAMPLE_WINDOWS, WINDOW_TOKENS = 64, 1 << 20
+
+
+@dataclass
+class TokenRange:
+    """Smallest and largest token id of a ``.bin`` and the token positions where each first occurs."""
+
+    min: int
+    argmin: int
+    max: int
+    argmax: int
+    scan: str  # "full" or "sample"
+
+
+def data_prefixes(cfg: Config) -> list[str]:
+    """The prefixes :func:`~neox_dar.data.build_datasets` reads, each once, in order."""
+    paths = [*cfg.train_data_paths, *(cfg.valid_data_paths or [])] if cfg.train_data_paths else [cfg.data_path]
+    return list(dict.fromkeys(p for p in paths if p))
+
+
+def _windows(num_tokens: int, scan: str) -> list[tuple[int, int]]:
+    """Token ranges [start, stop) to scan: the whole file, or evenly spaced windows covering both ends."""
+    if scan == "full" or num_tokens <= SAMPLE_WINDOWS * WINDOW_TOKENS:
+        return [(0, num_tokens)]
+    starts = np.linspace(0, num_tokens - WINDOW_TOKENS, SAMPLE_WINDOWS).astype(np.int64)
+    return [(int(s), int(s) + WINDOW_TOKENS) for s in starts]
+
+
+def scan_token_range(ds: IndexedDataset, scan: str = "full", progress: bool = True) -> TokenRange:
+    """Min and max token id of ``ds`` (and where they first occur) over the whole file or a sample."""
+    tokens = ds.tokens
+    windows = _windows(len(tokens), scan)
+    found = TokenRange(np.iinfo(np.int64).max, -1, np.iinfo(np.int64).min, -1,
+                       "full" if windows == [(0, len(tokens))] else "sample")
+    with tqdm(total=sum(b - a for a, b in windows), unit="tok", unit_scale=True, delay=2.0, disable=not progress,
+              desc=f"checking token ids of {ds.prefix}.bin") as bar:
+        for start, stop in windows:
+            for a in range(start, stop, CHUNK_TOKENS):
+                chunk = tokens[a:min(a + CHUNK_TOKENS, stop)]
+                i, j = int(chunk.argmin()), int(chunk.argmax())
+                if chunk[i] < found.min:
+                    found.min, found.argmin = int(chunk[i]), a + i
+                if chunk[j] > found.max:
+                    found.max, found.argmax = int(chunk[j]), a + j
+                bar.update(len(chunk))
+    return found
+
+
+def _file_key(ds: IndexedDataset) -> dict:
+    out = {"dtype": str(ds.dtype)}
+    for ext in ("bin", "idx"):
+        st = os.stat(f"{ds.prefix}.{ext}")
+        out[f"{ext}_bytes"], out[f"{ext}_mtime_ns"] = st.st_size, st.st_mtime_ns
+    return out
+
+
+def token_range(ds: IndexedDataset, scan: str, cache_dir: str, progress: bool = True) -> TokenRange:
+    """:func:`scan_token_range`, with full scans cached in ``cache_dir`` (one scanner at a time, under a lock)."""
+    cache = os.path.join(cache_dir, os.path.basename(ds.prefix) + "_token_range.json")
+    key = _file_key(ds)
+
+    def cached() -> TokenRange | None:
+        try:
+            with open(cache) as f:
+                saved = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if saved.get("key") != key:
+            return None
+        return TokenRange(**saved["range"])
+
+    found = cached()
+    if found is not None or scan != "full":
+        return found or scan_token_range(ds, scan, progress)
+    with file_lock(cache + ".lock"):
+        found = cached()  # another process may have scanned while this one waited
+        if found is None:
+            found = scan_token_range(ds, scan, progress)
+            tmp = f"{cache}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump({"key": key, "range": asdict(found)}, f)
+            os.replace(tmp, cache)
+    return found
+
+
+def _where(ds: IndexedDataset, position: int) -> str:
+    """'sequence i, token k' of the flat token ``position``."""
+    seq = int(np.searchsorted(ds.pointers, position * ds.dtype.itemsize, side="right")) - 1
+    return f"sequence {seq}, token {position - int(ds.pointers[seq]) // ds.dtype.itemsize}"
+
+
+def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> None:
+    """Check one ``.bin/.idx`` pair for training with ``cfg``; raises :class:`IndexedDatasetError`."""
+    ds = IndexedDataset(prefix)
+    if ds.dtype.kind not in "iu":
+        raise IndexedDatasetError(f"{prefix}.idx: token dtype {ds.dtype} is not an integer type (token ids are)")
+    if ds.num_tokens == 0:
+        raise IndexedDatasetError(f"{prefix}.bin holds no tokens")
+    cache_dir = cfg.data_cache_path or os.path.dirname(os.path.abspath(prefix))
+    try:
+        os.makedirs(cache_dir, exist_ok=True)
+    except OSError as e:
+        raise IndexedDatasetError(f"cannot create the index-map directory {cache_dir}: {e.strerror}") from None
+    if not os.access(cache_dir, os.W_OK):
+        raise IndexedDatasetError(f"index maps of {prefix} go to {cache_dir}, which is not writable: "
+                                  f"set data_cache_path to a writable directory")
+    if cfg.data_fixed_length:
+        wrong = np.flatnonzero(ds.sizes != cfg.seq_length + 1)
+        if wrong.size:
+            raise IndexedDatasetError(f"{prefix}.idx: data_fixed_length is true but {wrong.size} of {len(ds)} "
+                                      f"sequences do not hold seq_length + 1 = {cfg.seq_length + 1} tokens "
+                                      f"(sequence {int(wrong[0])}: {int(ds.sizes[wrong[0]])})")
+    if cfg.data_token_check == "skip":
+        return
+    found = token_range(ds, cfg.data_token_check, cache_dir, progress)
+    seen = "" if found.scan == "full" else " (in a sample; data_token_check=full scans everything)"
+    if found.min < 0:
+        raise IndexedDatasetError(f"{prefix}.bin: negative token id {found.min} at {_where(ds, found.argmin)}{seen}: "
+                                  f"the .idx declares {ds.dtype}; was the file written with another dtype "
+                                  f"(e.g. uint16 tokens declared int16)?")
+    if found.max >= cfg.vocab_size:
+        raise IndexedDatasetError(f"{prefix}.bin: token id {found.max} at {_where(ds, found.argmax)} is >= vocab_size "
+                                  f"{cfg.vocab_size}{seen}: tokenized with another tokenizer, or vocab_size is wrong")
+
+
+def check_data_files(cfg: Config, progress: bool = True) -> None:
+    """:func:`check_data_file` for every prefix the config reads."""
+    for prefix in data_prefixes(cfg):
+        check_data_file(prefix, cfg, progress)
