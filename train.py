@@ -8,15 +8,18 @@
 YAML files layer left to right, then ``key=value`` overrides (see docs/config_reference.md). ``save`` is
 the run directory. Running the same command again continues from the newest complete checkpoint.
 
-Exit codes: 0 done; 2 configuration error (one line, before any work); 3 stopped early with a
-checkpoint (SIGTERM/SIGUSR1 or exit_interval): run the same command again to continue.
+Exit codes: 0 done; 2 a problem with the config, the data, a checkpoint or the disk (one line; ``status.json``
+says ``failed`` with the reason); 3 stopped early with a checkpoint (SIGTERM/SIGUSR1 or exit_interval): run the
+same command again to continue. Any other failure (a bug) prints its traceback and also leaves ``failed``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
+from pathlib import Path
 
 
 def _strip_launcher_args(argv: list[str]) -> list[str]:
@@ -63,9 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     paths, overrides = split_args(args)
     try:
         cfg = load_config(*paths, overrides=overrides)
-        check_config(cfg, world_size_from_env())
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
+        return 2
+    explained = _explained_errors()
+    try:
+        check_config(cfg, world_size_from_env())
+    except explained as e:
+        _record_failure(cfg, e)
+        print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
         return 2
 
     # torch's deprecation notices for the collectives DeepSpeed calls, once per call site and step
@@ -79,12 +88,39 @@ def main(argv: list[str] | None = None) -> int:
     if info.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     try:
-        return train(cfg, info)
+        return train(cfg, info)  # records its own failures in status.json
+    except explained as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     finally:
         import torch.distributed as dist
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _explained_errors() -> tuple[type[BaseException], ...]:
+    """Errors that explain themselves in one line (config, data, checkpoint, disk): printed without a traceback."""
+    from neox_dar.config import ConfigError
+    from neox_dar.data import DataSplitError, IndexedDatasetError
+    from neox_dar.rundir import CheckpointError
+
+    return ConfigError, CheckpointError, IndexedDatasetError, DataSplitError
+
+
+def _record_failure(cfg, error: BaseException) -> None:
+    """Rank 0: status.json = failed with the reason, when the run directory exists (a requeued job then stops)."""
+    from neox_dar.rundir import read_status, write_status
+
+    save = cfg.save and Path(cfg.save)
+    if not save or not save.is_dir() or os.environ.get("RANK", "0") != "0":
+        return
+    previous = read_status(save) or {}
+    try:
+        write_status(save, "failed", previous.get("step", 0), cfg.train_iters,
+                     reason=f"{type(error).__name__}: {error}"[:500])
+    except OSError as e:
+        print(f"warning: could not record the failure in {save}: {e}", file=sys.stderr)
 
 
 if __name__ == "__main__":

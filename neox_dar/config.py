@@ -154,7 +154,11 @@ class Config:
     # ---- checkpoints and logs ---------------------------------------------------------
     save: Optional[str] = _f(None, "Run directory: checkpoints, metrics.jsonl, resolved config.")
     load: Optional[str] = _f(None, "Checkpoint directory to resume from (default: save, when it holds one).")
-    resume: Literal["auto", "never"] = _f("auto", "auto: continue from the newest complete checkpoint in load/save.")
+    resume: Literal["auto", "never"] = _f(
+        "auto", "auto: continue this run from the newest complete checkpoint in save (else start from load's); "
+        "never: start fresh.")
+    overwrite: bool = _f(False, "Discard checkpoints, metrics, status and evaluations of another run found in save "
+                                "(without it such a save is an error).")
     checkpoint_factor: int = _f(1000, "Save a checkpoint every this many steps.")
     keep_last_n: int = _f(2, "Keep this many newest checkpoints.")
     exit_interval: Optional[int] = _f(None, "Checkpoint and stop (exit code 3) after every step divisible by this; rerun to continue.")
@@ -360,6 +364,19 @@ def _check_values(c: Config) -> None:
     _check(split_shares(c.split) is not None, "split",
            "must be 1 to 3 non-negative numbers 'train,valid,test' with a positive sum; missing shares are 0", c.split)
 
+
+# Keys that define the model's weights and computation: a checkpoint continues only under the same values.
+MODEL_KEYS = (
+    "num_layers", "hidden_size", "num_attention_heads", "max_position_embeddings", "rotary_pct", "rotary_emb_base",
+    "gpt_j_residual", "norm", "layernorm_epsilon", "activation", "no_weight_tying", "vocab_size",
+    "make_vocab_size_divisible_by", "attention_type", "window_size", "dar_d_down", "mswa_variant", "mswa_windows",
+    "aha_threshold",
+)
+
+
+def model_config_diff(a: Config, b: Config) -> dict[str, tuple[Any, Any]]:
+    """``{key: (value in a, value in b)}`` for the :data:`MODEL_KEYS` where two configs differ."""
+    return {k: (getattr(a, k), getattr(b, k)) for k in MODEL_KEYS if getattr(a, k) != getattr(b, k)}
 
 
 # Attention keys that only some variants read: a non-default value for another variant is a warning.

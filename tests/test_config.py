@@ -70,19 +70,19 @@ def test_unknown_nested_key_and_command_line_origin():
 
 
 @pytest.mark.parametrize("override, pattern", [
-    ("dar_d_down=600", r"'dar_d_down': 600 \(must be in 1..hidden_size=512\)"),
+    ("dar_d_down=600", r"'dar_d_down' in the command line: 600 \(must be in 1..hidden_size=512\)"),
     ("dar_d_down=0", r"'dar_d_down'"),
-    ("hidden_size=500", r"'hidden_size': 500 \(must be divisible by num_attention_heads=8\)"),
-    ("window_size=-1", r"'window_size': -1 \(must be >= 0\)"),
+    ("hidden_size=500", r"'hidden_size' in the command line: 500 \(must be divisible by num_attention_heads=8\)"),
+    ("window_size=-1", r"'window_size' in the command line: -1 \(must be >= 0\)"),
     ("seq_length=4096", r"'seq_length'.*max_position_embeddings"),
     ("zero_optimization.stage=4", r"'zero_optimization.stage'"),
     ("min_lr=1", r"'min_lr'"),
     ("aha_threshold=1.5", r"'aha_threshold'"),
-    ("train_batch_size=100", r"'train_batch_size': 100"),
+    ("train_batch_size=100", r"'train_batch_size' in the command line: 100"),
     ("attention_type=mswa", None),
     ("attention_type=mswax", r"invalid value for 'attention_type'.*choose one of vanilla, dar"),
     ("mswa_windows=[[1,2]]", r"'mswa_windows'"),
-    ("attention_dropout=0.1", r"'attention_dropout': 0.1 \(only 0 is supported"),
+    ("attention_dropout=0.1", r"'attention_dropout' in the command line: 0.1 \(only 0 is supported"),
     ("zero_optimization.cpu_offload=true", r"'zero_optimization.cpu_offload'.*not supported"),
 ])
 def test_impossible_values_name_key_and_rule(override, pattern):

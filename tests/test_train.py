@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from neox_dar.checkpoint import load_model
 from neox_dar.rundir import newest_checkpoint, step_dir_name
 
-from trainrun import COMMON, ROOT, STEPS, losses, rows, train, train_env
+from trainrun import COMMON, ROOT, STEPS, losses, rows, train, train_env, valid_losses
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +108,7 @@ def test_exact_resume_one_process(reference, data, tmp_path):
     assert "resumed from" in out.stdout
     assert json.loads((save / "status.json").read_text())["state"] == "done"
     assert losses(save) == losses(reference)
+    assert valid_losses(save) == valid_losses(reference) and len(valid_losses(save)) == 2
 
 
 def test_exact_resume_two_processes_zero2(zero2, data, tmp_path):
@@ -119,6 +120,7 @@ def test_exact_resume_two_processes_zero2(zero2, data, tmp_path):
     assert json.loads((save / "status.json").read_text())["state"] == "interrupted"
     train(save, data, "zero_optimization.stage=2", nproc=2)
     assert losses(save) == losses(zero2)
+    assert valid_losses(save) == valid_losses(zero2)
 
 
 def test_sigterm_checkpoints_and_resumes(data, tmp_path):
@@ -168,3 +170,10 @@ def test_batch_mismatch_is_a_config_error(data, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("config error:") and "train_batch_size" in lines[0]
     assert not (tmp_path / "bad").exists()
+
+
+def test_validation_also_runs_after_the_last_step(data, tmp_path):
+    """As in GPT-NeoX, a final validation after the last step when it is not an evaluation step (6 % 4 != 0)."""
+    save = tmp_path / "final-eval"
+    train(save, data, "eval_interval=4", "checkpoint_factor=6")
+    assert sorted(valid_losses(save)) == [4, STEPS]

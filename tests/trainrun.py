@@ -52,6 +52,10 @@ def losses(save: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows(save) if "loss" in r}
 
 
+def valid_losses(save: Path) -> dict[int, float]:
+    return {r["step"]: r["valid_loss"] for r in rows(save) if "valid_loss" in r}
+
+
 def status(save: Path) -> dict:
     return json.loads((save / "status.json").read_text())
 

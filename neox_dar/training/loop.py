@@ -7,21 +7,25 @@ same command again to continue.
 from __future__ import annotations
 
 import logging
+import os
 import random
+import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from ..config import Config
+from ..config import Config, load_config
 from ..data import build_datasets
+from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, checkpoints_dir,
+                      clean_leftovers, newest_checkpoint, remove_tree, resolve_checkpoint, step_dirs, write_status)
 from .batches import inputs_and_targets, lm_loss, micro_batches
-from .checkpointing import (CheckpointError, TrainState, find_resume_checkpoint, load_checkpoint,
-                            remove_stale_temporaries, save_checkpoint)
-from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
+from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
+from .distributed import DistInfo, all_reduce_mean, any_rank
 from .engine import build_engine
-from .logging_sinks import RunLogger, write_status
+from .logging_sinks import RunLogger
 from .metrics import attention_stat_metrics, memory_gb, peak_flops, throughput
 from .signals import EXIT_INTERRUPTED, StopRequest
 from .validation import evaluate, validation_samples
@@ -38,15 +42,76 @@ def _seed_rank(cfg: Config, rank: int) -> None:
     torch.manual_seed(seed)
 
 
-def _resume_point(cfg: Config, info: DistInfo):
-    """The checkpoint to continue from, or None for a fresh start."""
-    if cfg.resume == "never":
-        return None
-    warn = log.warning if info.is_main else (lambda msg: None)
-    found = find_resume_checkpoint(cfg.load or cfg.save, warn=warn)
-    if found is None and cfg.load:
-        raise CheckpointError(f"load={cfg.load} holds no complete checkpoint")
-    return found
+def _source(path: str | None) -> str | None:
+    return os.path.abspath(path) if path else None
+
+
+def _discard_run(save: Path) -> None:
+    """Remove another run's checkpoints, metrics, status, evaluations and W&B id from ``save`` (overwrite=true)."""
+    root = checkpoints_dir(save)
+    for _, d in step_dirs(root):
+        remove_tree(d)
+    for name in (METRICS, STATUS, WANDB_ID):
+        (save / name).unlink(missing_ok=True)
+    (root / LATEST).unlink(missing_ok=True)
+    if (save / EVAL_DIR).is_dir():
+        shutil.rmtree(save / EVAL_DIR)
+    log.warning("overwrite=true: removed the previous run's checkpoints, metrics, status and evaluations in %s", save)
+
+
+class SaveInUseError(CheckpointError):
+    """``save`` holds another run's checkpoints: this run refuses to start and leaves that run's files alone."""
+
+
+def _choose_start(cfg: Config) -> Path | None:
+    """Rank 0: the checkpoint this run continues (its own, in ``save``) or starts from (``load``); None = fresh.
+
+    ``save`` may hold only this run's own checkpoints: ones written by a run with the same ``load`` source and the
+    same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never) is a
+    CheckpointError unless ``overwrite`` discards it first."""
+    save = Path(cfg.save)
+    clean_leftovers(checkpoints_dir(save))
+    how = "train into another 'save', or set overwrite=true to discard them (they are kept otherwise)"
+    if step_dirs(checkpoints_dir(save)):
+        own = None if cfg.resume == "never" else newest_checkpoint(save)
+        problem = None
+        if cfg.resume == "never":
+            problem = f"{save} already holds checkpoints and resume=never starts a fresh run"
+        elif own is None:
+            problem = f"{save} holds checkpoints but none is complete (see the warnings above)"
+        else:
+            problem = model_mismatch(own, cfg)
+            prior = None if problem else load_config(own / CONFIG)
+            if prior is not None and _source(prior.load) != _source(cfg.load):
+                problem = (f"{save} holds the checkpoints of another run (started from {prior.load or 'scratch'}; "
+                           f"this one starts from {cfg.load or 'scratch'})")
+        if problem is None:
+            return own
+        if not cfg.overwrite:
+            raise SaveInUseError(f"{problem}: {how}")
+        _discard_run(save)
+    if cfg.load and cfg.resume != "never":
+        found = resolve_checkpoint(cfg.load)
+        mismatch = model_mismatch(found, cfg)
+        if mismatch:
+            raise CheckpointError(f"load={cfg.load}: {mismatch}")
+        return found
+    return None
+
+
+def _start_point(cfg: Config, info: DistInfo) -> Path | None:
+    """The checkpoint to continue or start from, decided by rank 0 and shared with every rank (collective)."""
+    decision: list = [None]
+    if info.is_main:
+        try:
+            decision[0] = ("start", _choose_start(cfg))
+        except Exception as e:  # shared with the other ranks, which would otherwise wait forever
+            decision[0] = ("error", e)
+    dist.broadcast_object_list(decision, src=0)
+    kind, value = decision[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def _averaged_stats(model, info: DistInfo) -> dict:
@@ -70,47 +135,54 @@ def unclipped_grad_norm(model) -> torch.Tensor:
     return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
 
 
-def train(cfg: Config, info: DistInfo) -> int:
-    """Run (or continue) training; return the process exit code."""
-    save = Path(cfg.save)
-    ckpt_root = save / "checkpoints"
-    stop = StopRequest()  # from here on, SIGTERM/SIGUSR1 stop the run at the first step boundary
-    if info.is_main:
-        remove_stale_temporaries(ckpt_root)
-    barrier()
-
-    engine, model, flops = build_engine(cfg, info)
-    world, micro = info.world_size, cfg.train_micro_batch_size_per_gpu
-    grad_accum = engine.gradient_accumulation_steps()
-    global_batch = micro * grad_accum * world
-
-    state = TrainState()
-    resume_dir = _resume_point(cfg, info)
-    if resume_dir is not None:
-        state = load_checkpoint(engine, cfg, info, resume_dir)
-    else:
-        _seed_rank(cfg, info.rank)
-
-    train_samples = cfg.train_iters * global_batch
-    train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world))
-    batches = iter(micro_batches(train_ds, cfg, info, max(train_samples, state.consumed_samples),
-                                 state.consumed_samples))
-
-    logger = RunLogger(cfg, info.is_main, state.step)
-    if cfg.eval_interval and valid_ds is None:
-        logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
-    if resume_dir is not None:
-        logger.message(f"resumed from {resume_dir} at step {state.step} ({state.consumed_samples} samples)")
-    if info.is_main:
-        write_status(save, "running", state.step, cfg.train_iters)
-    peak = peak_flops(cfg.peak_flops, info.device, cfg.dtype_name)
-    interval_loss: list[torch.Tensor] = []
-    interval_t0, interval_steps = time.time(), 0
-    exit_code = EXIT_DONE
-    # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
-    own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.dtype_name == "fp32"
-    grad_norm = None
+def _mark_failed(save: Path, step: int, train_iters: int, error: BaseException) -> None:
+    """status.json = failed with the error's first line (a failing status write is logged, not raised)."""
+    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
     try:
+        write_status(save, "failed", step, train_iters, reason=reason)
+    except OSError as e:
+        log.error("could not record the failure in %s: %s", save / STATUS, e)
+
+
+def train(cfg: Config, info: DistInfo) -> int:
+    """Run (or continue) training; return the process exit code. Every exit writes a final status.json:
+    done, interrupted (stopped at a checkpoint: run again to continue) or failed (with the reason)."""
+    save = Path(cfg.save)
+    ckpt_root = checkpoints_dir(save)
+    stop = StopRequest()  # from here on, SIGTERM/SIGUSR1 stop the run at the first step boundary
+    state = TrainState()
+    logger = None
+    try:
+        start_dir = _start_point(cfg, info)
+        engine, model, flops = build_engine(cfg, info)
+        world, micro = info.world_size, cfg.train_micro_batch_size_per_gpu
+        grad_accum = engine.gradient_accumulation_steps()
+        global_batch = micro * grad_accum * world
+
+        if start_dir is not None:
+            state = load_checkpoint(engine, cfg, info, start_dir)
+        else:
+            _seed_rank(cfg, info.rank)
+
+        train_samples = cfg.train_iters * global_batch
+        train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world))
+        batches = iter(micro_batches(train_ds, cfg, info, max(train_samples, state.consumed_samples),
+                                     state.consumed_samples))
+
+        logger = RunLogger(cfg, info.is_main, state.step)
+        if cfg.eval_interval and valid_ds is None:
+            logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
+        if start_dir is not None:
+            logger.message(f"resumed from {start_dir} at step {state.step} ({state.consumed_samples} samples)")
+        if info.is_main:
+            write_status(save, "running", state.step, cfg.train_iters)
+        peak = peak_flops(cfg.peak_flops, info.device, cfg.dtype_name)
+        interval_loss: list[torch.Tensor] = []
+        interval_t0, interval_steps = time.time(), 0
+        exit_code = EXIT_DONE
+        # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
+        own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.dtype_name == "fp32"
+        grad_norm = None
         while state.step < cfg.train_iters:
             lr = engine.get_lr()[0]
             lm_sum = torch.zeros((), device=info.device)
@@ -149,8 +221,9 @@ def train(cfg: Config, info: DistInfo) -> int:
                 logger.log(row)
                 interval_loss, interval_t0, interval_steps = [], time.time(), 0
 
-            if valid_ds is not None and cfg.eval_interval and state.step % cfg.eval_interval == 0:
-                evaluation = state.step // cfg.eval_interval - 1  # evaluations before this one: the stream position
+            if valid_ds is not None and cfg.eval_interval and (state.step % cfg.eval_interval == 0
+                                                               or state.step == cfg.train_iters):
+                evaluation = -(-state.step // cfg.eval_interval) - 1  # evaluations before this one: stream position
                 logger.log({"step": state.step, **evaluate(engine, valid_ds, cfg, info, evaluation),
                             "consumed_samples": state.consumed_samples})
                 interval_t0 = time.time()
@@ -169,11 +242,12 @@ def train(cfg: Config, info: DistInfo) -> int:
                 break
         if info.is_main:
             write_status(save, "done" if exit_code == EXIT_DONE else "interrupted", state.step, cfg.train_iters)
-    except BaseException:
-        if info.is_main:
-            write_status(save, "failed", state.step, cfg.train_iters)
+        return exit_code
+    except BaseException as e:
+        if info.is_main and not isinstance(e, SaveInUseError):
+            _mark_failed(save, state.step, cfg.train_iters, e)
         raise
     finally:
         stop.restore()
-        logger.close()
-    return exit_code
+        if logger is not None:
+            logger.close()
