@@ -12,7 +12,8 @@ Local formats (a path may be one file or a directory of such files, read in sort
 * ``c4``: ``.json.gz`` / ``.jsonl`` / ``.json`` with one JSON object per line and a ``text`` field.
 * ``fineweb_edu``: ``.parquet`` or ``.jsonl(.gz)`` with a ``text`` field (and ``id`` when present).
 
-Hub sources (``source="hub"``) stream the same splits with ``datasets``.
+Hub sources (``source="hub"``) stream the same splits with ``datasets``; sweeps score the first
+:data:`HUB_DEFAULT_DOCS` documents of each.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from neox_dar.progress import progress_bar
 
 CORPORA = ("fineweb_edu", "c4", "wikitext103")
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "eval"
@@ -66,6 +69,9 @@ HUB_SOURCES = {
     "c4": HubSource("allenai/c4", "en", "validation", "text"),
     "fineweb_edu": HubSource("HuggingFaceFW/fineweb-edu", "sample-10BT", "train", "text"),
 }
+# Documents a sweep scores from each Hub source (the first N in the split's order; None: all), about 2M Pythia
+# tokens for C4 and FineWeb-Edu and the whole WikiText-103 test set (see docs/evaluation.md for the counts).
+HUB_DEFAULT_DOCS: dict[str, int | None] = {"fineweb_edu": 2000, "c4": 5000, "wikitext103": None}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,15 +220,21 @@ def load_hub(corpus: str, max_docs: int | None = None) -> list[Document]:
     stream = datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
     prefix = f"{src.path}/{src.name}/{src.split}"
     docs = []
-    for i, row in enumerate(stream):
-        if max_docs is not None and i >= max_docs:
-            break
-        text = row[src.text_field]
-        if corpus == "wikitext103":
-            docs.append(wikitext_document(f"{prefix}:{i}", text))
-        else:
-            doc_id = str(row["id"]) if row.get("id") is not None else f"{prefix}:{i}"
-            docs.append(Document(doc_id, text, text))
+    with progress_bar(total=max_docs, unit="doc", desc=f"{corpus} from the Hub") as bar:
+        for i, row in enumerate(stream):
+            if max_docs is not None and i >= max_docs:
+                break
+            text = row.get(src.text_field)
+            if not isinstance(text, str):
+                raise CorpusError(f"{prefix} row {i} has no string '{src.text_field}' field")
+            if corpus == "wikitext103":
+                docs.append(wikitext_document(f"{prefix}:{i}", text))
+            else:
+                doc_id = str(row["id"]) if row.get("id") is not None else f"{prefix}:{i}"
+                docs.append(Document(doc_id, text, text))
+            bar.update()
+    if not docs:
+        raise CorpusError(f"{prefix} yielded no documents")
     return docs
 
 

@@ -8,28 +8,30 @@ GPT-NeoX folder, with the Pythia tokenizer, for downstream tasks.
 answer post-processing are lm-eval's own; only the forward pass (our ``CausalLM``) and generation (an
 incremental-free loop over our forward, one request at a time so left padding never enters a context) are
 ours. Attention statistics of the model (AHA's full-attention usage ``mu_f`` per layer and head) are averaged
-over every forward of the run and reported in the results' ``config`` section beside the scores
-(``attention_stats`` and ``mu_f``), and logged at the end.
+over the real (non-padding) positions of every request's forward and reported in the results' ``config`` section
+beside the scores (``attention_stats`` and ``mu_f``), and logged at the end. ``--device cuda`` (lm-eval's
+default) on a machine without CUDA falls back to the CPU with a warning, as lm-eval's ``hf`` model does.
 """
 
 from __future__ import annotations
 
 import sys
+import warnings
 from types import SimpleNamespace
 
 import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils_hf import stop_sequences_criteria
-from transformers import GPTNeoXConfig, PreTrainedTokenizerFast
+from transformers import GPTNeoXConfig
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
 from neox_dar.convert import hf_config_dict
 from neox_dar.model import CausalLM
 
-from .loading import DEFAULT_TOKENIZER, PREFIX_TOKEN, load_for_eval
-from .scoring import AttentionStatsMean
+from .loading import hf_tokenizer, load_for_eval, tokenizer_file
+from .scoring import AttentionStatsMean, overall_mean
 
 
 class _HFModelView(torch.nn.Module):
@@ -55,10 +57,16 @@ class _HFModelView(torch.nn.Module):
         return SimpleNamespace(logits=self.lm(input_ids))
 
 
-def pythia_hf_tokenizer(path: str | None = None) -> PreTrainedTokenizerFast:
-    """The Pythia tokenizer as a ``transformers`` fast tokenizer (bos = eos = unk = ``<|endoftext|>``)."""
-    return PreTrainedTokenizerFast(tokenizer_file=str(path or DEFAULT_TOKENIZER), bos_token=PREFIX_TOKEN,
-                                   eos_token=PREFIX_TOKEN, unk_token=PREFIX_TOKEN)
+def resolve_device(device: str | None) -> str:
+    """``device``, or the CPU (with a warning) when it names CUDA and CUDA is unavailable; None picks CUDA when
+    available, else the CPU."""
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        warnings.warn(f"neox_dar: device '{device}' requested but CUDA is not available; running on the CPU",
+                      stacklevel=2)
+        return "cpu"
+    return device
 
 
 @register_model("neox_dar")
@@ -69,29 +77,46 @@ class NeoxDarLM(HFLM):
     def __init__(self, checkpoint: str, device: str | None = None, dtype: str = "float32",
                  attention_impl: str | None = None, tokenizer: str | None = None, max_length: int | None = None,
                  **kwargs):
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(device)
         loaded = load_for_eval(checkpoint, device, dtype, attention_impl)
-        tok_path = tokenizer
-        if tok_path is None and loaded.hf_dir is not None and (loaded.hf_dir / "tokenizer.json").is_file():
-            tok_path = str(loaded.hf_dir / "tokenizer.json")
-        view = _HFModelView(loaded.model, GPTNeoXConfig(**hf_config_dict(loaded.cfg)))
+        tok = hf_tokenizer(tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir))
+        view = _HFModelView(loaded.model, GPTNeoXConfig(**hf_config_dict(loaded.cfg, tok.eos_token_id)))
         kwargs.pop("pretrained", None)
-        super().__init__(pretrained=view, backend="causal", tokenizer=pythia_hf_tokenizer(tok_path),
+        super().__init__(pretrained=view, backend="causal", tokenizer=tok,
                          max_length=max_length or loaded.cfg.seq_length, device=device, **kwargs)
         self._lm = loaded.model
         self._info = loaded.info
         self._stats = AttentionStatsMean(loaded.model)
+        self._pending: dict[str, torch.Tensor] = {}  # the last _model_call's per-token statistics, (B, T, ...)
+        self._pending_row = 0
+
+    def _forward(self, inps: torch.Tensor) -> torch.Tensor:
+        """``inps`` (B, T) -> logits (B, T, V)."""
+        with torch.inference_mode(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
+                                                    enabled=self.mixed_precision_dtype is not None):
+            return self._lm(inps)
 
     def _model_call(self, inps: torch.Tensor, attn_mask: torch.Tensor | None = None,
                     labels: torch.Tensor | None = None) -> torch.Tensor:
-        """``inps`` (B, T) -> logits (B, T, V); accumulates the model's attention statistics."""
+        """``inps`` (B, T), right-padded by lm-eval -> logits (B, T, V). The rows' real lengths are known only
+        when lm-eval hands each row to :meth:`_select_cont_toks`, so the forward's attention statistics wait
+        there (a forward whose rows never arrive, such as lm-eval's batch-size probe, is not counted)."""
         if attn_mask is not None or labels is not None:
             raise ValueError("neox_dar is a decoder-only model; encoder-decoder calls are not supported")
-        with torch.inference_mode(), torch.autocast(device_type=self.device.type, dtype=self.mixed_precision_dtype,
-                                                    enabled=self.mixed_precision_dtype is not None):
-            logits = self._lm(inps)
-        self._stats.add(inps.numel())
+        logits = self._forward(inps)
+        self._pending, self._pending_row = self._stats.current(), 0
         return logits
+
+    def _select_cont_toks(self, logits: torch.Tensor, contlen: int | None = None,
+                          inplen: int | None = None) -> torch.Tensor:
+        """lm-eval calls this once per row of the last :meth:`_model_call`, in order, with the row's real length
+        ``inplen``: count that row's first ``inplen`` positions in the attention statistics."""
+        if self._pending:
+            row = self._pending_row
+            self._stats.add(torch.arange(logits.shape[0])[None] < inplen,
+                            {k: v[row:row + 1] for k, v in self._pending.items()})
+            self._pending_row += 1
+        return super()._select_cont_toks(logits, contlen=contlen, inplen=inplen)
 
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs) -> torch.Tensor:
@@ -114,8 +139,11 @@ class NeoxDarLM(HFLM):
             prompt = context[b] if mask is None else context[b][mask[b].bool()]
             tokens = prompt[None]
             criteria = stop_sequences_criteria(self.tokenizer, stop, prompt.numel(), 1)
-            for _ in range(new_tokens):
-                logits = self._model_call(tokens[:, -self.max_length:])[:, -1, :].float()
+            for step in range(new_tokens):
+                window = tokens[:, -self.max_length:]
+                logits = self._forward(window)[:, -1, :].float()
+                # each position's routing counted once, as with a KV cache: the prompt, then one new token a step
+                self._stats.add(None if step == 0 else torch.arange(window.shape[1])[None] == window.shape[1] - 1)
                 if sample:
                     probs = torch.softmax(warpers(tokens, logits), dim=-1)
                     nxt = torch.multinomial(probs, 1)
@@ -132,11 +160,10 @@ class NeoxDarLM(HFLM):
         return out
 
     def attention_stats(self) -> dict:
-        """Token-weighted means over this run's forwards of the model's attention statistics, plus ``mu_f``:
-        the overall mean of the ``layer{l}/mu_f`` values when the model reports them (AHA)."""
+        """Means over this run's real positions of the model's attention statistics, plus ``mu_f``: the overall
+        mean of the ``layer{l}/mu_f`` values when the model reports them (AHA)."""
         stats = self._stats.result()
-        mu = [v for k, values in stats.items() if k.endswith("/mu_f") for v in values]
-        return {"attention_stats": stats, "mu_f": sum(mu) / len(mu) if mu else None}
+        return {"attention_stats": stats, "mu_f": overall_mean(stats)}
 
     def get_model_info(self) -> dict:
         info = {"model_num_parameters": sum(p.numel() for p in self._lm.parameters()),

@@ -24,6 +24,8 @@ from neox_dar.model import CausalLM
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOKENIZER = REPO_ROOT / "data" / "20B_tokenizer.json"
 PREFIX_TOKEN = "<|endoftext|>"
+# the special tokens of the Pythia tokenizer as the models use them (Hugging Face names)
+SPECIAL_TOKENS = {"bos_token": PREFIX_TOKEN, "eos_token": PREFIX_TOKEN, "unk_token": PREFIX_TOKEN}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -32,7 +34,7 @@ class LoadedModel:
     model: CausalLM
     cfg: Config
     info: dict
-    hf_dir: Path | None = None
+    model_dir: Path  # the folder holding the weights: a step directory or a Hugging Face folder
 
 
 def is_hf_folder(path: str | Path) -> bool:
@@ -71,11 +73,11 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: s
         from neox_dar.convert import from_hf
 
         model, cfg = from_hf(p)
-        where, step, hf_dir = p, None, p
+        where, step = p, None
     else:
         where = resolve_checkpoint(p)
         model, cfg = load_model(where)
-        step, hf_dir = _checkpoint_step(where), None
+        step = _checkpoint_step(where)
     if attention_impl is not None:
         cfg.attention_impl = attention_impl
         for module in model.attention_modules():
@@ -83,31 +85,56 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: s
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
     info = {"checkpoint": str(where.resolve()), "step": step, "config_hash": config_hash(cfg),
             "attention_type": cfg.attention_type}
-    return LoadedModel(model, cfg, info, hf_dir)
+    return LoadedModel(model, cfg, info, where)
 
 
-def load_tokenizer(cfg: Config | None = None, path: str | Path | None = None,
-                   hf_dir: Path | None = None) -> Tokenizer:
-    """The tokenizer: ``path`` if given; else the HF folder's ``tokenizer.json``; else the config's
-    ``vocab_file`` (relative to the working directory or the repository; an error when it is set but missing);
-    else, for a config without ``vocab_file``, the bundled Pythia tokenizer."""
+def tokenizer_file(cfg: Config | None = None, path: str | Path | None = None,
+                   model_dir: Path | None = None) -> Path:
+    """The model's ``tokenizer.json``: ``path`` if given; else ``model_dir/tokenizer.json`` (a Hugging Face
+    folder, or a checkpoint written by ``convert from-hf``); else the config's ``vocab_file`` (relative to the
+    working directory or the repository; an error when it is set but missing); else, for a config without
+    ``vocab_file``, the bundled Pythia tokenizer."""
     if path is not None:
         if not Path(path).is_file():
             raise FileNotFoundError(f"tokenizer file not found: {path}")
-        return Tokenizer.from_file(str(path))
+        return Path(path)
     if cfg is not None and cfg.tokenizer_type != "HFTokenizer":
-        raise ValueError(f"tokenizer_type {cfg.tokenizer_type!r}: evaluation reads Hugging Face tokenizer.json files "
-                         "only; pass --tokenizer PATH/tokenizer.json")
-    if hf_dir is not None and (hf_dir / "tokenizer.json").is_file():
-        return Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+        raise ValueError(f"tokenizer_type {cfg.tokenizer_type!r}: only Hugging Face tokenizer.json files are read; "
+                         "pass --tokenizer PATH/tokenizer.json")
+    if model_dir is not None and (Path(model_dir) / "tokenizer.json").is_file():
+        return Path(model_dir) / "tokenizer.json"
     if cfg is not None and cfg.vocab_file:
         candidates = [Path(cfg.vocab_file), REPO_ROOT / cfg.vocab_file]
         for candidate in candidates:
             if candidate.is_file():
-                return Tokenizer.from_file(str(candidate))
+                return candidate
         raise FileNotFoundError(f"the checkpoint's vocab_file was not found (tried {', '.join(map(str, candidates))}); "
                                 "pass --tokenizer")
-    return Tokenizer.from_file(str(DEFAULT_TOKENIZER))
+    return DEFAULT_TOKENIZER
+
+
+def load_tokenizer(cfg: Config | None = None, path: str | Path | None = None,
+                   model_dir: Path | None = None) -> Tokenizer:
+    """The ``tokenizers`` tokenizer of :func:`tokenizer_file`."""
+    return Tokenizer.from_file(str(tokenizer_file(cfg, path, model_dir)))
+
+
+def special_token_id(path: str | Path) -> int:
+    """Id of ``<|endoftext|>`` (bos = eos = unk = the rolling-window prefix) in the tokenizer file ``path``."""
+    token_id = Tokenizer.from_file(str(path)).token_to_id(PREFIX_TOKEN)
+    if token_id is None:
+        raise ValueError(f"tokenizer {path} has no '{PREFIX_TOKEN}' token, which the models use as bos, eos and "
+                         "document prefix")
+    return token_id
+
+
+def hf_tokenizer(path: str | Path):
+    """``path`` (a ``tokenizer.json``) as a ``transformers`` fast tokenizer with :data:`SPECIAL_TOKENS`
+    (an error when the vocabulary lacks ``<|endoftext|>``)."""
+    from transformers import PreTrainedTokenizerFast
+
+    special_token_id(path)
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), clean_up_tokenization_spaces=False, **SPECIAL_TOKENS)
 
 
 def prefix_token_id(tokenizer: Tokenizer, token: str = PREFIX_TOKEN) -> int:

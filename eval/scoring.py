@@ -4,6 +4,7 @@ Every document's stream ``[prefix] + tokens`` is cut into windows by :func:`eval
 Windows of all documents are sorted by length (longest first, so a batch holds windows of nearly equal
 length), right-padded, and run through the model; only each window's target positions are scored, so padding
 never changes a score (attention is causal in every variant: a position never sees the padding after it).
+Attention statistics (AHA's ``mu_f``) are averaged over the windows' real positions, never over padding.
 """
 
 from __future__ import annotations
@@ -35,26 +36,40 @@ class ScoreResult:
 
 
 class AttentionStatsMean:
-    """Running mean of ``model.attention_stats()`` over forwards (e.g. AHA's ``mu_f`` per head), each forward
-    weighted by the positions it ran (``add(B * T)``, padding included)."""
+    """Means over real (non-padding) positions of the attention modules' per-token statistics
+    (``module.token_stats``: name -> (B, T, ...) tensor from the last forward, e.g. AHA's gate ``mu_f`` (B, T, H)),
+    accumulated over forwards; reported as ``layer{l}/{name}`` -> one value per trailing entry (per head)."""
 
     def __init__(self, model: object):
-        self.stats_fn = getattr(model, "attention_stats", None)
+        modules = getattr(model, "attention_modules", None)
+        self.modules = modules() if modules is not None else []
         self.sums: dict[str, torch.Tensor] = {}
-        self.weight = 0
+        self.counts: dict[str, torch.Tensor] = {}
 
-    def add(self, n_positions: int) -> None:
-        if self.stats_fn is None:
-            return
-        stats = self.stats_fn()
-        for key, value in stats.items():
-            value = value.detach().double().cpu() * n_positions
-            self.sums[key] = self.sums[key] + value if key in self.sums else value
-        if stats:
-            self.weight += n_positions
+    def current(self) -> dict[str, torch.Tensor]:
+        """The last forward's per-token statistics, ``layer{l}/{name}`` -> (B, T, ...)."""
+        return {f"layer{m.layer_idx}/{name}": value
+                for m in self.modules for name, value in getattr(m, "token_stats", {}).items()}
+
+    def add(self, real: torch.Tensor | None = None, stats: dict[str, torch.Tensor] | None = None) -> None:
+        """Accumulate ``stats`` (default: :meth:`current`); ``real`` (B, T) bool marks the real positions
+        (None: all)."""
+        for key, value in (self.current() if stats is None else stats).items():
+            mask = torch.ones(value.shape[:2]) if real is None else real
+            mask = mask.to(value.device, torch.float64).reshape(mask.shape + (1,) * (value.dim() - 2))
+            total, count = (value.double() * mask).sum((0, 1)), mask.sum()  # (B, T, ...) -> (...); no sync
+            self.sums[key] = self.sums[key] + total if key in self.sums else total
+            self.counts[key] = self.counts[key] + count if key in self.counts else count
 
     def result(self) -> dict[str, list[float]]:
-        return {k: (v / self.weight).reshape(-1).tolist() for k, v in self.sums.items()} if self.weight else {}
+        return {k: (v / self.counts[k]).reshape(-1).tolist() for k, v in self.sums.items() if self.counts[k] > 0}
+
+
+def overall_mean(stats: dict[str, list[float]], name: str = "mu_f") -> float | None:
+    """Mean over layers and entries (heads) of the ``layer{l}/{name}`` statistics (AHA Eq. 8 for ``mu_f``: every
+    layer and head counts the same positions); None when there are none."""
+    values = [v for k, vs in stats.items() if k.endswith(f"/{name}") for v in vs]
+    return sum(values) / len(values) if values else None
 
 
 def score_documents(
@@ -98,7 +113,7 @@ def score_documents(
             for row, (d, s, e, _) in enumerate(batch):
                 ids[row, :e - s] = torch.from_numpy(streams[d][s:e])
             logits = model(ids.to(device))
-            stats.add(ids.numel())
+            stats.add(torch.arange(width) < torch.tensor([e - s for _, s, e, _ in batch])[:, None])
             # one row at a time: float32 log-probs of the scored positions only (no (B, T, V) float32 copy)
             row_nll = torch.stack([
                 F.cross_entropy(logits[row, e - s - n:e - s].float(),

@@ -1,7 +1,14 @@
 """Convert between neox-dar checkpoints and Hugging Face ``GPTNeoXForCausalLM`` folders.
 
-    python -m neox_dar.convert to-hf CHECKPOINT OUT_DIR     # config.json + model.safetensors
+    python -m neox_dar.convert to-hf CHECKPOINT OUT_DIR [--tokenizer tokenizer.json]
     python -m neox_dar.convert from-hf HF_DIR OUT_DIR        # model.safetensors + config.yml (loadable by training/eval)
+
+``to-hf`` writes a complete Hugging Face folder: ``config.json``, ``model.safetensors``, the run's tokenizer
+(``tokenizer.json`` copied byte for byte from the config's ``vocab_file``, as ``eval.loading.tokenizer_file``
+resolves it; the bundled Pythia tokenizer when unset), ``tokenizer_config.json`` and ``special_tokens_map.json``
+(bos = eos = unk = ``<|endoftext|>``, as the models use them) and ``generation_config.json``, so
+``AutoTokenizer``, lm-eval's ``hf`` model and vLLM-style loaders need nothing else. ``from-hf`` copies the
+folder's tokenizer files beside the imported weights, where evaluation finds them.
 
 Parameter names are shared, so nothing is renamed except the output head: exports write ``embed_out.weight``
 (the published Pythia name, which transformers 5 maps to ``lm_head.weight`` on load); imports accept both.
@@ -14,22 +21,29 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from pathlib import Path
 
 import torch
+from eval.loading import SPECIAL_TOKENS, special_token_id, tokenizer_file
 from safetensors.torch import load_file, save_file
+from transformers import GenerationConfig
 
-from .checkpoint import load_model, save_weights
+from .checkpoint import load_model, resolve_checkpoint, save_weights
 from .config import Config, ConfigError
 from .model import CausalLM, build_model
 
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
 _IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq", "rotary_emb.inv_freq")
+# A Hugging Face folder's tokenizer files (fast and slow formats), copied by ``from-hf``.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt")
 
 
-def hf_config_dict(cfg: Config) -> dict:
-    """The ``config.json`` of a ``GPTNeoXForCausalLM`` equal to ``cfg``'s vanilla model."""
+def hf_config_dict(cfg: Config, special_id: int = 0) -> dict:
+    """The ``config.json`` of a ``GPTNeoXForCausalLM`` equal to ``cfg``'s vanilla model; ``special_id`` is the
+    tokenizer's ``<|endoftext|>`` (bos and eos; 0 in the Pythia tokenizer)."""
     return {
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -51,21 +65,48 @@ def hf_config_dict(cfg: Config) -> dict:
         "attention_dropout": cfg.attention_dropout,
         "hidden_dropout": cfg.hidden_dropout,
         "initializer_range": cfg.init_method_std,
-        "bos_token_id": 0,
-        "eos_token_id": 0,
+        "bos_token_id": special_id,
+        "eos_token_id": special_id,
         "torch_dtype": "float32",
         "neox_dar_config": cfg.to_dict(),
     }
 
 
-def to_hf(model: CausalLM, cfg: Config, out_dir: str | Path) -> Path:
-    """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` (float32)."""
+def write_tokenizer(tokenizer_json: str | Path, cfg: Config, out: Path) -> int:
+    """Copy ``tokenizer_json`` to ``out/tokenizer.json`` and write ``tokenizer_config.json``,
+    ``special_tokens_map.json`` and ``generation_config.json``; returns the ``<|endoftext|>`` id.
+
+    The tokenizer file is the run's own, unchanged, so every ``tokenizers`` version that read it reads it;
+    ``PreTrainedTokenizerFast`` is the class name that transformers 4 and 5 both load from it."""
+    special_id = special_token_id(tokenizer_json)
+    shutil.copyfile(tokenizer_json, out / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL_TOKENS,
+              "model_max_length": cfg.max_position_embeddings, "clean_up_tokenization_spaces": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
+    GenerationConfig(bos_token_id=special_id, eos_token_id=special_id).save_pretrained(out)
+    return special_id
+
+
+def to_hf(model: CausalLM, cfg: Config, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
+    """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32) and the tokenizer
+    (:func:`write_tokenizer`; ``tokenizer_json`` defaults to ``cfg``'s, see ``eval.loading.tokenizer_file``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    special_id = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, out)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config_dict(cfg), indent=2) + "\n")
+    (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, special_id), indent=2) + "\n")
     return out
+
+
+def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
+    """Copy the :data:`TOKENIZER_FILES` that ``hf_dir`` holds into ``out_dir``; returns their names."""
+    present = [name for name in TOKENIZER_FILES if (Path(hf_dir) / name).is_file()]
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for name in present:
+        shutil.copyfile(Path(hf_dir) / name, Path(out_dir) / name)
+    return present
 
 
 def config_from_hf(hf: dict) -> Config:
@@ -141,19 +182,23 @@ def from_hf(hf_dir: str | Path) -> tuple[CausalLM, Config]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m neox_dar.convert", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="direction", required=True)
-    p = sub.add_parser("to-hf", help="neox-dar checkpoint -> Hugging Face folder")
+    p = sub.add_parser("to-hf", help="neox-dar checkpoint -> Hugging Face folder (weights, config, tokenizer)")
     p.add_argument("checkpoint", help="run directory, its checkpoints/ directory, or one step directory")
     p.add_argument("out_dir")
-    p = sub.add_parser("from-hf", help="Hugging Face GPT-NeoX folder -> neox-dar weights + config.yml")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json to export (default: the checkpoint's, as evaluation resolves it)")
+    p = sub.add_parser("from-hf", help="Hugging Face GPT-NeoX folder -> neox-dar weights + config.yml (+ tokenizer)")
     p.add_argument("hf_dir")
     p.add_argument("out_dir")
     args = parser.parse_args(argv)
     try:
         if args.direction == "to-hf":
-            model, cfg = load_model(args.checkpoint)
-            to_hf(model, cfg, args.out_dir)
+            step_dir = resolve_checkpoint(args.checkpoint)
+            model, cfg = load_model(step_dir)
+            to_hf(model, cfg, args.out_dir, tokenizer_file(cfg, args.tokenizer, step_dir))
         else:
             model, cfg = from_hf(args.hf_dir)
+            copy_tokenizer_files(args.hf_dir, args.out_dir)  # first: the checkpoint's manifest lists them
             save_weights(model, cfg, args.out_dir)
     except (FileNotFoundError, ConfigError, ValueError) as e:
         print(f"convert error: {e}", file=sys.stderr)

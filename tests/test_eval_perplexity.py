@@ -63,7 +63,7 @@ def test_nll_equals_lm_eval_hflm(tiny, docs, tmp_path):
 
     for path in (root, hf_dir):   # our checkpoint, and the exported Hugging Face folder through from_hf
         loaded = load_for_eval(path)
-        tok = load_tokenizer(loaded.cfg, hf_dir=loaded.hf_dir)
+        tok = load_tokenizer(loaded.cfg, model_dir=loaded.model_dir)
         ours = score_corpus(loaded.model, tok, docs, SEQ, prefix_token_id(tok), batch_size=5, progress=False,
                             per_document=True)
         for ll, row in zip(reference, ours["per_document"]):
@@ -152,3 +152,45 @@ def test_every_variant_scores_independently_of_batching(attention, docs, tmp_pat
     assert [r["nll"] for r in three["per_document"]] == pytest.approx([r["nll"] for r in one["per_document"]],
                                                                       rel=1e-5)
     assert ("attention_stats" in one) == (attention == "aha")
+
+
+def test_mu_f_averages_real_positions_only(docs, tmp_path):
+    """AHA's mu_f from the evaluation: the gate's mean over every real (non-padding) input position of every
+    window, per layer and head, computed here from the routers' own outputs window by window; batching (right
+    padding) changes nothing."""
+    make_checkpoint(tmp_path, overrides=["attention_type=aha", "window_size=4"], seed=13)
+    loaded = load_for_eval(tmp_path)
+    model, cfg, tok = loaded.model, loaded.cfg, load_tokenizer(loaded.cfg)
+    gates = {l: [] for l in range(cfg.num_layers)}
+    hooks = [layer.attention.router.register_forward_hook(
+        lambda m, args, out, l=l: gates[l].append(torch.sigmoid(out.float()) > cfg.aha_threshold))
+        for l, layer in enumerate(model.gpt_neox.layers)]
+    one = score_corpus(model, tok, docs[:4], SEQ, 0, batch_size=1, progress=False)
+    for h in hooks:
+        h.remove()
+    expect = {f"layer{l}/mu_f": torch.cat([g.reshape(-1, g.shape[-1]) for g in gs]).double().mean(0).tolist()
+              for l, gs in gates.items()}
+    packed = score_corpus(model, tok, docs[:4], SEQ, 0, batch_size=3, progress=False)
+    assert packed["windows"] > 3  # several windows of unequal length per batch: real padding
+    for result in (one, packed):
+        assert result["attention_stats"].keys() == expect.keys()
+        for key, per_head in expect.items():
+            assert result["attention_stats"][key] == pytest.approx(per_head, abs=1e-12), key
+        assert result["mu_f"] == pytest.approx(sum(map(sum, expect.values())) / (cfg.num_layers * 4), abs=1e-12)
+
+
+def test_max_docs_per_corpus(tiny, tmp_path, capsys):
+    root, _, _ = tiny
+    out = tmp_path / "res.json"
+    assert main([str(root), "--corpora", "c4,fineweb_edu", "--max-docs", "2", "--max-docs", "c4=1", "--no-progress",
+                 "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["corpora"]["c4"]["documents"] == 1 and res["corpora"]["fineweb_edu"]["documents"] == 2
+    assert main([str(root), "--corpora", "c4", "--max-docs", "c4=all", "--max-docs", "fineweb_edu=1", "--no-progress",
+                 "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["corpora"]["c4"]["documents"] == len(load_local("c4"))
+    capsys.readouterr()
+    for bad in ("c5=1", "0", "c4=-1", "many"):
+        assert main([str(root), "--corpora", "c4", "--max-docs", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --max-docs") and err.count("\n") == 1, err

@@ -28,8 +28,10 @@ SWEEP = {
 }
 
 
-def _write_run_files(run_dir: Path, rng: random.Random, cfg_layers: int = 2, heads: int = 4) -> dict:
-    """Contract-shaped metrics.jsonl, status.json and eval/perplexity.json with random values."""
+def _write_run_files(run_dir: Path, rng: random.Random, cfg_layers: int = 2, heads: int = 4,
+                     aha: bool = False) -> dict:
+    """Contract-shaped metrics.jsonl, status.json and eval/perplexity.json with random values (an AHA run's
+    evaluation also holds mu_f per corpus, layer and head)."""
     rows = []
     for step in range(10, 41, 10):
         rows.append({"step": step, "loss": 10 - step / 10 + rng.random(), "lm_loss": 9.0, "aux_loss": 0.0,
@@ -45,6 +47,11 @@ def _write_run_files(run_dir: Path, rng: random.Random, cfg_layers: int = 2, hea
                    "token_perplexity": rng.uniform(20, 60), "word_perplexity": rng.uniform(40, 90),
                    "byte_perplexity": rng.uniform(1.5, 3), "bits_per_byte": rng.uniform(0.8, 1.5), "documents": 3}
                for c in CORPORA}
+    if aha:
+        for entry in corpora.values():
+            entry["attention_stats"] = {f"layer{l}/mu_f": [rng.random() for _ in range(heads)]
+                                        for l in range(cfg_layers)}
+            entry["mu_f"] = sum(map(sum, entry["attention_stats"].values())) / (cfg_layers * heads)
     (run_dir / "eval").mkdir(exist_ok=True)
     result = {"checkpoint": str(run_dir), "step": 40, "config_hash": "x", "manifest_hash": "y",
               "attention_type": "vanilla", "corpora": corpora}
@@ -57,7 +64,7 @@ def sweep_dir(tmp_path):
     sweep = parse_sweep(SWEEP, tmp_path / "synthetic.yml")
     root = write_plan(sweep, plan(sweep, tmp_path / "runs"))
     rng = random.Random(7)
-    results = {r.name: _write_run_files(root / r.name, rng) for r in sweep.runs}
+    results = {r.name: _write_run_files(root / r.name, rng, aha=r.name.startswith("aha")) for r in sweep.runs}
     return root, results
 
 
@@ -187,3 +194,30 @@ def test_fig3_uses_evaluations_at_several_steps(sweep_dir):
     assert by["dar-d32"].eval["step"] == 40  # the table keeps the final evaluation
     valid = _valid_points(by["dar-d32"], by["vanilla"])
     assert [s for s, _ in valid] == [20, 40]
+
+
+def test_mu_f_comes_from_the_evaluation(sweep_dir):
+    """mu_f (table and figures) is the final evaluation's, per layer and head averaged over the corpora, never the
+    trainer's last micro-batch; an AHA run without such an evaluation shows it missing."""
+    from neox_dar.report.figures import draw_all
+
+    root, results = sweep_dir
+    runs, sweep, _ = collect(root)
+    aha = next(r for r in runs if r.name == "aha-w16")
+    stats = [results["aha-w16"]["corpora"][c]["attention_stats"] for c in CORPORA]
+    expect = [[sum(s[f"layer{l}/mu_f"][h] for s in stats) / len(stats) for h in range(4)] for l in range(2)]
+    heat = aha.mu_f_table()
+    assert len(heat) == 2 and all(row == pytest.approx(e) for row, e in zip(heat, expect))
+    overall = sum(map(sum, expect)) / 8
+    assert overall == pytest.approx(sum(results["aha-w16"]["corpora"][c]["mu_f"] for c in CORPORA) / 3)
+    assert aha.mu_f() == pytest.approx(overall) and aha.mu_f() != pytest.approx(aha.train_rows()[-1]["mu_f"])
+    table = build_table(runs, sweep.report)
+    assert _row(table, "aha-w16")[table.columns.index("mu_f (%)")] == pytest.approx(overall * 100)
+    assert any("final evaluation" in n for n in table.notes)
+
+    (root / "aha-w16" / "eval" / "perplexity.json").unlink()
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    assert _row(table, "aha-w16")[table.columns.index("mu_f (%)")] is None  # missing, not the training value
+    files, skipped = draw_all(runs, table, sweep.report, root / "rep")
+    assert not any("aha" in f.name for f in files) and any("AHA mu_f" in s for s in skipped)

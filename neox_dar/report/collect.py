@@ -64,19 +64,26 @@ class RunRecord:
         return [r for r in self.metrics if "valid_loss" in r and "step" in r]
 
     def mu_f_table(self) -> list[list[float]] | None:
-        """AHA full-attention usage per layer and head (L x H) from the last row that logs it."""
-        for row in reversed(self.metrics):
-            layers = sorted((int(k.split("layer")[1]), v) for k, v in row.items() if k.startswith("mu_f/layer"))
-            if layers:
-                return [list(map(float, v)) for _, v in layers]
-        return None
+        """AHA full-attention usage per layer and head (L x H) from the final evaluation: each corpus's
+        ``attention_stats`` (``layer{l}/mu_f``, means over real tokens), averaged over the evaluated corpora with
+        equal weight (the AHA paper's "Avg" over tasks). None when no corpus of it reports ``mu_f``; training
+        values are never substituted (they come from one micro-batch)."""
+        tables = []
+        for result in ((self.eval or {}).get("corpora") or {}).values():
+            stats = result.get("attention_stats") or {}
+            layers = sorted((int(k[len("layer"):-len("/mu_f")]), v) for k, v in stats.items()
+                            if k.startswith("layer") and k.endswith("/mu_f"))
+            if layers and "mu_f" in result:  # results without "mu_f" predate real-token counting
+                tables.append([list(map(float, v)) for _, v in layers])
+        if not tables:
+            return None
+        return [[sum(t[l][h] for t in tables) / len(tables) for h in range(len(tables[0][l]))]
+                for l in range(len(tables[0]))]
 
     def mu_f(self) -> float | None:
-        """Overall AHA full-attention usage from the last row that logs it."""
-        for row in reversed(self.metrics):
-            if isinstance(row.get("mu_f"), (int, float)):
-                return float(row["mu_f"])
-        return None
+        """Overall AHA full-attention usage (paper Eq. 8): the mean of :meth:`mu_f_table` over layers and heads."""
+        table = self.mu_f_table()
+        return None if table is None else sum(map(sum, table)) / sum(map(len, table))
 
 
 def _load_cfg(run_dir: Path) -> Config:

@@ -6,8 +6,9 @@
   validation set). The legend says which.
 - ``loss_curves.png``: training loss per run, one panel per group.
 - ``cost_vs_perplexity.png`` (MSWA Table 5 as a plot): relative attention cost vs Rel. (%).
-- ``aha_mu_f_heatmap.png`` (AHA Fig. 3): full-attention usage per layer (rows) and head (columns).
-- ``aha_head_usage.png`` (AHA Fig. 4): every head's usage, sorted, per run.
+- ``aha_mu_f_heatmap.png`` (AHA Fig. 3): full-attention usage per layer (rows) and head (columns), from each
+  run's final evaluation (real tokens only, mean over the corpora).
+- ``aha_head_usage.png`` (AHA Fig. 4): every head's usage, sorted, per run (same source).
 
 A figure whose inputs no run holds is not drawn; :func:`draw_all` says which and why.
 """
@@ -146,14 +147,15 @@ def aha_figures(runs: list[RunRecord], out: Path) -> list[Path]:
         ax.set_yticks(range(len(t)))
         _label(ax, "head", "layer", name, legend=False)
         fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle("AHA full-attention usage mu_f per layer and head", fontsize=10)
+    fig.suptitle("AHA full-attention usage mu_f per layer and head (final evaluation, mean over corpora)",
+                 fontsize=10)
     heat = _save(fig, out / "aha_mu_f_heatmap.png", rect=(0, 0, 1, 0.94))
 
     fig, axes = _panels(1, 6.5, 4.0)
     for name, t in tables:
         usage = sorted((v for row in t for v in row), reverse=True)
         axes[0].plot(range(1, len(usage) + 1), usage, marker=".", label=name)
-    _label(axes[0], "head rank", "mu_f", "AHA heads sorted by full-attention usage")
+    _label(axes[0], "head rank", "mu_f (final evaluation)", "AHA heads sorted by full-attention usage")
     return [heat, _save(fig, out / "aha_head_usage.png")]
 
 
@@ -173,7 +175,7 @@ def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path) -> tu
     if aha:
         files += aha
     elif any(r.cfg.attention_type == "aha" for r in runs):
-        skipped.append("AHA mu_f figures: no AHA run logged mu_f/layer{l}")
+        skipped.append("AHA mu_f figures: no AHA run's evaluation reports mu_f (run eval.perplexity on them)")
     return files, skipped
 
 

@@ -82,7 +82,7 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
             row.append(relative_cost(r, cache))
         if with_mu_f:
             mu = r.mu_f() if r.cfg.attention_type == "aha" else ""
-            row.append(mu * 100 if isinstance(mu, float) else mu)
+            row.append(mu * 100 if isinstance(mu, float) else mu)  # None (missing) for an unevaluated AHA run
         row.append(r.eval.get("step") if r.eval else MISSING)
         rows.append(row)
     notes = [f"Perplexity: {metric} from each run's final eval/*.json; Rel. (%) = mean over "
@@ -92,7 +92,8 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
         notes.append("Cost: attention FLOPs per token at seq_length (scores, weighted sums, variant extras), "
                      "relative to vanilla attention; AHA counted with every gate open.")
     if with_mu_f:
-        notes.append("mu_f: share of (token, head, layer) gates that chose full attention, last logged value.")
+        notes.append("mu_f: share of (token, head, layer) gates that chose full attention, from the final "
+                     "evaluation (real tokens only), mean over the corpora; '--' = not evaluated.")
     return Table(report.get("title") or "Perplexity", columns, rows, notes + flags)
 
 

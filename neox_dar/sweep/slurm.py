@@ -100,15 +100,38 @@ def render(template: str, values: dict[str, object]) -> str:
 
 
 def eval_args(ev: dict | None) -> list[str]:
-    """eval.perplexity options from the sweep's ``eval:`` mapping (corpora, max_docs, args); [] = no evaluation."""
+    """eval.perplexity options from the sweep's ``eval:`` mapping; [] = no evaluation.
+
+    ``source``: ``hub`` (default: the full corpora's Hub splits) or ``local`` (the files in data/eval, or ``args``'
+    ``--corpus-path``); ``corpora``: default all three; ``max_docs``: documents per corpus, an int for every corpus or
+    a mapping corpus -> int or null (= all), default ``eval.corpora.HUB_DEFAULT_DOCS`` for the Hub and all documents
+    for local files; ``args``: more eval.perplexity options. Every run scores the documents of the sweep's
+    manifest (``--sweep-manifest``: the first run to be evaluated writes it)."""
+    from eval.corpora import CORPORA, HUB_DEFAULT_DOCS
+
     if not ev:
         return []
-    unknown = set(ev) - {"corpora", "max_docs", "args"}
+    allowed = ("args", "corpora", "max_docs", "source")
+    unknown = set(ev) - set(allowed)
     if unknown:
-        raise SweepError(f"unknown eval setting(s) {', '.join(sorted(unknown))} (allowed: args, corpora, max_docs)")
-    args = ["--corpora", ",".join(ev.get("corpora") or ("fineweb_edu", "c4", "wikitext103"))]
-    if ev.get("max_docs") is not None:
-        args += ["--max-docs", str(ev["max_docs"])]
+        raise SweepError(f"unknown eval setting(s) {', '.join(sorted(unknown))} (allowed: {', '.join(allowed)})")
+    source = ev.get("source", "hub")
+    if source not in ("hub", "local"):
+        raise SweepError(f"eval source must be 'hub' or 'local', got {source!r}")
+    corpora = ev.get("corpora") or list(CORPORA)
+    if not isinstance(corpora, list) or set(corpora) - set(CORPORA):
+        raise SweepError(f"eval corpora must be a list drawn from {', '.join(CORPORA)}, got {corpora!r}")
+    defaults = HUB_DEFAULT_DOCS if source == "hub" else {}
+    max_docs = ev.get("max_docs", {})
+    if not isinstance(max_docs, dict):
+        max_docs = dict.fromkeys(corpora, max_docs)
+    counts = {name: max_docs.get(name, defaults.get(name)) for name in corpora}
+    bad = {k: v for k, v in max_docs.items() if k not in CORPORA} or {
+        k: v for k, v in counts.items() if v is not None and (type(v) is not int or v < 1)}
+    if bad:
+        raise SweepError(f"eval max_docs wants an int >= 1 or null per corpus of {', '.join(CORPORA)}, got {bad}")
+    args = ["--source", source, "--corpora", ",".join(corpora), "--sweep-manifest"]
+    args += [f"--max-docs={name}={'all' if n is None else n}" for name, n in counts.items()]
     return args + [str(a) for a in ev.get("args") or []]
 
 
