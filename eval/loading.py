@@ -8,8 +8,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +15,10 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
-from neox_dar.checkpoint import CONFIG, load_model, resolve_checkpoint
+from neox_dar.checkpoint import load_model
 from neox_dar.config import Config
 from neox_dar.model import CausalLM
+from neox_dar.rundir import CONFIG, checkpoint_step, resolve_checkpoint
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOKENIZER = REPO_ROOT / "data" / "20B_tokenizer.json"
@@ -48,16 +47,6 @@ def config_hash(cfg: Config) -> str:
     return hashlib.sha256(cfg.to_yaml().encode("utf-8")).hexdigest()
 
 
-def _checkpoint_step(step_dir: Path) -> int | None:
-    state = step_dir / "state.json"
-    if state.is_file():
-        step = json.loads(state.read_text()).get("step")
-        if step is not None:
-            return int(step)
-    match = re.fullmatch(r"step_(\d+)", step_dir.name)
-    return int(match.group(1)) if match else None
-
-
 def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
                   attention_impl: str | None = None) -> LoadedModel:
     """The model at ``path`` in eval mode on ``device`` in ``dtype`` (``float32``, ``bfloat16``, ``float16``).
@@ -77,7 +66,7 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: s
     else:
         where = resolve_checkpoint(p)
         model, cfg = load_model(where)
-        step = _checkpoint_step(where)
+        step = checkpoint_step(where)
     if attention_impl is not None:
         cfg.attention_impl = attention_impl
         for module in model.attention_modules():

@@ -30,9 +30,10 @@ from eval.loading import SPECIAL_TOKENS, special_token_id, tokenizer_file
 from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig
 
-from .checkpoint import load_model, resolve_checkpoint, save_weights
+from .checkpoint import load_model, save_weights
 from .config import Config, ConfigError
 from .model import CausalLM, build_model
+from .rundir import resolve_checkpoint
 
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
 _IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq", "rotary_emb.inv_freq")
