@@ -64,7 +64,8 @@ def test_single_run_gpu_script(tmp_path):
     assert "#SBATCH --constraint=h100" in lines and "#SBATCH --signal=B:USR1@300" in lines
     assert not any(line.startswith("#SBATCH --array") for line in lines)
     assert "NPROC_PER_NODE=8" in script
-    assert "EVAL_ARGS=(--corpora c4,wikitext103 --max-docs 5)" in script
+    assert ("EVAL_ARGS=(--source hub --corpora c4,wikitext103 --sweep-manifest --max-docs=c4=5 "
+            "--max-docs=wikitext103=5)") in script
 
 
 def test_settings_errors():

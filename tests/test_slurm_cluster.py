@@ -82,7 +82,7 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
         "grid": {"attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
                                "dar": {"configs": ["configs/attention/dar.yml"],
                                        "set": {"window_size": 8, "dar_d_down": 16}}}},
-        "eval": {"corpora": ["c4"], "max_docs": 1},
+        "eval": {"source": "local", "corpora": ["c4"], "max_docs": 1},
         "slurm": {"gpus_per_node": 0, "nproc_per_node": 1, "cpus_per_task": 1, "time": "00:10:00",
                   "concurrency": 2},
         "report": {"baseline": {"attention_type": "vanilla"}},

@@ -12,6 +12,7 @@ import yaml
 
 from neox_dar.config import load_config
 from neox_dar.sweep.__main__ import main as sweep_main
+from neox_dar.rundir import publish, write_manifest
 from neox_dar.sweep.rundir import run_state
 from neox_dar.sweep.spec import SweepError, load_sweep, parse_sweep, plan, write_plan
 
@@ -120,9 +121,12 @@ def _fake_run(run_dir: Path, state: str | None, step: int, loss: float, ckpt: in
         (run_dir / "status.json").write_text(json.dumps({"state": state, "step": step, "train_iters": 20}))
     rows = [{"step": s, "loss": loss + (step - s)} for s in range(1, step + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 99, "lo')
-    if ckpt is not None:
-        (run_dir / "checkpoints").mkdir(exist_ok=True)
-        (run_dir / "checkpoints" / "latest").write_text(f"step_{ckpt:08d}")
+    if ckpt is not None:  # a complete checkpoint as training publishes it (weights, manifest, rename, latest)
+        tmp = run_dir / "checkpoints" / f".tmp-step_{ckpt:08d}"
+        tmp.mkdir(parents=True)
+        (tmp / "model.safetensors").write_bytes(b"w")
+        write_manifest(tmp, {"step": ckpt})
+        publish(tmp, run_dir / "checkpoints" / f"step_{ckpt:08d}")
 
 
 @pytest.fixture()

@@ -49,6 +49,7 @@ class SlurmSettings:
     mode: Literal["array", "per-run"] = _f("array", "One job array over the runs, or one job per run.")
     concurrency: Optional[int] = _f(None, "Array mode: at most this many runs at once (--array=0-N%%C).")
     signal_seconds: int = _f(120, "USR1 this many seconds before the time limit (checkpoint, requeue).")
+    max_requeues: int = _f(3, "Stop requeueing a run whose training made no progress in this many requeues.")
     template: Optional[str] = _f(None, "sbatch template (default slurm/sweep.sbatch).")
     extra_sbatch: list[str] = _f([], "Raw #SBATCH options (repeatable; on the command line: "
                                      "--extra-sbatch=--exclusive).")
@@ -76,6 +77,8 @@ class SlurmSettings:
             raise SweepError("CPU mode (gpus_per_node: 0) needs nproc_per_node")
         if self.mode not in ("array", "per-run"):
             raise SweepError(f"slurm mode must be 'array' or 'per-run', got {self.mode!r}")
+        if self.max_requeues < 1:
+            raise SweepError(f"slurm max_requeues must be >= 1, got {self.max_requeues}")
         if self.concurrency is not None and self.concurrency < 1:
             raise SweepError(f"slurm concurrency must be >= 1, got {self.concurrency}")
 
@@ -160,6 +163,7 @@ def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log
         "array": spec if array else None,
         "output": str(log_dir / ("%x-%A_%a.out" if array else "%x-%j.out")),
         "signal_seconds": settings.signal_seconds,
+        "max_requeues": settings.max_requeues,
         "extra_sbatch": "\n".join(f"#SBATCH {opt}" for opt in settings.extra_sbatch),
         "run_dirs": " ".join(shlex.quote(str(d)) for d in run_dirs),
         "python": shlex.quote(settings.python or sys.executable),

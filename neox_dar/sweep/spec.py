@@ -211,7 +211,13 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
         raise SweepError(f"{where}: duplicate run names {', '.join(dups)}; set name_template or explicit names")
     ev = data.get("eval", {"corpora": None, "max_docs": None})
     if ev is not False and ev is not None and not isinstance(ev, dict):
-        raise SweepError(f"{where}: 'eval' must be a mapping (corpora, max_docs) or false")
+        raise SweepError(f"{where}: 'eval' must be a mapping (source, corpora, max_docs, args) or false")
+    from .slurm import eval_args
+
+    try:
+        eval_args(ev or None)  # a mistake in eval: fails here, at plan time, not in a queued job
+    except SweepError as e:
+        raise SweepError(f"{where}: {e}") from None
     return Sweep(name=str(name), path=path, raw=data, configs=base, runs=runs, eval=ev or None,
                  slurm=dict(data.get("slurm") or {}), report=dict(data.get("report") or {}),
                  description=str(data.get("description") or ""))
