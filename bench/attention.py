@@ -5,8 +5,15 @@ every head in one launch instead of one per window group), ``reference`` (the mo
 math), ``sdpa_path`` (the model's SDPA path for the variant), ``sdpa_causal`` (plain causal
 ``scaled_dot_product_attention`` forced to the flash backend, same q/k/v shapes: the speed of light for dense causal
 attention) and ``flex`` (``flex_attention`` compiled, with the variant's mask; block-mask build not timed; DAR has
-no flex equivalent: two key sets). MSWA is timed over the four layer groups of the SPEC's window table (base ``w``:
-windows ``w/16 .. 4w``), every other method likewise four times, and summed.
+no flex equivalent: two key sets; compiled once for the whole run, and reaching dynamo's recompile limit is an
+error, not a silent fall back to uncompiled flex). MSWA is timed over the four layer groups of the SPEC's window
+table (base ``w``: windows ``w/16 .. 4w``), every other method likewise four times, and summed.
+
+Fairness: every method gets q/k/v as the model makes them (strided views of a fused projection) and ends as the
+model's attention does (``o.transpose(1, 2).reshape(B, T, H * d_h)``, whose backward hands a strided ``do``); each
+method's output is checked against the reference (batch row 0) before it is timed, on the full batch (so the
+autotuner tunes for the timed shapes); a wrong or failing method is recorded, not timed, and the exit status is 1.
+The JSON records which flash kernels SDPA ran (profiler names) and PyTorch's active flash implementation.
 
 Modes:
   python bench/attention.py                      # CUDA (the target). Defaults: bf16, B=8, H=12, d_h=64,
@@ -75,17 +82,34 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------- environment
 def environment(args, torch, triton) -> dict:
+    from kernels.runtime import device_report
     from neox_dar.provenance import provenance
 
     gpu = torch.cuda.is_available() and not args.interpret
     return {
         "label": ("GPU timings" if gpu else
                   "Triton CPU interpreter smoke timings: correctness plumbing only, NOT GPU performance"),
+        **device_report(),
         "device": torch.cuda.get_device_name() if gpu else "cpu (TRITON_INTERPRET=1)",
-        "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda,
         **provenance(),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
     }
+
+
+def sdpa_flash_kernels(torch) -> dict:
+    """Which flash implementation ``sdpa_causal`` runs: PyTorch's active implementation (None: its bundled
+    FlashAttention-2) and the CUDA kernels one bf16 forward+backward launched (profiler names)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        torch.cuda.synchronize()
+    names = sorted({e.name for e in prof.events() if "flash" in e.name.lower() or "fmha" in e.name.lower()})
+    current = getattr(torch.nn.attention, "current_flash_attention_impl", lambda: "unknown")()
+    return {"active_impl": current, "kernels": names}
 
 
 # ---------------------------------------------------------------------------------------------- timing
@@ -120,8 +144,29 @@ class Timer:
 
 
 # ---------------------------------------------------------------------------------------------- cases
+_FLEX = None
+
+
+def compiled_flex(torch):
+    """``flex_attention`` compiled once for the whole run. Dynamo may recompile it for a new shape or mask (each
+    is counted); past its recompile limit it would run flex uncompiled, materializing T x T scores, so reaching the
+    limit is made an error instead of a silently slow (and vacuously beaten) baseline."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
+        _FLEX = torch.compile(flex_attention, dynamic=False)
+    return _FLEX
+
+
 def build_cases(name: str, T: int, args, torch, device, dtype):
-    """``(inputs, {method: forward callable(*inputs) -> output})`` for one kernel at length ``T``."""
+    """``(inputs, {method: callable(*inputs) -> (B, T, H * d_h)})`` for one kernel at length ``T``.
+
+    Inputs are laid out as the model makes them: ``q, k, v`` strided views of one fused projection (B, T, H, 3 d_h)
+    (DAR's ``k_glob, v_glob`` of a second one), and every method ends as the model's attention does,
+    ``o.transpose(1, 2).reshape(B, T, H * d_h)``, so its backward receives the strided ``do`` the model produces.
+    """
     import torch.nn.functional as F
 
     import kernels
@@ -135,27 +180,41 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
     B, H, D, w = args.batch, args.heads, args.head_dim, args.window
     gen = torch.Generator(device="cpu").manual_seed(0)
 
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype).requires_grad_()
+    def fused(n):
+        """A leaf (B, T, H, n d_h): n tensors' heads in one projection's output, as the model computes them."""
+        return torch.randn(B, T, H, n * D, generator=gen).to(device=device, dtype=dtype).requires_grad_()
+
+    def heads(x, n):
+        """The n strided per-head views (B, H, T, d_h) of a fused leaf (the model's ``split_heads``)."""
+        return x.transpose(1, 2).chunk(n, dim=-1)
+
+    def merged(o):
+        return o.transpose(1, 2).reshape(o.shape[0], T, H * D)
 
     def sdpa_causal(q, k, v):
         with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def flex_fn(mask_mod, bsz, heads):
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        # _compile: build the block mask chunk-wise instead of materializing (B, H, T, T) booleans
-        block_mask = create_block_mask(mask_mod, bsz, heads, T, T, device=device, _compile=True)
-        compiled = torch.compile(flex_attention, dynamic=False)
-        return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+    def flex_fn(mask_mod, bsz):
+        from torch.nn.attention.flex_attention import create_block_mask
 
-    methods = {}
+        # _compile: build the block mask chunk-wise instead of materializing (B, H, T, T) booleans
+        block_mask = create_block_mask(mask_mod, bsz, H, T, T, device=device, _compile=True)
+        flex = compiled_flex(torch)
+        return lambda q, k, v: flex(q, k, v, block_mask=block_mask)
+
+    qkv = fused(3)
     if name == "dar":
-        inputs = [rand(B, H, T, D) for _ in range(5)]
-        methods = {"triton": lambda *x: kernels.dar_attention(*x, w), "reference": lambda *x: dar_reference(*x, w),
-                   "sdpa_path": lambda *x: dar_sdpa(*x, w), "sdpa_causal": lambda q, k, v, *_: sdpa_causal(q, k, v)}
+        kv_glob = fused(2)
+        inputs = [qkv, kv_glob]
+        qkv_of = lambda a, b: (*heads(a, 3), *heads(b, 2))  # noqa: E731
+        methods = {"triton": lambda *x: kernels.dar_attention(*qkv_of(*x), w),
+                   "reference": lambda *x: dar_reference(*qkv_of(*x), w),
+                   "sdpa_path": lambda *x: dar_sdpa(*qkv_of(*x), w),
+                   "sdpa_causal": lambda a, b: sdpa_causal(*heads(a, 3))}
+        methods = {m: (lambda f: lambda *x: merged(f(*x)))(f) for m, f in methods.items()}
     elif name == "mswa":
-        inputs = [rand(B, H, T, D) for _ in range(3)]
+        inputs = [qkv]
         table = mswa_window_table(Config(attention_type="mswa", num_layers=4, num_attention_heads=H,
                                          hidden_size=H * D, window_size=w))
         wins = [torch.tensor(row, device=device) for row in table]  # for flex's mask_mod
@@ -166,11 +225,14 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
         def sdpa_path(q, k, v, row):
             out = torch.empty_like(q)
             for x in sorted(set(row)):
-                heads = torch.tensor([h for h, hw in enumerate(row) if hw == x], device=device)
-                out[:, heads] = windowed_sdpa(q[:, heads], k[:, heads], v[:, heads], x)
+                idx = torch.tensor([h for h, hw in enumerate(row) if hw == x], device=device)
+                out[:, idx] = windowed_sdpa(q[:, idx], k[:, idx], v[:, idx], x)
             return out
 
-        layers = lambda f: lambda *x: sum(f(*x, n) for n in range(len(table)))  # noqa: E731
+        def layers(f):
+            """The four layer groups' windows on the same inputs, outputs summed."""
+            return lambda x: sum(merged(f(*heads(x, 3), n)) for n in range(len(table)))
+
         methods = {"triton": layers(lambda q, k, v, n: kernels.mswa_attention(q, k, v, host_wins[n])),
                    "triton_one_launch": layers(lambda q, k, v, n: kernels.mswa_attention(
                        q, k, v, host_wins[n], group_by_window=False)),
@@ -178,27 +240,52 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
                    "sdpa_path": layers(lambda q, k, v, n: sdpa_path(q, k, v, table[n])),
                    "sdpa_causal": layers(lambda q, k, v, n: sdpa_causal(q, k, v))}
         if "flex" in args.methods:
-            flex = [flex_fn(lambda b, h, qi, ki, wt=wt: (qi >= ki) & (qi - ki < wt[h]), None, H) for wt in wins]
+            flex = [flex_fn(lambda b, h, qi, ki, wt=wt: (qi >= ki) & (qi - ki < wt[h]), None) for wt in wins]
             methods["flex"] = layers(lambda q, k, v, n: flex[n](q, k, v))
-    elif name == "aha":
+    else:  # aha
         gate = (torch.rand(B, H, T, generator=gen) < args.aha_frac).to(device)
-        inputs = [rand(B, H, T, D) for _ in range(3)] + [gate]  # the gate rides along so batch chunks slice it
+        inputs = [qkv, gate]  # the gate rides along so batch chunks slice it
         methods = {"triton": lambda q, k, v, g: kernels.aha_attention(q, k, v, g, w),
                    "reference": lambda q, k, v, g: aha_reference(q, k, v, g, w),
                    "sdpa_path": lambda q, k, v, g: aha_sdpa(q, k, v, g, w),
                    "sdpa_causal": lambda q, k, v, g: sdpa_causal(q, k, v)}
         if "flex" in args.methods:
-            flex = flex_fn(lambda b, h, qi, ki: (qi >= ki) & (gate[b, h, qi] | (qi - ki < w)), B, H)
+            flex = flex_fn(lambda b, h, qi, ki: (qi >= ki) & (gate[b, h, qi] | (qi - ki < w)), B)
             methods["flex"] = lambda q, k, v, g: flex(q, k, v)
+        methods = {m: (lambda f: lambda x, g: merged(f(*heads(x, 3), g)))(f) for m, f in methods.items()}
     return inputs, {m: f for m, f in methods.items() if m in args.methods}
+
+
+# Largest relative (Frobenius) error of a method's output against the reference (float32 math) on batch row 0.
+CHECK_TOL = {"bf16": 3e-2, "fp16": 1e-2, "fp32": 1e-3}
+
+
+def check_outputs(methods: dict, inputs, args, torch) -> dict:
+    """Each method's output on the full inputs, batch row 0, against the reference's on that row alone: ``{method:
+    relative error}`` (or the error message of a method that raised). Runs before any timing (so a wrong method is never timed) and on the full batch (so the
+    autotuner tunes for the shapes that are timed)."""
+    with torch.no_grad():
+        ref = methods["reference"](*(x[:1] for x in inputs)).double()
+        errs = {}
+        for m, fn in methods.items():
+            if m == "reference":
+                continue
+            try:
+                out = fn(*inputs)[:1].double()
+                errs[m] = ((out - ref).norm() / ref.norm()).item()
+            except Exception as e:  # noqa: BLE001  (a method that cannot run, e.g. flex past its recompile limit)
+                errs[m] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            if torch.cuda.is_available() and not args.interpret:
+                torch.cuda.empty_cache()
+    return errs
 
 
 def measure(fn, inputs, timer, torch) -> dict:
     """Forward and forward+backward median ms and forward+backward peak MiB.
 
-    Every method maps inputs of batch B to an output shaped like the first input. When the full batch runs out
-    of memory (the explicit-mask reference at T = 8192), it is timed again as B sequential batch-1 calls, and
-    the record says so; a second out-of-memory is recorded, not fatal.
+    Every method maps inputs of batch B to an output of batch B. When the full batch runs out of memory (the
+    explicit-mask reference at T = 8192), it is timed again as B sequential batch-1 calls, and the record says so;
+    a second out-of-memory is recorded, not fatal.
     """
     B = inputs[0].shape[0]
     try:
@@ -214,8 +301,12 @@ def measure(fn, inputs, timer, torch) -> dict:
 
 
 def timed(fn, inputs, timer, torch, chunk: int) -> dict:
-    grad = torch.randn(inputs[0].shape, dtype=inputs[0].dtype, device=inputs[0].device)
+    with torch.no_grad():
+        out = fn(*(x[:1] for x in inputs))
+    grad = torch.randn((inputs[0].shape[0], *out.shape[1:]), dtype=out.dtype, device=out.device)  # contiguous
+    del out
     parts = [slice(i, i + chunk) for i in range(0, inputs[0].shape[0], chunk)]
+    leaves = [x for x in inputs if x.requires_grad]
 
     def fwd():
         with torch.no_grad():
@@ -223,7 +314,7 @@ def timed(fn, inputs, timer, torch, chunk: int) -> dict:
                 fn(*(x[sl] for x in inputs))
 
     def fwd_bwd():
-        for x in inputs:
+        for x in leaves:
             x.grad = None
         for sl in parts:
             fn(*(x[sl] for x in inputs)).backward(grad[sl])
@@ -240,14 +331,35 @@ def run_benchmarks(args, torch, triton) -> dict:
     for name in args.kernels:
         for T in args.seqlens:
             inputs, methods = build_cases(name, T, args, torch, device, dtype)
+            errs = check_outputs(methods, inputs, args, torch) if "reference" in methods else {}
             for method, fn in methods.items():
-                r = {"kernel": name, "T": T, "method": method, **measure(fn, inputs, timer, torch)}
+                err = errs.get(method)
+                r = {"kernel": name, "T": T, "method": method, "rel_err_vs_reference": err,
+                     "fwd_ms": None, "fwd_bwd_ms": None, "peak_mib": None}
+                if isinstance(err, str):
+                    r["error"] = f"{err}: not timed"
+                elif err is not None and not err <= CHECK_TOL[args.dtype]:
+                    r["error"] = (f"output differs from the reference (relative error {err:.3g} > "
+                                  f"{CHECK_TOL[args.dtype]:g}): not timed")
+                else:
+                    try:
+                        r.update(measure(fn, inputs, timer, torch))
+                    except Exception as e:  # noqa: BLE001  (recorded, printed, and the exit status says so)
+                        r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 results.append(r)
-                print(f"{name:5s} T={T:6d} {method:12s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
-                      f"  peak {fmt(r['peak_mib'])} MiB {r.get('error', '')}{r.get('note', '')}", flush=True)
+                shown = f"{err:.2e}" if isinstance(err, float) else "-"
+                print(f"{name:5s} T={T:6d} {method:17s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
+                      f"  peak {fmt(r['peak_mib'])} MiB  err {shown} {r.get('error', '')}{r.get('note', '')}",
+                      flush=True)
                 if gpu:
                     torch.cuda.empty_cache()
-    return {"results": results, "targets": check_targets(results) if gpu else []}
+    report = {"results": results, "targets": check_targets(results) if gpu else []}
+    if gpu and "sdpa_causal" in args.methods:
+        report["sdpa_flash"] = sdpa_flash_kernels(torch)
+    if _FLEX is not None:
+        report["flex"] = {"compiled_once": True, "recompile_limit": torch._dynamo.config.recompile_limit,
+                          "fail_on_recompile_limit_hit": torch._dynamo.config.fail_on_recompile_limit_hit}
+    return report
 
 
 def fmt(x) -> str:
@@ -276,16 +388,19 @@ def print_table(report: dict) -> None:
     for r in report["results"]:
         by.setdefault((r["kernel"], r["T"]), {})[r["method"]] = r
     print(f"\n{report['label']} on {report['device']}\n")
-    print("| kernel | T | method | fwd ms | fwd+bwd ms | peak MiB | fwd+bwd / sdpa_causal | fwd+bwd / triton |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| kernel | T | method | fwd ms | fwd+bwd ms | peak MiB | fwd+bwd / sdpa_causal | fwd+bwd / triton "
+          "| rel. error vs reference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for (k, T), rows in by.items():
         base = rows.get("sdpa_causal", {}).get("fwd_bwd_ms")
         tri = rows.get("triton", {}).get("fwd_bwd_ms")
         for m, r in rows.items():
             fb = r["fwd_bwd_ms"]
             ratio = lambda d: f"{fb / d:.2f}" if fb and d else "-"  # noqa: E731
+            err = r.get("rel_err_vs_reference")
+            shown = f"{err:.2e}" if isinstance(err, float) else "-"
             print(f"| {k} | {T} | {m} | {fmt(r['fwd_ms'])} | {fmt(fb)} | {fmt(r['peak_mib'])} | {ratio(base)} "
-                  f"| {ratio(tri)} |")
+                  f"| {ratio(tri)} | {shown} |")
     for t in report["targets"]:
         state = {True: "PASS", False: "FAIL", None: "n/a"}[t["passed"]]
         print(f"target {t['kernel']} T={t['T']}: {t['target']}: {state}")
@@ -305,14 +420,12 @@ def compile_report(args) -> dict:
     from kernels import banded
 
     pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
-    int_ptrs = {"WIN", "HEADS", "ROWS", "COUNTS"}
-    fp32_ptrs = {"LSE", "DELTA"}
-    specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)),
-             ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
-             ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
-             ("_dkdv_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)),
-             ("_dkdv_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
-             ("_far_fwd_gather_kernel", {}), ("_far_dq_gather_kernel", {}), ("_far_dkdv_gather_kernel", {})]
+    int_ptrs = {"WIN", "KV_HEADS", "ROWS", "COUNTS"}
+    fp32_ptrs = {"LSE", "DELTA", "DQ"}
+    scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D"}
+    specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
+             ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False)), ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False)),
+             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True)), ("_routed_fwd_kernel", {})]
     rows = []
     for kname, flags in [(k, f) for k, f in specs if any(sub in k for sub in args.compile_filter)]:
         tuner = getattr(banded, kname)
@@ -328,7 +441,7 @@ def compile_report(args) -> dict:
                     sig[a] = "*i32"
                 elif a in fp32_ptrs:
                     sig[a] = "*fp32"
-                elif a.isupper() and a not in ("H", "G", "T", "D", "W_TUNE"):
+                elif a.isupper() and a not in scalars:
                     sig[a] = "*" + pointer_dtype
                 else:
                     sig[a] = "fp32" if a.endswith("scale") else "i32"
@@ -388,7 +501,12 @@ def main(argv=None) -> int:
 
     stamp = report["date_utc"].replace(":", "")
     write_result(report, args.out or ROOT / "bench" / "results" / f"attention-{tag}-{stamp}.json")
-    return 0
+    failed = [f"{r['kernel']} T={r['T']} {r['method']}" for r in report["results"] if r.get("error")
+              and r["error"] != "out of memory"]
+    if failed:
+        print(f"bench/attention.py: {len(failed)} method(s) failed their check or raised: {', '.join(failed)}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -47,6 +47,16 @@ _DELTA_ROWS = 64  # rows per program of the delta kernel (a memory-bound row red
 
 # ----------------------------------------------------------------------------------------------------- row loops
 @triton.jit
+def key_tiles(acc, m_i, l_i, q, pos, t_from, t_to, w, T, K, V, s_kt, s_vt, offs_n, offs_d, D: tl.constexpr,
+              qk_scale, LOCAL: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr):
+    """:func:`fwd_tile` over key tiles ``t_from .. t_to - 1`` of one key set."""
+    for t in range(t_from, t_to):
+        acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, K, V, s_kt, s_vt, offs_n, offs_d, D,
+                                 qk_scale, LOCAL, MASKED, PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
 def attend_rows(q, pos, p_min, p_max, w, T, KL, VL, KF, VF, s_klt, s_vlt, s_kft, s_vft, D: tl.constexpr,
                 qk_scale,
                 HAS_LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, PRECISION: tl.constexpr,
@@ -61,25 +71,20 @@ def attend_rows(q, pos, p_min, p_max, w, T, KL, VL, KF, VF, s_klt, s_vlt, s_kft,
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     t_lo, t_far_end, t_mix_end, t_loc_hi, t_hi = query_tile_key_bounds(p_min, p_max, w, BLOCK_N, HAS_LOCAL, HAS_FAR)
     if HAS_FAR:
-        for t in range(t_lo, t_far_end):
-            acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KF, VF, s_kft, s_vft, offs_n, offs_d, D,
-                                     qk_scale, False, False, PRECISION)
-        for t in range(t_far_end, t_mix_end):
-            acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KF, VF, s_kft, s_vft, offs_n, offs_d, D,
-                                     qk_scale, False, True, PRECISION)
+        acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, pos, t_lo, t_far_end, w, T, KF, VF, s_kft, s_vft, offs_n, offs_d,
+                                  D, qk_scale, False, False, PRECISION, BLOCK_N)
+        acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, pos, t_far_end, t_mix_end, w, T, KF, VF, s_kft, s_vft, offs_n,
+                                  offs_d, D, qk_scale, False, True, PRECISION, BLOCK_N)
     if HAS_LOCAL:
         t_mix_lo = t_far_end
         if w <= 0:  # no local pair: the straddling tiles hold far pairs only
             t_mix_lo = t_mix_end
-        for t in range(t_mix_lo, t_mix_end):
-            acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KL, VL, s_klt, s_vlt, offs_n, offs_d, D,
-                                     qk_scale, True, True, PRECISION)
-        for t in range(t_mix_end, t_loc_hi):
-            acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KL, VL, s_klt, s_vlt, offs_n, offs_d, D,
-                                     qk_scale, True, False, PRECISION)
-        for t in range(t_loc_hi, t_hi):
-            acc, m_i, l_i = fwd_tile(acc, m_i, l_i, q, pos, t * BLOCK_N, w, T, KL, VL, s_klt, s_vlt, offs_n, offs_d, D,
-                                     qk_scale, True, True, PRECISION)
+        acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, pos, t_mix_lo, t_mix_end, w, T, KL, VL, s_klt, s_vlt, offs_n,
+                                  offs_d, D, qk_scale, True, True, PRECISION, BLOCK_N)
+        acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, pos, t_mix_end, t_loc_hi, w, T, KL, VL, s_klt, s_vlt, offs_n,
+                                  offs_d, D, qk_scale, True, False, PRECISION, BLOCK_N)
+        acc, m_i, l_i = key_tiles(acc, m_i, l_i, q, pos, t_loc_hi, t_hi, w, T, KL, VL, s_klt, s_vlt, offs_n, offs_d,
+                                  D, qk_scale, True, True, PRECISION, BLOCK_N)
     return acc, m_i, l_i
 
 
@@ -92,38 +97,40 @@ def query_head(j, KV_HEADS, R):
 
 
 @triton.jit
-def local_and_far_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, n0, keys, w, T, s_qt, s_dot, s_dqt, offs_m, offs_d,
-                       D: tl.constexpr, sm_scale, qk_scale, LOCAL: tl.constexpr, HAS_FAR: tl.constexpr,
-                       PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One query head's contribution to one key tile of one key set (``LOCAL``: the local set, else the far set),
-    over contiguous query tiles: the diagonal, pure-local and straddling tiles for the local set; the straddling
-    and pure-far tiles for the far set."""
+def query_tiles(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, t_from, t_to, keys, w, T, s_qt, s_dot, s_dqt, offs_m,
+                offs_d, D: tl.constexpr, sm_scale, qk_scale, LOCAL: tl.constexpr, MASKED: tl.constexpr,
+                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr):
+    """:func:`bwd_tile` over the contiguous query tiles ``t_from .. t_to - 1`` of one query head."""
+    for t in range(t_from, t_to):
+        pos = t * BLOCK_M + offs_m
+        dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, pos < T, keys, w, T, s_qt, s_dot, s_dqt,
+                          offs_d, D, sm_scale, qk_scale, LOCAL, MASKED, PRECISION)
+    return dk, dv
+
+
+@triton.jit
+def key_set_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, n0, keys, w, T, s_qt, s_dot, s_dqt, offs_m, offs_d,
+                 D: tl.constexpr, sm_scale, qk_scale, LOCAL: tl.constexpr, HAS_FAR: tl.constexpr,
+                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One query head's contribution to one key tile of one key set (``LOCAL``: the local set, else the far set):
+    the diagonal, pure-local and straddling query tiles for the local set; the straddling and pure-far ones for
+    the far set."""
     t_lo, t_diag_end, t_loc_end, t_far_lo, t_hi = key_tile_query_bounds(n0, w, T, BLOCK_M, BLOCK_N, HAS_FAR)
     if LOCAL:
-        for t in range(t_lo, t_diag_end):
-            pos = t * BLOCK_M + offs_m
-            dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, pos < T, keys, w, T, s_qt, s_dot, s_dqt,
-                              offs_d, D, sm_scale, qk_scale, True, True, PRECISION)
-        for t in range(t_diag_end, t_loc_end):
-            pos = t * BLOCK_M + offs_m
-            dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, pos < T, keys, w, T, s_qt, s_dot, s_dqt,
-                              offs_d, D, sm_scale, qk_scale, True, False, PRECISION)
+        dk, dv = query_tiles(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, t_lo, t_diag_end, keys, w, T, s_qt, s_dot,
+                             s_dqt, offs_m, offs_d, D, sm_scale, qk_scale, True, True, PRECISION, BLOCK_M)
+        dk, dv = query_tiles(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, t_diag_end, t_loc_end, keys, w, T, s_qt, s_dot,
+                             s_dqt, offs_m, offs_d, D, sm_scale, qk_scale, True, False, PRECISION, BLOCK_M)
         t_mix_hi = t_far_lo
         if w <= 0:  # no local pair
             t_mix_hi = t_loc_end
-        for t in range(t_loc_end, t_mix_hi):
-            pos = t * BLOCK_M + offs_m
-            dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, pos < T, keys, w, T, s_qt, s_dot, s_dqt,
-                              offs_d, D, sm_scale, qk_scale, True, True, PRECISION)
+        dk, dv = query_tiles(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, t_loc_end, t_mix_hi, keys, w, T, s_qt, s_dot,
+                             s_dqt, offs_m, offs_d, D, sm_scale, qk_scale, True, True, PRECISION, BLOCK_M)
     else:
-        for t in range(t_loc_end, t_far_lo):
-            pos = t * BLOCK_M + offs_m
-            dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, pos < T, keys, w, T, s_qt, s_dot, s_dqt,
-                              offs_d, D, sm_scale, qk_scale, False, True, PRECISION)
-        for t in range(t_far_lo, t_hi):
-            pos = t * BLOCK_M + offs_m
-            dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, pos < T, keys, w, T, s_qt, s_dot, s_dqt,
-                              offs_d, D, sm_scale, qk_scale, False, False, PRECISION)
+        dk, dv = query_tiles(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, t_loc_end, t_far_lo, keys, w, T, s_qt, s_dot,
+                             s_dqt, offs_m, offs_d, D, sm_scale, qk_scale, False, True, PRECISION, BLOCK_M)
+        dk, dv = query_tiles(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, t_far_lo, t_hi, keys, w, T, s_qt, s_dot,
+                             s_dqt, offs_m, offs_d, D, sm_scale, qk_scale, False, False, PRECISION, BLOCK_M)
     return dk, dv
 
 
@@ -150,6 +157,34 @@ def routed_far_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, ROWSh, count, n0, 
         dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, row_ok, keys, w, T, s_qt, s_dot, s_dqt,
                           offs_d, D, sm_scale, qk_scale, False, True, PRECISION)
     return dk, dv
+
+
+@triton.jit
+def key_set_grads(K, V, s_kt, s_vt, DK, DV, s_gt, Qb, DOb, DQb, LSEb, DELTAb, s_qh, s_qt, s_doh, s_dot, s_dqh, s_dqt,
+                  WIN, ROWSb, COUNTSb, kv, R, n0, keys, key_ok, T, D: tl.constexpr, sm_scale, qk_scale,
+                  LOCAL: tl.constexpr, HAS_FAR: tl.constexpr, ROUTED: tl.constexpr, PRECISION: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``dk``, ``dv`` of one key tile of one key set (``K``, ``V`` at key/value head ``kv``), summed over that head's
+    ``R`` query heads (``Qb, DOb, DQb``: the batch's slabs; ``LSEb, DELTAb, ROWSb``: its (H, T) rows), then stored
+    to ``DK``, ``DV``; with ``ROUTED``, the routed rows' far pairs too."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_m = tl.arange(0, BLOCK_M)
+    k = load_rows(K, keys, key_ok, s_kt, offs_d, D)
+    v = load_rows(V, keys, key_ok, s_vt, offs_d, D)
+    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
+    for r in range(R):
+        h = kv * R + r
+        w = tl.load(WIN + h)
+        Qh, DOh, DQh, LSEh, DELTAh = Qb + h * s_qh, DOb + h * s_doh, DQb + h * s_dqh, LSEb + h * T, DELTAb + h * T
+        dk, dv = key_set_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, n0, keys, w, T, s_qt, s_dot, s_dqt, offs_m,
+                              offs_d, D, sm_scale, qk_scale, LOCAL, HAS_FAR, PRECISION, BLOCK_M, BLOCK_N)
+        if ROUTED:
+            dk, dv = routed_far_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, ROWSb + h * T, tl.load(COUNTSb + h),
+                                     n0, keys, w, T, s_qt, s_dot, s_dqt, offs_m, offs_d, D, sm_scale, qk_scale,
+                                     PRECISION, BLOCK_M)
+    store_rows(DK, dk * sm_scale, keys, key_ok, s_gt, offs_d, D)
+    store_rows(DV, dv, keys, key_ok, s_gt, offs_d, D)
 
 
 # ----------------------------------------------------------------------------------------------------- kernels
@@ -193,44 +228,17 @@ def _bwd_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, DKL, DVL, DKF, DVF, WIN, 
     kv = tl.load(KV_HEADS + tl.program_id(1) % G)
     keys = n0 + tl.arange(0, BLOCK_N)
     key_ok = keys < T
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_m = tl.arange(0, BLOCK_M)
-    g_off = b * s_gb + kv * s_gh
-
+    Qb, DOb, DQb, LSEb, DELTAb = Q + b * s_qb, DO + b * s_dob, DQ + b * s_dqb, LSE + b * H * T, DELTA + b * H * T
     # the local key set (and, for AHA, the routed rows' far pairs: the same keys), stored before the far set loads
-    k = load_rows(KL + b * s_klb + kv * s_klh, keys, key_ok, s_klt, offs_d, D)
-    v = load_rows(VL + b * s_vlb + kv * s_vlh, keys, key_ok, s_vlt, offs_d, D)
-    dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-    for r in range(R):
-        h = kv * R + r
-        bh = b * H + h
-        w = tl.load(WIN + h)
-        dk, dv = local_and_far_pass(dk, dv, k, v, Q + b * s_qb + h * s_qh, DO + b * s_dob + h * s_doh, LSE + bh * T,
-                                    DELTA + bh * T, DQ + b * s_dqb + h * s_dqh, n0, keys, w, T, s_qt, s_dot, s_dqt,
-                                    offs_m, offs_d, D, sm_scale, qk_scale, True, HAS_FAR, PRECISION, BLOCK_M, BLOCK_N)
-        if ROUTED:
-            dk, dv = routed_far_pass(dk, dv, k, v, Q + b * s_qb + h * s_qh, DO + b * s_dob + h * s_doh, LSE + bh * T,
-                                     DELTA + bh * T, DQ + b * s_dqb + h * s_dqh, ROWS + bh * T, tl.load(COUNTS + bh),
-                                     n0, keys, w, T, s_qt, s_dot, s_dqt, offs_m, offs_d, D, sm_scale, qk_scale,
-                                     PRECISION, BLOCK_M)
-    store_rows(DKL + g_off, dk * sm_scale, keys, key_ok, s_gt, offs_d, D)
-    store_rows(DVL + g_off, dv, keys, key_ok, s_gt, offs_d, D)
-
+    key_set_grads(KL + b * s_klb + kv * s_klh, VL + b * s_vlb + kv * s_vlh, s_klt, s_vlt,
+                  DKL + b * s_gb + kv * s_gh, DVL + b * s_gb + kv * s_gh, s_gt, Qb, DOb, DQb, LSEb, DELTAb, s_qh, s_qt, s_doh, s_dot, s_dqh,
+                  s_dqt, WIN, ROWS + b * H * T, COUNTS + b * H, kv, R, n0, keys, key_ok, T, D, sm_scale, qk_scale,
+                  True, HAS_FAR, ROUTED, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
     if HAS_FAR:
-        k = load_rows(KF + b * s_kfb + kv * s_kfh, keys, key_ok, s_kft, offs_d, D)
-        v = load_rows(VF + b * s_vfb + kv * s_vfh, keys, key_ok, s_vft, offs_d, D)
-        dk = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-        dv = tl.zeros((BLOCK_N, BLOCK_D), dtype=tl.float32)
-        for r in range(R):
-            h = kv * R + r
-            bh = b * H + h
-            dk, dv = local_and_far_pass(dk, dv, k, v, Q + b * s_qb + h * s_qh, DO + b * s_dob + h * s_doh,
-                                        LSE + bh * T, DELTA + bh * T, DQ + b * s_dqb + h * s_dqh, n0, keys,
-                                        tl.load(WIN + h), T, s_qt, s_dot, s_dqt, offs_m, offs_d, D, sm_scale,
-                                        qk_scale, False, True, PRECISION, BLOCK_M, BLOCK_N)
-        store_rows(DKF + g_off, dk * sm_scale, keys, key_ok, s_gt, offs_d, D)
-        store_rows(DVF + g_off, dv, keys, key_ok, s_gt, offs_d, D)
+        key_set_grads(KF + b * s_kfb + kv * s_kfh, VF + b * s_vfb + kv * s_vfh, s_kft, s_vft,
+                      DKF + b * s_gb + kv * s_gh, DVF + b * s_gb + kv * s_gh, s_gt, Qb, DOb, DQb, LSEb, DELTAb, s_qh, s_qt, s_doh, s_dot,
+                      s_dqh, s_dqt, WIN, ROWS, COUNTS, kv, R, n0, keys, key_ok, T, D, sm_scale, qk_scale,
+                      False, True, False, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
 
 
 @triton.autotune(configs=tile_configs(), key=["T_TUNE", "D", "R"])

@@ -36,13 +36,13 @@ _GPU_CONFIGS = [
         (64, 128, 4, 3), (128, 32, 8, 3), (64, 32, 4, 2), (64, 16, 4, 2),
     ]
 ]
-# Key-major backward (dk/dv): BLOCK_N keys own up to four (BLOCK_N, d_h) float32 accumulators (DAR), so it
-# prefers fewer query rows per step (BLOCK_M) than the query-major kernels, as FlashAttention-2's backward does.
+# Key-major backward (dk/dv, and dq by atomic adds): BLOCK_N keys own two (BLOCK_N, d_h) float32 accumulators and
+# each step computes five products over BLOCK_M query rows (FlashAttention-2's backward), so every candidate uses 8
+# warps (with 4, all but the 16-row ones spill at d_h = 64) and fewer query rows per step than the forward.
 _GPU_KEY_MAJOR_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
     for bm, bn, nw, ns in [
-        (32, 64, 4, 3), (32, 128, 8, 3), (64, 64, 4, 3), (32, 64, 8, 3),
-        (16, 64, 4, 3), (64, 32, 8, 3), (64, 32, 4, 3), (16, 128, 8, 2),
+        (64, 64, 8, 3), (32, 64, 8, 3), (32, 128, 8, 3), (16, 64, 4, 3), (16, 128, 8, 2), (64, 32, 8, 3),
     ]
 ]
 

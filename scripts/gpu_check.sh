@@ -1,0 +1,287 @@
+#!/usr/bin/env bash
+# The one command to run on the GPU machine (one H100, Python 3.12, torch 2.11, Triton 3.6, no network), with
+# .whl/ and runs/gpu_sample/ (scripts/gpu_wheels.sh) beside the checkout. It installs the wheels into a private
+# folder, prints the versions and the GPU, runs the checks below in order (each timed, each under its own time
+# limit, a failed one does not stop the next) and ends with a summary table. Logs and results go to $OUT when it
+# is set (the device tool's output folder), else runs/gpu_check/: gpu_check.log (every step's output),
+# summary.md, attention.json, train_throughput.json (copy the JSON into bench/results/ to keep them).
+#
+#   bash scripts/gpu_check.sh                # --quick: every step, sized to end inside one 10-minute command
+#   bash scripts/gpu_check.sh --full         # the whole grid and longer timings: ~30 minutes, so split it:
+#                                            #   --full --steps kernel-tests,identities   (then bench-attention,
+#                                            #   then train-throughput, then train-smoke,decode)
+#   bash scripts/gpu_check.sh --steps bench-attention,train-smoke   # a subset, in plan order
+#   bash scripts/gpu_check.sh --dry-run      # print the plan (any machine, nothing runs)
+#
+# Steps (install and versions always run first):
+#   kernel-tests      tests/test_kernels.py compiled on the GPU in fp32/fp16/bf16 (one pinned tile per kernel;
+#                     the device-aware tests of the suite, the tiny model through the kernels included)
+#   identities        the same file's long-sequence checks: bf16, T = 8192, every autotune candidate at d_h = 64,
+#                     against causal SDPA through identities (DAR k_glob = k_loc, DAR w = 0, MSWA windows >= T,
+#                     AHA every row routed, GQA)
+#   bench-attention   bench/attention.py at the issue's shapes (B=8, H=12, d_h=64, T in {2048, 8192}, w=128):
+#                     DAR, MSWA (grouped and one launch), AHA at 10% routed against SDPA causal flash,
+#                     flex_attention and the reference, each output checked against the reference first
+#   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 70M,
+#                     torch_compile off, the triton path; --full: 70M and 160M, torch_compile off and on,
+#                     attention_impl triton and sdpa) for vanilla, DAR, MSWA, AHA
+#   train-smoke       train.py, bf16: 200 steps of Pythia-14M with DAR (the Triton kernels) on the tokenized
+#                     sample, stopped with a checkpoint at step 100 and resumed; the loss must fall and the resumed
+#                     run continue from step 101
+#   decode            bench/decode.py, once it exists (skipped with a note while it does not)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+WHEELS=${GPU_WHEELS:-.whl}
+SAMPLE=${GPU_SAMPLE:-runs/gpu_sample}
+LOG_DIR=${OUT:-runs/gpu_check}
+ALL_STEPS="kernel-tests identities bench-attention train-throughput train-smoke decode"
+
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
+die() { echo "gpu_check.sh: error: $*" >&2; exit 2; }
+
+MODE=quick
+DRY=0
+STEPS=$ALL_STEPS
+mode_set=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick|--full)
+      [ -n "$mode_set" ] && [ "$mode_set" != "$1" ] && die "--quick and --full exclude each other"
+      mode_set=$1; MODE=${1#--} ;;
+    --dry-run) DRY=1 ;;
+    --steps)
+      [ $# -ge 2 ] || die "--steps needs a comma-separated list of: ${ALL_STEPS// /, }"
+      wanted=${2//,/ }
+      for s in $wanted; do
+        [[ " $ALL_STEPS " == *" $s "* ]] || die "unknown step '$s' (steps: ${ALL_STEPS// /, })"
+      done
+      STEPS=""
+      for s in $ALL_STEPS; do [[ " $wanted " == *" $s "* ]] && STEPS="$STEPS $s"; done
+      STEPS=${STEPS# }
+      shift ;;
+    -h|--help) usage; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+  shift
+done
+
+# Time limit of each step, seconds: --quick sums (with install) to under 10 minutes; --full is split by --steps.
+# GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
+declare -A LIMIT_QUICK=([install]=45 [kernel-tests]=150 [identities]=100 [bench-attention]=120
+                        [train-throughput]=70 [train-smoke]=55 [decode]=20)
+declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
+                       [train-throughput]=1500 [train-smoke]=120 [decode]=300)
+limit() {  # GPU_CHECK_LIMIT_<step> (dashes as underscores) overrides a step's limit
+  local override="GPU_CHECK_LIMIT_${1//-/_}"
+  if [ -n "${!override:-}" ]; then echo "${!override}"
+  elif [ "$MODE" = quick ]; then echo "${LIMIT_QUICK[$1]}"
+  else echo "${LIMIT_FULL[$1]}"; fi
+}
+
+SITE=/tmp/neox_dar_gpu_site
+WORK=${TMPDIR:-/tmp}/neox_dar_gpu_check
+XDIST="-n 8"  # 16 cores: compile kernel specializations in parallel processes
+
+# ------------------------------------------------------------------------------------------------ the commands
+throughput_runs() {
+  # one line per run: "<model> <attention> <attention_impl> <torch_compile>"
+  local models=70m compiles=false impls=triton
+  if [ "$MODE" = full ]; then models="70m 160m"; compiles="false true"; impls="triton sdpa"; fi
+  for m in $models; do
+    for c in $compiles; do
+      echo "$m vanilla sdpa $c"
+      for a in dar mswa aha; do for i in $impls; do echo "$m $a $i $c"; done; done
+    done
+  done
+}
+
+step_commands() {
+  case "$1" in
+    install)
+      echo "$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $WHEELS/*.whl"
+      echo "PYTHONPATH=$SITE $PY -m pip check  # versions the wheels need, against the machine's packages" ;;
+    kernel-tests)
+      echo "$PY -m pytest tests/test_kernels.py -q -p no:cacheprovider $XDIST -k 'not long_sequence'" ;;
+    identities)
+      echo "$PY -m pytest tests/test_kernels.py -q -p no:cacheprovider -n 5 -k long_sequence" ;;
+    bench-attention)
+      local reps="--warmup-ms 25 --rep-ms 100"
+      [ "$MODE" = full ] && reps=""
+      echo "$PY bench/attention.py $reps --out $LOG_DIR/attention.json" ;;
+    train-throughput)
+      local steps="--steps 4 --warmup 2"
+      [ "$MODE" = full ] && steps="--steps 10 --warmup 3"
+      throughput_runs | while read -r m a i c; do
+        local micro  # two micro-batches of the config per step: a short step, the config's per-GPU shapes
+        micro=$(sed -n 's/^train_micro_batch_size_per_gpu: *\([0-9]*\).*/\1/p' "configs/pythia-$m.yml")
+        echo "$PY bench/train_throughput.py configs/pythia-$m.yml configs/attention/$a.yml precision=bf16" \
+             "zero_optimization.stage=1 attention_impl=$i torch_compile=$c train_batch_size=$((2 * micro)) $steps" \
+             "--no-compare-hf --out $WORK/throughput/$m-$a-$i-compile_$c.json"
+      done ;;
+    train-smoke)
+      local common="configs/pythia-14m.yml configs/attention/dar.yml window_size=128 data_path=$SAMPLE/c4_sample"
+      common="$common save=$WORK/smoke precision=bf16 seq_length=512 train_batch_size=16"
+      common="$common train_micro_batch_size_per_gpu=16 train_iters=200 checkpoint_factor=100 log_interval=10"
+      common="$common eval_interval=100 eval_iters=2 exit_interval=100"
+      echo "$PY train.py $common  # twice: stops at step 100 with a checkpoint (exit 3), then resumes to 200 (exit 0)"
+      echo "(then: the logged loss falls, and the resumed run logs steps 101..200, status done)" ;;
+    decode)
+      if [ -f bench/decode.py ]; then echo "$PY bench/decode.py --out $LOG_DIR/decode.json"
+      else echo "(bench/decode.py does not exist yet: skipped)"; fi ;;
+  esac
+}
+
+print_plan() {
+  echo "gpu_check.sh --$MODE: logs and results in $LOG_DIR/"
+  local total=0 n=0
+  for s in install $STEPS; do
+    n=$((n + 1)); total=$((total + $(limit "$s")))
+    printf '%d. %-17s (time limit %4ss)\n' "$n" "$s" "$(limit "$s")"
+    step_commands "$s" | sed 's/^/     /'
+  done
+  echo "time limit in all: ${total}s (the device tool's command limit is 600s)"
+}
+
+# ------------------------------------------------------------------------------------------------ running
+declare -A STATUS SECONDS_TAKEN
+log() { echo "$*" | tee -a "$LOG"; }
+
+run_step() {  # run_step NAME FUNCTION: time it, log it, never stop the script
+  local name=$1 fn=$2 start rc
+  log ""
+  log "=================== $name (limit $(limit "$name")s) $(date -u +%H:%M:%S)"
+  start=$(date +%s)
+  ( "$fn" ) > "$WORK/$name.log" 2>&1 &
+  local pid=$!
+  ( sleep "$(limit "$name")"; kill -TERM -- -"$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null ) &
+  local watchdog=$!
+  wait "$pid" 2>/dev/null; rc=$?
+  kill -- -"$watchdog" 2>/dev/null; wait "$watchdog" 2>/dev/null
+  SECONDS_TAKEN[$name]=$(( $(date +%s) - start ))
+  cat "$WORK/$name.log" >> "$LOG"
+  if [ "$rc" -eq 0 ]; then STATUS[$name]=ok
+  elif [ "$rc" -eq 143 ] || [ "$rc" -eq 137 ]; then STATUS[$name]=TIMEOUT
+  else STATUS[$name]="FAILED ($rc)"; fi
+  [ "${STATUS[$name]}" = ok ] || { echo "--- last lines of $name:"; tail -n 25 "$WORK/$name.log"; }
+  log "=================== $name: ${STATUS[$name]} in ${SECONDS_TAKEN[$name]}s"
+}
+
+do_install() {
+  ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS/: run scripts/gpu_wheels.sh and carry it"; return 1; }
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
+    || return 1
+  echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE"
+  PYTHONPATH=$SITE "$PY" -m pip check || echo "(pip check lists the conflicts above; steps that need them may fail)"
+  "$PY" - <<'EOF'
+import importlib, platform, subprocess, sys
+import torch, triton
+print(f"python {platform.python_version()}  torch {torch.__version__} (CUDA {torch.version.cuda})  triton {triton.__version__}")
+missing = []
+for name in ("deepspeed", "megatron.core", "lm_eval", "wandb", "transformers"):
+    try:
+        print(f"{name} {importlib.import_module(name).__version__}")
+    except Exception as e:  # noqa: BLE001  (reported, and the step fails)
+        missing.append(f"{name} ({type(e).__name__}: {e})")
+if missing:
+    sys.exit("not importable: " + "; ".join(missing))
+if not torch.cuda.is_available():
+    sys.exit("no CUDA GPU visible to torch")
+print(f"GPU {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
+      f"{torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB")
+print(subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                     capture_output=True, text=True).stdout.strip())
+EOF
+}
+
+do_kernel_tests() { eval "$(step_commands kernel-tests)"; }
+do_identities() { eval "$(step_commands identities)"; }
+do_bench_attention() { eval "$(step_commands bench-attention)"; }
+
+do_train_throughput() {
+  mkdir -p "$WORK/throughput"
+  local failed=0
+  while read -r m a i c; do
+    echo "--- $m $a attention_impl=$i torch_compile=$c"
+    eval "$(step_commands train-throughput | grep -F -- "-$m-$a-$i-compile_$c.json")" \
+      || { failed=1; echo "FAILED: $m $a $i compile=$c"; }
+  done < <(throughput_runs)
+  "$PY" - "$WORK/throughput" "$LOG_DIR/train_throughput.json" <<'EOF'
+import json, sys
+from pathlib import Path
+runs = [json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("*.json"))]
+Path(sys.argv[2]).write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+print(f"{'model':28s} {'attention':9s} {'impl':6s} {'compile':7s} {'tokens/s':>12s} {'TFLOP/s':>8s} {'MFU':>6s}")
+for r in runs:
+    c, e = r["config"], r["engine"]
+    mfu = f"{100 * e['mfu']:.1f}%" if e.get("mfu") else "n/a"
+    print(f"{c['hidden_size']}x{c['num_layers']:<24} {c['attention_type']:9s} {c.get('attention_impl', ''):6s} "
+          f"{str(c.get('torch_compile', '')):7s} {e['tokens_per_sec']:12,.0f} {e['tflops_per_device']:8.1f} {mfu:>6s}")
+EOF
+  return $failed
+}
+
+do_train_smoke() {
+  rm -rf "$WORK/smoke"
+  [ -f "$SAMPLE/c4_sample.bin" ] || { echo "no $SAMPLE/c4_sample.bin: run scripts/gpu_wheels.sh and carry it"; return 1; }
+  local cmd
+  cmd=$(step_commands train-smoke | sed -n 1p | sed 's/ *#.*//')
+  eval "$cmd"; local rc=$?
+  [ "$rc" -eq 3 ] || { echo "first run: exit $rc, expected 3 (stopped with a checkpoint at step 100)"; return 1; }
+  eval "$cmd" || { echo "the resumed run failed"; return 1; }
+  "$PY" - "$WORK/smoke" <<'EOF'
+import json, sys
+from pathlib import Path
+save = Path(sys.argv[1])
+rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines() if line.strip()]
+train = [r for r in rows if "loss" in r and "valid_loss" not in r]
+steps = [r["step"] for r in train]
+status = json.loads((save / "status.json").read_text())
+first, last = train[0]["loss"], sum(r["loss"] for r in train[-3:]) / 3
+print(f"logged steps {steps}; loss {first:.3f} -> {last:.3f} (mean of the last 3); status {status}")
+assert status["state"] == "done" and status["step"] == 200, f"status.json: {status}"
+assert steps == sorted(set(steps)) and steps[-1] == 200 and any(s > 100 for s in steps), "the resume did not continue"
+assert last < first - 0.5, f"the loss did not fall: {first:.3f} -> {last:.3f}"
+print("train-smoke: loss falls, resume continued to step 200")
+EOF
+}
+
+do_decode() {
+  if [ ! -f bench/decode.py ]; then echo "bench/decode.py does not exist yet: skipped"; return 0; fi
+  eval "$(step_commands decode)"
+}
+
+summary() {
+  {
+    echo "| step | status | seconds | time limit |"
+    echo "|---|---|---|---|"
+    for s in install $STEPS; do
+      local st=${STATUS[$s]:-not run}
+      [ "$s" = decode ] && [ ! -f bench/decode.py ] && st="skipped (bench/decode.py absent)"
+      echo "| $s | $st | ${SECONDS_TAKEN[$s]:--} | $(limit "$s") |"
+    done
+  } > "$LOG_DIR/summary.md"
+  echo
+  echo "gpu_check.sh --$MODE summary ($LOG_DIR/summary.md; full log $LOG_DIR/gpu_check.log):"
+  cat "$LOG_DIR/summary.md"
+}
+
+if [ "$DRY" = 1 ]; then
+  print_plan
+  exit 0
+fi
+
+mkdir -p "$LOG_DIR" "$WORK"
+LOG_DIR=$(cd "$LOG_DIR" && pwd)
+LOG=$LOG_DIR/gpu_check.log
+: > "$LOG"
+export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline \
+       TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$WORK/torch_extensions}
+print_plan | tee -a "$LOG"
+set -m  # each step in its own process group, so a time limit ends the step's children too
+run_step install do_install
+for s in $STEPS; do run_step "$s" "do_${s//-/_}"; done
+summary
+for s in install $STEPS; do [ "${STATUS[$s]}" = ok ] || exit 1; done
+exit 0

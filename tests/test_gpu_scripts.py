@@ -1,0 +1,109 @@
+"""scripts/gpu_wheels.sh and scripts/gpu_check.sh on the CPU: argument handling, the plan (it must fit the GPU
+machine's 10-minute command limit), steps that keep going past a failure or a time limit, and the wheel set (it
+must install for the GPU machine's Python 3.12 with every dependency there)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+WHEELS = ROOT / ".whl"
+SAMPLE = ROOT / "runs" / "gpu_sample"
+COMMAND_LIMIT_S = 600  # the device tool's limit on one command
+
+
+def run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(ROOT / "scripts" / script), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
+def plan_steps(out: str) -> list[str]:
+    return re.findall(r"^\d+\. (\S+)", out, flags=re.M)
+
+
+def test_dry_run_prints_the_quick_plan_inside_one_command():
+    res = run("gpu_check.sh", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert plan_steps(res.stdout) == ["install", "kernel-tests", "identities", "bench-attention", "train-throughput",
+                                      "train-smoke", "decode"]
+    total = int(re.search(r"time limit in all: (\d+)s", res.stdout).group(1))
+    assert total <= COMMAND_LIMIT_S - 30, "the quick plan must end (summary included) inside one command"
+    throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
+    assert len(throughput) == 4 and all("pythia-70m" in t and "torch_compile=false" in t for t in throughput)
+    assert "train_batch_size=64" in throughput[0]  # two of the config's 32-sample micro-batches
+    assert "-k long_sequence" in res.stdout and "-k 'not long_sequence'" in res.stdout
+    assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
+    if not (ROOT / "bench" / "decode.py").exists():
+        assert "bench/decode.py does not exist yet: skipped" in res.stdout
+
+
+def test_full_plan_covers_the_throughput_grid_and_steps_run_in_plan_order():
+    res = run("gpu_check.sh", "--full", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
+    # 70M and 160M x torch_compile off/on x (vanilla on sdpa + DAR, MSWA, AHA on triton and on sdpa)
+    assert len(throughput) == 2 * 2 * 7
+    assert {(m, c) for m in ("70m", "160m") for c in ("false", "true")} == {
+        (re.search(r"pythia-(\w+)\.yml", t).group(1), re.search(r"torch_compile=(\w+)", t).group(1))
+        for t in throughput}
+    res = run("gpu_check.sh", "--steps", "train-smoke,kernel-tests", "--dry-run")
+    assert plan_steps(res.stdout) == ["install", "kernel-tests", "train-smoke"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--steps", "kernel-tests,nope"], "unknown step 'nope'"),
+    (["--dry-run", "--steps"], "--steps needs a comma-separated list"),
+    (["--quick", "--full"], "--quick and --full exclude each other"),
+    (["--fast"], "unknown argument '--fast'"),
+])
+def test_bad_arguments_are_one_line_errors(args, message):
+    res = run("gpu_check.sh", *args)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and res.stdout == "" and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"gpu_check.sh: error: {message}")
+
+
+def test_steps_are_timed_logged_and_summarized_past_a_failure_and_a_time_limit(tmp_path):
+    """No wheels (the install fails), a 2-second limit on the kernel tests (killed, with their workers): the
+    script goes on, writes its log and summary under $OUT and exits 1."""
+    (tmp_path / "no_wheels").mkdir()
+    res = run("gpu_check.sh", "--steps", "kernel-tests,decode", OUT=str(tmp_path / "out"),
+              GPU_WHEELS=str(tmp_path / "no_wheels"), GPU_CHECK_LIMIT_kernel_tests="2", TMPDIR=str(tmp_path))
+    assert res.returncode == 1, res.stdout + res.stderr
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    rows = {r.split("|")[1].strip(): r.split("|")[2].strip() for r in summary.splitlines()[2:]}
+    assert rows["install"] == "FAILED (1)" and rows["kernel-tests"] == "TIMEOUT"
+    assert rows["decode"] in ("ok", "skipped (bench/decode.py absent)")
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert "no wheels in" in log and "=================== kernel-tests: TIMEOUT" in log
+
+
+needs_wheels = pytest.mark.skipif(not (WHEELS.is_dir() and (SAMPLE / "c4_sample.bin").is_file()),
+                                  reason=".whl/ or runs/gpu_sample/ not built: run bash scripts/gpu_wheels.sh (PyPI)")
+
+
+@needs_wheels
+def test_wheel_set_resolves_for_python_312_and_fits_the_transfer_limit():
+    """pip installs every pinned wheel for CPython 3.12 manylinux x86_64 (--dry-run --no-index --only-binary), the
+    dependencies close over .whl/ and the GPU machine's packages, and what travels stays under 64 MiB."""
+    res = run("gpu_wheels.sh", "--check")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "wheels, closed" in res.stdout and "ok: carry .whl and runs/gpu_sample" in res.stdout
+    assert not list(WHEELS.glob("torch-*.whl")) and not list(WHEELS.glob("triton-*.whl"))
+
+
+@needs_wheels
+def test_wheel_check_names_a_missing_wheel(tmp_path):
+    partial = tmp_path / "wheels"
+    partial.mkdir()
+    for w in WHEELS.glob("*.whl"):
+        if not w.name.startswith("hjson-"):  # a DeepSpeed dependency the GPU machine lacks
+            (partial / w.name).symlink_to(w)
+    res = run("gpu_wheels.sh", "--check", GPU_WHEELS=str(partial))
+    assert res.returncode == 2
+    assert "gpu_wheels.sh: error:" in res.stderr and "hjson" in res.stdout + res.stderr
