@@ -14,8 +14,8 @@ micro-batch, both models in the config's precision (fp32 on CPU), identical weig
 alternate so both see the same machine load; the median step time of each is reported (on CPU the process's
 CPU time, robust to other processes on a shared machine; on GPU synchronised wall time).
 
-Writes JSON (device, versions, git commit, command, UTC date, every number) to ``--out`` (default
-``bench/results/train_throughput_<device>.json``) and prints a summary.
+Writes JSON (device, driver, CUDA/torch/Triton versions, git commit, command, UTC date, every number) to ``--out``
+(default ``bench/results/train_throughput_<device>.json``) and prints a summary.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kernels.runtime import device_report  # noqa: E402
 from neox_dar.config import Config, load_config, split_args  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
 from neox_dar.provenance import provenance, write_result  # noqa: E402
@@ -154,11 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     compare = args.compare_hf if args.compare_hf is not None else device.type == "cpu"
 
     result = {**provenance(["bench/train_throughput.py", *(sys.argv[1:] if argv is None else argv)]),
-              "device": device_name(device), "torch": torch.__version__,
+              **device_report(), "device": device_name(device),
               "precision": cfg.dtype_name, "config": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
                                                        "num_attention_heads": cfg.num_attention_heads,
                                                        "seq_length": cfg.seq_length,
                                                        "attention_type": cfg.attention_type,
+                                                       "attention_impl": cfg.attention_impl,
+                                                       "torch_compile": cfg.torch_compile,
                                                        "zero_stage": cfg.zero_optimization.stage}}
     result["engine"] = engine_throughput(cfg, args.steps, args.warmup)
     e = result["engine"]
