@@ -12,7 +12,7 @@ Kernels:
   accumulators, so ``dk``/``dv`` are stored once.
 * ``_routed_fwd_kernel`` (AHA): the routed rows of each head, compacted and sorted, attend to every causal key;
   their output and LSE overwrite the local pass's.
-* ``_delta_kernel``: ``delta = rowsum(o * do)``.
+* ``_delta_kernel``: ``delta = rowsum(o * do)``, zeroing the ``dq`` accumulator in the same pass.
 
 The banded kernels run once per group of key/value heads whose windows share a tune bucket
 (``runtime.HeadWindows``); after tuning, groups with the same tile shape share a launch (``runtime.tuned_launch``).
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .runtime import (HeadWindows, block_d, dot_precision, key_major_configs, new_heads, prune_for_window,
-                      qk_scales, s3, seq_bucket, tile_configs, tuned_launch, zeros_heads)
+                      qk_scales, s3, seq_bucket, tile_configs, tuned_launch)
 from .tiles import (bwd_tile, finish_rows, fwd_tile, key_tile_query_bounds, load_rows, query_tile_key_bounds,
                     store_rows)
 
@@ -274,9 +274,10 @@ def _routed_fwd_kernel(Q, K, V, O, LSE, ROWS, COUNTS,
 
 
 @triton.jit
-def _delta_kernel(O, DO, DELTA, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, H, T, D: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-    """``DELTA[bh, i] = sum_d O[b, h, i, d] * DO[b, h, i, d]`` in float32 for one tile of rows."""
+def _delta_kernel(O, DO, DELTA, DQ, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, s_dqb, s_dqh, s_dqt, H, T,
+                  D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """``DELTA[bh, i] = sum_d O[b, h, i, d] * DO[b, h, i, d]`` in float32 for one tile of rows; zeroes the same rows
+    of the float32 ``DQ`` accumulator (one launch instead of a separate fill)."""
     bh = tl.program_id(1)
     b = bh // H
     h = bh % H
@@ -286,6 +287,8 @@ def _delta_kernel(O, DO, DELTA, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, H, T, D: 
     o = load_rows(O + b * s_ob + h * s_oh, pos, row_ok, s_ot, offs_d, D).to(tl.float32)
     do = load_rows(DO + b * s_dob + h * s_doh, pos, row_ok, s_dot, offs_d, D).to(tl.float32)
     tl.store(DELTA + bh * T + pos, tl.sum(o * do, axis=1), mask=row_ok)
+    store_rows(DQ + b * s_dqb + h * s_dqh, tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32), pos, row_ok, s_dqt, offs_d,
+               D)
 
 
 # ----------------------------------------------------------------------------------------------------- launchers
@@ -310,15 +313,16 @@ def banded_forward(q, k_loc, v_loc, k_far, v_far, windows: HeadWindows, has_loca
     return o, lse
 
 
-def row_deltas(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
-    """``delta = rowsum(o * do)`` in float32, (B*H, T): the softmax-backward correction (FlashAttention-2).
+def row_deltas(o: torch.Tensor, do: torch.Tensor, dq: torch.Tensor) -> torch.Tensor:
+    """``delta = rowsum(o * do)`` in float32, (B*H, T): the softmax-backward correction (FlashAttention-2); and
+    ``dq`` (the backward's float32 accumulator, shaped like ``o``) zeroed in the same pass.
 
-    ``o``, ``do``: (B, H, T, d_h), any strides with unit stride on d_h. One pass that reads each once.
+    ``o``, ``do``, ``dq``: (B, H, T, d_h), any strides with unit stride on d_h. One pass that reads each once.
     """
     B, H, T, D = o.shape
     delta = torch.empty((B * H, T), dtype=torch.float32, device=o.device)
-    _delta_kernel[(triton.cdiv(T, _DELTA_ROWS), B * H)](o, do, delta, *s3(o), *s3(do), H, T, D, BLOCK_M=_DELTA_ROWS,
-                                                         BLOCK_D=block_d(D))
+    _delta_kernel[(triton.cdiv(T, _DELTA_ROWS), B * H)](o, do, delta, dq, *s3(o), *s3(do), *s3(dq), H, T, D,
+                                                         BLOCK_M=_DELTA_ROWS, BLOCK_D=block_d(D))
     return delta
 
 
@@ -328,17 +332,18 @@ def banded_backward(q, k_loc, v_loc, k_far, v_far, o, lse, do, windows: HeadWind
 
     ``do``: (B, H, T, d_h), unit stride on d_h. ``routed``: AHA's ``(rows, counts)`` (:func:`kernels.aha.route_rows`)
     whose far pairs join the local set's gradients. Returns ``(dq, dk_loc, dv_loc, dk_far, dv_far)`` in the input
-    dtype; the far pair is ``None`` unless ``has_far``. ``dq`` accumulates in float32 (atomic adds) and is cast once.
+    dtype; the far pair is ``None`` unless ``has_far``. ``dq`` accumulates in float32 (atomic adds; zeroed by the
+    ``delta`` pass) and is cast once.
     """
     B, H, T, D = q.shape
     R = H // k_loc.shape[1]
-    dq = zeros_heads(q, torch.float32)
+    dq = new_heads(q, dtype=torch.float32)
     dkl, dvl = new_heads(k_loc), new_heads(k_loc)
     dkf, dvf = (new_heads(k_loc), new_heads(k_loc)) if has_far else (dkl, dvl)
     rows, counts = routed if routed is not None else (windows.values, windows.values)  # unread without ROUTED
     sm_scale, qk_scale = qk_scales(D)
     precision = dot_precision(q.dtype, q.device)
-    args = dict(Q=q, KL=k_loc, VL=v_loc, KF=k_far, VF=v_far, DO=do, LSE=lse, DELTA=row_deltas(o, do), DQ=dq,
+    args = dict(Q=q, KL=k_loc, VL=v_loc, KF=k_far, VF=v_far, DO=do, LSE=lse, DELTA=row_deltas(o, do, dq), DQ=dq,
                 DKL=dkl, DVL=dvl, DKF=dkf, DVF=dvf, WIN=windows.values, ROWS=rows, COUNTS=counts,
                 **_strides(q=q, kl=k_loc, vl=v_loc, kf=k_far, vf=v_far, do=do, dq=dq, g=dkl), H=H, R=R, T=T,
                 T_TUNE=seq_bucket(T), D=D, sm_scale=sm_scale, qk_scale=qk_scale, HAS_FAR=has_far,

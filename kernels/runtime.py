@@ -195,18 +195,12 @@ def unit_last_dim(*ts: torch.Tensor) -> list[torch.Tensor]:
     return [t if t.stride(-1) == 1 else t.contiguous() for t in ts]
 
 
-def new_heads(like: torch.Tensor, heads: int | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An uninitialized (B, heads, T, d_h) tensor stored as (B, T, heads, d_h), the layout of the model's fused
+def new_heads(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """An uninitialized tensor shaped like ``like`` (B, H, T, d_h), stored as (B, T, H, d_h): the layout of the model's fused
     projections: the model's ``o.transpose(1, 2).reshape(B, T, H * d_h)`` is then a view, not a copy (as for SDPA's
     flash output), and a gradient copied into a fused ``qkv`` gradient reads whole (t, head) rows."""
     B, H, T, D = like.shape
-    H = heads or H
     return torch.empty((B, T, H, D), dtype=dtype or like.dtype, device=like.device).transpose(1, 2)
-
-
-def zeros_heads(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`new_heads`, zeroed (an accumulator)."""
-    return new_heads(like, dtype=dtype).zero_()
 
 
 def s3(t: torch.Tensor) -> tuple[int, int, int]:

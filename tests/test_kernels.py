@@ -301,16 +301,18 @@ def test_bad_inputs_raise_clear_errors():
             mswa_attention(*(small(torch.bfloat16),) * 3, torch.tensor([1, 2]))
 
 
-def test_row_deltas_kernel_matches_float64_rowsum():
+def test_row_deltas_kernel_matches_float64_rowsum_and_zeroes_the_dq_accumulator():
     from kernels.banded import row_deltas
 
     for shape in [(2, 3, 70, 64), (1, 2, 5, 24)]:  # T beyond one 64-row program; d_h not a power of two
         for dtype in DTYPES:
             o, do = torch.randn(shape, device=DEVICE, dtype=dtype), torch.randn(shape, device=DEVICE, dtype=dtype)
+            dq = torch.randn(shape, device=DEVICE).transpose(1, 2).contiguous().transpose(1, 2)  # (B, T, H, d) storage
             ref = (o.double() * do.double()).sum(-1).reshape(shape[0] * shape[1], shape[2])
-            got = row_deltas(o, do)
+            got = row_deltas(o, do.transpose(1, 2).contiguous().transpose(1, 2), dq)  # a strided do, as the model's
             assert got.dtype == torch.float32 and got.shape == ref.shape
             assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5), (shape, dtype)
+            assert dq.abs().max() == 0
 
 
 def test_head_windows_are_read_on_the_host_cached_on_the_device_and_grouped_by_tune_bucket():
