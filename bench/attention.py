@@ -262,8 +262,8 @@ CHECK_TOL = {"bf16": 3e-2, "fp16": 1e-2, "fp32": 1e-3}
 
 def check_outputs(methods: dict, inputs, args, torch) -> dict:
     """Each method's output on the full inputs, batch row 0, against the reference's on that row alone: ``{method:
-    relative error}`` (or the error message of a method that raised). Runs before any timing (so a wrong method is never timed) and on the full batch (so the
-    autotuner tunes for the shapes that are timed)."""
+    relative error}`` (or the error message of a method that raised). Runs before any timing (so a wrong method is
+    never timed) and on the full batch (so the autotuner tunes for the shapes that are timed)."""
     with torch.no_grad():
         ref = methods["reference"](*(x[:1] for x in inputs)).double()
         errs = {}

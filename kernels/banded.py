@@ -231,14 +231,14 @@ def _bwd_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, DKL, DVL, DKF, DVF, WIN, 
     Qb, DOb, DQb, LSEb, DELTAb = Q + b * s_qb, DO + b * s_dob, DQ + b * s_dqb, LSE + b * H * T, DELTA + b * H * T
     # the local key set (and, for AHA, the routed rows' far pairs: the same keys), stored before the far set loads
     key_set_grads(KL + b * s_klb + kv * s_klh, VL + b * s_vlb + kv * s_vlh, s_klt, s_vlt,
-                  DKL + b * s_gb + kv * s_gh, DVL + b * s_gb + kv * s_gh, s_gt, Qb, DOb, DQb, LSEb, DELTAb, s_qh, s_qt, s_doh, s_dot, s_dqh,
-                  s_dqt, WIN, ROWS + b * H * T, COUNTS + b * H, kv, R, n0, keys, key_ok, T, D, sm_scale, qk_scale,
-                  True, HAS_FAR, ROUTED, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
+                  DKL + b * s_gb + kv * s_gh, DVL + b * s_gb + kv * s_gh, s_gt, Qb, DOb, DQb, LSEb, DELTAb,
+                  s_qh, s_qt, s_doh, s_dot, s_dqh, s_dqt, WIN, ROWS + b * H * T, COUNTS + b * H, kv, R, n0, keys,
+                  key_ok, T, D, sm_scale, qk_scale, True, HAS_FAR, ROUTED, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
     if HAS_FAR:
         key_set_grads(KF + b * s_kfb + kv * s_kfh, VF + b * s_vfb + kv * s_vfh, s_kft, s_vft,
-                      DKF + b * s_gb + kv * s_gh, DVF + b * s_gb + kv * s_gh, s_gt, Qb, DOb, DQb, LSEb, DELTAb, s_qh, s_qt, s_doh, s_dot,
-                      s_dqh, s_dqt, WIN, ROWS, COUNTS, kv, R, n0, keys, key_ok, T, D, sm_scale, qk_scale,
-                      False, True, False, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
+                      DKF + b * s_gb + kv * s_gh, DVF + b * s_gb + kv * s_gh, s_gt, Qb, DOb, DQb, LSEb, DELTAb,
+                      s_qh, s_qt, s_doh, s_dot, s_dqh, s_dqt, WIN, ROWS, COUNTS, kv, R, n0, keys, key_ok, T, D,
+                      sm_scale, qk_scale, False, True, False, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
 
 
 @triton.autotune(configs=tile_configs(), key=["T_TUNE", "D", "R"])
@@ -350,7 +350,7 @@ def banded_backward(q, k_loc, v_loc, k_far, v_far, o, lse, do, windows: HeadWind
                 ROUTED=routed is not None, PRECISION=precision, BLOCK_D=block_d(D))
     tuned_launch(_bwd_kernel, windows.plans, ("bwd", q.dtype, D, R, has_far, routed is not None, precision),
                  _groups(windows), lambda meta, g: (triton.cdiv(T, meta["BLOCK_N"]), B * g["G"]), args,
-                 scratch={"DQ": torch.empty_like(dq)})
+                 scratch=lambda: {"DQ": torch.empty_like(dq)})
     dq = dq.to(q.dtype)
     if has_far:
         return dq, dkl, dvl, dkf, dvf

@@ -195,9 +195,9 @@ def unit_last_dim(*ts: torch.Tensor) -> list[torch.Tensor]:
 
 
 def new_heads(like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """An uninitialized tensor shaped like ``like`` (B, H, T, d_h), stored as (B, T, H, d_h): the layout of the model's fused
-    projections: the model's ``o.transpose(1, 2).reshape(B, T, H * d_h)`` is then a view, not a copy (as for SDPA's
-    flash output), and a gradient copied into a fused ``qkv`` gradient reads whole (t, head) rows."""
+    """An uninitialized tensor shaped like ``like`` (B, H, T, d_h), stored as (B, T, H, d_h): the layout of the
+    model's fused projections. The model's ``o.transpose(1, 2).reshape(B, T, H * d_h)`` is then a view, not a copy
+    (as for SDPA's flash output), and a gradient copied into a fused ``qkv`` gradient reads whole (t, head) rows."""
     B, H, T, D = like.shape
     return torch.empty((B, T, H, D), dtype=dtype or like.dtype, device=like.device).transpose(1, 2)
 
@@ -282,7 +282,7 @@ def tile_of(config: triton.Config) -> tuple[int, int, int, int]:
 
 
 def tuned_launch(kernel, plans: dict, name: tuple, groups: list[dict], grid, args: dict,
-                 scratch: dict | None = None) -> None:
+                 scratch=lambda: {}) -> None:
     """Launch the autotuned ``kernel`` once per head group, then, once tuned, once per distinct tile shape.
 
     ``groups``: per launch group the arguments that differ (``KV_HEADS``, ``G``, ``W_TUNE``), or ``[{}]`` for an
@@ -291,14 +291,16 @@ def tuned_launch(kernel, plans: dict, name: tuple, groups: list[dict], grid, arg
     autotuner (its key holds the group's window bucket and size) with ``scratch`` replacing the arguments the
     kernel accumulates into (a tuning run must not add into them twice), records each group's tuned
     configuration and merges groups that got the same one. Every call then launches that plan straight through
-    ``kernel.fn``: no ``Autotuner.run`` bookkeeping per launch, and one launch per tile shape.
+    ``kernel.fn``: no ``Autotuner.run`` bookkeeping per launch, and one launch per tile shape. ``scratch()`` is
+    called only when tuning.
     """
     plan = plans.get(name)
     if plan is None:
         tuned: dict[tuple, list[dict]] = {}
         configs = {}
+        spare = scratch()
         for group in groups:
-            kernel[lambda meta, group=group: grid(meta, group)](**{**args, **(scratch or {}), **group})
+            kernel[lambda meta, group=group: grid(meta, group)](**{**args, **spare, **group})
             config = kernel.best_config
             configs[tile_of(config)] = config
             tuned.setdefault(tile_of(config), []).append(group)

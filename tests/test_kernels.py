@@ -395,7 +395,7 @@ def test_tuned_launch_tunes_each_group_once_then_launches_directly_merged_by_til
     grid = lambda meta, g: (meta["BLOCK_M"], g["G"])  # noqa: E731
     plans = {}
     for _ in range(2):
-        tuned_launch(fake, plans, ("fwd",), groups, grid, {"X": "x", "DQ": "real"}, scratch={"DQ": "scratch"})
+        tuned_launch(fake, plans, ("fwd",), groups, grid, {"X": "x", "DQ": "real"}, scratch=lambda: {"DQ": "scratch"})
     kinds = [k for k, _, _ in fake.launches]
     assert kinds == ["tune"] * 3 + ["direct"] * 2 + ["direct"] * 2  # tuning happens on the first call only
     assert all(kw["DQ"] == "scratch" for k, _, kw in fake.launches if k == "tune")  # tuning never adds to outputs
