@@ -215,9 +215,8 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
         methods = {m: (lambda f: lambda *x: merged(f(*x)))(f) for m, f in methods.items()}
     elif name == "mswa":
         inputs = [qkv]
-        table = mswa_window_table(Config(attention_type="mswa", num_layers=4, num_attention_heads=H,
-                                         hidden_size=H * D, window_size=w))
-        wins = [torch.tensor(row, device=device) for row in table]  # for flex's mask_mod
+        table = mswa_window_table(Config.from_flat(dict(attention_type="mswa", num_layers=4, num_attention_heads=H,
+                                                        hidden_size=H * D, window_size=w)).model)
         host_wins = [torch.tensor(row) for row in table]  # as the model passes them: read on the host
         masks = [torch.stack([window_mask(T, x, device) for x in row]) for row in table] \
             if "reference" in args.methods else []
@@ -240,8 +239,21 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
                    "sdpa_path": layers(lambda q, k, v, n: sdpa_path(q, k, v, table[n])),
                    "sdpa_causal": layers(lambda q, k, v, n: sdpa_causal(q, k, v))}
         if "flex" in args.methods:
-            flex = [flex_fn(lambda b, h, qi, ki, wt=wt: (qi >= ki) & (qi - ki < wt[h]), None) for wt in wins]
-            methods["flex"] = layers(lambda q, k, v, n: flex[n](q, k, v))
+            # one mask function and one window buffer for every layer (the layer's windows copied in before its
+            # call): dynamo compiles flex once per T instead of once per layer
+            wins = [torch.tensor(row, device=device) for row in table]
+            win_buf = wins[0].clone()
+            window_mask_mod = lambda b, h, qi, ki: (qi >= ki) & (qi - ki < win_buf[h])  # noqa: E731
+            flex = []
+            for n in range(len(table)):
+                win_buf.copy_(wins[n])
+                flex.append(flex_fn(window_mask_mod, None))
+
+            def flex_layer(q, k, v, n):
+                win_buf.copy_(wins[n])
+                return flex[n](q, k, v)
+
+            methods["flex"] = layers(flex_layer)
     else:  # aha
         gate = (torch.rand(B, H, T, generator=gen) < args.aha_frac).to(device)
         inputs = [qkv, gate]  # the gate rides along so batch chunks slice it
