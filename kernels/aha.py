@@ -47,6 +47,7 @@ class AhaAttention(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+@torch.compiler.disable  # host-side launch logic: runs eagerly between compiled graphs
 def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
     """Row ``(b, h, i)`` is full causal attention if ``gate[b, h, i]`` else attention over keys ``i - j < window``.
 

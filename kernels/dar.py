@@ -26,6 +26,7 @@ class DarAttention(torch.autograd.Function):
         return (*grads, None)
 
 
+@torch.compiler.disable  # host-side launch logic: runs eagerly between compiled graphs
 def dar_attention(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob: torch.Tensor,
                   v_glob: torch.Tensor, window: int) -> torch.Tensor:
     """Causal attention where pair ``(i, j)`` uses ``k_loc[j], v_loc[j]`` if ``i - j < window`` else

@@ -27,6 +27,7 @@ class MswaAttention(torch.autograd.Function):
         return dq, dk, dv, None
 
 
+@torch.compiler.disable  # host-side launch logic: runs eagerly between compiled graphs
 def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor,
                    group_by_window: bool = True) -> torch.Tensor:
     """Causal attention where query head ``h`` sees keys with ``i - j < windows[h]``, scale ``1/sqrt(d_h)``.
