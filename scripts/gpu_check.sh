@@ -163,7 +163,8 @@ run_step() {  # run_step NAME FUNCTION: time it, log it, never stop the script
   SECONDS_TAKEN[$name]=$(( $(date +%s) - start ))
   cat "$WORK/$name.log" >> "$LOG"
   if [ "$rc" -eq 0 ]; then STATUS[$name]=ok
-  elif [ "$rc" -eq 143 ] || [ "$rc" -eq 137 ]; then STATUS[$name]=TIMEOUT
+  elif { [ "$rc" -eq 143 ] || [ "$rc" -eq 137 ]; } && [ "${SECONDS_TAKEN[$name]}" -ge "$(limit "$name")" ]; then
+    STATUS[$name]=TIMEOUT
   else STATUS[$name]="FAILED ($rc)"; fi
   [ "${STATUS[$name]}" = ok ] || { echo "--- last lines of $name:"; tail -n 25 "$WORK/$name.log"; }
   log "=================== $name: ${STATUS[$name]} in ${SECONDS_TAKEN[$name]}s"
@@ -176,17 +177,22 @@ do_install() {
   echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE"
   PYTHONPATH=$SITE "$PY" -m pip check || echo "(pip check lists the conflicts above; steps that need them may fail)"
   "$PY" - <<'EOF'
-import importlib, platform, subprocess, sys
+import importlib.metadata, importlib.util, platform, subprocess, sys
 import torch, triton
 print(f"python {platform.python_version()}  torch {torch.__version__} (CUDA {torch.version.cuda})  triton {triton.__version__}")
 missing = []
-for name in ("deepspeed", "megatron.core", "lm_eval", "wandb", "transformers"):
+for dist, module in [("deepspeed", "deepspeed"), ("megatron-core", "megatron.core"), ("lm-eval", "lm_eval"),
+                     ("wandb", "wandb"), ("transformers", "transformers")]:
     try:
-        print(f"{name} {importlib.import_module(name).__version__}")
-    except Exception as e:  # noqa: BLE001  (reported, and the step fails)
-        missing.append(f"{name} ({type(e).__name__}: {e})")
+        found = importlib.util.find_spec(module) is not None
+        print(f"{dist} {importlib.metadata.version(dist)}" + ("" if found else f" (module {module} NOT found)"))
+    except (ImportError, importlib.metadata.PackageNotFoundError) as e:
+        found = False
+        print(f"{dist}: NOT installed ({e})")
+    if not found:
+        missing.append(dist)
 if missing:
-    sys.exit("not importable: " + "; ".join(missing))
+    sys.exit("missing: " + ", ".join(missing))
 if not torch.cuda.is_available():
     sys.exit("no CUDA GPU visible to torch")
 print(f"GPU {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
