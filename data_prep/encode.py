@@ -1,8 +1,9 @@
-"""Tokenizer loading and per-shard work (runs in the worker processes of ``data_prep.tokenize``).
+"""Tokenizer loading and the per-piece work of ``data_prep.tokenize`` (run in its worker processes).
 
-A shard is a list of records; :func:`process_shard` validates and decodes each record,
-tokenizes the good ones in one batch, appends the end-of-document id to each, and writes the
-shard as a small ``MMapIndexedDataset`` pair that the final merge concatenates.
+A piece is a short run of records (about ``PIECE_BYTES`` of text; one record when a document is
+larger). :func:`encode_piece` validates and decodes each record, tokenizes the good ones in one
+``encode_batch_fast`` call (no offsets), appends the end-of-document id to each and returns the
+tokens as one flat array, so a worker's memory is bounded by one piece, not by a shard or a file.
 """
 
 from __future__ import annotations
@@ -10,15 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from neox_dar.data.indexed import IndexedDatasetWriter
-
 EOD_TOKEN = "<|endoftext|>"
+PIECE_BYTES = 1 << 20  # text per tokenizer call: bounds a worker's memory and balances the workers' load
 
 
 class BadRecord(ValueError):
@@ -90,12 +91,12 @@ _TOKENIZERS: dict[str, object] = {}  # path -> loaded tokenizer, one per process
 
 
 def encode_texts(spec: TokenizerSpec, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text (no EOD), in one batch call."""
+    """Token ids of each text (no EOD), in one batch call (``encode_batch_fast``: no offsets are tracked)."""
     tok = _TOKENIZERS.get(spec.path)
     if tok is None:
         tok = _TOKENIZERS[spec.path] = _load(spec.path, spec.kind)
     if spec.kind == "hf":
-        return [e.ids for e in tok.encode_batch(texts)]
+        return [e.ids for e in tok.encode_batch_fast(texts)]
     return tok.encode(texts)
 
 
@@ -107,12 +108,12 @@ def decode_record(kind: str, payload: object, text_key: str) -> str:
         try:
             text = payload.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise BadRecord(f"invalid UTF-8 at byte {e.start}") from None
+            raise BadRecord(f"invalid UTF-8: byte 0x{payload[e.start]:02x} at offset {e.start}") from None
         if kind == "json":
             try:
                 obj = json.loads(text)
             except json.JSONDecodeError as e:
-                raise BadRecord(f"malformed JSON ({e.msg}, column {e.colno})") from None
+                raise BadRecord(f"malformed JSON: {json_error(e)}") from None
             if not isinstance(obj, dict) or text_key not in obj:
                 raise BadRecord(f"missing text field {text_key!r}")
             text = obj[text_key]
@@ -131,10 +132,18 @@ def decode_record(kind: str, payload: object, text_key: str) -> str:
     return text
 
 
-def process_shard(shard_id: int, records: list, spec: TokenizerSpec, text_key: str, dtype: str, out_dir: str) -> dict:
-    """Tokenize one shard of records into ``out_dir/shard_{id}.bin/.idx``; returns its journal entry.
+def json_error(e: json.JSONDecodeError) -> str:
+    """``Invalid control character at line 1 column 23 (char 22)``: the message with its position."""
+    at = "" if e.msg.endswith(" at") else " at"
+    return f"{e.msg}{at} line {e.lineno} column {e.colno} (char {e.pos})"
 
-    Entry: shard, records, docs, tokens, bin_bytes, bad [[source, line, reason], ...].
+
+def encode_piece(records: list, spec: TokenizerSpec, text_key: str, dtype: str) -> dict:
+    """Tokenize one piece of records; returns its result for the shard it belongs to.
+
+    Result: records (count), tokens [T] (every good document's ids followed by the EOD id,
+    back to back, of ``dtype``), sizes int64 [D] (tokens per good document, EOD included),
+    bad [[source, line, reason], ...], peak_rss_mb (this process's peak resident memory so far).
     """
     texts, bad = [], []
     for src, line, kind, payload in records:
@@ -149,19 +158,8 @@ def process_shard(shard_id: int, records: list, spec: TokenizerSpec, text_key: s
     for x, end in zip(ids, ends):
         tokens[end - 1 - len(x):end - 1] = x
     tokens[ends - 1] = spec.eod_id
-    prefix = shard_prefix(out_dir, shard_id)
-    tmp = f"{prefix}.tmp{os.getpid()}"
-    writer = IndexedDatasetWriter(tmp, np.dtype(dtype))
-    writer.add_documents(tokens, sizes)
-    writer.finalize()
-    os.replace(tmp + ".bin", prefix + ".bin")
-    os.replace(tmp + ".idx", prefix + ".idx")
-    return {"shard": shard_id, "records": len(records), "docs": len(ids), "tokens": int(tokens.size),
-            "bin_bytes": int(tokens.nbytes), "bad": bad}
-
-
-def shard_prefix(out_dir: str, shard_id: int) -> str:
-    return os.path.join(out_dir, f"shard_{shard_id:07d}")
+    return {"records": len(records), "tokens": tokens, "sizes": sizes, "bad": bad,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def init_worker(single_thread: bool, parent_pid: int) -> None:

@@ -1,20 +1,25 @@
 """Tokenize text corpora into a GPT-NeoX / Megatron ``MMapIndexedDataset`` (``PREFIX.bin`` + ``PREFIX.idx``).
 
     python -m data_prep.tokenize INPUT... --tokenizer PATH --out PREFIX
-        [--text-key text] [--max-tokens N] [--workers N] [--seed S] [--strict]
+        [--text-key text] [--max-tokens N] [--valid-tokens N] [--workers N] [--seed S] [--strict]
 
 Inputs are files, globs or ``hf:NAME[:CONFIG][@SPLIT]`` (see :mod:`data_prep.sources`), taken in
 a seeded shuffle of their sorted names. Every document is tokenized and followed by the EOD
-token (``<|endoftext|>``, id 0 for Pythia). The record stream is cut into shards of
-``--shard-docs`` records; workers tokenize shards in parallel, each into
-``PREFIX.shards/shard_N.bin/.idx``, and a journal records finished shards, so a restart after
-a crash resumes from the last finished shard. At the end the shards are merged in order into
-``PREFIX.bin/.idx`` (byte-identical for any ``--workers``), ``PREFIX.manifest.json`` is written
-and the shard directory removed.
+token (``<|endoftext|>``, id 0 for Pythia). The record stream is cut into shards of about
+``--shard-bytes`` of text (16 MB by default; ``--shard-docs`` also caps the records per shard), and
+each shard into pieces of about 1 MiB that the workers tokenize in parallel, so one large file uses
+every worker and a worker holds one piece at a time. Finished shards are written to
+``PREFIX.shards/shard_N.bin/.idx`` and journaled, so a restart after a crash resumes from the last
+finished shard (shards of a different run found there are removed, with a message). At the end the
+shards are merged in order into ``PREFIX.bin/.idx`` (byte-identical for any ``--workers`` and any
+shard size), ``PREFIX.manifest.json`` is written and the shard directory removed.
 
-Token budget (``--max-tokens``): documents are taken whole while they fit; the first one that
-does not fit is cut so the dataset holds exactly the budget (the cut document loses its tail
-and its EOD token). Without a budget every document is kept.
+Token budgets: with ``--valid-tokens V`` the first documents go to a held-out validation file
+``PREFIX_valid.bin/.idx`` until it holds exactly V tokens, and the training file starts at the next
+document; ``--max-tokens N`` makes the training file hold exactly N tokens. Documents are taken
+whole while they fit; the first one that does not fit is cut to fill the budget exactly (it loses
+its tail and its EOD token). Without ``--max-tokens`` the training file takes every remaining
+document. Train with ``train_data_paths: [PREFIX]`` and ``valid_data_paths: [PREFIX_valid]``.
 
 Bad records (malformed JSON, missing or non-string text field, invalid UTF-8, empty document)
 are skipped, counted by reason and listed as ``file:line: reason``; ``--strict`` makes the
@@ -26,10 +31,11 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures as cf
-import itertools
+import decimal
 import json
 import multiprocessing
 import os
+import resource
 import shlex
 import shutil
 import signal
@@ -39,11 +45,12 @@ from typing import Iterator
 
 import numpy as np
 
-from neox_dar.data.indexed import IndexedDataset, best_dtype, bin_path, idx_path, write_index
+from neox_dar.data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype, bin_path, idx_path
 
-from .encode import TokenizerSpec, init_worker, load_tokenizer_spec, process_shard, sha256_file, shard_prefix
-from .journal import Journal
-from .sources import Source, expand_inputs, iter_records
+from .budget import Budget, Segment
+from .encode import PIECE_BYTES, TokenizerSpec, encode_piece, init_worker, load_tokenizer_spec, sha256_file
+from .journal import Journal, shard_prefix
+from .sources import Record, Source, expand_inputs, iter_records
 
 # Fault injection for tests: SIGKILL this process right after journaling this many shards in a run.
 KILL_AFTER_ENV = "NEOX_DAR_DATA_PREP_KILL_AFTER_SHARDS"
@@ -56,18 +63,20 @@ class DataPrepError(RuntimeError):
 
 
 def parse_count(text: str) -> int:
-    """``10_000_000_000``, ``1e9``, ``10B``, ``500M``, ``20k`` -> int."""
+    """``10_000_000_000``, ``1e9``, ``10B``, ``10.001B``, ``500M``, ``16M``, ``20k`` -> int (exact, no float rounding)."""
     t = text.strip().replace("_", "").replace(",", "")
     scale = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}.get(t[-1:].lower(), 1)
     if scale != 1:
         t = t[:-1]
     try:
-        value = int(float(t) * scale) if ("e" in t.lower() or "." in t) else int(t) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from None
+        value = decimal.Decimal(t) * scale
+    except decimal.InvalidOperation:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if value != value.to_integral_value():
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1: {text!r}")
-    return value
+    return int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -78,37 +87,66 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer.json or SentencePiece .model")
     p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix: PREFIX.bin, PREFIX.idx, ...")
     p.add_argument("--text-key", default="text", help="JSON field / parquet column holding the text (default: text)")
-    p.add_argument("--max-tokens", type=parse_count, default=None, help="token budget, e.g. 10_000_000_000 or 10B")
-    p.add_argument("--workers", type=int, default=1, help="tokenizer processes (default 1: in this process)")
+    p.add_argument("--max-tokens", type=parse_count, default=None,
+                   help="tokens in the training file, e.g. 10_000_000_000 or 10B (default: all that remain)")
+    p.add_argument("--valid-tokens", type=parse_count, default=None,
+                   help="also write a held-out PREFIX_valid.bin/.idx of exactly this many tokens, from the first "
+                        "documents (none of which is in PREFIX.bin)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="tokenizer processes, one thread each (default 1: in this process, with the tokenizer's "
+                        "own threads on every core)")
     p.add_argument("--seed", type=int, default=1234, help="seed of the input-file shuffle (default 1234)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     p.add_argument("--txt-mode", choices=("file", "paragraph"), default="file",
                    help=".txt inputs: one document per file (default) or per blank-line-separated block")
-    p.add_argument("--shard-docs", type=int, default=10_000, help="records per shard (default 10000)")
+    p.add_argument("--shard-bytes", type=parse_count, default=16_000_000,
+                   help="text per shard, the unit of resume, e.g. 16M (default 16M)")
+    p.add_argument("--shard-docs", type=int, default=None, help="also end a shard after this many records")
     p.add_argument("--eod-id", type=int, default=None, help="end-of-document id (default: the tokenizer's)")
     p.add_argument("--keep-shards", action="store_true", help="keep PREFIX.shards/ after the merge")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
-def _shards(sources: list[Source], text_key: str, txt_mode: str, shard_docs: int) -> Iterator[tuple[int, list, int]]:
-    """(shard id, records, input bytes consumed at its end) for consecutive runs of ``shard_docs`` records."""
-    stream = iter_records(sources, text_key, txt_mode)
-    for sid in itertools.count():
-        chunk = list(itertools.islice(stream, shard_docs))
-        if not chunk:
-            return
-        yield sid, [rec for rec, _ in chunk], chunk[-1][1]
+def _text_bytes(record: Record) -> int:
+    """Size of a record's text: bytes of a JSON line or text file, characters of a parquet / HF value."""
+    payload = record[3]
+    return len(payload) if isinstance(payload, (bytes, str)) else 0
+
+
+def cut_shards(stream, shard_bytes: int, shard_docs: int | None) -> Iterator[list[tuple[list[Record], int]]]:
+    """Shards of the ``(record, input position)`` stream, each a list of pieces ``(records, position after them)``.
+
+    A shard ends once it holds ``shard_bytes`` of text (or ``shard_docs`` records); a piece once it
+    holds ``PIECE_BYTES``. Both count records before validation, so boundaries do not depend on
+    what is bad, and a document is never split.
+    """
+    shard, piece, size, count, piece_size = [], [], 0, 0, 0
+    for rec, pos in stream:
+        n = _text_bytes(rec)
+        piece.append(rec)
+        size, count, piece_size = size + n, count + 1, piece_size + n
+        end_shard = size >= shard_bytes or count == shard_docs
+        if end_shard or piece_size >= PIECE_BYTES:
+            shard.append((piece, pos))
+            piece, piece_size = [], 0
+        if end_shard:
+            yield shard
+            shard, size, count = [], 0, 0
+    if piece:
+        shard.append((piece, pos))
+    if shard:
+        yield shard
 
 
 class _Progress:
-    """tqdm bar over input bytes (or over tokens with a budget) showing docs/s, tokens/s and ETA."""
+    """tqdm bar over input bytes (or over tokens with a training budget) showing docs/s, tokens/s and ETA."""
 
-    def __init__(self, sources: list[Source], max_tokens: int | None, enabled: bool):
+    def __init__(self, sources: list[Source], total_tokens: int | None, enabled: bool):
         from neox_dar.progress import progress_bar
 
-        self.by_tokens = max_tokens is not None
-        total = max_tokens if self.by_tokens else (
+        self.by_tokens = total_tokens is not None
+        total = total_tokens if self.by_tokens else (
             sum(s.size for s in sources) if all(s.size is not None for s in sources) else None)
         self.bar = progress_bar(total=total, unit="tok" if self.by_tokens else "B", unit_scale=True,
                                 disable=not enabled, smoothing=0.1)
@@ -128,102 +166,100 @@ class _Progress:
         self.bar.close()
 
 
-def run_shards(args, sources: list[Source], spec: TokenizerSpec, dtype: np.dtype, journal: Journal,
-               progress: _Progress) -> tuple[int, list[list], int]:
-    """Tokenize every shard not yet journaled, in order, until the input or the budget runs out.
+def _jobs(shards, done: dict) -> Iterator[tuple[int, list[Record] | None, bool, int]]:
+    """(shard id, piece's records or None for a journaled shard, last piece of its shard?, input position)."""
+    for sid, pieces in enumerate(shards):
+        if sid in done:
+            yield sid, None, True, pieces[-1][1]
+            continue
+        for i, (records, pos) in enumerate(pieces):
+            yield sid, records, i == len(pieces) - 1, pos
 
-    Returns (number of shards the dataset uses, bad records [[source, line, reason]], tokens).
+
+def run_shards(args, sources: list[Source], spec: TokenizerSpec, dtype: np.dtype, journal: Journal,
+               budget: Budget, progress: _Progress) -> tuple[list[tuple[int, list[Segment]]], list[list], float]:
+    """Tokenize every shard not yet journaled, in order, until the input runs out or ``budget`` is full.
+
+    Pieces are tokenized in order by the workers (at most 2 per worker in flight); a shard is written
+    and journaled when its last piece is back. Returns (the merge plan: [(shard id, its segments)],
+    bad records [[source, line, reason]], the largest peak RSS of a tokenizing process in MB).
     """
     kill_after = int(os.environ.get(KILL_AFTER_ENV, "0") or 0)
-    work = (spec, args.text_key, dtype.str, journal.directory)
+    work = (spec, args.text_key, dtype.str)
     pool = None
     if args.workers > 1:
         pool = cf.ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
                                       initializer=init_worker, initargs=(True, os.getpid()))
+    jobs = _jobs(cut_shards(iter_records(sources, args.text_key, args.txt_mode), args.shard_bytes,
+                            args.shard_docs), journal.done)
     window: collections.deque = collections.deque()
-    shards = _shards(sources, args.text_key, args.txt_mode, args.shard_docs)
-    used, bad, tokens, written = 0, [], 0, 0
+    plan, bad, parts, written, peak_rss = [], [], [], 0, 0.0
     try:
-        while True:
+        while not budget.full:
             while len(window) < (2 * args.workers if pool is not None else 1):
-                nxt = next(shards, None)
-                if nxt is None:
+                job = next(jobs, None)
+                if job is None:
                     break
-                sid, records, pos = nxt
-                if sid in journal.done:
-                    window.append((sid, None, pos))
-                elif pool is None:
-                    window.append((sid, process_shard(sid, records, *work), pos))
-                else:
-                    window.append((sid, pool.submit(process_shard, sid, records, *work), pos))
+                sid, records, last, pos = job
+                if records is not None:
+                    records = pool.submit(encode_piece, records, *work) if pool else encode_piece(records, *work)
+                window.append((sid, records, last, pos))
             if not window:
                 break
-            sid, job, pos = window.popleft()
-            if job is None:
-                entry = journal.done[sid]
+            sid, result, last, pos = window.popleft()
+            if result is None:  # journaled by an earlier run
+                entry, sizes = journal.done[sid], journal.sizes(sid)
+                if args.strict and entry["bad"]:  # an earlier run may not have been strict
+                    raise DataPrepError(_strict(sources, entry["bad"][0]))
+                progress.update(entry["docs"], entry["tokens"], pos)
             else:
-                entry = job.result() if isinstance(job, cf.Future) else job
-            if args.strict and entry["bad"]:  # journaled shards too: an earlier run may not have been strict
-                src, line, reason = entry["bad"][0]
-                raise DataPrepError(f"{_where(sources, src, line)}: {reason} (--strict)")
-            if job is not None:
-                journal.append(entry)
+                part = result.result() if isinstance(result, cf.Future) else result
+                if args.strict and part["bad"]:
+                    raise DataPrepError(_strict(sources, part["bad"][0]))
+                peak_rss = max(peak_rss, part["peak_rss_mb"])
+                progress.update(len(part["sizes"]), len(part["tokens"]), pos)
+                parts.append(part)
+                if not last:
+                    continue
+                entry, sizes = journal.write_shard(sid, parts, dtype)
+                parts = []
                 written += 1
                 if kill_after and written >= kill_after:
                     os.kill(os.getpid(), signal.SIGKILL)
-            used, tokens = sid + 1, tokens + entry["tokens"]
             bad.extend(entry["bad"])
-            progress.update(entry["docs"], entry["tokens"], pos)
-            if args.max_tokens is not None and tokens >= args.max_tokens:
-                break
+            plan.append((sid, budget.deal(sizes)))
     finally:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
-    return used, bad, tokens
+    return plan, bad, peak_rss
 
 
 def _where(sources: list[Source], src: int, line: int) -> str:
     return f"{sources[src].path}:{line}"
 
 
-def merge_shards(directory: str, num_shards: int, prefix: str, dtype: np.dtype, max_tokens: int | None) -> dict:
-    """Concatenate shards 0..num_shards-1 into ``prefix.bin/.idx`` (cut at ``max_tokens``); returns counts."""
-    all_sizes, total, truncated = [], 0, False
-    tmp = f"{prefix}.merging"
-    with open(bin_path(tmp), "wb") as out:
-        for sid in range(num_shards):
-            shard = IndexedDataset(shard_prefix(directory, sid))
-            sizes = shard.sizes.astype(np.int64)
-            if max_tokens is not None:
-                room = max_tokens - total
-                if room <= 0:
-                    break
-                ends = np.cumsum(sizes)
-                whole = int(np.searchsorted(ends, room, side="right"))
-                if whole < len(sizes):
-                    cut = room - (int(ends[whole - 1]) if whole else 0)
-                    sizes = np.append(sizes[:whole], [cut] if cut > 0 else [])
-                    truncated = cut > 0
-            n = int(sizes.sum())
-            with open(bin_path(shard.prefix), "rb") as f:
-                remaining = n * dtype.itemsize
-                while remaining:
-                    block = f.read(min(remaining, 1 << 24))
-                    out.write(block)
-                    remaining -= len(block)
-            all_sizes.append(sizes)
-            total += n
-        out.flush()
-        os.fsync(out.fileno())
-    sizes = np.concatenate(all_sizes) if all_sizes else np.zeros(0, np.int64)
-    write_index(idx_path(tmp), dtype, sizes, np.arange(len(sizes) + 1))
-    os.replace(bin_path(tmp), bin_path(prefix))
-    os.replace(idx_path(tmp), idx_path(prefix))
-    return {"documents": int(len(sizes)), "tokens": int(total), "truncated_last_document": truncated}
+def _strict(sources: list[Source], bad: list) -> str:
+    src, line, reason = bad
+    return f"{_where(sources, src, line)}: {reason} (--strict)"
+
+
+def merge_shards(directory: str, plan: list[tuple[int, list[Segment]]], prefixes: list[str], dtype: np.dtype) -> None:
+    """Copy each segment of the plan's shards, in order, to its output ``prefixes[output].bin/.idx``."""
+    writers = [IndexedDatasetWriter(f"{prefix}.merging", dtype) for prefix in prefixes]
+    for sid, segments in plan:
+        shard = IndexedDataset(shard_prefix(directory, sid))
+        starts = np.concatenate([[0], np.cumsum(shard.sizes, dtype=np.int64)])
+        for out, first, sizes in segments:
+            begin = int(starts[first])
+            writers[out].add_documents(shard.tokens[begin:begin + int(sizes.sum())], sizes)
+    for writer, prefix in zip(writers, prefixes):
+        writer.finalize()
+        os.replace(bin_path(writer.prefix), bin_path(prefix))
+        os.replace(idx_path(writer.prefix), idx_path(prefix))
 
 
 def _report_bad(sources: list[Source], bad: list[list]) -> dict:
-    reasons = collections.Counter(reason.split(" (")[0].split(" at byte")[0] for _, _, reason in bad)
+    reasons = collections.Counter(reason.split(": ")[0] for _, _, reason in bad)
     for src, line, reason in bad[:MAX_BAD_SHOWN]:
         print(f"skipped {_where(sources, src, line)}: {reason}", file=sys.stderr)
     if len(bad) > MAX_BAD_SHOWN:
@@ -236,10 +272,31 @@ def _report_bad(sources: list[Source], bad: list[list]) -> dict:
             "records": [f"{_where(sources, s, ln)}: {r}" for s, ln, r in bad[:MAX_BAD_LISTED]]}
 
 
+def _check_filled(args, budget: Budget, bad: list) -> None:
+    """One-line errors for outputs the inputs could not fill; a warning for a short training file."""
+    *valid, train = budget.filled
+    if valid and valid[0] < args.valid_tokens:
+        raise DataPrepError(f"the inputs hold only {valid[0]:,} tokens ({len(bad)} bad records skipped): too few "
+                            f"for --valid-tokens {args.valid_tokens:,} and a training file")
+    if train == 0:
+        what = "after the --valid-tokens documents" if valid else "in the inputs"
+        raise DataPrepError(f"no usable documents {what} ({len(bad)} bad records)")
+    if args.max_tokens is not None and train < args.max_tokens:
+        print(f"data_prep.tokenize: warning: the inputs ran out: the training file holds {train:,} tokens, "
+              f"fewer than --max-tokens {args.max_tokens:,}", file=sys.stderr)
+
+
+def _output(prefix: str, budget: Budget, i: int) -> dict:
+    ds = IndexedDataset(prefix)
+    return {"prefix": os.path.abspath(prefix), "bin_sha256": sha256_file(bin_path(prefix)),
+            "idx_sha256": sha256_file(idx_path(prefix)), "documents": len(ds), "tokens": ds.num_tokens,
+            "truncated_last_document": budget.truncated[i]}
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Run the command line; returns the manifest."""
     args = build_parser().parse_args(argv)
-    if args.workers < 1 or args.shard_docs < 1:
+    if args.workers < 1 or (args.shard_docs is not None and args.shard_docs < 1):
         raise DataPrepError("--workers and --shard-docs must be >= 1")
     t0 = time.time()
     sources = expand_inputs(args.inputs, args.seed)
@@ -248,42 +305,57 @@ def run(argv: list[str] | None = None) -> dict:
     tok_sha = sha256_file(spec.path)
     plan = {"inputs": [dict(s.describe(), mtime_ns=s.mtime_ns) for s in sources], "tokenizer_sha256": tok_sha,
             "eod_id": spec.eod_id, "text_key": args.text_key, "txt_mode": args.txt_mode,
-            "shard_docs": args.shard_docs, "dtype": dtype.name, "seed": args.seed}
+            "shard_bytes": args.shard_bytes, "shard_docs": args.shard_docs, "dtype": dtype.name, "seed": args.seed}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     shard_dir = f"{args.out}.shards"
     journal = Journal(shard_dir, plan)
-    resumed = len(journal.done)
-    progress = _Progress(sources, args.max_tokens, enabled=not args.no_progress)
     try:
-        num_shards, bad, total_tokens = run_shards(args, sources, spec, dtype, journal, progress)
+        if journal.discarded:
+            print(f"data_prep.tokenize: {shard_dir} held {journal.discarded}; removed them, starting over",
+                  file=sys.stderr)
+        resumed = len(journal.done)
+        prefixes = ([f"{args.out}_valid"] if args.valid_tokens else []) + [args.out]
+        budget = Budget(([args.valid_tokens] if args.valid_tokens else []) + [args.max_tokens])
+        total = None if args.max_tokens is None else args.max_tokens + (args.valid_tokens or 0)
+        progress = _Progress(sources, total, enabled=not args.no_progress)
+        try:
+            shard_plan, bad, worker_rss = run_shards(args, sources, spec, dtype, journal, budget, progress)
+        finally:
+            progress.close()
+        try:
+            _check_filled(args, budget, bad)
+        except DataPrepError:
+            _report_bad(sources, bad)
+            raise
+        merge_shards(shard_dir, shard_plan, prefixes, dtype)
+        if not args.keep_shards:
+            shutil.rmtree(shard_dir)
     finally:
-        progress.close()
-    if total_tokens == 0:
-        _report_bad(sources, bad)
-        raise DataPrepError(f"no usable documents in the inputs ({len(bad)} bad records)")
-    counts = merge_shards(shard_dir, num_shards, args.out, dtype, args.max_tokens)
+        journal.close()
     skipped = _report_bad(sources, bad)
+    train = _output(args.out, budget, len(prefixes) - 1)
     manifest = {
         "format": "Megatron MMapIndexedDataset (GPT-NeoX), one sequence per document",
-        "prefix": os.path.abspath(args.out),
-        "bin_sha256": sha256_file(bin_path(args.out)), "idx_sha256": sha256_file(idx_path(args.out)),
-        "dtype": dtype.name, "documents": counts["documents"], "tokens": counts["tokens"],
-        "max_tokens": args.max_tokens, "truncated_last_document": counts["truncated_last_document"],
-        "budget_rule": "whole documents while they fit; the first that does not is cut to fill the budget exactly",
+        **train, "dtype": dtype.name, "max_tokens": args.max_tokens,
+        "valid": _output(prefixes[0], budget, 0) if args.valid_tokens else None, "valid_tokens": args.valid_tokens,
+        "budget_rule": "the --valid-tokens file takes the first documents, then the training file the next ones; "
+                       "each takes whole documents while they fit, and the first that does not is cut to fill its "
+                       "budget exactly (its tail is dropped)",
         "eod_id": spec.eod_id,
         "tokenizer": {"path": spec.path, "kind": spec.kind, "sha256": tok_sha, "vocab_size": spec.vocab_size},
         "inputs": [dict(s.describe(), order=i, sha256=sha256_file(s.path) if s.size is not None else None)
                    for i, s in enumerate(sources)],
-        "seed": args.seed, "text_key": args.text_key, "txt_mode": args.txt_mode, "shard_docs": args.shard_docs,
-        "shards": num_shards, "shards_resumed": resumed, "workers": args.workers, "skipped": skipped,
+        "seed": args.seed, "text_key": args.text_key, "txt_mode": args.txt_mode, "shard_bytes": args.shard_bytes,
+        "shard_docs": args.shard_docs, "shards": len(shard_plan), "shards_resumed": resumed, "workers": args.workers,
+        "peak_rss_mb": {"main": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                        "tokenizer_process": round(worker_rss, 1)},
+        "skipped": skipped,
         "command": "python -m data_prep.tokenize " + shlex.join(sys.argv[1:] if argv is None else argv),
         "seconds": round(time.time() - t0, 3),
     }
     with open(f"{args.out}.manifest.json", "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")
-    if not args.keep_shards:
-        shutil.rmtree(shard_dir)
     return manifest
 
 
@@ -292,8 +364,9 @@ def main(argv: list[str] | None = None) -> int:
         m = run(argv)
     except (DataPrepError, ValueError, OSError, RuntimeError) as e:
         print(f"data_prep.tokenize: error: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {m['prefix']}.bin/.idx: {m['documents']:,} documents, {m['tokens']:,} tokens "
+        return 2
+    valid = f"; {m['valid']['prefix']}.bin/.idx: {m['valid']['tokens']:,} tokens" if m["valid"] else ""
+    print(f"wrote {m['prefix']}.bin/.idx: {m['documents']:,} documents, {m['tokens']:,} tokens{valid} "
           f"({m['skipped']['total']} bad records skipped) in {m['seconds']:.1f}s", file=sys.stderr)
     return 0
 
