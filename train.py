@@ -35,32 +35,13 @@ def _strip_launcher_args(argv: list[str]) -> list[str]:
     return out
 
 
-def check_config(cfg, world_size: int) -> None:
-    """Training-specific config rules that need the data-parallel size; raises ConfigError."""
-    from neox_dar.config import ConfigError
-
-    if not cfg.save:
-        raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
-    cfg.gradient_accumulation_for(world_size)
-    if not (cfg.data_path or cfg.train_data_paths):
-        raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
-    if cfg.dtype_name == "bf16" and cfg.zero_optimization.stage == 0:
-        raise ConfigError("precision bf16 (the default on GPUs) needs zero_optimization.stage >= 1: DeepSpeed keeps "
-                          "fp32 master weights for bf16 only under ZeRO (stage 1 on one GPU costs nothing)")
-    from neox_dar.data import IndexedDatasetError, check_data_files
-
-    try:
-        check_data_files(cfg)  # every data file: header, sizes, dtype, token ids against vocab_size
-    except IndexedDatasetError as e:
-        raise ConfigError(str(e)) from None
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args else 2
     from neox_dar.config import ConfigError, load_config, split_args
+    from neox_dar.training.checks import check_training_config
     from neox_dar.training.distributed import world_size_from_env
 
     paths, overrides = split_args(args)
@@ -71,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     explained = _explained_errors()
     try:
-        check_config(cfg, world_size_from_env())
+        check_training_config(cfg, world_size_from_env())
     except explained as e:
         _record_failure(cfg, e)
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
@@ -112,12 +93,12 @@ def _record_failure(cfg, error: BaseException) -> None:
     """Rank 0: status.json = failed with the reason, when the run directory exists (a requeued job then stops)."""
     from neox_dar.rundir import read_status, write_status
 
-    save = cfg.save and Path(cfg.save)
+    save = cfg.run.save and Path(cfg.run.save)
     if not save or not save.is_dir() or os.environ.get("RANK", "0") != "0":
         return
     previous = read_status(save) or {}
     try:
-        write_status(save, "failed", previous.get("step", 0), cfg.train_iters,
+        write_status(save, "failed", previous.get("step", 0), cfg.training.train_iters,
                      reason=f"{type(error).__name__}: {error}"[:500])
     except OSError as e:
         print(f"warning: could not record the failure in {save}: {e}", file=sys.stderr)

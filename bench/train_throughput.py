@@ -61,9 +61,9 @@ def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
     info = init_distributed()
     engine, model, flops = build_engine(cfg, info)
     grad_accum = engine.gradient_accumulation_steps()
-    micro = cfg.train_micro_batch_size_per_gpu
+    micro = cfg.training.train_micro_batch_size_per_gpu
     gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (grad_accum, micro, cfg.seq_length + 1), generator=gen).to(info.device)
+    tokens = torch.randint(0, cfg.model.vocab_size, (grad_accum, micro, cfg.model.seq_length + 1), generator=gen).to(info.device)
 
     def step() -> None:
         for m in range(grad_accum):
@@ -79,8 +79,8 @@ def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
         step()
     _sync(info.device)
     seconds = (time.perf_counter() - t0) / steps
-    tokens_per_sec = grad_accum * micro * cfg.seq_length / seconds
-    peak = peak_flops(cfg.peak_flops, info.device, cfg.dtype_name)
+    tokens_per_sec = grad_accum * micro * cfg.model.seq_length / seconds
+    peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
     out = {"step_time_s": seconds, "tokens_per_sec": tokens_per_sec, "global_batch": grad_accum * micro,
            "flops_per_token": flops, "tflops_per_device": flops * tokens_per_sec / 1e12, "peak_flops": peak,
            "mfu": flops * tokens_per_sec / peak if peak else None}
@@ -95,16 +95,16 @@ def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) 
 
     from neox_dar.convert import to_hf
 
-    if cfg.attention_type != "vanilla":
+    if cfg.model.attention.attention_type != "vanilla":
         raise SystemExit("--compare-hf needs attention_type: vanilla (Hugging Face has only full attention)")
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype_name]
-    torch.manual_seed(cfg.seed)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.training.dtype]
+    torch.manual_seed(cfg.training.seed)
     ours = build_model(cfg).to(device=device, dtype=dtype)
     with tempfile.TemporaryDirectory() as tmp:  # through the project's converter: same weights, HF names
         to_hf(ours, cfg, tmp)
         hf = GPTNeoXForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype).to(device)
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, cfg.vocab_size, (cfg.train_micro_batch_size_per_gpu, cfg.seq_length + 1),
+    tokens = torch.randint(0, cfg.model.vocab_size, (cfg.training.train_micro_batch_size_per_gpu, cfg.model.seq_length + 1),
                            generator=gen).to(device)
     x, y = tokens[:, :-1], tokens[:, 1:]
     # CPU: process CPU time (all threads), which other processes' load on a shared machine barely disturbs;
@@ -135,7 +135,7 @@ def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) 
     med = {k: statistics.median(v) for k, v in times.items()}
     return {"ours_step_s": med["ours"], "hf_step_s": med["hf"], "hf_over_ours": med["hf"] / med["ours"],
             "clock": "process CPU time" if device.type == "cpu" else "wall time",
-            "batch": cfg.train_micro_batch_size_per_gpu, "seq_length": cfg.seq_length, "hf_attention": "sdpa",
+            "batch": cfg.training.train_micro_batch_size_per_gpu, "seq_length": cfg.model.seq_length, "hf_attention": "sdpa",
             "ours_attention_impl": ours.gpt_neox.layers[0].attention.resolved_impl(device),
             "all_step_s": times}
 
@@ -156,18 +156,18 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {**provenance(["bench/train_throughput.py", *(sys.argv[1:] if argv is None else argv)]),
               **device_report(), "device": device_name(device),
-              "precision": cfg.dtype_name, "config": {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
-                                                       "num_attention_heads": cfg.num_attention_heads,
-                                                       "seq_length": cfg.seq_length,
-                                                       "attention_type": cfg.attention_type,
-                                                       "attention_impl": cfg.attention_impl,
-                                                       "torch_compile": cfg.torch_compile,
-                                                       "zero_stage": cfg.zero_optimization.stage}}
+              "precision": cfg.training.dtype, "config": {"num_layers": cfg.model.num_layers, "hidden_size": cfg.model.hidden_size,
+                                                       "num_attention_heads": cfg.model.num_attention_heads,
+                                                       "seq_length": cfg.model.seq_length,
+                                                       "attention_type": cfg.model.attention.attention_type,
+                                                       "attention_impl": cfg.model.attention.attention_impl,
+                                                       "torch_compile": cfg.training.torch_compile,
+                                                       "zero_stage": cfg.training.zero_optimization.stage}}
     result["engine"] = engine_throughput(cfg, args.steps, args.warmup)
     e = result["engine"]
     mfu = f"{100 * e['mfu']:.1f}%" if e["mfu"] is not None else "n/a (no peak FLOP/s for this device; set peak_flops)"
     print(f"{result['device']}: {e['tokens_per_sec']:,.0f} tokens/s, {e['tflops_per_device']:.3g} TFLOP/s, MFU {mfu}, "
-          f"{e['step_time_s'] * 1e3:.1f} ms per step of {e['global_batch']} x {cfg.seq_length} tokens")
+          f"{e['step_time_s'] * 1e3:.1f} ms per step of {e['global_batch']} x {cfg.model.seq_length} tokens")
     if compare:
         result["vs_hf"] = c = compare_with_hf(cfg, device, args.steps, args.warmup)
         print(f"training step, batch {c['batch']} x {c['seq_length']}: ours {c['ours_step_s'] * 1e3:.1f} ms "

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .corpora import CORPORA, CorpusError, load_hub, load_local, select_documents
-from .loading import encode_texts, load_tokenizer
-from .table import TITLES
+from neox_dar.evaluation.corpora import CORPORA, CorpusError, load_hub, load_local, select_documents
+from neox_dar.evaluation.tables import TITLES
+from neox_dar.tokenizer import encode_texts, load_tokenizer
 
 
 def document_lengths(texts: list[str], tokenizer) -> np.ndarray:

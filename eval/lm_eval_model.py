@@ -7,7 +7,7 @@ GPT-NeoX folder, with the Pythia tokenizer, for downstream tasks.
 ``NeoxDarLM`` subclasses lm-eval's ``HFLM``, so request batching, rolling windows, truncation and
 answer post-processing are lm-eval's own; only the forward pass (our ``CausalLM``) and generation (an
 incremental-free loop over our forward, one request at a time so left padding never enters a context) are
-ours. Attention statistics of the model (AHA's full-attention usage ``mu_f`` per layer and head) are averaged
+ours. Attention statistics of the model (e.g. AHA's full-attention usage ``mu_f`` per layer and head) are averaged
 over the real (non-padding) positions of every request's forward and reported in the results' ``config`` section
 beside the scores (``attention_stats`` and ``mu_f``), and logged at the end. ``--device cuda`` (lm-eval's
 default) on a machine without CUDA falls back to the CPU with a warning, as lm-eval's ``hf`` model does.
@@ -30,8 +30,9 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
 from neox_dar.convert import hf_config_dict
 from neox_dar.model import CausalLM
 
-from .loading import hf_tokenizer, load_for_eval, tokenizer_file
-from .scoring import AttentionStatsMean, overall_mean
+from neox_dar.evaluation.loading import load_for_eval
+from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means
+from neox_dar.tokenizer import hf_tokenizer, tokenizer_file
 
 
 class _HFModelView(torch.nn.Module):
@@ -160,17 +161,18 @@ class NeoxDarLM(HFLM):
         return out
 
     def attention_stats(self) -> dict:
-        """Means over this run's real positions of the model's attention statistics, plus ``mu_f``: the overall
-        mean of the ``layer{l}/mu_f`` values when the model reports them (AHA)."""
+        """Means over this run's real positions of the model's attention statistics, and each statistic's overall
+        mean over layers and heads (e.g. AHA's ``mu_f``)."""
         stats = self._stats.result()
-        return {"attention_stats": stats, "mu_f": overall_mean(stats)}
+        return {"attention_stats": stats, **overall_means(stats)}
 
     def get_model_info(self) -> dict:
         info = {"model_num_parameters": sum(p.numel() for p in self._lm.parameters()),
                 "model_dtype": str(self._lm.embed_out.weight.dtype), "model_revision": self.revision,
                 "model_sha": "", **{f"neox_dar_{k}": v for k, v in self._info.items()}}
         stats = self.attention_stats()
-        if stats["mu_f"] is not None:
-            print(f"neox_dar: AHA full-attention usage mu_f = {stats['mu_f']:.4f} over this run (per layer and "
-                  "head: config.attention_stats in the results)", file=sys.stderr)
+        for name, value in stats.items():
+            if name != "attention_stats":
+                print(f"neox_dar: {name} = {value:.4f} over this run (per layer and head: config.attention_stats in "
+                      "the results)", file=sys.stderr)
         return {**info, **stats}

@@ -26,7 +26,7 @@ def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows.to(torch.int32).contiguous(), flat.sum(1, dtype=torch.int32)
 
 
-class AhaAttention(torch.autograd.Function):
+class AHAKernelFunction(torch.autograd.Function):
     """Routed attention; no gradient for the gate (the module applies the straight-through rule outside)."""
 
     @staticmethod
@@ -64,4 +64,4 @@ def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
     if gate.device != q.device:
         raise ValueError(f"aha_attention: gate is on {gate.device} but q is on {q.device}")
     windows = head_windows("aha_attention", window, H, T, q.device, kv_group=kv_group)
-    return AhaAttention.apply(*unit_last_dim(q, k, v), gate.detach(), windows)
+    return AHAKernelFunction.apply(*unit_last_dim(q, k, v), gate.detach(), windows)

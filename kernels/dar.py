@@ -8,7 +8,7 @@ from .banded import banded_backward, banded_forward
 from .runtime import check_qkv, head_windows, unit_last_dim
 
 
-class DarAttention(torch.autograd.Function):
+class DARKernelFunction(torch.autograd.Function):
     """Fused DAR attention; gradients for all five inputs. See :func:`dar_attention`."""
 
     @staticmethod
@@ -38,4 +38,4 @@ def dar_attention(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_g
     """
     kv_group = check_qkv("dar_attention", q, k_loc=k_loc, v_loc=v_loc, k_glob=k_glob, v_glob=v_glob)
     windows = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device, kv_group=kv_group)
-    return DarAttention.apply(*unit_last_dim(q, k_loc, v_loc, k_glob, v_glob), windows)
+    return DARKernelFunction.apply(*unit_last_dim(q, k_loc, v_loc, k_glob, v_glob), windows)

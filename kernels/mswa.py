@@ -8,7 +8,7 @@ from .banded import banded_backward, banded_forward
 from .runtime import check_qkv, head_windows, unit_last_dim
 
 
-class MswaAttention(torch.autograd.Function):
+class MSWAKernelFunction(torch.autograd.Function):
     """Per-head sliding-window attention (one launch per window group, or one for all heads). See
     :func:`mswa_attention`."""
 
@@ -42,4 +42,4 @@ def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: t
     """
     kv_group = check_qkv("mswa_attention", q, k=k, v=v)
     win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window, kv_group)
-    return MswaAttention.apply(*unit_last_dim(q, k, v), win)
+    return MSWAKernelFunction.apply(*unit_last_dim(q, k, v), win)

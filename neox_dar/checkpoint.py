@@ -2,30 +2,51 @@
 
 ``load_model`` accepts a run directory (its newest complete checkpoint), its ``checkpoints`` directory, one step
 directory, or a folder written by :func:`save_weights`. The checkpoint is verified against its manifest (sizes
-and checksums, :mod:`neox_dar.rundir`) and its weights against its config before anything is loaded, so a
-truncated, corrupt or mismatched checkpoint is a one-line :class:`~neox_dar.rundir.CheckpointError`.
+and checksums, :mod:`neox_dar.rundir`) and its weights against its model config before anything is loaded, so a
+truncated, corrupt or mismatched checkpoint is a one-line :class:`~neox_dar.rundir.CheckpointError`. A model needs
+only the model section of the config (``model.yml``; checkpoints written before it existed carry it inside
+``config.yml``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
+import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from .config import Config, ConfigError, load_config
+from .config import ConfigError, ModelConfig, load_config, model_config_from_flat, model_flat
 from .model import CausalLM, build_model
-from .rundir import CONFIG, WEIGHTS, CheckpointError, resolve_checkpoint, write_manifest
+from .rundir import CONFIG, MODEL_CONFIG, WEIGHTS, CheckpointError, resolve_checkpoint, write_manifest
 
 
-def save_weights(model: CausalLM, cfg: Config, out_dir: str | Path) -> Path:
-    """Write ``model.safetensors`` (float32, contiguous), ``config.yml`` and the manifest into ``out_dir``."""
+def model_yaml(cfg: ModelConfig) -> str:
+    """The ``model.yml`` text of a model config (flat model and attention keys)."""
+    return yaml.safe_dump(model_flat(cfg), sort_keys=False)
+
+
+def read_model_config(step_dir: str | Path) -> ModelConfig:
+    """A checkpoint's model config: ``model.yml``, or the model section of ``config.yml`` (older checkpoints)."""
+    d = Path(step_dir)
+    try:
+        if (d / MODEL_CONFIG).is_file():
+            return model_config_from_flat(yaml.safe_load((d / MODEL_CONFIG).read_text()) or {},
+                                          source=str(d / MODEL_CONFIG))
+        return load_config(d / CONFIG).model
+    except (ConfigError, yaml.YAMLError) as e:
+        raise CheckpointError(f"{d}: its model config is not valid ({e})") from None
+
+
+def save_weights(model: CausalLM, cfg: ModelConfig, out_dir: str | Path) -> Path:
+    """Write ``model.safetensors`` (float32, contiguous), ``model.yml`` and the manifest into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
-    (out / CONFIG).write_text(cfg.to_yaml())
+    (out / MODEL_CONFIG).write_text(model_yaml(cfg))
     write_manifest(out, {"step": None})
     return out
 
@@ -49,13 +70,14 @@ def check_weight_shapes(weights: Path, model: torch.nn.Module) -> None:
                                   f"{expected[name]} (the config no longer matches the weights)")
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu") -> tuple[CausalLM, Config]:
-    """Load ``(model, cfg)`` from a verified checkpoint written by training or by :func:`save_weights`."""
+def load_model(path: str | Path, map_location: str | torch.device = "cpu",
+               attention_impl: str | None = None) -> tuple[CausalLM, ModelConfig]:
+    """Load ``(model, model config)`` from a verified checkpoint written by training or by :func:`save_weights`;
+    ``attention_impl`` (reference, sdpa, triton) replaces the checkpoint's attention path."""
     step_dir = resolve_checkpoint(path)
-    try:
-        cfg = load_config(step_dir / CONFIG)
-    except ConfigError as e:
-        raise CheckpointError(f"{step_dir}: {e}") from None
+    cfg = read_model_config(step_dir)
+    if attention_impl is not None:
+        cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
     with torch.device("meta"):
         model = build_model(cfg)
     check_weight_shapes(step_dir / WEIGHTS, model)

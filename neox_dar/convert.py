@@ -1,10 +1,10 @@
 """Convert between neox-dar checkpoints and Hugging Face ``GPTNeoXForCausalLM`` folders.
 
     python -m neox_dar.convert to-hf CHECKPOINT OUT_DIR [--tokenizer tokenizer.json]
-    python -m neox_dar.convert from-hf HF_DIR OUT_DIR        # model.safetensors + config.yml (loadable by training/eval)
+    python -m neox_dar.convert from-hf HF_DIR OUT_DIR        # model.safetensors + model.yml (+ tokenizer files)
 
 ``to-hf`` writes a complete Hugging Face folder: ``config.json``, ``model.safetensors``, the run's tokenizer
-(``tokenizer.json`` copied byte for byte from the config's ``vocab_file``, as ``eval.loading.tokenizer_file``
+(``tokenizer.json`` copied byte for byte from the config's ``vocab_file``, as :func:`neox_dar.tokenizer.tokenizer_file`
 resolves it; the bundled Pythia tokenizer when unset), ``tokenizer_config.json`` and ``special_tokens_map.json``
 (bos = eos = unk = ``<|endoftext|>``, as the models use them) and ``generation_config.json``, so
 ``AutoTokenizer``, lm-eval's ``hf`` model and vLLM-style loaders need nothing else. ``from-hf`` copies the
@@ -12,28 +12,30 @@ folder's tokenizer files beside the imported weights, where evaluation finds the
 
 Parameter names are shared, so nothing is renamed except the output head: exports write ``embed_out.weight``
 (the published Pythia name, which transformers 5 maps to ``lm_head.weight`` on load); imports accept both.
-Variant models (DAR, AHA, ...) export their extra weights (``attention.dar_down`` ...) and their resolved
-config under ``neox_dar_config`` in ``config.json``; plain transformers ignores both, so only vanilla models
-are ``GPTNeoXForCausalLM``-equivalent.
+Variant models export their extra weights (under ``attention.``) and their resolved model config under
+``neox_dar_config`` in ``config.json``; plain transformers ignores both, so only vanilla models are
+``GPTNeoXForCausalLM``-equivalent.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import sys
 from pathlib import Path
 
 import torch
-from eval.loading import SPECIAL_TOKENS, special_token_id, tokenizer_file
 from safetensors.torch import load_file, save_file
 from transformers import GenerationConfig
 
 from .checkpoint import load_model, save_weights
-from .config import Config, ConfigError
+from .config import ConfigError, ModelConfig, model_config_from_flat, model_flat
+from .config.schema import key_sections
 from .model import CausalLM, build_model
 from .rundir import resolve_checkpoint
+from .tokenizer import SPECIAL_TOKENS, special_token_id, tokenizer_file
 
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
 _IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq", "rotary_emb.inv_freq")
@@ -42,7 +44,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt")
 
 
-def hf_config_dict(cfg: Config, special_id: int = 0) -> dict:
+def hf_config_dict(cfg: ModelConfig, special_id: int = 0) -> dict:
     """The ``config.json`` of a ``GPTNeoXForCausalLM`` equal to ``cfg``'s vanilla model; ``special_id`` is the
     tokenizer's ``<|endoftext|>`` (bos and eos; 0 in the Pythia tokenizer)."""
     return {
@@ -69,11 +71,11 @@ def hf_config_dict(cfg: Config, special_id: int = 0) -> dict:
         "bos_token_id": special_id,
         "eos_token_id": special_id,
         "torch_dtype": "float32",
-        "neox_dar_config": cfg.to_dict(),
+        "neox_dar_config": model_flat(cfg),
     }
 
 
-def write_tokenizer(tokenizer_json: str | Path, cfg: Config, out: Path) -> int:
+def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> int:
     """Copy ``tokenizer_json`` to ``out/tokenizer.json`` and write ``tokenizer_config.json``,
     ``special_tokens_map.json`` and ``generation_config.json``; returns the ``<|endoftext|>`` id.
 
@@ -89,9 +91,9 @@ def write_tokenizer(tokenizer_json: str | Path, cfg: Config, out: Path) -> int:
     return special_id
 
 
-def to_hf(model: CausalLM, cfg: Config, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
+def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
     """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32) and the tokenizer
-    (:func:`write_tokenizer`; ``tokenizer_json`` defaults to ``cfg``'s, see ``eval.loading.tokenizer_file``)."""
+    (:func:`write_tokenizer`; ``tokenizer_json`` defaults to ``cfg``'s: :func:`neox_dar.tokenizer.tokenizer_file`)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     special_id = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, out)
@@ -110,10 +112,13 @@ def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
     return present
 
 
-def config_from_hf(hf: dict) -> Config:
-    """Our :class:`Config` for a Hugging Face GPT-NeoX ``config.json`` (ours round-trips exactly)."""
+def config_from_hf(hf: dict) -> ModelConfig:
+    """Our :class:`ModelConfig` for a Hugging Face GPT-NeoX ``config.json`` (ours round-trips exactly; exports of
+    older versions carry the whole run config there, whose non-model keys are dropped)."""
     if "neox_dar_config" in hf:
-        return Config.from_dict(hf["neox_dar_config"], source="config.json:neox_dar_config")
+        sections = key_sections()
+        keys = {k: v for k, v in hf["neox_dar_config"].items() if sections.get(k) in ("model", "attention")}
+        return model_config_from_flat(keys, source="config.json:neox_dar_config")
     if hf.get("model_type") != "gpt_neox":
         raise ConfigError(f"config.json has model_type {hf.get('model_type')!r}, expected 'gpt_neox'")
     d = hf["hidden_size"]
@@ -125,7 +130,7 @@ def config_from_hf(hf: dict) -> Config:
         raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only exact 'gelu')")
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     vocab = hf["vocab_size"]
-    return Config.from_dict(
+    return model_config_from_flat(
         {
             "num_layers": hf["num_hidden_layers"],
             "hidden_size": d,
@@ -160,13 +165,16 @@ def _read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     raise FileNotFoundError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {hf_dir}")
 
 
-def from_hf(hf_dir: str | Path) -> tuple[CausalLM, Config]:
-    """Load a Hugging Face GPT-NeoX folder (Pythia or one written by :func:`to_hf`) as ``(model, cfg)``."""
+def from_hf(hf_dir: str | Path, attention_impl: str | None = None) -> tuple[CausalLM, ModelConfig]:
+    """Load a Hugging Face GPT-NeoX folder (Pythia or one written by :func:`to_hf`) as ``(model, model config)``;
+    ``attention_impl`` (reference, sdpa, triton) replaces the attention path."""
     hf_dir = Path(hf_dir)
     config_path = hf_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {hf_dir}")
     cfg = config_from_hf(json.loads(config_path.read_text()))
+    if attention_impl is not None:
+        cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
     state = {}
     for name, tensor in _read_hf_weights(hf_dir).items():
         if name.endswith(_IGNORED_SUFFIXES):
@@ -176,7 +184,8 @@ def from_hf(hf_dir: str | Path) -> tuple[CausalLM, Config]:
         model = build_model(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
-        raise ValueError(f"{hf_dir}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise ValueError(f"{hf_dir}: weights do not match the config (missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]})")
     return model, cfg
 
 
@@ -188,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.json to export (default: the checkpoint's, as evaluation resolves it)")
-    p = sub.add_parser("from-hf", help="Hugging Face GPT-NeoX folder -> neox-dar weights + config.yml (+ tokenizer)")
+    p = sub.add_parser("from-hf", help="Hugging Face GPT-NeoX folder -> neox-dar weights + model.yml (+ tokenizer)")
     p.add_argument("hf_dir")
     p.add_argument("out_dir")
     args = parser.parse_args(argv)

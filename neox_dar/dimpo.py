@@ -1,6 +1,7 @@
 """DimPO: post-hoc low-dimensional query/key projections trained with a listwise preference loss.
 
-Paper: ``shared/papers/dimpo.md`` Sec. 3; the math we follow is SPEC.md's "DimPO":
+Paper: "DimPO: Dimensionality Reduction for Attention using Preference Optimization", Sec. 3; we follow it as
+docs/dimpo.md states:
 
 - per layer one bias-free ``W`` (d' x d_h) shared by all heads, applied to rotary-embedded queries and keys;
   projected scores ``F(q) F(k)^T / sqrt(d')``;
@@ -9,7 +10,7 @@ Paper: ``shared/papers/dimpo.md`` Sec. 3; the math we follow is SPEC.md's "DimPO
   ``L = sum_{psi_i > psi_j} Delta_ij * log(1 + exp(-(s_i - s_j - gamma)))`` with LiPO's lambda weight
   ``Delta_ij = |G_i - G_j| * |1/log(1 + rank_i) - 1/log(1 + rank_j)|``, ``G_i = 2^psi_i - 1``, ranks by ``s``
   (descending, starting at 1), natural log. The paper prints Delta without G and a leading minus sign; we follow
-  LiPO (and SPEC) and minimise the positive sum. The loss of a batch is the mean over its queries.
+  LiPO and minimise the positive sum. The loss of a batch is the mean over its queries.
 - quality: mean KL(original || projected attention) and mean squared error of the attention outputs.
 
 Command line (a vanilla checkpoint and a tokenized dataset)::
@@ -93,34 +94,31 @@ class DimPOProjection(nn.Module):
         self.d_proj = d_proj
         self.proj = nn.ModuleList(nn.Linear(head_dim, d_proj, bias=False) for _ in range(num_layers))
 
-    def logits(self, layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """Projected scores (..., Tq, Tk) for q (..., Tq, d_h), k (..., Tk, d_h)."""
-        fq, fk = self.proj[layer](q), self.proj[layer](k)
-        return fq @ fk.transpose(-1, -2) / math.sqrt(self.d_proj)
+    def list_scores(self, layer: int, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Projected scores ``F(q) F(K)^T / sqrt(d')`` (N, T) of N queries q (N, d_h) against their keys
+        k (N, T, d_h)."""
+        w = self.proj[layer]
+        return torch.einsum("nd,ntd->nt", w(q), w(k)) / math.sqrt(self.d_proj)
 
 
 @torch.no_grad()
 def capture_qkv(model: CausalLM, input_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Run the model and return per layer the rotary-embedded ``(q, k, v)``, each (B, H, T, d_h)."""
-    if model.cfg.attention_type != "vanilla":
-        raise ValueError(f"DimPO projects vanilla attention; this model uses '{model.cfg.attention_type}'")
+    """Run the model and return per layer the rotary-embedded ``(q, k, v)``, each (B, H, T, d_h): a forward hook
+    on each attention module recomputes them from the module's inputs ``(a, cos, sin)``."""
+    attention_type = model.cfg.attention.attention_type
+    if attention_type != "vanilla":
+        raise ValueError(f"DimPO projects vanilla attention; this model uses '{attention_type}'")
     captured = []
-    originals = []
-    for attn in model.attention_modules():
-        original = attn.split_heads
-        originals.append((attn, original))
 
-        def capture(h, cos, sin, _original=original):
-            out = _original(h, cos, sin)
-            captured.append(tuple(t.detach() for t in out))
-            return out
+    def capture(module, args, output):
+        captured.append(tuple(t.detach() for t in module.split_heads(*args)))
 
-        attn.split_heads = capture
+    hooks = [attn.register_forward_hook(capture) for attn in model.attention_modules()]
     try:
         model(input_ids)
     finally:
-        for attn, original in originals:
-            attn.split_heads = original
+        for hook in hooks:
+            hook.remove()
     return captured
 
 
@@ -146,8 +144,7 @@ def evaluate(projection: DimPOProjection, layers_qkv, every: int = 1) -> dict[st
     with torch.no_grad():
         for layer, (q, k, v) in enumerate(layers_qkv):
             psi, valid, qs, ks, vs = query_lists(q, k, v, every)
-            logits = torch.einsum("nd,ntd->nt", projection.proj[layer](qs), projection.proj[layer](ks))
-            logits = logits / math.sqrt(projection.d_proj)
+            logits = projection.list_scores(layer, qs, ks)
             out["kl"].append(attention_kl(psi, logits, valid).item())
             out["mse"].append(attention_output_mse(psi, logits, valid, vs).item())
     return out
@@ -163,8 +160,7 @@ def train_projection(projection: DimPOProjection, layers_qkv, steps: int, lr: fl
         opt = torch.optim.Adam(projection.proj[layer].parameters(), lr=lr)
         for step in progress_bar(iterable=range(steps), desc=f"DimPO layer {layer}", leave=False):
             pick = torch.randint(0, psi.shape[0], (queries_per_step,), generator=gen)
-            w = projection.proj[layer]
-            logits = torch.einsum("nd,ntd->nt", w(qs[pick]), w(ks[pick])) / math.sqrt(projection.d_proj)
+            logits = projection.list_scores(layer, qs[pick], ks[pick])
             loss = dimpo_loss(psi[pick], logits, valid[pick], beta, gamma)
             opt.zero_grad()
             loss.backward()

@@ -15,16 +15,14 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
-
-from .attention import RotaryEmbedding, build_attention
-from .config import Config
+from .attention import Attention, RotaryEmbedding, build_attention
+from .config import ModelConfig
 
 
 class MLP(nn.Module):
     """``dense_4h_to_h(gelu(dense_h_to_4h(m)))`` with exact (erf) GeLU; (B, T, d) -> (B, T, d)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dense_h_to_4h = nn.Linear(cfg.hidden_size, 4 * cfg.hidden_size)
         self.dense_4h_to_h = nn.Linear(4 * cfg.hidden_size, cfg.hidden_size)
@@ -37,7 +35,7 @@ class Block(nn.Module):
     """One GPT-NeoX layer. Parallel residual: ``x + Attn(LN1(x)) + MLP(LN2(x))``;
     sequential otherwise: ``y = x + Attn(LN1(x)); y + MLP(LN2(y))``."""
 
-    def __init__(self, cfg: Config, layer_idx: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.parallel = cfg.gpt_j_residual
         self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
@@ -57,30 +55,26 @@ class Block(nn.Module):
 class GPTNeoX(nn.Module):
     """Embedding, layers and final norm; ``input_ids`` (B, T) -> hidden states (B, T, d)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_in = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
         self.rotary_emb = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
-        self.checkpoint_activations = cfg.checkpoint_activations
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.dropout(self.embed_in(input_ids))
         cos, sin = self.rotary_emb(input_ids.shape[1], x.dtype, x.device)
         for layer in self.layers:
-            if self.checkpoint_activations and self.training:
-                x = checkpoint(layer, x, cos, sin, use_reentrant=False)
-            else:
-                x = layer(x, cos, sin)
+            x = layer(x, cos, sin)
         return self.final_layer_norm(x)
 
 
 class CausalLM(nn.Module):
     """``GPTNeoXForCausalLM``-shaped model: ``forward(input_ids[B,T]) -> logits[B,T,V]``."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         if not cfg.no_weight_tying:
             raise ValueError("no_weight_tying: false (tied embeddings) is not supported; Pythia unties them")
@@ -91,8 +85,9 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_out(self.gpt_neox(input_ids))
 
-    def attention_modules(self):
-        return [layer.attention for layer in self.gpt_neox.layers]
+    def attention_modules(self) -> list[Attention]:
+        """Each layer's attention module, in layer order (also when the engine wraps the blocks)."""
+        return [m for m in self.modules() if isinstance(m, Attention)]
 
     def aux_loss(self) -> torch.Tensor:
         """Sum of the variants' auxiliary loss terms from the last forward (already scaled by their coefficients)."""
@@ -102,7 +97,7 @@ class CausalLM(nn.Module):
         return torch.stack(terms).sum()
 
     def attention_stats(self) -> dict[str, torch.Tensor]:
-        """Per-layer statistics from the last forward, keyed ``layer{l}/{name}`` (e.g. AHA's ``mu_f`` per head)."""
+        """Per-layer statistics from the last forward, keyed ``layer{l}/{name}`` (a variant's per-head stats)."""
         return {f"layer{m.layer_idx}/{k}": v for m in self.attention_modules() for k, v in m.stats.items()}
 
 
@@ -110,7 +105,7 @@ class CausalLM(nn.Module):
 # initialisation (GPT-NeoX / Pythia)
 
 
-def init_std(method: str, cfg: Config) -> float:
+def init_std(method: str, cfg: ModelConfig) -> float:
     """``small_init``: sqrt(2 / (5 d)); ``wang_init``: 2 / (L sqrt(d)); ``normal``: init_method_std."""
     d = cfg.hidden_size
     if method == "small_init":
@@ -120,7 +115,7 @@ def init_std(method: str, cfg: Config) -> float:
     return cfg.init_method_std
 
 
-def init_weights(model: CausalLM, cfg: Config) -> None:
+def init_weights(model: CausalLM, cfg: ModelConfig) -> None:
     """Pythia init: output projections of each residual branch (``attention.dense``, ``mlp.dense_4h_to_h``)
     use ``output_layer_init_method``; every other matrix and the embeddings use ``init_method``; biases 0;
     LayerNorms weight 1, bias 0."""
@@ -137,7 +132,7 @@ def init_weights(model: CausalLM, cfg: Config) -> None:
                 nn.init.zeros_(module.bias)
 
 
-def build_model(cfg: Config) -> CausalLM:
+def build_model(cfg: ModelConfig) -> CausalLM:
     """Build and initialise the model for ``cfg`` (works under ``torch.device("meta")`` for counting)."""
     model = CausalLM(cfg)
     if next(model.parameters()).device.type != "meta":

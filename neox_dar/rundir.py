@@ -10,7 +10,8 @@
     {save}/wandb_run_id                 the W&B run id (a resumed run continues the same W&B run)
     {save}/checkpoints/step_XXXXXXXX/   one complete checkpoint:
         model.safetensors               consolidated fp32 weights (Hugging Face names)
-        config.yml                      the resolved config
+        model.yml                       the model section of the config alone (all that building the model needs)
+        config.yml                      the resolved config of the run
         state.json                      step, consumed samples, provenance, and the manifest: every file of the
                                         checkpoint with its size and xxh3-64 checksum (written last)
         rng_rankNNNNN.pt, DeepSpeed's model and optimizer files
@@ -41,6 +42,7 @@ import xxhash
 log = logging.getLogger("neox_dar.rundir")
 
 CONFIG = "config.yml"
+MODEL_CONFIG = "model.yml"
 STATUS = "status.json"
 METRICS = "metrics.jsonl"
 EVAL_DIR = "eval"

@@ -1,4 +1,5 @@
-"""``python -m neox_dar.attention.describe``: windows, extra parameters, FLOPs and KV-cache bytes per token."""
+"""``python -m neox_dar.describe`` (also reached as ``neox_dar.attention.describe``): windows, extra parameters,
+FLOPs and KV-cache bytes per token."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from neox_dar.attention.describe import kv_cache_numbers_per_token, main
 from neox_dar.config import load_config
+from neox_dar.describe import kv_cache_numbers_per_token, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +27,7 @@ def cfg(variant, *overrides):
     ("vanilla", 2 * 512),
     ("aha", 2 * 512),  # every key is kept
     ("swa", 2 * 512 * 128 / 2048),
-    ("dar", 128 + 2 * 512 * 128 / 2048),  # SPEC: T d_down + w 2d numbers per layer
+    ("dar", 128 + 2 * 512 * 128 / 2048),  # DAR paper Sec. 5: T d_down + w 2d numbers per layer
     ("uniform", 128),
 ])
 def test_kv_cache_numbers_per_token(variant, per_layer):
@@ -55,3 +56,12 @@ def test_command_line_report(capsys):
     assert "extra parameters: 786,432 (131,072 per layer" in out
     assert "2,304.0 bytes per token" in out  # 6 layers x (128 + 64) numbers x 2 bytes
     assert main([str(ROOT / "configs/pythia-70m.yml"), "attention_type=bogus"]) == 2
+
+
+def test_the_old_command_name_still_works():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "neox_dar.attention.describe", "configs/pythia-70m.yml",
+                          "configs/attention/dar.yml"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and "2,304.0 bytes per token" in out.stdout, out.stderr

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from builders import attention_config, model_config
 
 from neox_dar.attention import build_attention, mswa_window_table
 from neox_dar.attention.base import RotaryEmbedding
@@ -19,11 +20,6 @@ from neox_dar.model import build_model, flops_per_token, init_std
 IMPLS = ["reference", "sdpa"]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def cfg_for(attention_type, impl="sdpa", H=4, d_h=16, **keys):
-    return Config(num_layers=keys.pop("num_layers", 2), hidden_size=H * d_h, num_attention_heads=H,
-                  attention_type=attention_type, attention_impl=impl, **keys)
 
 
 def randomized(mod, seed=0):
@@ -44,7 +40,7 @@ def inputs(cfg, B=2, T=13, seed=1):
 
 def twin(src, attention_type, impl, **keys):
     """A module of another variant holding ``src``'s shared parameters (query_key_value, dense)."""
-    cfg = cfg_for(attention_type, impl, H=src.num_heads, d_h=src.head_dim, **keys)
+    cfg = attention_config(attention_type, impl, H=src.num_heads, d_h=src.head_dim, **keys)
     mod = build_attention(cfg, src.layer_idx)
     mod.load_state_dict(src.state_dict(), strict=False)
     return mod
@@ -56,18 +52,18 @@ def twin(src, attention_type, impl, **keys):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_dar_with_window_0_is_uniform(impl):
-    dar = randomized(build_attention(cfg_for("dar", impl, window_size=0, dar_d_down=7), 0))
-    uni = build_attention(cfg_for("uniform", impl, dar_d_down=7), 0)
+    dar = randomized(build_attention(attention_config("dar", impl, window_size=0, dar_d_down=7), 0))
+    uni = build_attention(attention_config("uniform", impl, dar_d_down=7), 0)
     uni.load_state_dict(dar.state_dict())
     assert dar.window == 0 and uni.window == 0
-    a, cos, sin = inputs(cfg_for("dar", impl))
+    a, cos, sin = inputs(attention_config("dar", impl))
     torch.testing.assert_close(dar(a, cos, sin), uni(a, cos, sin), atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("window", [13, 20])
 def test_dar_with_window_at_least_T_is_vanilla(impl, window):
-    cfg = cfg_for("dar", impl, window_size=window)
+    cfg = attention_config("dar", impl, window_size=window)
     dar = randomized(build_attention(cfg, 0))
     van = twin(dar, "vanilla", impl)
     a, cos, sin = inputs(cfg, T=13)
@@ -80,7 +76,7 @@ def test_dar_with_window_at_least_T_is_vanilla(impl, window):
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("attention_type,window", [("dar", 3), ("dar", 1), ("uniform", 0)])
 def test_dar_identity_bottleneck_is_vanilla(impl, attention_type, window):
-    cfg = cfg_for(attention_type, impl, window_size=window, dar_d_down=64)
+    cfg = attention_config(attention_type, impl, window_size=window, dar_d_down=64)
     dar = randomized(build_attention(cfg, 0))
     with torch.no_grad():
         dar.dar_down.weight.copy_(torch.eye(64))
@@ -104,7 +100,7 @@ def test_dar_window_1_uses_only_itself_on_the_local_path(fn):
 
 
 def test_dar_global_kv_uses_the_same_query_key_value_and_bias():
-    cfg = cfg_for("dar", window_size=2)
+    cfg = attention_config("dar", window_size=2)
     dar = randomized(build_attention(cfg, 0))
     a, cos, sin = inputs(cfg)
     k_glob, v_glob = dar.global_kv(a, cos, sin)
@@ -121,7 +117,7 @@ def test_dar_global_kv_uses_the_same_query_key_value_and_bias():
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("window", [13, 100])
 def test_swa_with_window_at_least_T_is_vanilla(impl, window):
-    cfg = cfg_for("swa", impl, window_size=window)
+    cfg = attention_config("swa", impl, window_size=window)
     swa = randomized(build_attention(cfg, 0))
     a, cos, sin = inputs(cfg, T=13)
     torch.testing.assert_close(swa(a, cos, sin), twin(swa, "vanilla", impl)(a, cos, sin), atol=1e-5, rtol=1e-5)
@@ -129,7 +125,7 @@ def test_swa_with_window_at_least_T_is_vanilla(impl, window):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_swa_window_1_attends_only_to_itself(impl):
-    cfg = cfg_for("swa", impl, window_size=1)
+    cfg = attention_config("swa", impl, window_size=1)
     swa = randomized(build_attention(cfg, 0))
     a, cos, sin = inputs(cfg)
     q, k, v = swa.split_heads(a, cos, sin)
@@ -158,7 +154,7 @@ def test_mswa_table_follows_the_spec_rule_and_table_1(L, H):
     w = 128
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        table = mswa_window_table(cfg_for("mswa", H=H, num_layers=L, window_size=w))
+        table = mswa_window_table(attention_config("mswa", H=H, num_layers=L, window_size=w))
     for layer in range(L):
         for head in range(H):
             spec = max(1, math.floor(w * 2.0 ** (4 * layer // L - 2) * 2.0 ** (4 * head // H - 2)))
@@ -171,29 +167,29 @@ def test_mswa_table_follows_the_spec_rule_and_table_1(L, H):
 def test_mswa_six_layers_use_the_spec_floor_groups():
     """With 6 layers the SPEC rule floor(4 l / L) gives layer groups 0,0,1,2,2,3 (the paper's 1-based quarters
     (0,1.5], (1.5,3], ... would give 0,1,1,2,3,3); we follow the SPEC and say so in the docs."""
-    table = mswa_window_table(cfg_for("mswa", H=8, num_layers=6, window_size=128))
+    table = mswa_window_table(attention_config("mswa", H=8, num_layers=6, window_size=128))
     assert [row[4] for row in table] == [32, 32, 64, 128, 128, 256]  # head group 2: w_l itself
 
 
 @pytest.mark.parametrize("variant,first,last", [("heads", [32, 32, 64, 64, 128, 128, 256, 256], None),
                                                 ("layers", [32] * 8, [256] * 8)])
 def test_mswa_variants(variant, first, last):
-    table = mswa_window_table(cfg_for("mswa", H=8, num_layers=4, window_size=128, mswa_variant=variant))
+    table = mswa_window_table(attention_config("mswa", H=8, num_layers=4, window_size=128, mswa_variant=variant))
     assert table[0] == first
     assert table[-1] == (last or first)
 
 
 def test_mswa_windows_floor_at_1_and_explicit_table_overrides():
-    table = mswa_window_table(cfg_for("mswa", H=4, num_layers=4, window_size=8))
+    table = mswa_window_table(attention_config("mswa", H=4, num_layers=4, window_size=8))
     assert table[0] == [1, 1, 2, 4] and table[3] == [4, 8, 16, 32]
     explicit = [[5, 1, 2, 9], [3, 3, 3, 3]]
-    cfg = cfg_for("mswa", H=4, num_layers=2, window_size=8, mswa_windows=explicit)
+    cfg = attention_config("mswa", H=4, num_layers=2, window_size=8, mswa_windows=explicit)
     assert mswa_window_table(cfg) == explicit
     assert build_attention(cfg, 1).windows == [3, 3, 3, 3]
 
 
 def test_mswa_heads_not_divisible_by_4_warn_once_per_model():
-    cfg = Config(num_layers=4, hidden_size=6 * 16, num_attention_heads=6, attention_type="mswa", window_size=32,
+    cfg = model_config(num_layers=4, hidden_size=6 * 16, num_attention_heads=6, attention_type="mswa", window_size=32,
                  vocab_size=256)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -205,7 +201,7 @@ def test_mswa_heads_not_divisible_by_4_warn_once_per_model():
 @pytest.mark.parametrize("impl", IMPLS)
 def test_mswa_heads_use_their_own_window(impl):
     """Each head of an MSWA layer equals SWA with that head's window."""
-    cfg = cfg_for("mswa", impl, H=4, num_layers=4, window_size=8)
+    cfg = attention_config("mswa", impl, H=4, num_layers=4, window_size=8)
     mswa = randomized(build_attention(cfg, 3))  # windows 4, 8, 16, 32
     a, cos, sin = inputs(cfg, T=21)
     q, k, v = mswa.split_heads(a, cos, sin)
@@ -220,7 +216,7 @@ def test_mswa_heads_use_their_own_window(impl):
 
 
 def zero_router_aha(impl, threshold):
-    cfg = cfg_for("aha", impl, window_size=3, aha_threshold=threshold)
+    cfg = attention_config("aha", impl, window_size=3, aha_threshold=threshold)
     aha = randomized(build_attention(cfg, 0))
     with torch.no_grad():
         aha.router.weight.zero_()  # s = 0.5 everywhere
@@ -229,7 +225,7 @@ def zero_router_aha(impl, threshold):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_aha_router_forced_high_is_vanilla_and_low_is_swa(impl):
-    a, cos, sin = inputs(cfg_for("aha"), T=15)
+    a, cos, sin = inputs(attention_config("aha"), T=15)
     high = zero_router_aha(impl, 0.4)
     torch.testing.assert_close(high(a, cos, sin), twin(high, "vanilla", impl)(a, cos, sin), atol=1e-5, rtol=1e-5)
     assert torch.all(high.stats["mu_f"] == 1)
@@ -246,7 +242,7 @@ def test_aha_router_gradient_is_the_ste_formula(impl, ste):
     dL/ds = <dL/do, Full - Local> (plus lambda / (L B T H) from the L1 term in both), computed here in float64 by
     hand and chained through sigmoid and the router's matrix product. q, k, v get the same gradients under both
     rules (the non-selected path never receives one). ``triton`` runs the kernels (Triton's CPU interpreter here)."""
-    cfg = cfg_for("aha", impl, H=4, window_size=3, aha_l1_coef=0.05, aha_ste=ste)
+    cfg = attention_config("aha", impl, H=4, window_size=3, aha_l1_coef=0.05, aha_ste=ste)
     aha = randomized(build_attention(cfg, 0), seed=4)
     a, cos, sin = inputs(cfg, B=2, T=11)
     R = torch.randn(2, 11, cfg.hidden_size, generator=torch.Generator().manual_seed(9))
@@ -258,7 +254,7 @@ def test_aha_router_gradient_is_the_ste_formula(impl, ste):
         H, D = cfg.num_attention_heads, cfg.head_dim
         a64, w64 = a.double(), aha.router.weight.double()
         s = torch.sigmoid(a64 @ w64.T)  # (B, T, H)
-        g = (s > cfg.aha_threshold).transpose(1, 2)  # (B, H, T)
+        g = (s > cfg.attention.aha_threshold).transpose(1, 2)  # (B, H, T)
         q, k, v = (x.double() for x in aha.split_heads(a, cos, sin))
         full = masked_attention(q, k, v, window_mask(T, None))
         local = masked_attention(q, k, v, window_mask(T, 3))
@@ -267,11 +263,11 @@ def test_aha_router_gradient_is_the_ste_formula(impl, ste):
             d_g = torch.where(g, (d_o * full).sum(-1), -(d_o * local).sum(-1))
         else:
             d_g = (d_o * (full - local)).sum(-1)
-        d_s = d_g.transpose(1, 2) + cfg.aha_l1_coef / (cfg.num_layers * B * T * H)
+        d_s = d_g.transpose(1, 2) + cfg.attention.aha_l1_coef / (cfg.num_layers * B * T * H)
         d_w = torch.einsum("bth,btd->hd", d_s * s * (1 - s), a64)
     torch.testing.assert_close(aha.router.weight.grad.double(), d_w, atol=1e-5, rtol=1e-4)
 
-    other = build_attention(cfg_for("aha", impl, H=4, window_size=3, aha_l1_coef=0.05,
+    other = build_attention(attention_config("aha", impl, H=4, window_size=3, aha_l1_coef=0.05,
                                     aha_ste="difference" if ste == "selected" else "selected"), 0)
     other.load_state_dict(aha.state_dict())
     ((other(a, cos, sin) * R).sum() + other.aux_loss).backward()
@@ -280,7 +276,7 @@ def test_aha_router_gradient_is_the_ste_formula(impl, ste):
 
 
 def test_aha_aux_loss_is_lambda_times_mean_score_over_layers_tokens_heads():
-    cfg = Config(num_layers=3, hidden_size=32, num_attention_heads=4, attention_type="aha", window_size=4,
+    cfg = model_config(num_layers=3, hidden_size=32, num_attention_heads=4, attention_type="aha", window_size=4,
                  vocab_size=256, aha_l1_coef=3e-4)
     torch.manual_seed(0)
     model = build_model(cfg)
@@ -301,13 +297,13 @@ def test_aha_aux_loss_is_lambda_times_mean_score_over_layers_tokens_heads():
 
 
 def test_variant_parameters_get_the_input_side_init():
-    cfg = Config(num_layers=2, hidden_size=256, num_attention_heads=4, vocab_size=256, attention_type="dar")
+    cfg = model_config(num_layers=2, hidden_size=256, num_attention_heads=4, vocab_size=256, attention_type="dar")
     torch.manual_seed(0)
     att = build_model(cfg).gpt_neox.layers[0].attention
     small = init_std("small_init", cfg)
     assert att.dar_down.weight.std().item() == pytest.approx(small, rel=0.05)
     assert att.dar_up.weight.std().item() == pytest.approx(small, rel=0.05)
-    aha = build_model(Config(num_layers=2, hidden_size=256, num_attention_heads=8, vocab_size=256,
+    aha = build_model(model_config(num_layers=2, hidden_size=256, num_attention_heads=8, vocab_size=256,
                              attention_type="aha")).gpt_neox.layers[1].attention
     assert aha.router.weight.std().item() == pytest.approx(small, rel=0.1)
 
@@ -321,7 +317,7 @@ def test_mean_attended_keys_counts_the_mask(T, w):
 def test_flops_per_token_of_the_variants():
     base = dict(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=256, seq_length=256, window_size=32)
     with torch.device("meta"):
-        models = {t: build_model(Config(attention_type=t, **base)) for t in ("vanilla", "dar", "swa", "mswa", "aha")}
+        models = {t: build_model(model_config(attention_type=t, **base)) for t in ("vanilla", "dar", "swa", "mswa", "aha")}
     f = {t: flops_per_token(m) for t, m in models.items()}
     assert f["dar"]["attention"] == f["vanilla"]["attention"] + 4 * 12 * 64 ** 2
     assert f["dar"]["params"] == f["vanilla"]["params"] + 6 * 4 * 2 * 64 * 16
@@ -335,12 +331,12 @@ def test_flops_per_token_of_the_variants():
 def test_triton_on_cpu_is_a_clear_error(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     for t in ("dar", "swa", "mswa", "aha"):
-        cfg = cfg_for(t, "triton", window_size=4, num_layers=4)
+        cfg = attention_config(t, "triton", window_size=4, num_layers=4)
         mod = build_attention(cfg, 0)
         a, cos, sin = inputs(cfg)
         with pytest.raises(RuntimeError, match="needs a CUDA device"):
             mod(a, cos, sin)
-    auto = build_attention(cfg_for("dar", "auto", window_size=4), 0)
+    auto = build_attention(attention_config("dar", "auto", window_size=4), 0)
     assert auto.resolved_impl(torch.device("cpu")) == "sdpa"
     assert auto.resolved_impl(torch.device("cuda")) == "triton"
 
@@ -350,5 +346,5 @@ def test_triton_on_cpu_is_a_clear_error(monkeypatch):
                                                       ("mswa_windows", [[1, 2, 3, 4]] * 2, "vanilla")])
 def test_keys_of_another_variant_warn(key, value, attention_type):
     with pytest.warns(UserWarning, match=f"'{key}' is set but attention_type is '{attention_type}'"):
-        Config.from_dict({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "window_size": 4,
+        Config.from_flat({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "window_size": 4,
                           "attention_type": attention_type, key: value})

@@ -11,6 +11,7 @@ import math
 
 import pytest
 import torch
+from builders import attention_config
 
 from neox_dar.attention import build_attention
 from neox_dar.attention.aha import aha_reference, aha_sdpa
@@ -18,7 +19,7 @@ from neox_dar.attention.base import RotaryEmbedding
 from neox_dar.attention.dar import dar_reference, dar_sdpa
 from neox_dar.attention.masks import masked_attention, window_mask
 from neox_dar.attention.windowed import windowed_sdpa
-from neox_dar.config import Config
+from neox_dar.config import ModelConfig
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -96,13 +97,13 @@ def brute_heads(a, weight, bias, H):
     return tuple(y[:, :, :, n].transpose(1, 2) for n in range(3))
 
 
-def brute_module(cfg: Config, layer: int, params: dict, a):
+def brute_module(cfg: ModelConfig, layer: int, params: dict, a):
     """The whole attention module of ``cfg`` in float64 from its parameters; returns (out (B,T,d), aux)."""
     H, r = cfg.num_attention_heads, cfg.rotary_ndims
     rot = lambda x: brute_rotary(x, r, cfg.rotary_emb_base)  # noqa: E731
     q, k, v = brute_heads(a, params["query_key_value.weight"], params["query_key_value.bias"], H)
     q, k = rot(q), rot(k)
-    w, t = cfg.window_size, cfg.attention_type
+    w, t = cfg.attention.window_size, cfg.attention.attention_type
     aux = None
     if t in ("dar", "uniform"):
         h2 = a @ params["dar_down.weight"].T @ params["dar_up.weight"].T
@@ -117,10 +118,10 @@ def brute_module(cfg: Config, layer: int, params: dict, a):
         o = brute_attention(q, brute_window_pairs(k, v, lambda b, h, i: spec_mswa_window(w, layer, L, h, H)))
     else:  # aha
         s = torch.sigmoid(a @ params["router.weight"].T)  # (B, T, H)
-        g = s > cfg.aha_threshold
+        g = s > cfg.attention.aha_threshold
         o = brute_attention(q, brute_window_pairs(k, v, lambda b, h, i: None if g[b, i, h] else w))
         o = o * (1 + torch.where(g, 1.0, -1.0) * (s - s.detach())).transpose(1, 2)[..., None]
-        aux = cfg.aha_l1_coef * s.mean() / cfg.num_layers
+        aux = cfg.attention.aha_l1_coef * s.mean() / cfg.num_layers
     B, _, T, D = o.shape
     out = o.transpose(1, 2).reshape(B, T, H * D) @ params["dense.weight"].T + params["dense.bias"]
     return out, aux
@@ -221,18 +222,11 @@ MODULE_CASES = [  # attention_type, B, T, H, d_h, window, extra keys, layer
 ]
 
 
-def module_cfg(attention_type, H, d_h, window, extra, impl):
-    keys = dict(num_layers=2, hidden_size=H * d_h, num_attention_heads=H, window_size=window,
-                attention_type=attention_type, attention_impl=impl)
-    keys.update(extra)
-    return Config(**keys)
-
-
 @pytest.mark.parametrize("impl", ["reference", "sdpa"])
 @pytest.mark.parametrize("case", MODULE_CASES, ids=lambda c: f"{c[0]}-T{c[2]}-H{c[3]}-d{c[4]}-w{c[5]}")
 def test_module_matches_brute_force(case, impl):
     attention_type, B, T, H, d_h, window, extra, layer = case
-    cfg = module_cfg(attention_type, H, d_h, window, extra, impl)
+    cfg = attention_config(attention_type, impl, H, d_h, window_size=window, **extra)
     torch.manual_seed(11)
     mod = build_attention(cfg, layer)
     with torch.no_grad():  # unit-scale outputs, non-trivial biases; AHA scores spread so both paths occur

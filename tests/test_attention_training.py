@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from builders import model_config
 from tokenizers import Tokenizer
 
-from neox_dar.config import Config
 from neox_dar.model import build_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def unigram_entropy(tokens: torch.Tensor) -> float:
 
 
 def train(attention_type: str, tokens: torch.Tensor) -> dict:
-    cfg = Config(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=SEQ, vocab_size=VOCAB,
+    cfg = model_config(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=SEQ, vocab_size=VOCAB,
                  make_vocab_size_divisible_by=1, attention_type=attention_type, window_size=16,
                  attention_impl="sdpa", **({"aha_l1_coef": 3e-2} if attention_type == "aha" else {}))
     torch.manual_seed(0)

@@ -23,8 +23,8 @@ SCRIPT = textwrap.dedent("""
     for t in ["dar", "uniform", "swa", "mswa", "aha"]:
         runs = {}
         for impl in ["reference", "triton"]:
-            cfg = Config(num_layers=4, hidden_size=32, num_attention_heads=2, attention_type=t,
-                         attention_impl=impl, window_size=3, aha_l1_coef=0.1)
+            cfg = Config.from_flat(dict(num_layers=4, hidden_size=32, num_attention_heads=2, attention_type=t,
+                                        attention_impl=impl, window_size=3, aha_l1_coef=0.1)).model
             torch.manual_seed(0)
             m = build_attention(cfg, 3)
             a = torch.randn(1, 9, 32, requires_grad=True)

@@ -13,11 +13,20 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from neox_dar.rundir import (DEL_PREFIX, KILL_AT_ENV, LATEST, TMP_PREFIX, newest_checkpoint, read_state,
-                             step_dir_name, step_dirs, verify, write_manifest)
-
 from trainrun import ROOT, STEPS, error_line, losses, status, train, train_env
+
+from neox_dar.rundir import (
+    DEL_PREFIX,
+    KILL_AT_ENV,
+    LATEST,
+    TMP_PREFIX,
+    newest_checkpoint,
+    read_state,
+    step_dir_name,
+    step_dirs,
+    verify,
+    write_manifest,
+)
 
 EVERY_STEP = ["checkpoint_factor=1", "keep_last_n=2", "eval_interval=0"]
 

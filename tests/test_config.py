@@ -29,33 +29,33 @@ def test_later_files_override_earlier_and_nested_keys_merge(tmp_path):
         optimizer: {params: {lr: 5.0e-4}}
         """)
     cfg = load_config(a, b)
-    assert cfg.hidden_size == 128
-    assert cfg.optimizer.params.lr == 5e-4
-    assert cfg.optimizer.params.eps == 1e-6  # kept from a.yml: nested mappings merge key by key
-    assert cfg.optimizer.type == "Adam"
+    assert cfg.model.hidden_size == 128
+    assert cfg.training.optimizer.params.lr == 5e-4
+    assert cfg.training.optimizer.params.eps == 1e-6  # kept from a.yml: nested mappings merge key by key
+    assert cfg.training.optimizer.type == "Adam"
 
 
 def test_command_line_overrides_with_dotted_paths_and_hyphens(tmp_path):
     a = write(tmp_path, "a.yml", "num_layers: 2\n")
     cfg = load_config(a, overrides=["optimizer.params.lr=3e-4", "zero-optimization.stage=2", "attention_type=dar",
                                     "dar_d_down=64", "train_data_paths=[a, b]", "wandb_group=my group"])
-    assert cfg.optimizer.params.lr == 3e-4
-    assert cfg.zero_optimization.stage == 2
-    assert cfg.d_down == 64
-    assert cfg.train_data_paths == ["a", "b"]
-    assert cfg.wandb_group == "my group"
+    assert cfg.training.optimizer.params.lr == 3e-4
+    assert cfg.training.zero_optimization.stage == 2
+    assert cfg.model.attention.dar_d_down == 64
+    assert cfg.data.train_data_paths == ["a", "b"]
+    assert cfg.run.wandb_group == "my group"
 
 
 def test_derived_values_for_pythia_70m():
     cfg = load_config(ROOT / "configs/pythia-70m.yml")
-    assert cfg.padded_vocab_size == 50304
-    assert cfg.head_dim == 64
-    assert cfg.rotary_ndims == 16
-    assert cfg.warmup_iters == 190  # 1% of 19,073 decay steps
-    assert cfg.final_lr == pytest.approx(1e-4)
-    assert cfg.gradient_accumulation_for(8) == 1
-    assert cfg.gradient_accumulation_for(2) == 4
-    assert load_config(ROOT / "configs/pythia-70m.yml", overrides=["attention_type=dar"]).d_down == 128
+    assert cfg.model.padded_vocab_size == 50304
+    assert cfg.model.head_dim == 64
+    assert cfg.model.rotary_ndims == 16
+    assert cfg.training.warmup_iters == 190  # 1% of 19,073 decay steps
+    assert cfg.training.min_lr == pytest.approx(1e-4)
+    assert cfg.training.gradient_accumulation_for(8) == 1
+    assert cfg.training.gradient_accumulation_for(2) == 4
+    assert load_config(ROOT / "configs/pythia-70m.yml", overrides=["attention_type=dar"]).model.attention.dar_d_down == 128
 
 
 def test_unknown_key_names_key_file_and_suggestion(tmp_path):
@@ -88,7 +88,7 @@ def test_unknown_nested_key_and_command_line_origin():
 def test_impossible_values_name_key_and_rule(override, pattern):
     args = [ROOT / "configs/pythia-70m.yml"]
     if pattern is None:
-        assert load_config(*args, overrides=[override]).attention_type == "mswa"
+        assert load_config(*args, overrides=[override]).model.attention.attention_type == "mswa"
         return
     with pytest.raises(ConfigError, match=pattern):
         load_config(*args, overrides=[override])
@@ -127,11 +127,11 @@ def test_non_mapping_yaml_and_bad_override(tmp_path):
 
 def test_batch_mismatch_is_a_config_error():
     cfg = load_config(ROOT / "configs/pythia-70m.yml", overrides=["gradient_accumulation_steps=2"])
-    assert cfg.gradient_accumulation_for(4) == 2
+    assert cfg.training.gradient_accumulation_for(4) == 2
     with pytest.raises(ConfigError, match="train_batch_size=256 !="):
-        cfg.gradient_accumulation_for(2)
+        cfg.training.gradient_accumulation_for(2)
     with pytest.raises(ConfigError, match="not divisible"):
-        load_config(ROOT / "configs/pythia-70m.yml").gradient_accumulation_for(3)
+        load_config(ROOT / "configs/pythia-70m.yml").training.gradient_accumulation_for(3)
 
 
 def test_variant_key_on_vanilla_warns():
@@ -141,7 +141,7 @@ def test_variant_key_on_vanilla_warns():
 
 def test_roundtrip_through_yaml_and_dict():
     cfg = load_config(ROOT / "configs/pythia-160m.yml", overrides=["attention_type=dar", "dar_d_down=192"])
-    again = Config.from_dict(__import__("yaml").safe_load(cfg.to_yaml()))
+    again = Config.from_flat(__import__("yaml").safe_load(cfg.to_yaml()))
     assert again == cfg
 
 
@@ -165,11 +165,11 @@ def test_key_reference_doc_is_current():
 def test_gpt_neox_pythia_config_loads_as_is():
     with pytest.warns(UserWarning, match="GPT-NeoX keys with no effect in neox-dar ignored: attention_config"):
         cfg = load_config(ROOT / "tests/fixtures/gpt-neox-pythia-70m.yml")
-    assert (cfg.num_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.rotary_pct) == (6, 512, 8, 0.25)
-    assert cfg.precision == "fp16" and cfg.gradient_accumulation_steps == 1 and cfg.checkpoint_activations
-    assert cfg.optimizer.params.betas == (0.9, 0.95) and cfg.final_lr == pytest.approx(1e-4)
-    assert cfg.train_data_paths == ["pile_0.87_deduped_text_document"]
-    assert cfg.checkpoint_factor == 500 and cfg.zero_optimization.stage == 1
+    assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.rotary_pct) == (6, 512, 8, 0.25)
+    assert cfg.training.precision == "fp16" and cfg.training.gradient_accumulation_steps == 1 and cfg.training.checkpoint_activations
+    assert cfg.training.optimizer.params.betas == (0.9, 0.95) and cfg.training.min_lr == pytest.approx(1e-4)
+    assert cfg.data.train_data_paths == ["pile_0.87_deduped_text_document"]
+    assert cfg.run.checkpoint_factor == 500 and cfg.training.zero_optimization.stage == 1
 
 
 @pytest.mark.parametrize("override, pattern", [("pos_emb=learned", "'pos_emb'"), ("model_parallel_size=2", "'model_parallel_size'")])

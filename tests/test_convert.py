@@ -10,12 +10,15 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, GenerationConfig
 
-from eval.corpora import load_local
-from eval.loading import load_for_eval, load_tokenizer, tokenizer_file
 from neox_dar.checkpoint import load_model, save_weights
 from neox_dar.config import load_config
 from neox_dar.convert import to_hf
+from neox_dar.evaluation.corpora import load_local
+from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.model import build_model
+
+from builders import saved_model
+from neox_dar.tokenizer import load_tokenizer, tokenizer_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,7 +29,7 @@ def run(*args):
 
 
 def test_cli_round_trip_keeps_every_weight(tmp_path):
-    cfg = load_config(ROOT / "configs/tiny.yml")
+    cfg = load_config(ROOT / "configs/tiny.yml").model
     torch.manual_seed(1)
     model = build_model(cfg)
     save_weights(model, cfg, tmp_path / "ckpt")
@@ -50,17 +53,10 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.returncode == 2 and str(tmp_path / "missing") in r.stderr and r.stderr.strip().count("\n") == 0
 
 
-def _checkpoint(path, overrides=()):
-    cfg = load_config(ROOT / "configs/tiny.yml", overrides=list(overrides))
-    torch.manual_seed(2)
-    save_weights(build_model(cfg), cfg, path)
-    return cfg
-
-
 def test_to_hf_writes_the_runs_tokenizer(tmp_path):
     """The export is complete for transformers: AutoTokenizer loads it, with the run's own tokenizer.json (byte for
     byte) and bos = eos = unk = <|endoftext|>; config.json and generation_config.json name its id."""
-    _checkpoint(tmp_path / "ckpt")
+    saved_model(tmp_path / "ckpt", seed=2)
     r = run("to-hf", tmp_path / "ckpt", tmp_path / "hf")
     assert r.returncode == 0, r.stderr
     hf = tmp_path / "hf"
@@ -88,7 +84,7 @@ def test_to_hf_tokenizer_follows_the_config_and_the_command_line(tmp_path):
     raw["added_tokens"] = [t for t in raw["added_tokens"] if t["content"] != "<|endoftext|>"]
     del raw["model"]["vocab"]["<|endoftext|>"]
     other.write_text(json.dumps(raw))
-    _checkpoint(tmp_path / "ckpt", [f"vocab_file={tmp_path / 'gone.json'}"])
+    saved_model(tmp_path / "ckpt", f"vocab_file={tmp_path / 'gone.json'}", seed=2)
     r = run("to-hf", tmp_path / "ckpt", tmp_path / "hf")
     assert r.returncode == 2 and "gone.json" in r.stderr and r.stderr.strip().count("\n") == 0
     r = run("to-hf", tmp_path / "ckpt", tmp_path / "hf", "--tokenizer", other)
@@ -100,7 +96,7 @@ def test_to_hf_tokenizer_follows_the_config_and_the_command_line(tmp_path):
 
 def test_from_hf_keeps_the_folders_tokenizer(tmp_path):
     """from-hf copies the folder's tokenizer files beside the weights, where evaluation finds them first."""
-    cfg = _checkpoint(tmp_path / "ckpt")
+    _, cfg = saved_model(tmp_path / "ckpt", seed=2)
     model, _ = load_model(tmp_path / "ckpt")
     hf = tmp_path / "hf"
     to_hf(model, cfg, hf)

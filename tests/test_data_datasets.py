@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 from neox_dar.config import ConfigError, load_config
-from neox_dar.data import (BlendedDataset, DataParallelSampler, DataSplitError, GPTDataset, IndexedDataset,
-                           IndexedDatasetWriter, build_datasets, split_bounds)
+from neox_dar.data import (
+    BlendedDataset,
+    DataParallelSampler,
+    DataSplitError,
+    GPTDataset,
+    IndexedDataset,
+    IndexedDatasetWriter,
+    build_datasets,
+    split_bounds,
+)
 
 SEQ = 16
 
@@ -162,7 +170,7 @@ def test_blend_follows_weights_and_returns_member_samples(tmp_path):
     for i in (0, 1, 2, 150, 299):
         member = train.datasets[idx[i]]
         np.testing.assert_array_equal(train[i], member[int(train.dataset_sample_index[i])])
-    np.testing.assert_array_equal(valid[3], GPTDataset("valid", b, np.arange(80), 21, SEQ, cfg.seed)[3])  # 20 * 1.005
+    np.testing.assert_array_equal(valid[3], GPTDataset("valid", b, np.arange(80), 21, SEQ, cfg.training.seed)[3])  # 20 * 1.005
     assert a.num_tokens > 0
 
 
@@ -178,7 +186,7 @@ def test_split_bounds_follow_gpt_neox_rounding():
 
 
 def test_split_with_missing_shares_is_accepted_and_bad_ones_are_config_errors():
-    assert load_config(overrides=["split=98,2"]).split == "98,2"
+    assert load_config(overrides=["split=98,2"]).data.split == "98,2"
     for bad in ("1,2,3,4", "a,b", "1,-1,0", "0,0,0"):
         with pytest.raises(ConfigError, match="invalid value for 'split' in the command line"):
             load_config(overrides=[f"split={bad}"])
@@ -248,7 +256,7 @@ def test_seed_outside_numpy_range_is_a_config_error():
         with pytest.raises(ConfigError, match=f"invalid value for 'seed' in the command line: {bad} "
                                               r"\(must be in \[0, 2\*\*32 - 1\]"):
             load_config(overrides=[f"seed={bad}"])
-    assert load_config(overrides=[f"seed={2**32 - 1}"]).seed == 2**32 - 1
+    assert load_config(overrides=[f"seed={2**32 - 1}"]).training.seed == 2**32 - 1
 
 
 def test_value_errors_name_the_file_that_set_the_key(tmp_path):

@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 
 from neox_dar.config import ConfigError, load_config
-from neox_dar.data import IndexedDataset, IndexedDatasetError, IndexedDatasetWriter, check_data_files
+from neox_dar.training.checks import check_training_config
+from neox_dar.data import (
+    IndexedDataset,
+    IndexedDatasetError,
+    IndexedDatasetWriter,
+    check_data_files,
+)
 from neox_dar.data import check as data_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,16 +176,14 @@ def _damage(kind, p):
     ("id >= vocab", r"t\.bin: token id 50300 at sequence 3, token 5 is >= vocab_size 50277"),
 ])
 def test_damaged_data_is_a_one_line_config_error_before_training(tmp_path, kind, message):
-    import train
-
     p = _tokens_file(tmp_path / "t")
     cfg = load_config(overrides=[f"data_path={p}", "seq_length=8", f"save={tmp_path / 'run'}"])
-    train.check_config(cfg, 1)  # intact: passes
+    check_training_config(cfg, 1)  # intact: passes
     for f in tmp_path.glob("*_token_range.json"):
         f.unlink()
     _damage(kind, p)
     with pytest.raises(ConfigError, match=message) as info:
-        train.check_config(cfg, 1)
+        check_training_config(cfg, 1)
     assert "\n" not in str(info.value)
 
 

@@ -13,12 +13,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_data_datasets import SEQ, brute_force, write_docs, write_random
 
 from neox_dar.config import load_config
 from neox_dar.data import BlendedDataset, blend_sample_counts, build_datasets
 from neox_dar.training.distributed import DistInfo
 from neox_dar.training.validation import evaluation_micro_batches, validation_samples
-from test_data_datasets import SEQ, brute_force, write_docs, write_random
 
 
 def neox_counts(weights, n):
@@ -50,10 +50,10 @@ def test_half_half_blend_of_7600_uses_gpt_neox_counts_and_changes_the_first_samp
     cfg = load_config(overrides=[f"train_data_paths=[{tmp_path / 'a'}, {tmp_path / 'b'}]", f"seq_length={SEQ}"])
     train, _ = build_datasets(cfg, train_samples=7600, valid_samples=0)
     docs_a, docs_b = np.arange(len(a)), np.arange(len(b))
-    want_a, epochs = brute_force(a, docs_a, 3819, SEQ, cfg.seed)
-    want_b, _ = brute_force(b, docs_b, 3819, SEQ, cfg.seed)
-    old_a, old_epochs = brute_force(a, docs_a, 3801, SEQ, cfg.seed)
-    old_b, _ = brute_force(b, docs_b, 3801, SEQ, cfg.seed)
+    want_a, epochs = brute_force(a, docs_a, 3819, SEQ, cfg.training.seed)
+    want_b, _ = brute_force(b, docs_b, 3819, SEQ, cfg.training.seed)
+    old_a, old_epochs = brute_force(a, docs_a, 3801, SEQ, cfg.training.seed)
+    old_b, _ = brute_force(b, docs_b, 3801, SEQ, cfg.training.seed)
     assert (epochs, old_epochs) == (2, 1)
     assert list(train.dataset_index[:4]) == [0, 1, 0, 1]
     np.testing.assert_array_equal(train[0], want_a[0])
@@ -96,7 +96,7 @@ def read(ds, cfg, world, evaluation):
     """Global sample indices evaluation ``evaluation`` reads, rank 0's micro-batch first, then rank 1's, ..."""
     per_rank = [[int(t[0]) for batch in evaluation_micro_batches(ds, cfg, DistInfo(r, world, r, torch.device("cpu")),
                                                                evaluation) for t in batch] for r in range(world)]
-    micro = cfg.train_micro_batch_size_per_gpu
+    micro = cfg.training.train_micro_batch_size_per_gpu
     steps = len(per_rank[0]) // micro
     return [i for s in range(steps) for r in range(world) for i in per_rank[r][s * micro:(s + 1) * micro]]
 

@@ -5,7 +5,6 @@ import hashlib
 import json
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data/sample/c4_sample.jsonl"
 

@@ -6,8 +6,15 @@ import pytest
 import torch
 
 from neox_dar.config import load_config
-from neox_dar.dimpo import (DimPOProjection, attention_kl, attention_output_mse, capture_qkv, dimpo_loss, evaluate,
-                            train_projection)
+from neox_dar.dimpo import (
+    DimPOProjection,
+    attention_kl,
+    attention_output_mse,
+    capture_qkv,
+    dimpo_loss,
+    evaluate,
+    train_projection,
+)
 from neox_dar.model import build_model
 
 
@@ -65,7 +72,7 @@ def test_kl_and_mse_are_zero_for_identical_attention_and_positive_otherwise():
 
 def tiny_model():
     cfg = load_config(overrides=["num_layers=2", "hidden_size=64", "num_attention_heads=2", "vocab_size=300",
-                                 "make_vocab_size_divisible_by=1", "seq_length=48"])
+                                 "make_vocab_size_divisible_by=1", "seq_length=48"]).model
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     with torch.no_grad():  # sharper attention than the small init gives
@@ -100,7 +107,7 @@ def test_training_lowers_kl_on_held_out_sequences():
 
 def test_capture_rejects_variant_models():
     model, _ = tiny_model()
-    model.cfg = load_config(overrides=["attention_type=swa"])
+    model.cfg = load_config(overrides=["attention_type=swa"]).model
     with pytest.raises(ValueError, match="DimPO projects vanilla attention"):
         capture_qkv(model, torch.randint(0, 300, (1, 8)))
 

@@ -10,11 +10,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from lm_eval.api.task import ConfigurableTask
-from lm_eval.tasks.wikitext.preprocess_wikitext import process_results, wikitext_detokenizer
+from lm_eval.tasks.wikitext.preprocess_wikitext import (
+    process_results,
+    wikitext_detokenizer,
+)
 
-from eval.corpora import (CORPORA, DEFAULT_DATA_DIR, CorpusError, corpus_manifest, load_local, select_documents,
-                          wikitext_pages)
-from eval.metrics import count_bytes, count_words
+from neox_dar.evaluation.corpora import (
+    CORPORA,
+    DEFAULT_DATA_DIR,
+    CorpusError,
+    corpus_manifest,
+    load_local,
+    select_documents,
+    wikitext_pages,
+)
+from neox_dar.evaluation.metrics import count_bytes, count_words
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SAMPLE = REPO / "data" / "sample" / "c4_sample.jsonl"

@@ -4,9 +4,9 @@ import json
 
 import numpy as np
 
-from eval.corpora import load_local
 from eval.doc_lengths import document_lengths, length_summary, main
-from eval.loading import load_tokenizer
+from neox_dar.evaluation.corpora import load_local
+from neox_dar.tokenizer import load_tokenizer
 
 
 def test_lengths_and_summary():

@@ -10,13 +10,14 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.api.registry import get_model
 from lm_eval.models.huggingface import HFLM
+from builders import saved_run
+from test_eval_perplexity import SEQ
 from transformers import GPTNeoXForCausalLM
 
-from eval.corpora import load_local
-from eval.loading import DEFAULT_TOKENIZER, hf_tokenizer
 from eval.lm_eval_model import NeoxDarLM
 from neox_dar.convert import to_hf
-from test_eval_perplexity import SEQ, make_checkpoint
+from neox_dar.evaluation.corpora import load_local
+from neox_dar.tokenizer import DEFAULT_TOKENIZER, hf_tokenizer
 
 LL = [("The capital of France is", " Paris"), ("Water boils at", " one hundred degrees Celsius at sea level"),
       ("", "An empty context uses the prefix token.")]
@@ -32,7 +33,7 @@ def _requests(kind, args):
 @pytest.fixture(scope="module")
 def vanilla(tmp_path_factory):
     root = tmp_path_factory.mktemp("vanilla")
-    model, cfg = make_checkpoint(root, seed=3)
+    model, cfg = saved_run(root, seed=3)
     hf_dir = to_hf(model, cfg, root / "hf")
     return root, hf_dir
 
@@ -116,7 +117,7 @@ def test_cuda_device_without_cuda_falls_back_to_the_cpu(vanilla, monkeypatch):
 def test_mu_f_counts_real_tokens_only(tmp_path):
     """lm-eval right-pads a batch; mu_f must be the same whatever the batching (batch size 1 has no padding),
     and generation counts each position once (the prompt, then one new token per step)."""
-    make_checkpoint(tmp_path, overrides=["attention_type=aha", "window_size=4"], seed=5)
+    saved_run(tmp_path, "attention_type=aha", "window_size=4", seed=5)
     requests = LL + [("A much longer context, so that the other rows of its batch are mostly padding: " * 2, " end")]
     stats = {}
     for batch_size in (1, 4):
@@ -138,7 +139,7 @@ def test_mu_f_counts_real_tokens_only(tmp_path):
 
 def test_lm_eval_task_on_aha_reports_mu_f(tmp_path):
     run = tmp_path / "aha"
-    make_checkpoint(run, overrides=["attention_type=aha", "window_size=8"], seed=5)
+    saved_run(run, "attention_type=aha", "window_size=8", seed=5)
     _choice_task(tmp_path)
     out = _evaluate(tmp_path, "neox_dar", f"checkpoint={run}", ["neox_dar_smoke"])
     assert 0.0 <= out["results"]["neox_dar_smoke"]["acc,none"] <= 1.0

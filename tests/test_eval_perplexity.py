@@ -10,36 +10,24 @@ from lm_eval.api.instance import Instance
 from lm_eval.models.huggingface import HFLM
 from transformers import GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
-from eval.corpora import load_local
-from eval.loading import DEFAULT_TOKENIZER, load_for_eval, load_tokenizer, prefix_token_id
-from eval.metrics import corpus_metrics
-from eval.perplexity import main, score_corpus
-from eval.scoring import score_documents
-from neox_dar.checkpoint import save_weights
-from neox_dar.config import load_config
+from eval.perplexity import main
 from neox_dar.convert import to_hf
-from neox_dar.model import build_model
+from neox_dar.evaluation.corpora import load_local
+from neox_dar.evaluation.loading import load_for_eval
+from neox_dar.evaluation.metrics import corpus_metrics
+from neox_dar.evaluation.perplexity import score_corpus
+from neox_dar.evaluation.scoring import score_documents
+from neox_dar.tokenizer import DEFAULT_TOKENIZER, load_tokenizer, prefix_token_id
+
+from builders import saved_run
 
 SEQ = 32
-
-
-def make_checkpoint(path, overrides=(), seed=0):
-    """A tiny random model (every parameter perturbed, so LayerNorms and biases matter) saved as step 7."""
-    torch.manual_seed(seed)
-    cfg = load_config("configs/tiny.yml", overrides=[f"seq_length={SEQ}", *overrides])
-    model = build_model(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    save_weights(model, cfg, path / "checkpoints" / "step_00000007")
-    (path / "checkpoints" / "latest").write_text("step_00000007")
-    return model.eval(), cfg
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
-    model, cfg = make_checkpoint(root)
+    model, cfg = saved_run(root)
     return root, model, cfg
 
 
@@ -143,7 +131,7 @@ def test_every_variant_scores_independently_of_batching(attention, docs, tmp_pat
     """Right padding never reaches a scored position in any variant: batch size 1 and 3 give the same NLL."""
     overrides = {"uniform": ["window_size=0"], "mswa": ["window_size=8", "num_layers=4"]}.get(attention,
                                                                                              ["window_size=8"])
-    make_checkpoint(tmp_path, overrides=[f"attention_type={attention}", *overrides], seed=11)
+    saved_run(tmp_path, f"attention_type={attention}", *overrides, seed=11)
     loaded = load_for_eval(tmp_path)
     assert loaded.info["attention_type"] == attention
     tok = load_tokenizer(loaded.cfg)
@@ -158,12 +146,12 @@ def test_mu_f_averages_real_positions_only(docs, tmp_path):
     """AHA's mu_f from the evaluation: the gate's mean over every real (non-padding) input position of every
     window, per layer and head, computed here from the routers' own outputs window by window; batching (right
     padding) changes nothing."""
-    make_checkpoint(tmp_path, overrides=["attention_type=aha", "window_size=4"], seed=13)
+    saved_run(tmp_path, "attention_type=aha", "window_size=4", seed=13)
     loaded = load_for_eval(tmp_path)
     model, cfg, tok = loaded.model, loaded.cfg, load_tokenizer(loaded.cfg)
     gates = {l: [] for l in range(cfg.num_layers)}
     hooks = [layer.attention.router.register_forward_hook(
-        lambda m, args, out, l=l: gates[l].append(torch.sigmoid(out.float()) > cfg.aha_threshold))
+        lambda m, args, out, l=l: gates[l].append(torch.sigmoid(out.float()) > cfg.attention.aha_threshold))
         for l, layer in enumerate(model.gpt_neox.layers)]
     one = score_corpus(model, tok, docs[:4], SEQ, 0, batch_size=1, progress=False)
     for h in hooks:

@@ -5,7 +5,7 @@ import random
 import pytest
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
-from eval.rolling import rolling_spans, rolling_windows
+from neox_dar.evaluation.rolling import rolling_spans, rolling_windows
 
 PREFIX = 0
 

@@ -8,12 +8,20 @@ from pathlib import Path
 
 import datasets
 import pytest
+from builders import saved_run
 
-from eval.corpora import CORPORA, HUB_DEFAULT_DOCS, HUB_SOURCES, CorpusError, load_hub, load_local
-from eval.perplexity import SWEEP_MANIFEST, _publish, build_parser, load_corpora, main
+from eval.perplexity import build_parser, main
+from neox_dar.evaluation.corpora import (
+    CORPORA,
+    HUB_DEFAULT_DOCS,
+    HUB_SOURCES,
+    CorpusError,
+    load_hub,
+    load_local,
+)
+from neox_dar.evaluation.perplexity import SWEEP_MANIFEST, _publish, load_corpora
 from neox_dar.sweep.slurm import eval_args
 from neox_dar.sweep.spec import RUN_META, SweepError, load_sweep
-from test_eval_perplexity import make_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +55,7 @@ def test_eval_settings():
 
 def _run_dir(sweep_dir, name, seed):
     run = sweep_dir / name
-    make_checkpoint(run, seed=seed)
+    saved_run(run, seed=seed)
     (run / RUN_META).write_text(json.dumps({"sweep": "s", "run": name}))
     return run
 

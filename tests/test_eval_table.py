@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from eval.table import main, relative_percent
+from eval.table import main
+from neox_dar.evaluation.tables import relative_percent
 
 
 def results(ppl: dict, manifest="m", attention="vanilla", checkpoint="/runs/x/checkpoints/step_00000100"):

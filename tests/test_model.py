@@ -4,11 +4,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import model_config
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
-from neox_dar.config import Config, load_config
+from neox_dar.config import load_config
 from neox_dar.convert import from_hf, to_hf
 from neox_dar.model import build_model, count_parameters, flops_per_token, init_std
+from neox_dar.training.engine import checkpoint_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL_CONFIGS = sorted((ROOT / "configs").glob("*.yml"))
@@ -57,7 +59,7 @@ def test_logits_match_transformers_through_both_conversions(tmp_path, vocab, d, 
                                             ("pythia-410m", 405_334_016)])
 def test_parameter_counts_match_published_sizes(name, expected):
     with torch.device("meta"):
-        model = build_model(load_config(ROOT / f"configs/{name}.yml"))
+        model = build_model(load_config(ROOT / f"configs/{name}.yml").model)
     assert count_parameters(model)["total"] == expected
 
 
@@ -65,14 +67,14 @@ def test_parameter_counts_match_published_sizes(name, expected):
 def test_every_config_resolves_and_builds(path):
     """Model configs alone; attention fragments layered on pythia-70m."""
     base = [] if path in MODEL_CONFIGS else [ROOT / "configs/pythia-70m.yml"]
-    cfg = load_config(*base, path)
+    cfg = load_config(*base, path).model
     with torch.device("meta"):
         model = build_model(cfg)
     assert count_parameters(model)["total"] > 0
 
 
 def test_forward_shape_and_aux_loss_default():
-    cfg = load_config(ROOT / "configs/tiny.yml")
+    cfg = load_config(ROOT / "configs/tiny.yml").model
     model = build_model(cfg)
     x = torch.randint(0, cfg.vocab_size, (3, 17))
     logits = model(x)
@@ -81,7 +83,7 @@ def test_forward_shape_and_aux_loss_default():
 
 
 def test_pythia_init_stds():
-    cfg = Config(num_layers=4, hidden_size=256, num_attention_heads=4, vocab_size=1000)
+    cfg = model_config(num_layers=4, hidden_size=256, num_attention_heads=4, vocab_size=1000)
     torch.manual_seed(0)
     model = build_model(cfg)
     small, wang = init_std("small_init", cfg), init_std("wang_init", cfg)
@@ -96,7 +98,7 @@ def test_pythia_init_stds():
 
 
 def test_flops_per_token_vanilla():
-    cfg = load_config(ROOT / "configs/pythia-70m.yml")
+    cfg = load_config(ROOT / "configs/pythia-70m.yml").model
     with torch.device("meta"):
         model = build_model(cfg)
     f = flops_per_token(model)
@@ -107,14 +109,22 @@ def test_flops_per_token_vanilla():
 
 
 def test_activation_checkpointing_gives_same_gradients():
-    cfg = load_config(ROOT / "configs/tiny.yml")
+    """The engine wraps each block (checkpoint_wrapper): same gradients, same state_dict names, and the blocks
+    really recompute (the wrapped forward runs twice per step)."""
+    cfg = load_config(ROOT / "configs/tiny.yml").model
     torch.manual_seed(0)
     plain = build_model(cfg)
-    ckpt = build_model(load_config(ROOT / "configs/tiny.yml", overrides=["checkpoint_activations=true"]))
+    ckpt = build_model(cfg)
+    checkpoint_blocks(ckpt)
+    assert list(ckpt.state_dict()) == list(plain.state_dict())
     ckpt.load_state_dict(plain.state_dict())
+    calls = []
+    ckpt.attention_modules()[0].register_forward_hook(lambda *_: calls.append(1))
     x = torch.randint(0, cfg.vocab_size, (2, 33))
     for m in (plain, ckpt):
         m.train()
         m(x).logsumexp(-1).mean().backward()
-    for (n, a), (_, b) in zip(plain.named_parameters(), ckpt.named_parameters()):
-        torch.testing.assert_close(a.grad, b.grad, msg=n)
+    assert len(calls) == 2  # forward, then the recomputation in backward
+    grads = ckpt.state_dict(keep_vars=True)
+    for n, a in plain.named_parameters():
+        torch.testing.assert_close(a.grad, grads[n].grad, msg=n)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from neox_dar.evaluation.corpora import CORPORA
 from neox_dar.report.__main__ import main as report_main
-from eval.corpora import CORPORA
 from neox_dar.report.collect import collect
 from neox_dar.report.tables import build_table, to_latex, to_markdown
 from neox_dar.sweep.spec import parse_sweep, plan, write_plan
@@ -157,7 +157,7 @@ def test_cli_writes_tables_and_figures(sweep_dir, capsys):
     out = capsys.readouterr().out
     assert "| dar-d32 |" in out
     for name in ("table.md", "table.tex", "table.json", "relative_ppl_vs_step.png", "loss_curves.png",
-                 "cost_vs_perplexity.png", "aha_mu_f_heatmap.png", "aha_head_usage.png"):
+                 "cost_vs_perplexity.png", "aha_mu_f_heatmap.png", "aha_mu_f_heads.png"):
         f = root / "rep" / name
         assert f.is_file() and f.stat().st_size > 100, name
     assert (root / "rep" / "relative_ppl_vs_step.png").read_bytes()[:4] == b"\x89PNG"
@@ -206,11 +206,11 @@ def test_mu_f_comes_from_the_evaluation(sweep_dir):
     aha = next(r for r in runs if r.name == "aha-w16")
     stats = [results["aha-w16"]["corpora"][c]["attention_stats"] for c in CORPORA]
     expect = [[sum(s[f"layer{l}/mu_f"][h] for s in stats) / len(stats) for h in range(4)] for l in range(2)]
-    heat = aha.mu_f_table()
+    heat = aha.stat_table("mu_f")
     assert len(heat) == 2 and all(row == pytest.approx(e) for row, e in zip(heat, expect))
     overall = sum(map(sum, expect)) / 8
     assert overall == pytest.approx(sum(results["aha-w16"]["corpora"][c]["mu_f"] for c in CORPORA) / 3)
-    assert aha.mu_f() == pytest.approx(overall) and aha.mu_f() != pytest.approx(aha.train_rows()[-1]["mu_f"])
+    assert aha.stat_mean("mu_f") == pytest.approx(overall) and aha.stat_mean("mu_f") != pytest.approx(aha.train_rows()[-1]["mu_f"])
     table = build_table(runs, sweep.report)
     assert _row(table, "aha-w16")[table.columns.index("mu_f (%)")] == pytest.approx(overall * 100)
     assert any("final evaluation" in n for n in table.notes)

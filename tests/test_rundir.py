@@ -17,27 +17,18 @@ from neox_dar.checkpoint import load_model, save_weights
 from neox_dar.config import load_config
 from neox_dar.model import build_model
 from neox_dar.rundir import (DEL_PREFIX, KILL_AT_ENV, LATEST, STATE, TMP_PREFIX, WEIGHTS, CheckpointError,
-                             clean_leftovers, newest_checkpoint, prune, publish, read_metrics, resolve_checkpoint,
-                             step_dir_name, step_dirs, truncate_metrics, verify, write_manifest)
+                             clean_leftovers, newest_checkpoint, prune, read_metrics, resolve_checkpoint,
+                             step_dir_name, step_dirs, truncate_metrics, verify)
 from neox_dar.training.checkpointing import safe_torch_load
+
+from builders import published_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_checkpoint(root: Path, step: int, weights: bytes = b"w" * 64) -> Path:
-    """A step directory as training publishes it: files, manifest last, renamed into place."""
-    tmp = root / (TMP_PREFIX + step_dir_name(step))
-    tmp.mkdir(parents=True)
-    (tmp / WEIGHTS).write_bytes(weights)
-    (tmp / "rng_rank00000.pt").write_bytes(b"r" * 16)
-    write_manifest(tmp, {"step": step, "consumed_samples": 8 * step})
-    publish(tmp, root / step_dir_name(step))
-    return root / step_dir_name(step)
-
-
 def test_manifest_catches_missing_truncated_and_same_size_corruption(tmp_path):
     root = tmp_path / "checkpoints"
-    good, truncated, corrupt, missing, no_state = (make_checkpoint(root, s) for s in (10, 20, 30, 40, 50))
+    good, truncated, corrupt, missing, no_state = (published_checkpoint(root, s) for s in (10, 20, 30, 40, 50))
     (truncated / WEIGHTS).write_bytes(b"w" * 10)
     with open(corrupt / "rng_rank00000.pt", "r+b") as f:  # same size, other bytes
         f.write(b"\0" * 4)
@@ -62,8 +53,8 @@ def test_manifest_catches_missing_truncated_and_same_size_corruption(tmp_path):
 def test_publish_replaces_a_checkpoint_of_the_same_step(tmp_path):
     """A save never keeps another checkpoint's bytes under its name."""
     root = tmp_path / "checkpoints"
-    make_checkpoint(root, 5, b"old" * 8)
-    new = make_checkpoint(root, 5, b"new" * 8)
+    published_checkpoint(root, 5, b"old" * 8)
+    new = published_checkpoint(root, 5, b"new" * 8)
     assert (new / WEIGHTS).read_bytes() == b"new" * 8 and verify(new) is None
     assert (root / LATEST).read_text().strip() == step_dir_name(5)
     assert sorted(p.name for p in root.iterdir()) == sorted([LATEST, step_dir_name(5)])
@@ -72,7 +63,7 @@ def test_publish_replaces_a_checkpoint_of_the_same_step(tmp_path):
 def test_prune_keeps_the_newest_complete(tmp_path):
     root = tmp_path / "checkpoints"
     for s in (1, 2, 3, 4):
-        make_checkpoint(root, s)
+        published_checkpoint(root, s)
     (root / step_dir_name(4) / WEIGHTS).write_bytes(b"x")  # incomplete: does not count as kept
     prune(root, keep_last_n=2)
     assert [s for s, _ in step_dirs(root)] == [4, 3, 2]
@@ -93,7 +84,7 @@ def test_a_kill_while_pruning_leaves_no_half_deleted_checkpoint(tmp_path, point)
     (The old in-place rmtree left a step_* directory without its manifest, never cleaned.)"""
     root = tmp_path / "checkpoints"
     for s in (1, 2, 3):
-        make_checkpoint(root, s)
+        published_checkpoint(root, s)
     proc = subprocess.run([sys.executable, "-c", _PRUNE, str(root)], env={**os.environ, KILL_AT_ENV: point},
                           cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr
@@ -109,13 +100,13 @@ def test_a_kill_while_pruning_leaves_no_half_deleted_checkpoint(tmp_path, point)
 
 def test_leftovers_of_interrupted_writes_and_old_deletions_are_removed(tmp_path):
     root = tmp_path / "checkpoints"
-    keep = make_checkpoint(root, 4)
+    keep = published_checkpoint(root, 4)
     (root / (TMP_PREFIX + step_dir_name(6))).mkdir()
     (root / (DEL_PREFIX + step_dir_name(2))).mkdir()
     half_deleted = root / step_dir_name(3)  # what the old rmtree left: files gone, manifest gone first
     half_deleted.mkdir()
     (half_deleted / "mp_rank_00_model_states.pt").write_bytes(b"m")
-    corrupt = make_checkpoint(root, 5)
+    corrupt = published_checkpoint(root, 5)
     (corrupt / "rng_rank00000.pt").write_bytes(b"R" * 16)
     warnings = []
     removed = clean_leftovers(root, warn=warnings.append)
@@ -174,7 +165,7 @@ def test_a_pickled_callable_is_refused_and_never_runs(tmp_path):
 
 @pytest.fixture
 def weights_dir(tmp_path) -> Path:
-    cfg = load_config("configs/tiny.yml", overrides=["attention_type=dar"])
+    cfg = load_config("configs/tiny.yml", overrides=["attention_type=dar"]).model
     torch.manual_seed(0)
     return save_weights(build_model(cfg), cfg, tmp_path / "weights")
 
@@ -196,7 +187,7 @@ def test_load_model_names_a_config_that_no_longer_matches_the_weights(weights_di
     """A config edited after the fact (here: no manifest to catch it) is one line naming the tensor and shapes,
     not a size-mismatch traceback."""
     (weights_dir / STATE).unlink()
-    text = (weights_dir / "config.yml").read_text().replace("dar_d_down: null", "dar_d_down: 8")
-    (weights_dir / "config.yml").write_text(text)
+    text = (weights_dir / "model.yml").read_text().replace("dar_d_down: 16", "dar_d_down: 8")
+    (weights_dir / "model.yml").write_text(text)
     with pytest.raises(CheckpointError, match=r"dar_down.weight has shape \(16, 64\), its config.yml implies \(8, 64\)"):
         load_model(weights_dir)

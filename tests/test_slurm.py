@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from neox_dar.sweep.slurm import LAUNCHER, TRAIN_SCRIPT, SlurmSettings, job_script, render
+from neox_dar.sweep.slurm import (
+    LAUNCHER,
+    TRAIN_SCRIPT,
+    SlurmSettings,
+    job_script,
+    render,
+)
 from neox_dar.sweep.spec import SweepError, parse_sweep, plan, write_plan
 
 SWEEP = {"name": "tiny-sweep", "configs": ["configs/tiny.yml"], "set": {"train_iters": 20},

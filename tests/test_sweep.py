@@ -12,9 +12,10 @@ import yaml
 
 from neox_dar.config import load_config
 from neox_dar.sweep.__main__ import main as sweep_main
-from neox_dar.rundir import publish, write_manifest
 from neox_dar.sweep.rundir import run_state
 from neox_dar.sweep.spec import SweepError, load_sweep, parse_sweep, plan, write_plan
+
+from builders import published_checkpoint
 
 SWEEPS = Path("configs/sweeps")
 
@@ -29,16 +30,16 @@ def test_dar_table1_plan_is_the_papers_runs(tmp_path):
     assert sorted(cfgs) == sorted(["vanilla", "dar-d256", "dar-d128", "dar-d64",
                                    "uniform-d256", "uniform-d128", "uniform-d64"])
     for name, c in cfgs.items():
-        assert (c.num_layers, c.hidden_size, c.num_attention_heads) == (6, 512, 8)  # Pythia-70M
-        assert c.train_iters == 19073 and c.train_batch_size == 256 and c.seq_length == 2048
-        assert c.lr_decay_iters == 19073
-        assert c.wandb_group == "dar-table1" and c.wandb_run_name == name
-        assert c.save == str(tmp_path.resolve() / name)
-    assert cfgs["vanilla"].attention_type == "vanilla"
+        assert (c.model.num_layers, c.model.hidden_size, c.model.num_attention_heads) == (6, 512, 8)  # Pythia-70M
+        assert c.training.train_iters == 19073 and c.training.train_batch_size == 256 and c.model.seq_length == 2048
+        assert c.training.lr_decay_iters == 19073
+        assert c.run.wandb_group == "dar-table1" and c.run.wandb_run_name == name
+        assert c.run.save == str(tmp_path.resolve() / name)
+    assert cfgs["vanilla"].model.attention.attention_type == "vanilla"
     for d in (256, 128, 64):
-        assert cfgs[f"dar-d{d}"].attention_type == "dar" and cfgs[f"dar-d{d}"].d_down == d
-        assert cfgs[f"dar-d{d}"].window_size == 128
-        assert cfgs[f"uniform-d{d}"].attention_type == "uniform" and cfgs[f"uniform-d{d}"].d_down == d
+        assert cfgs[f"dar-d{d}"].model.attention.attention_type == "dar" and cfgs[f"dar-d{d}"].model.attention.dar_d_down == d
+        assert cfgs[f"dar-d{d}"].model.attention.window_size == 128
+        assert cfgs[f"uniform-d{d}"].model.attention.attention_type == "uniform" and cfgs[f"uniform-d{d}"].model.attention.dar_d_down == d
 
 
 def test_dar_table2_and_table3_plans(tmp_path):
@@ -47,29 +48,30 @@ def test_dar_table2_and_table3_plans(tmp_path):
     for scale, width, steps, batch in (("70m", 512, 19073, 256), ("160m", 768, 5450, 896), ("410m", 1024, 5450, 896)):
         for att in ("vanilla", "dar"):
             c = t2[f"{scale}-{att}"]
-            assert (c.hidden_size, c.train_iters, c.train_batch_size, c.attention_type) == (width, steps, batch, att)
-        assert t2[f"{scale}-dar"].d_down == width // 4 and t2[f"{scale}-dar"].window_size == 128
+            assert (c.model.hidden_size, c.training.train_iters, c.training.train_batch_size, c.model.attention.attention_type) == (width, steps, batch, att)
+        assert t2[f"{scale}-dar"].model.attention.dar_d_down == width // 4 and t2[f"{scale}-dar"].model.attention.window_size == 128
     _, t3 = _plan("dar-table3", tmp_path / "t3")
     windows = [0, 1, 4, 16, 64, 128, 256]
     assert sorted(t3) == sorted([f"dar-d128-w{w}" for w in windows] + ["vanilla"])
     for w in windows:
         c = t3[f"dar-d128-w{w}"]
-        assert (c.attention_type, c.d_down, c.window_size, c.train_iters) == ("dar", 128, w, 19073)
+        assert (c.model.attention.attention_type, c.model.attention.dar_d_down, c.model.attention.window_size, c.training.train_iters) == ("dar", 128, w, 19073)
 
 
 def test_mswa_and_aha_plans(tmp_path):
     _, m = _plan("mswa-vs-swa", tmp_path / "m")
     for w in (64, 128, 256, 512):
-        assert (m[f"swa-w{w}"].attention_type, m[f"swa-w{w}"].window_size) == ("swa", w)
-        assert (m[f"mswa-w{w}"].attention_type, m[f"mswa-w{w}"].mswa_variant) == ("mswa", "full")
-    assert m["mswa-h-w128"].mswa_variant == "heads" and m["mswa-l-w128"].mswa_variant == "layers"
+        assert (m[f"swa-w{w}"].model.attention.attention_type, m[f"swa-w{w}"].model.attention.window_size) == ("swa", w)
+        assert (m[f"mswa-w{w}"].model.attention.attention_type, m[f"mswa-w{w}"].model.attention.mswa_variant) == ("mswa", "full")
+    assert m["mswa-h-w128"].model.attention.mswa_variant == "heads" and m["mswa-l-w128"].model.attention.mswa_variant == "layers"
     assert "vanilla" in m and len(m) == 11
     _, a = _plan("aha-window", tmp_path / "a")
-    assert sorted(c.window_size for n, c in a.items() if n != "vanilla") == [16, 32, 64, 128, 256]
-    assert all(c.aha_l1_coef == pytest.approx(3e-4) for n, c in a.items() if n != "vanilla")
+    assert sorted(c.model.attention.window_size for n, c in a.items() if n != "vanilla") == [16, 32, 64, 128, 256]
+    assert all(c.model.attention.aha_l1_coef == pytest.approx(3e-4) for n, c in a.items() if n != "vanilla")
     _, l1 = _plan("aha-l1", tmp_path / "l1")
-    assert sorted(c.aha_l1_coef for n, c in l1.items() if n != "vanilla") == pytest.approx([1e-4, 3e-4, 1e-3])
-    assert all(c.window_size == 128 and c.attention_type == "aha" for n, c in l1.items() if n != "vanilla")
+    runs = [c.model.attention for n, c in l1.items() if n != "vanilla"]
+    assert sorted(a.aha_l1_coef for a in runs) == pytest.approx([1e-4, 3e-4, 1e-3])
+    assert all(a.window_size == 128 and a.attention_type == "aha" for a in runs)
 
 
 def test_plan_writes_resolved_configs_and_is_deterministic(tmp_path, capsys):
@@ -79,7 +81,7 @@ def test_plan_writes_resolved_configs_and_is_deterministic(tmp_path, capsys):
     assert sweep_main([str(SWEEPS / "dar-table1.yml"), "plan", "--out", str(tmp_path / "a")]) == 0
     assert capsys.readouterr().out == first
     cfg = load_config(tmp_path / "a" / "dar-d64" / "config.yml")
-    assert cfg.dar_d_down == 64 and cfg.save == str((tmp_path / "a" / "dar-d64").resolve())
+    assert cfg.model.attention.dar_d_down == 64 and cfg.run.save == str((tmp_path / "a" / "dar-d64").resolve())
     meta = json.loads((tmp_path / "a" / "dar-d64" / "run.json").read_text())
     assert meta["axes"] == {"attention": "dar", "dar_d_down": "d64"} and meta["sweep"] == "dar-table1"
     assert load_sweep(tmp_path / "a").name == "dar-table1"  # the output dir holds the sweep
@@ -121,12 +123,8 @@ def _fake_run(run_dir: Path, state: str | None, step: int, loss: float, ckpt: in
         (run_dir / "status.json").write_text(json.dumps({"state": state, "step": step, "train_iters": 20}))
     rows = [{"step": s, "loss": loss + (step - s)} for s in range(1, step + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 99, "lo')
-    if ckpt is not None:  # a complete checkpoint as training publishes it (weights, manifest, rename, latest)
-        tmp = run_dir / "checkpoints" / f".tmp-step_{ckpt:08d}"
-        tmp.mkdir(parents=True)
-        (tmp / "model.safetensors").write_bytes(b"w")
-        write_manifest(tmp, {"step": ckpt})
-        publish(tmp, run_dir / "checkpoints" / f"step_{ckpt:08d}")
+    if ckpt is not None:
+        published_checkpoint(run_dir / "checkpoints", ckpt)
 
 
 @pytest.fixture()

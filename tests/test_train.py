@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainrun import COMMON, ROOT, STEPS, losses, rows, train, train_env, valid_losses
 
 from neox_dar.checkpoint import load_model
 from neox_dar.rundir import newest_checkpoint, step_dir_name
-
-from trainrun import COMMON, ROOT, STEPS, losses, rows, train, train_env, valid_losses
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +28,15 @@ def data(tokenized_sample) -> str:
     return tokenized_sample
 
 
+# the rolling-window perplexity of 3 C4 documents inside training, every 3 steps (an AHA-free model: no stats)
+CORPUS_EVAL = ["eval_perplexity.interval=3", "eval_perplexity.corpora=[c4]", "eval_perplexity.max_docs=3"]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
     """1 process, micro 4 x grad-accum 2, ZeRO-0; logging to W&B (offline) and TensorBoard too."""
     save = tmp_path_factory.mktemp("reference")
-    train(save, data, "zero_optimization.stage=0", "use_wandb=true", f"tensorboard_dir={save / 'tb'}")
+    train(save, data, "zero_optimization.stage=0", "use_wandb=true", f"tensorboard_dir={save / 'tb'}", *CORPUS_EVAL)
     return save
 
 
@@ -41,7 +44,7 @@ def reference(tmp_path_factory, data) -> Path:
 def zero2(tmp_path_factory, data) -> Path:
     """2 processes, micro 4 x grad-accum 1, ZeRO-2."""
     save = tmp_path_factory.mktemp("zero2")
-    train(save, data, "zero_optimization.stage=2", nproc=2)
+    train(save, data, "zero_optimization.stage=2", *CORPUS_EVAL, nproc=2)
     return save
 
 
@@ -88,7 +91,9 @@ def test_two_process_zero_matches_one_process(stage, reference, zero2, data, tmp
         assert got[step] == pytest.approx(ref[step], rel=1e-5), (step, got[step], ref[step])
     if stage == 3:
         # consolidated weights gathered from the ZeRO-3 partitions are DeepSpeed's fp32 masters, exactly
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        from deepspeed.utils.zero_to_fp32 import (
+            get_fp32_state_dict_from_zero_checkpoint,
+        )
 
         step_dir = save / "checkpoints" / step_dir_name(STEPS)
         ours = load_file(str(step_dir / "model.safetensors"))
@@ -177,3 +182,27 @@ def test_validation_also_runs_after_the_last_step(data, tmp_path):
     save = tmp_path / "final-eval"
     train(save, data, "eval_interval=4", "checkpoint_factor=6")
     assert sorted(valid_losses(save)) == [4, STEPS]
+
+
+def test_corpus_perplexity_during_training(reference, zero2):
+    """eval_perplexity.interval: the corpora scored at steps 3 and 6 inside training, written as eval/step_N.json
+    and logged; the step-6 result equals eval.perplexity on the final checkpoint, and the 2-rank (sharded) run
+    scores what the 1-rank run scores."""
+    from neox_dar.rundir import read_evals
+
+    evals = read_evals(reference)
+    assert [e["step"] for e in evals] == [3, STEPS] and all(e["in_training"] for e in evals)
+    logged = [r for r in rows(reference) if "ppl/c4" in r]
+    assert [r["step"] for r in logged] == [3, STEPS]
+    assert logged[-1]["ppl/c4"] == evals[-1]["corpora"]["c4"]["token_perplexity"]
+    out = subprocess.run([sys.executable, "-m", "eval.perplexity", str(reference), "--corpora", "c4", "--max-docs",
+                          "3", "--no-progress"], cwd=ROOT, env=train_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    standalone = json.loads(out.stdout)["corpora"]["c4"]
+    in_training = evals[-1]["corpora"]["c4"]
+    assert in_training["tokens"] == standalone["tokens"] and in_training["documents"] == 3
+    assert in_training["token_perplexity"] == pytest.approx(standalone["token_perplexity"], rel=1e-6)
+    assert in_training["manifest_sha256"] == standalone["manifest_sha256"]
+    sharded = read_evals(zero2)[-1]["corpora"]["c4"]
+    assert sharded["tokens"] == in_training["tokens"]
+    assert sharded["token_perplexity"] == pytest.approx(in_training["token_perplexity"], rel=1e-4)

@@ -14,7 +14,12 @@ from neox_dar.model import build_model
 from neox_dar.training.checkpointing import capture_rng, restore_rng
 from neox_dar.training.engine import deepspeed_config
 from neox_dar.training.metrics import attention_stat_metrics, peak_flops, throughput
-from neox_dar.training.optim import build_optimizer, build_scheduler, lr_at, param_groups
+from neox_dar.training.optim import (
+    build_optimizer,
+    build_scheduler,
+    lr_at,
+    param_groups,
+)
 
 TINY = "configs/tiny.yml"
 
@@ -33,7 +38,7 @@ def test_lr_schedule_warmup_cosine_and_floor():
     lin = cfg_with("train_iters=100", "warmup=0.1", "optimizer.params.lr=1e-3", "min_lr=0", "lr_decay_style=linear")
     assert lr_at(lin, 54) == pytest.approx(0.5e-3)
     const = cfg_with("train_iters=100", "warmup=0.0", "lr_decay_style=constant")
-    assert lr_at(const, 0) == lr_at(const, 99) == const.optimizer.params.lr
+    assert lr_at(const, 0) == lr_at(const, 99) == const.training.optimizer.params.lr
 
 
 def test_scheduler_follows_lr_at_and_ignores_old_config_on_load():
@@ -56,8 +61,7 @@ def test_scheduler_follows_lr_at_and_ignores_old_config_on_load():
 
 
 def test_param_groups_exclude_biases_and_norms_from_weight_decay():
-    cfg = cfg_with()
-    model = build_model(cfg)
+    model = build_model(cfg_with().model)
     decay, no_decay = param_groups(model, 0.1)
     names = {id(p): n for n, p in model.named_parameters()}
     decayed = {names[id(p)] for p in decay["params"]}
@@ -112,12 +116,14 @@ def test_metrics_helpers():
 def test_command_line_handling():
     import train
 
+    from neox_dar.training.checks import check_training_config
+
     assert train._strip_launcher_args(["--local_rank=3", "a.yml", "--local_rank", "1", "x=1"]) == ["a.yml", "x=1"]
     cfg = cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x")
     with pytest.raises(ConfigError, match="data file not found"):
-        train.check_config(cfg, 1)
+        check_training_config(cfg, 1)
     with pytest.raises(ConfigError, match="save"):
-        train.check_config(cfg_with("data_path=/nonexistent/prefix"), 1)
+        check_training_config(cfg_with("data_path=/nonexistent/prefix"), 1)
     with pytest.raises(ConfigError, match="bf16"):
-        train.check_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "precision=bf16",
-                                    "zero_optimization.stage=0"), 1)
+        check_training_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "precision=bf16",
+                                       "zero_optimization.stage=0"), 1)

@@ -4,7 +4,8 @@
 when ``g = 1``, sliding-window attention (window ``w``) when ``g = 0``; only the selected path produces the value
 and receives gradients. Straight-through rule (``aha_ste``), both with value ``o`` (the selected path's output):
 
-* ``selected`` (default; SPEC, AHA paper Eq. 3-4 read literally): ``dL/ds = (2g - 1) <dL/do, o>``, realised as
+* ``selected`` (default; "Learning When Not to Attend Globally" (AHA), Eq. 3-4 read literally):
+  ``dL/ds = (2g - 1) <dL/do, o>``, realised as
   ``o * (1 + (2g - 1) (s - stop_grad(s)))``. Only the selected path is ever computed.
 * ``difference`` (the usual STE through ``o = g Full + (1 - g) Local``): ``dL/ds = <dL/do, Full - Local>``,
   realised as ``o + (2g - 1) (s - stop_grad(s)) (o - other)`` with ``other`` the non-selected path, computed
@@ -17,14 +18,19 @@ Auxiliary loss per layer ``lambda * mean(s) / L``, so the model's sum over layer
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Literal
+
 import torch
 from torch import nn
 
-from ..config import Config
+from ..config.fields import Key
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .triton_bridge import triton_kernel
 from .windowed import causal_sdpa, windowed_sdpa
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 def aha_reference(q, k, v, gate: torch.Tensor, window: int) -> torch.Tensor:
@@ -63,15 +69,43 @@ class AHAAttention(Attention):
     bool, which the evaluation averages over real (non-padding) positions only.
     """
 
-    def __init__(self, cfg: Config, layer_idx: int):
+    name = "aha"
+    keys = {
+        "aha_threshold": Key(float, 0.5, "AHA router threshold tau on sigmoid scores.", label="tau",
+                             rule=lambda v, m: None if 0.0 < v < 1.0 else "must be in (0, 1)"),
+        "aha_l1_coef": Key(float, 3e-4, "AHA L1 coefficient lambda on mean router score.", label="l1-", arch=False,
+                           rule=lambda v, m: None if v >= 0 else "must be >= 0"),
+        "aha_ste": Key(Literal["selected", "difference"], "selected",
+                       "AHA straight-through dL/ds: selected (the paper's Eq. 3-4 read literally: signed <dL/do, "
+                       "selected path>) or difference (<dL/do, Full - Local>; one extra attention forward per layer "
+                       "in training).", arch=False),
+    }
+    reads = ("window_size",)
+    stats = {"mu_f": "full-attention usage: the share of (token, head) pairs routed to full attention (AHA Eq. 8)"}
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        cls.require_window(cfg)
+
+    @classmethod
+    def summary(cls, cfg: ModelConfig) -> str:
+        return f"{cls.name} w={cfg.attention.window_size} l1={cfg.attention.aha_l1_coef:g}"
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig) -> list[str]:
+        a = cfg.attention
+        return [f"window w={a.window_size} (keys j with i - j < w, itself included); router threshold "
+                f"{a.aha_threshold}, L1 coefficient {a.aha_l1_coef}"]
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        self.window = cfg.window_size
-        self.threshold = cfg.aha_threshold
-        self.l1_coef = cfg.aha_l1_coef
-        self.ste = cfg.aha_ste
+        a = cfg.attention
+        self.window = a.window_size
+        self.threshold = a.aha_threshold
+        self.l1_coef = a.aha_l1_coef
+        self.ste = a.aha_ste
         self.num_layers = cfg.num_layers
         self.router = nn.Linear(cfg.hidden_size, cfg.num_attention_heads, bias=False)
-        self.token_stats: dict[str, torch.Tensor] = {}
 
     def routed(self, q, k, v, gate: torch.Tensor) -> torch.Tensor:
         """Each row through its gate's path on this module's ``attention_impl``; gate (B, H, T) bool."""
@@ -98,3 +132,23 @@ class AHAAttention(Attention):
         self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
         self.token_stats = {"mu_f": g.detach()}
         return o
+
+    def head_windows(self) -> list[int | None]:
+        """The local path's window (the full path is extra: see :meth:`attended_keys`)."""
+        return [self.window] * self.num_heads
+
+    def attended_keys(self, seq_len: int) -> float:
+        """Counted as if every gate were open (an upper bound); :meth:`cost_notes` gives the lower bound."""
+        return (seq_len + 1) / 2
+
+    def kv_cache_per_token(self, context: int) -> float:
+        """Every key is kept: any token may route a head to full attention."""
+        return 2.0 * self.hidden_size
+
+    def flop_notes(self, context: int) -> list[str]:
+        local = 6 * 2 * self.hidden_size * super().attended_keys(context)
+        return [f"AHA is counted as if every gate were open (upper bound); with every gate closed a layer's "
+                f"attention term is {local:.4g}; with a full-attention share mu_f: mu_f * upper + (1 - mu_f) * lower"]
+
+    def cache_notes(self, context: int) -> list[str]:
+        return ["(every key is kept: any token may route a head to full attention)"]

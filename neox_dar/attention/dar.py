@@ -10,15 +10,20 @@ from ``h'``, both through the layer's own ``query_key_value`` (bias included); r
 from __future__ import annotations
 
 import math
+import warnings
+from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import Config
+from ..config.fields import Key
 from .base import Attention, apply_rotary
 from .masks import window_mask
 from .triton_bridge import triton_kernel
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 def dar_masks(seq_len: int, window: int, device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,19 +63,47 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
 
 
 class DARAttention(Attention):
-    """DAR (``attention_type: dar``, window ``window_size``) or uniform (``attention_type: uniform``, ``w = 0``).
+    """DAR (``attention_type: dar``): full-width keys and values for the ``window_size`` nearest keys, the
+    bottleneck beyond.
 
     Parameters beyond vanilla: ``dar_down.weight`` (d_down, d) and ``dar_up.weight`` (d, d_down), no biases.
     They are input-side matrices, so ``init_weights`` gives them ``init_method`` (small_init) like
     ``query_key_value``.
     """
 
-    def __init__(self, cfg: Config, layer_idx: int):
+    name = "dar"
+    keys = {"dar_d_down": Key(Optional[int], None, "DAR/uniform bottleneck width, 1..hidden_size (default "
+                                                   "hidden_size // 4).", label="d",
+                              rule=lambda v, m: None if 1 <= v <= m.hidden_size else
+                              f"must be in 1..hidden_size={m.hidden_size}")}
+    reads = ("window_size",)
+
+    @classmethod
+    def resolve(cls, cfg: ModelConfig) -> dict[str, Any]:
+        if cfg.attention.dar_d_down is None:
+            return {"dar_d_down": max(1, cfg.hidden_size // 4)}
+        return {}
+
+    @classmethod
+    def window_of(cls, cfg: ModelConfig) -> int:
+        """The window w: keys with ``i - j < w`` use the full-width keys and values."""
+        return cfg.attention.window_size
+
+    @classmethod
+    def summary(cls, cfg: ModelConfig) -> str:
+        return f"{cls.name} d_down={cfg.attention.dar_d_down} w={cls.window_of(cfg)}"
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig) -> list[str]:
+        return [f"window w={cls.window_of(cfg)} (keys with i - j < w use full width), "
+                f"d_down={cfg.attention.dar_d_down}"]
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        self.window = 0 if cfg.attention_type == "uniform" else cfg.window_size
-        self.hidden_size = cfg.hidden_size
-        self.dar_down = nn.Linear(cfg.hidden_size, cfg.d_down, bias=False)
-        self.dar_up = nn.Linear(cfg.d_down, cfg.hidden_size, bias=False)
+        self.window = self.window_of(cfg)
+        self.d_down = cfg.attention.dar_d_down
+        self.dar_down = nn.Linear(cfg.hidden_size, self.d_down, bias=False)
+        self.dar_up = nn.Linear(self.d_down, cfg.hidden_size, bias=False)
 
     def global_kv(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``k_glob`` (rotary applied) and ``v_glob``, each (B, H, T, d_h), from ``h' = dar_up(dar_down(a))``.
@@ -96,9 +129,46 @@ class DARAttention(Attention):
             return triton_kernel("dar_attention", q.device)(q, k, v, k_glob, v_glob, self.window)
         return dar_sdpa(q, k, v, k_glob, v_glob, self.window)
 
+    def head_windows(self) -> list[int | None]:
+        return [self.window] * self.num_heads
+
+    def attended_keys(self, seq_len: int) -> float:
+        """Each (i, j) pair is scored once, through one of the two key sets: vanilla's ``(T + 1) / 2``."""
+        return (seq_len + 1) / 2
+
     def extra_flops_per_token(self) -> float:
         """The second pass through ``query_key_value`` for ``k_glob, v_glob``: a (2d x d) product, 2 FLOPs per
         multiply-add, ``4 d^2`` forward, ``x3`` for forward + backward = ``12 d^2``. (``dar_down``/``dar_up``
         are used once per token and are already in ``6 N``; each (i, j) pair is scored once, so the attention
         term is vanilla's.)"""
         return 3.0 * 2.0 * (2 * self.hidden_size) * self.hidden_size
+
+    def kv_cache_per_token(self, context: int) -> float:
+        """DAR paper Sec. 5: every token keeps ``dar_down(h)`` (``d_down`` numbers), the last ``w`` also
+        ``k_loc, v_loc`` (``2 d``); ``k_glob, v_glob`` are recomputed from ``dar_down(h)`` on demand."""
+        return self.d_down + 2.0 * self.hidden_size * min(self.window, context) / context
+
+    def cache_notes(self, context: int) -> list[str]:
+        local = f" + 2d={2 * self.hidden_size} for the last {min(self.window, context)}" if self.window else ""
+        return [f"per layer: d_down={self.d_down} numbers for every token{local}"]
+
+
+class UniformAttention(DARAttention):
+    """The uniform baseline (``attention_type: uniform``): DAR with ``w = 0``, every key through the bottleneck."""
+
+    name = "uniform"
+    reads = ()
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        if cfg.attention.window_size not in (0, 128):
+            warnings.warn(f"attention_type '{cls.name}' ignores window_size (every key uses the bottleneck)",
+                          stacklevel=6)
+
+    @classmethod
+    def window_of(cls, cfg: ModelConfig) -> int:
+        return 0
+
+    @classmethod
+    def summary(cls, cfg: ModelConfig) -> str:
+        return f"{cls.name} d_down={cfg.attention.dar_d_down}"

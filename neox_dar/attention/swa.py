@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from ..config import Config
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .triton_bridge import triton_kernel
-from .windowed import mean_attended_keys, windowed_sdpa
+from .windowed import windowed_sdpa
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
 
 class SWAAttention(Attention):
@@ -18,9 +22,24 @@ class SWAAttention(Attention):
     ``triton``: ``kernels.mswa_attention`` with the same window for every head.
     """
 
-    def __init__(self, cfg: Config, layer_idx: int):
+    name = "swa"
+    reads = ("window_size",)
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        cls.require_window(cfg)
+
+    @classmethod
+    def summary(cls, cfg: ModelConfig) -> str:
+        return f"{cls.name} w={cfg.attention.window_size}"
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig) -> list[str]:
+        return [f"window w={cfg.attention.window_size} (keys j with i - j < w, itself included)"]
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        self.window = cfg.window_size
+        self.window = cfg.attention.window_size
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         impl = self.resolved_impl(q.device)
@@ -31,5 +50,5 @@ class SWAAttention(Attention):
             return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
         return windowed_sdpa(q, k, v, self.window)
 
-    def attended_keys(self, seq_len: int) -> float:
-        return mean_attended_keys(seq_len, self.window)
+    def head_windows(self) -> list[int | None]:
+        return [self.window] * self.num_heads

@@ -17,6 +17,8 @@ class VanillaAttention(Attention):
     (vanilla attention needs no custom kernel).
     """
 
+    name = "vanilla"
+
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         if self.resolved_impl(q.device) == "reference":
             return masked_attention(q, k, v, window_mask(q.shape[-2], None, q.device))

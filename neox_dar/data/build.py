@@ -55,8 +55,9 @@ def blend_sample_counts(weights: list[float], num_samples: int) -> tuple[list[fl
 
 
 def _gpt(name: str, indexed: IndexedDataset, docs: np.ndarray, samples: int, cfg: Config) -> GPTDataset:
-    return GPTDataset(name, indexed, docs, samples, cfg.seq_length, cfg.seed, shuffle=cfg.data_shuffle,
-                      cache_dir=cfg.data_cache_path, fixed_length=cfg.data_fixed_length)
+    return GPTDataset(name, indexed, docs, samples, cfg.model.seq_length, cfg.training.seed,
+                      shuffle=cfg.data.data_shuffle,
+                      cache_dir=cfg.data.data_cache_path, fixed_length=cfg.data.data_fixed_length)
 
 
 def _warn_if_wraps(name: str, ds, samples: int) -> None:
@@ -96,22 +97,22 @@ def build_datasets(cfg: Config, train_samples: int, valid_samples: int):
     """
     if train_samples < 1:
         raise ValueError(f"train_samples must be >= 1, got {train_samples}")
-    if cfg.train_data_paths:
-        train = _at_least(_blend("train", cfg.train_data_paths, cfg.train_data_weights, train_samples, cfg),
+    if cfg.data.train_data_paths:
+        train = _at_least(_blend("train", cfg.data.train_data_paths, cfg.data.train_data_weights, train_samples, cfg),
                           train_samples)
         valid = None
-        if cfg.valid_data_paths and valid_samples > 0:
-            valid = _blend("valid", cfg.valid_data_paths, cfg.valid_data_weights, valid_samples, cfg)
+        if cfg.data.valid_data_paths and valid_samples > 0:
+            valid = _blend("valid", cfg.data.valid_data_paths, cfg.data.valid_data_weights, valid_samples, cfg)
         return train, valid
-    if not cfg.data_path:
+    if not cfg.data.data_path:
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
-    indexed = IndexedDataset(cfg.data_path)
-    b = split_bounds(cfg.split, len(indexed))
+    indexed = IndexedDataset(cfg.data.data_path)
+    b = split_bounds(cfg.data.split, len(indexed))
     train = _at_least(_gpt("train", indexed, np.arange(b[0], b[1]), train_samples, cfg), train_samples)
     valid = None
     if valid_samples > 0 and b[2] > b[1]:
         valid = _gpt("valid", indexed, np.arange(b[1], b[2]), valid_samples, cfg)
-    elif valid_samples > 0 and split_shares(cfg.split)[1] > 0:
+    elif valid_samples > 0 and split_shares(cfg.data.split)[1] > 0:
         log.warning("split '%s' gives validation 0 of the %d documents in %s: no validation set (as in GPT-NeoX); "
-                    "raise its share or use valid_data_paths", cfg.split, len(indexed), cfg.data_path)
+                    "raise its share or use valid_data_paths", cfg.data.split, len(indexed), cfg.data.data_path)
     return train, valid

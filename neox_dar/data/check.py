@@ -47,7 +47,8 @@ class TokenRange:
 
 def data_prefixes(cfg: Config) -> list[str]:
     """The prefixes :func:`~neox_dar.data.build_datasets` reads, each once, in order."""
-    paths = [*cfg.train_data_paths, *(cfg.valid_data_paths or [])] if cfg.train_data_paths else [cfg.data_path]
+    d = cfg.data
+    paths = [*d.train_data_paths, *(d.valid_data_paths or [])] if d.train_data_paths else [d.data_path]
     return list(dict.fromkeys(p for p in paths if p))
 
 
@@ -129,7 +130,7 @@ def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> None:
         raise IndexedDatasetError(f"{prefix}.idx: token dtype {ds.dtype} is not an integer type (token ids are)")
     if ds.num_tokens == 0:
         raise IndexedDatasetError(f"{prefix}.bin holds no tokens")
-    cache_dir = cfg.data_cache_path or os.path.dirname(os.path.abspath(prefix))
+    cache_dir = cfg.data.data_cache_path or os.path.dirname(os.path.abspath(prefix))
     try:
         os.makedirs(cache_dir, exist_ok=True)
     except OSError as e:
@@ -137,23 +138,24 @@ def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> None:
     if not os.access(cache_dir, os.W_OK):
         raise IndexedDatasetError(f"index maps of {prefix} go to {cache_dir}, which is not writable: "
                                   f"set data_cache_path to a writable directory")
-    if cfg.data_fixed_length:
-        wrong = np.flatnonzero(ds.sizes != cfg.seq_length + 1)
+    if cfg.data.data_fixed_length:
+        wrong = np.flatnonzero(ds.sizes != cfg.model.seq_length + 1)
         if wrong.size:
             raise IndexedDatasetError(f"{prefix}.idx: data_fixed_length is true but {wrong.size} of {len(ds)} "
-                                      f"sequences do not hold seq_length + 1 = {cfg.seq_length + 1} tokens "
+                                      f"sequences do not hold seq_length + 1 = {cfg.model.seq_length + 1} tokens "
                                       f"(sequence {int(wrong[0])}: {int(ds.sizes[wrong[0]])})")
-    if cfg.data_token_check == "skip":
+    if cfg.data.data_token_check == "skip":
         return
-    found = token_range(ds, cfg.data_token_check, cache_dir, progress)
+    found = token_range(ds, cfg.data.data_token_check, cache_dir, progress)
     seen = "" if found.scan == "full" else " (in a sample; data_token_check=full scans everything)"
     if found.min < 0:
         raise IndexedDatasetError(f"{prefix}.bin: negative token id {found.min} at {_where(ds, found.argmin)}{seen}: "
                                   f"the .idx declares {ds.dtype}; was the file written with another dtype "
                                   f"(e.g. uint16 tokens declared int16)?")
-    if found.max >= cfg.vocab_size:
+    if found.max >= cfg.model.vocab_size:
         raise IndexedDatasetError(f"{prefix}.bin: token id {found.max} at {_where(ds, found.argmax)} is >= vocab_size "
-                                  f"{cfg.vocab_size}{seen}: tokenized with another tokenizer, or vocab_size is wrong")
+                                  f"{cfg.model.vocab_size}{seen}: tokenized with another tokenizer, or vocab_size is "
+                                  "wrong")
 
 
 def check_data_files(cfg: Config, progress: bool = True) -> None:

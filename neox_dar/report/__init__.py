@@ -3,7 +3,7 @@
     python -m neox_dar.report configs/sweeps/dar-table1.yml      # or runs/dar-table1, or any dir of runs
 """
 
-from eval.corpora import CORPORA
+from ..evaluation.corpora import CORPORA
 
 from .collect import RunRecord, collect
 from .tables import Table, build_table, relative_percent, to_latex, to_markdown

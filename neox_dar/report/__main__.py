@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..sweep.rundir import RunFileError
+from ..rundir import RunFileError
 from ..sweep.spec import SweepError
 from .collect import collect
 from .figures import draw_all

@@ -11,14 +11,10 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-from eval.table import TITLES
-
+from ..attention import Attention, variant
 from ..config import Config, load_config
-from ..sweep.rundir import read_evals, read_json, read_metrics
-from ..sweep.spec import RUN_META, SWEEP_COPY, Sweep, SweepError, load_sweep
-
-CORPUS_TITLES = TITLES
+from ..rundir import CONFIG, RUN_META, read_evals, read_json, read_metrics
+from ..sweep.spec import SWEEP_COPY, Sweep, SweepError, load_sweep
 
 
 @dataclass
@@ -53,9 +49,20 @@ class RunRecord:
             elif key in self.axes:
                 if self.axes[key] != str(want):
                     return False
-            elif getattr(self.cfg, key, object()) != want:
+            elif self.config_value(key) != want:
                 return False
         return True
+
+    def config_value(self, key: str) -> object:
+        """The run's value of a flat config key (a sentinel that equals nothing when there is no such key)."""
+        try:
+            return self.cfg.get(key)
+        except KeyError:
+            return object()
+
+    @property
+    def variant(self) -> type[Attention]:
+        return variant(self.cfg.model.attention.attention_type)
 
     def train_rows(self) -> list[dict]:
         return [r for r in self.metrics if "loss" in r and "step" in r]
@@ -63,33 +70,35 @@ class RunRecord:
     def valid_rows(self) -> list[dict]:
         return [r for r in self.metrics if "valid_loss" in r and "step" in r]
 
-    def mu_f_table(self) -> list[list[float]] | None:
-        """AHA full-attention usage per layer and head (L x H) from the final evaluation: each corpus's
-        ``attention_stats`` (``layer{l}/mu_f``, means over real tokens), averaged over the evaluated corpora with
-        equal weight (the AHA paper's "Avg" over tasks). None when no corpus of it reports ``mu_f``; training
-        values are never substituted (they come from one micro-batch)."""
+    def stat_table(self, stat: str) -> list[list[float]] | None:
+        """A per-head statistic of the run's attention variant (e.g. AHA's ``mu_f``) per layer and head (L x H)
+        from the final evaluation: each corpus's ``attention_stats`` (``layer{l}/{stat}``, means over real tokens),
+        averaged over the evaluated corpora with equal weight (the AHA paper's "Avg" over tasks). None when no
+        corpus reports it; training values are never substituted (they come from one micro-batch)."""
         tables = []
+        suffix = f"/{stat}"
         for result in ((self.eval or {}).get("corpora") or {}).values():
             stats = result.get("attention_stats") or {}
-            layers = sorted((int(k[len("layer"):-len("/mu_f")]), v) for k, v in stats.items()
-                            if k.startswith("layer") and k.endswith("/mu_f"))
-            if layers and "mu_f" in result:  # results without "mu_f" predate real-token counting
+            layers = sorted((int(k[len("layer"):-len(suffix)]), v) for k, v in stats.items()
+                            if k.startswith("layer") and k.endswith(suffix))
+            if layers and stat in result:  # results without the overall value predate real-token counting
                 tables.append([list(map(float, v)) for _, v in layers])
         if not tables:
             return None
         return [[sum(t[l][h] for t in tables) / len(tables) for h in range(len(tables[0][l]))]
                 for l in range(len(tables[0]))]
 
-    def mu_f(self) -> float | None:
-        """Overall AHA full-attention usage (paper Eq. 8): the mean of :meth:`mu_f_table` over layers and heads."""
-        table = self.mu_f_table()
+    def stat_mean(self, stat: str) -> float | None:
+        """The statistic over the whole model: the mean of :meth:`stat_table` over layers and heads (for AHA's
+        ``mu_f``, the paper's Eq. 8)."""
+        table = self.stat_table(stat)
         return None if table is None else sum(map(sum, table)) / sum(map(len, table))
 
 
 def _load_cfg(run_dir: Path) -> Config:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load_config(run_dir / "config.yml")
+        return load_config(run_dir / CONFIG)
 
 
 def load_run(run_dir: Path) -> RunRecord:
@@ -117,9 +126,9 @@ def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:
     if not root.is_dir():
         raise SweepError(f"no run directory at {root} (plan and train the sweep first)")
     if sweep is not None:
-        dirs = [root / r.name for r in sweep.runs if (root / r.name / "config.yml").is_file()]
+        dirs = [root / r.name for r in sweep.runs if (root / r.name / CONFIG).is_file()]
     else:
-        dirs = sorted(d for d in root.iterdir() if (d / "config.yml").is_file())
+        dirs = sorted(d for d in root.iterdir() if (d / CONFIG).is_file())
     if not dirs:
         raise SweepError(f"no runs under {root}: expected <run>/config.yml directories")
     return [load_run(d) for d in dirs], sweep, root
@@ -132,16 +141,12 @@ def relative_cost(run: RunRecord, cache: dict) -> float:
     from ..model import build_model, flops_per_token
 
     def attention_flops(cfg: Config) -> float:
-        k = yaml.safe_dump(cfg.to_dict())
+        k = cfg.to_yaml()
         if k not in cache:
             with warnings.catch_warnings(), torch.device("meta"):
                 warnings.simplefilter("ignore")
-                model = build_model(cfg)
-            cache[k] = flops_per_token(model, cfg.seq_length)["attention"]
+                model = build_model(cfg.model)
+            cache[k] = flops_per_token(model, cfg.model.seq_length)["attention"]
         return cache[k]
 
-    with warnings.catch_warnings():  # keys of the run's variant that vanilla does not read
-        warnings.simplefilter("ignore")
-        vanilla = Config.from_dict({**run.cfg.to_dict(), "attention_type": "vanilla", "mswa_windows": None,
-                                    "dar_d_down": None})
-    return attention_flops(run.cfg) / attention_flops(vanilla)
+    return attention_flops(run.cfg) / attention_flops(run.cfg.with_attention_type("vanilla"))

@@ -6,9 +6,10 @@
   validation set). The legend says which.
 - ``loss_curves.png``: training loss per run, one panel per group.
 - ``cost_vs_perplexity.png`` (MSWA Table 5 as a plot): relative attention cost vs Rel. (%).
-- ``aha_mu_f_heatmap.png`` (AHA Fig. 3): full-attention usage per layer (rows) and head (columns), from each
+- ``{variant}_{stat}_heatmap.png`` for each per-head statistic a variant reports (AHA's ``mu_f``: the paper's Fig.
+  3, full-attention usage per layer (rows) and head (columns)), from each
   run's final evaluation (real tokens only, mean over the corpora).
-- ``aha_head_usage.png`` (AHA Fig. 4): every head's usage, sorted, per run (same source).
+- ``{variant}_{stat}_heads.png`` (AHA Fig. 4 for ``mu_f``): every head's value, sorted, per run (same source).
 
 A figure whose inputs no run holds is not drawn; :func:`draw_all` says which and why.
 """
@@ -23,7 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from eval.table import relative_percent  # noqa: E402
+from ..evaluation.tables import relative_percent  # noqa: E402
 
 from .collect import RunRecord  # noqa: E402
 from .tables import Table, baselines, group_key  # noqa: E402
@@ -118,8 +119,7 @@ def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path) -> Path |
     kinds: dict[str, list[tuple[float, float, str]]] = {}
     for r, row in zip(runs, table.rows):
         if row[ri] is not None:
-            label = r.cfg.attention_type + (f"-{r.cfg.mswa_variant}" if r.cfg.attention_type == "mswa"
-                                            and r.cfg.mswa_variant != "full" else "")
+            label = r.variant.label(r.cfg.model)
             kinds.setdefault(label, []).append((row[ci], row[ri], r.name))
     if not kinds:
         return None
@@ -135,28 +135,36 @@ def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path) -> Path |
     return _save(fig, out / "cost_vs_perplexity.png")
 
 
-def aha_figures(runs: list[RunRecord], out: Path) -> list[Path]:
-    tables = [(r.name, r.mu_f_table()) for r in runs if r.cfg.attention_type == "aha"]
-    tables = [(n, t) for n, t in tables if t]
-    if not tables:
-        return []
-    fig, axes = _panels(len(tables), 4.8, 3.8)
-    for ax, (name, t) in zip(axes, tables):
-        im = ax.imshow(t, vmin=0.0, vmax=1.0, cmap="Blues_r", aspect="auto")
-        ax.set_xticks(range(len(t[0])))
-        ax.set_yticks(range(len(t)))
-        _label(ax, "head", "layer", name, legend=False)
-        fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle("AHA full-attention usage mu_f per layer and head (final evaluation, mean over corpora)",
-                 fontsize=10)
-    heat = _save(fig, out / "aha_mu_f_heatmap.png", rect=(0, 0, 1, 0.94))
+def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str]]:
+    """For every per-head statistic a run's variant reports (AHA's ``mu_f``: the paper's Fig. 3 and 4), a heatmap
+    per layer (rows) and head (columns) per run, and every head's value sorted. Returns (files, skipped)."""
+    files, skipped = [], []
+    kinds = {(r.variant.name, stat): meaning for r in runs for stat, meaning in r.variant.stats.items()}
+    for (name, stat), meaning in kinds.items():
+        tables = [(r.name, r.stat_table(stat)) for r in runs if r.variant.name == name]
+        tables = [(n, t) for n, t in tables if t]
+        if not tables:
+            skipped.append(f"{name.upper()} {stat} figures: no {name} run's evaluation reports {stat} "
+                           "(run eval.perplexity on them)")
+            continue
+        fig, axes = _panels(len(tables), 4.8, 3.8)
+        for ax, (run_name, t) in zip(axes, tables):
+            im = ax.imshow(t, vmin=0.0, vmax=1.0, cmap="Blues_r", aspect="auto")
+            ax.set_xticks(range(len(t[0])))
+            ax.set_yticks(range(len(t)))
+            _label(ax, "head", "layer", run_name, legend=False)
+            fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.suptitle(f"{name.upper()} {stat} per layer and head (final evaluation, mean over corpora): {meaning}",
+                     fontsize=8)
+        files.append(_save(fig, out / f"{name}_{stat}_heatmap.png", rect=(0, 0, 1, 0.92)))
 
-    fig, axes = _panels(1, 6.5, 4.0)
-    for name, t in tables:
-        usage = sorted((v for row in t for v in row), reverse=True)
-        axes[0].plot(range(1, len(usage) + 1), usage, marker=".", label=name)
-    _label(axes[0], "head rank", "mu_f (final evaluation)", "AHA heads sorted by full-attention usage")
-    return [heat, _save(fig, out / "aha_head_usage.png")]
+        fig, axes = _panels(1, 6.5, 4.0)
+        for run_name, t in tables:
+            values = sorted((v for row in t for v in row), reverse=True)
+            axes[0].plot(range(1, len(values) + 1), values, marker=".", label=run_name)
+        _label(axes[0], "head rank", f"{stat} (final evaluation)", f"{name.upper()} heads sorted by {stat}")
+        files.append(_save(fig, out / f"{name}_{stat}_heads.png"))
+    return files, skipped
 
 
 def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path) -> tuple[list[Path], list[str]]:
@@ -171,12 +179,8 @@ def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path) -> tu
             skipped.append(f"{name}: no run holds its inputs")
         else:
             files.append(path)
-    aha = aha_figures(runs, out)
-    if aha:
-        files += aha
-    elif any(r.cfg.attention_type == "aha" for r in runs):
-        skipped.append("AHA mu_f figures: no AHA run's evaluation reports mu_f (run eval.perplexity on them)")
-    return files, skipped
+    stat_files, stat_skipped = stat_figures(runs, out)
+    return files + stat_files, skipped + stat_skipped
 
 
 def _ordered(runs: list[RunRecord], table: Table) -> list[RunRecord]:

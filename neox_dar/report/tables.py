@@ -1,6 +1,7 @@
 """The papers' perplexity tables: per-corpus perplexity and Rel. (%), in Markdown and LaTeX.
 
-``Rel. (%)`` is eval.table's (the SPEC's): the mean over the corpora of ``ppl(run) / ppl(baseline) * 100``, with the
+``Rel. (%)`` is :mod:`neox_dar.evaluation.tables`' (the DAR paper's): the mean over the corpora of
+``ppl(run) / ppl(baseline) * 100``, with the
 baseline run of the same group (e.g. vanilla at the same scale). A perplexity the run files do not hold
 is *missing* (shown as eval.table shows it, "--"), never zero, and a Rel. that would need it is missing too.
 """
@@ -9,19 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eval.corpora import CORPORA
-from eval.table import MISSING as MISSING_TEXT
-from eval.table import flag_other_documents, latex_escape, relative_percent
-
+from ..evaluation.corpora import CORPORA
+from ..evaluation.tables import MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
 from ..sweep.spec import SweepError
-from .collect import CORPUS_TITLES, RunRecord, relative_cost
-
-MISSING = None
-
+from .collect import RunRecord, relative_cost
 
 @dataclass
 class Table:
-    """A report table: header cells and rows of values (None = missing)."""
+    """A report table: header cells and rows of values (None = missing, printed as ``MISSING``)."""
 
     title: str
     columns: list[str]
@@ -30,7 +26,7 @@ class Table:
 
 
 def group_key(run: RunRecord, group_by: list[str]) -> tuple:
-    return tuple(run.axes.get(g, str(getattr(run.cfg, g, ""))) for g in group_by)
+    return tuple(run.axes[g] if g in run.axes else str(run.config_value(g)) for g in group_by)
 
 
 def baselines(runs: list[RunRecord], selector: dict | None, group_by: list[str]) -> dict[tuple, RunRecord]:
@@ -61,45 +57,45 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     elif base and not group_by:  # as in the papers: the baseline first
         runs = [r for r in runs if r in base.values()] + [r for r in runs if r not in base.values()]
     axes = [a for a in dict.fromkeys(k for r in runs for k in r.axes)]
-    with_mu_f = any(r.cfg.attention_type == "aha" for r in runs)
+    stats = list(dict.fromkeys(stat for r in runs for stat in r.variant.stats))  # the variants' statistics
     with_cost = bool(report.get("cost"))
-    columns = ["Run", *axes, *(CORPUS_TITLES.get(c, c) for c in CORPORA), "Rel. (%)"]
+    columns = ["Run", *axes, *(TITLES.get(c, c) for c in CORPORA), "Rel. (%)"]
     if with_cost:
         columns.append("Cost")
-    if with_mu_f:
-        columns.append("mu_f (%)")
+    columns += [f"{stat} (%)" for stat in stats]
     columns.append("Step")
     cache: dict = {}
     rows, flags = [], []
     for r in runs:
         ppl = {c: r.perplexity(c, metric) for c in CORPORA}
         b = base.get(group_key(r, group_by))
-        rel = relative_percent(r.eval, b.eval, metric) if (b and b.eval and r.eval) else MISSING
+        rel = relative_percent(r.eval, b.eval, metric) if (b and b.eval and r.eval) else None
         if b and b is not r and b.eval and r.eval:
             flags += flag_other_documents([(r.name, r.eval)], b.eval)
         row = [r.name, *(r.axes.get(a, "") for a in axes), *(ppl[c] for c in CORPORA), rel]
         if with_cost:
             row.append(relative_cost(r, cache))
-        if with_mu_f:
-            mu = r.mu_f() if r.cfg.attention_type == "aha" else ""
-            row.append(mu * 100 if isinstance(mu, float) else mu)  # None (missing) for an unevaluated AHA run
-        row.append(r.eval.get("step") if r.eval else MISSING)
+        for stat in stats:  # "" when the run's variant has no such statistic; None (missing) when not evaluated
+            value = r.stat_mean(stat) if stat in r.variant.stats else ""
+            row.append(value * 100 if isinstance(value, float) else value)
+        row.append(r.eval.get("step") if r.eval else None)
         rows.append(row)
     notes = [f"Perplexity: {metric} from each run's final eval/*.json; Rel. (%) = mean over "
-             f"{', '.join(CORPUS_TITLES.get(c, c) for c in CORPORA)} of ppl / ppl(baseline) x 100"
-             + (f", baseline per {', '.join(group_by)}" if group_by else "") + f". '{MISSING_TEXT}' = not evaluated."]
+             f"{', '.join(TITLES.get(c, c) for c in CORPORA)} of ppl / ppl(baseline) x 100"
+             + (f", baseline per {', '.join(group_by)}" if group_by else "") + f". '{MISSING}' = not evaluated."]
     if with_cost:
         notes.append("Cost: attention FLOPs per token at seq_length (scores, weighted sums, variant extras), "
-                     "relative to vanilla attention; AHA counted with every gate open.")
-    if with_mu_f:
-        notes.append("mu_f: share of (token, head, layer) gates that chose full attention, from the final "
-                     "evaluation (real tokens only), mean over the corpora; '--' = not evaluated.")
+                     "relative to vanilla attention; data-dependent variants counted at their upper bound.")
+    meanings = {stat: meaning for r in runs for stat, meaning in r.variant.stats.items()}
+    for stat in stats:
+        notes.append(f"{stat}: {meanings[stat]}; from the final evaluation (real tokens only), mean over the corpora, "
+                     f"layers and heads; '{MISSING}' = not evaluated.")
     return Table(report.get("title") or "Perplexity", columns, rows, notes + flags)
 
 
 def _cell(v, latex: bool = False) -> str:
     if v is None:
-        return MISSING_TEXT
+        return MISSING
     if isinstance(v, float):
         return f"{v:.2f}"
     return latex_escape(str(v)) if latex else str(v)

@@ -3,12 +3,11 @@
 See ``python -m neox_dar.sweep --help`` and docs/experiments.md.
 """
 
-from .rundir import RunState, final_eval, read_metrics, read_status, run_state
+from .rundir import RunState, final_eval, run_state
 from .slurm import SlurmSettings, job_script, render
-from .spec import PlannedRun, RunSpec, Sweep, SweepError, describe, load_sweep, parse_sweep, plan, write_plan
+from .spec import PlannedRun, RunSpec, Sweep, SweepError, load_sweep, parse_sweep, plan, plan_row, write_plan
 
 __all__ = [
-    "PlannedRun", "RunSpec", "RunState", "SlurmSettings", "Sweep", "SweepError", "describe", "final_eval",
-    "job_script", "load_sweep", "parse_sweep", "plan", "read_metrics", "read_status", "render", "run_state",
-    "write_plan",
+    "PlannedRun", "RunSpec", "RunState", "SlurmSettings", "Sweep", "SweepError", "final_eval", "job_script",
+    "load_sweep", "parse_sweep", "plan", "plan_row", "render", "run_state", "write_plan",
 ]

@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 
 from .local import run_local
-from .rundir import METRICS, RunFileError, run_state
+from ..rundir import METRICS, RunFileError
+from .rundir import run_state
 from .slurm import SlurmSettings, queued_jobs, submit_runs
-from .spec import SWEEP_COPY, SweepError, describe, load_sweep, plan, write_plan
+from .spec import SWEEP_COPY, SweepError, plan_row, load_sweep, plan, write_plan
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                 for w in p.warnings:
                     print(f"warning: {p.spec.name}: {w}", file=sys.stderr)
             print(f"sweep {sweep.name}: {len(planned)} runs -> {root}")
-            print(format_rows([describe(p) for p in planned]))
+            print(format_rows([plan_row(p) for p in planned]))
             return 0
         if args.command == "run":
             return _run_local(planned, sweep, args)

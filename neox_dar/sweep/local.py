@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .rundir import FINAL_EVAL, EVAL_DIR, run_state
+from ..rundir import CONFIG, EVAL_DIR, FINAL_EVAL
+from .rundir import run_state
 from .slurm import TRAIN_SCRIPT, eval_args
 
 
@@ -26,7 +27,7 @@ def _run_logged(cmd: list[str], log: Path) -> int:
 
 def train_command(run_dir: Path, nproc: int, python: str = sys.executable) -> list[str]:
     """``python train.py CONFIG`` (one process) or torchrun --standalone with ``nproc`` processes."""
-    config = str(run_dir / "config.yml")
+    config = str(run_dir / CONFIG)
     if nproc <= 1:
         return [python, str(TRAIN_SCRIPT), config]
     return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(TRAIN_SCRIPT),

@@ -1,4 +1,5 @@
-"""A sweep's view of one run directory (file names and readers: :mod:`neox_dar.rundir`).
+"""A sweep's view of one run directory: its state for `status` and `submit` (the files themselves and their
+readers belong to :mod:`neox_dar.rundir`).
 
     {run}/config.yml          resolved config (written by `plan`, rewritten identically by train.py)
     {run}/run.json            the sweep's record of the run: sweep, run, axes, configs, overrides
@@ -14,12 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir import (EVAL_DIR, FINAL_EVAL, JOBS, METRICS, STATUS, RunFileError, checkpoint_step, job_ids,
-                      newest_checkpoint, read_evals, read_json, read_metrics, read_status, record_job)
-
-__all__ = ["EVAL_DIR", "FINAL_EVAL", "JOBS", "METRICS", "STATUS", "RunFileError", "RunState", "final_eval", "job_ids",
-           "newest_checkpoint_step", "read_evals", "read_json", "read_metrics", "read_status", "record_job",
-           "run_state"]
+from ..rundir import checkpoint_step, job_ids, newest_checkpoint, read_evals, read_metrics, read_status
 
 
 def newest_checkpoint_step(run_dir: Path) -> int | None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from ..config import _f
-from .rundir import record_job
+from ..config import setting
+from ..evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS
+from ..rundir import record_job
 from .spec import SweepError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,27 +35,28 @@ QUEUED_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"
 class SlurmSettings:
     """What the sbatch script asks for; every field is a `slurm:` key in the sweep file."""
 
-    nodes: int = _f(1, "Nodes per run; one srun task (one torchrun) per node.")
-    gpus_per_node: int = _f(8, "#SBATCH --gpus-per-node; 0 = CPU mode.")
-    nproc_per_node: Optional[int] = _f(None, "Training processes per node (default gpus_per_node; needed in CPU mode).")
-    cpus_per_task: int = _f(16, "CPUs for each node's task.")
-    mem: Optional[str] = _f(None, "#SBATCH --mem (e.g. 0 = all of the node's memory).")
-    time: str = _f("24:00:00", "#SBATCH --time.")
-    partition: Optional[str] = _f(None, "#SBATCH --partition.")
-    account: Optional[str] = _f(None, "#SBATCH --account.")
-    qos: Optional[str] = _f(None, "#SBATCH --qos.")
-    constraint: Optional[str] = _f(None, "#SBATCH --constraint (node features, e.g. h100).")
-    mail_user: Optional[str] = _f(None, "#SBATCH --mail-user.")
-    mail_type: Optional[str] = _f(None, "#SBATCH --mail-type (e.g. END,FAIL).")
-    mode: Literal["array", "per-run"] = _f("array", "One job array over the runs, or one job per run.")
-    concurrency: Optional[int] = _f(None, "Array mode: at most this many runs at once (--array=0-N%%C).")
-    signal_seconds: int = _f(120, "USR1 this many seconds before the time limit (checkpoint, requeue).")
-    max_requeues: int = _f(3, "Stop requeueing a run whose training made no progress in this many requeues.")
-    template: Optional[str] = _f(None, "sbatch template (default slurm/sweep.sbatch).")
-    extra_sbatch: list[str] = _f([], "Raw #SBATCH options (repeatable; on the command line: "
+    nodes: int = setting(1, "Nodes per run; one srun task (one torchrun) per node.")
+    gpus_per_node: int = setting(8, "#SBATCH --gpus-per-node; 0 = CPU mode.")
+    nproc_per_node: Optional[int] = setting(None, "Training processes per node (default gpus_per_node; needed in CPU "
+                                                  "mode).")
+    cpus_per_task: int = setting(16, "CPUs for each node's task.")
+    mem: Optional[str] = setting(None, "#SBATCH --mem (e.g. 0 = all of the node's memory).")
+    time: str = setting("24:00:00", "#SBATCH --time.")
+    partition: Optional[str] = setting(None, "#SBATCH --partition.")
+    account: Optional[str] = setting(None, "#SBATCH --account.")
+    qos: Optional[str] = setting(None, "#SBATCH --qos.")
+    constraint: Optional[str] = setting(None, "#SBATCH --constraint (node features, e.g. h100).")
+    mail_user: Optional[str] = setting(None, "#SBATCH --mail-user.")
+    mail_type: Optional[str] = setting(None, "#SBATCH --mail-type (e.g. END,FAIL).")
+    mode: Literal["array", "per-run"] = setting("array", "One job array over the runs, or one job per run.")
+    concurrency: Optional[int] = setting(None, "Array mode: at most this many runs at once (--array=0-N%%C).")
+    signal_seconds: int = setting(120, "USR1 this many seconds before the time limit (checkpoint, requeue).")
+    max_requeues: int = setting(3, "Stop requeueing a run whose training made no progress in this many requeues.")
+    template: Optional[str] = setting(None, "sbatch template (default slurm/sweep.sbatch).")
+    extra_sbatch: list[str] = setting([], "Raw #SBATCH options (repeatable; on the command line: "
                                      "--extra-sbatch=--exclusive).")
-    setup: list[str] = _f([], "Shell lines run before training: module load, source venv (repeatable).")
-    python: Optional[str] = _f(None, "Python on the compute nodes (default: the one running submit).")
+    setup: list[str] = setting([], "Shell lines run before training: module load, source venv (repeatable).")
+    python: Optional[str] = setting(None, "Python on the compute nodes (default: the one running submit).")
 
     @classmethod
     def from_dict(cls, data: dict) -> "SlurmSettings":
@@ -107,11 +109,9 @@ def eval_args(ev: dict | None) -> list[str]:
 
     ``source``: ``hub`` (default: the full corpora's Hub splits) or ``local`` (the files in data/eval, or ``args``'
     ``--corpus-path``); ``corpora``: default all three; ``max_docs``: documents per corpus, an int for every corpus or
-    a mapping corpus -> int or null (= all), default ``eval.corpora.HUB_DEFAULT_DOCS`` for the Hub and all documents
-    for local files; ``args``: more eval.perplexity options. Every run scores the documents of the sweep's
-    manifest (``--sweep-manifest``: the first run to be evaluated writes it)."""
-    from eval.corpora import CORPORA, HUB_DEFAULT_DOCS
-
+    a mapping corpus -> int or null (= all), default :data:`neox_dar.evaluation.corpora.HUB_DEFAULT_DOCS` for the
+    Hub and all documents for local files; ``args``: more eval.perplexity options. Every run scores the documents of
+    the sweep's manifest (``--sweep-manifest``: the first run to be evaluated writes it)."""
     if not ev:
         return []
     allowed = ("args", "corpora", "max_docs", "source")

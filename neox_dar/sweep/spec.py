@@ -35,23 +35,12 @@ from typing import Any
 
 import yaml
 
-from ..config import Config, ConfigError, load_config
+from ..attention import variant
+from ..config import Config, ConfigError, key_field, load_config
+from ..rundir import CONFIG, RUN_META
 
-RUN_META = "run.json"
 SWEEP_COPY = "sweep.yml"
 
-# Short prefixes for the axis labels in default run names (value appended): dar_d_down=128 -> "d128".
-NAME_PREFIX = {
-    "attention_type": "",
-    "dar_d_down": "d",
-    "window_size": "w",
-    "aha_l1_coef": "l1-",
-    "aha_threshold": "tau",
-    "mswa_variant": "mswa-",
-    "seed": "seed",
-    "train_iters": "iters",
-    "train_batch_size": "bs",
-}
 _TOP_KEYS = {"name", "description", "configs", "set", "grid", "exclude", "runs", "name_template", "eval", "slurm",
              "report", "out"}
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -94,14 +83,18 @@ class Sweep:
 
 
 def _label(key: str, value: Any) -> str:
+    """An axis value as it reads in a run name: the key's sweep label before it (``dar_d_down: 128`` -> ``d128``,
+    from the key's definition), the bare value for strings, ``key-value`` for keys without a label."""
     if isinstance(value, float):
         text = f"{value:g}"
     elif value is None:
         text = "none"
     else:
         text = str(value)
-    if key in NAME_PREFIX:
-        return NAME_PREFIX[key] + text
+    f = key_field(key)
+    prefix = f.metadata.get("label") if f is not None else None
+    if prefix is not None:
+        return prefix + text
     return text if isinstance(value, str) else f"{key}-{text}"
 
 
@@ -281,11 +274,11 @@ def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> 
         raise SweepError("nothing to write")
     root = planned[0].run_dir.parent
     for p in planned:
-        cfg_path = p.run_dir / "config.yml"
+        cfg_path = p.run_dir / CONFIG
         if cfg_path.is_file() and not force and (p.run_dir / "checkpoints").is_dir():
-            old = yaml.safe_load(cfg_path.read_text())
-            if old != p.cfg.to_dict():
-                changed = sorted(k for k in set(old) | set(p.cfg.to_dict()) if old.get(k) != p.cfg.to_dict().get(k))
+            old, new = _resolved(cfg_path), p.cfg.flat()
+            if old != new:
+                changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
                 raise SweepError(f"run '{p.spec.name}' already has checkpoints and its config changed "
                                  f"({', '.join(changed)}); use a new output directory or --force")
     root.mkdir(parents=True, exist_ok=True)
@@ -294,29 +287,30 @@ def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> 
                                    + yaml.safe_dump(raw, sort_keys=False))
     for p in planned:
         p.run_dir.mkdir(parents=True, exist_ok=True)
-        (p.run_dir / "config.yml").write_text(p.cfg.to_yaml())
+        (p.run_dir / CONFIG).write_text(p.cfg.to_yaml())
         meta = {"sweep": sweep.name, "run": p.spec.name, "axes": p.spec.axes, "configs": p.spec.configs,
                 "overrides": p.spec.overrides}
         (p.run_dir / RUN_META).write_text(json.dumps(meta, indent=1) + "\n")
     return root
 
 
-def describe(p: PlannedRun) -> dict[str, Any]:
+def _resolved(config_file: Path) -> dict[str, Any]:
+    """A run's saved config, resolved (so a file written before values were resolved compares equal)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return load_config(config_file).flat()
+        except ConfigError:
+            return yaml.safe_load(config_file.read_text()) or {}
+
+
+def plan_row(p: PlannedRun) -> dict[str, Any]:
     """One row of the plan listing: what a reader checks against the paper."""
-    c = p.cfg
-    attn = c.attention_type
-    if attn in ("dar", "uniform"):
-        attn += f" d_down={c.d_down}"
-    if attn.startswith("dar") or c.attention_type in ("swa", "mswa", "aha"):
-        attn += f" w={c.window_size}"
-    if c.attention_type == "mswa" and c.mswa_variant != "full":
-        attn += f" ({c.mswa_variant})"
-    if c.attention_type == "aha":
-        attn += f" l1={c.aha_l1_coef:g}"
-    batch = c.train_batch_size if c.train_batch_size is not None else c.train_micro_batch_size_per_gpu
-    return {"run": p.spec.name, "model": f"L{c.num_layers} d{c.hidden_size} H{c.num_attention_heads}",
-            "attention": attn, "steps": c.train_iters, "batch": f"{batch} x {c.seq_length}",
-            "tokens": _tokens(c.train_iters * batch * c.seq_length)}
+    m, t = p.cfg.model, p.cfg.training
+    batch = t.train_batch_size if t.train_batch_size is not None else t.train_micro_batch_size_per_gpu
+    return {"run": p.spec.name, "model": f"L{m.num_layers} d{m.hidden_size} H{m.num_attention_heads}",
+            "attention": variant(m.attention.attention_type).summary(m), "steps": t.train_iters,
+            "batch": f"{batch} x {m.seq_length}", "tokens": _tokens(t.train_iters * batch * m.seq_length)}
 
 
 def _tokens(n: int) -> str:

@@ -20,9 +20,9 @@ def _stack(samples: list[np.ndarray]) -> torch.Tensor:
 def micro_batches(ds, cfg: Config, info: DistInfo, total_samples: int, consumed_samples: int) -> DataLoader:
     """This rank's micro-batches (B = ``train_micro_batch_size_per_gpu``) of ``ds``, starting after
     ``consumed_samples`` global samples."""
-    sampler = DataParallelSampler(total_samples, consumed_samples, cfg.train_micro_batch_size_per_gpu,
+    sampler = DataParallelSampler(total_samples, consumed_samples, cfg.training.train_micro_batch_size_per_gpu,
                                   info.rank, info.world_size)
-    return DataLoader(ds, batch_sampler=sampler, num_workers=cfg.num_workers, collate_fn=_stack,
+    return DataLoader(ds, batch_sampler=sampler, num_workers=cfg.data.num_workers, collate_fn=_stack,
                       pin_memory=info.device.type == "cuda")
 
 

@@ -25,10 +25,11 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from ..checkpoint import model_yaml, read_model_config
 from ..config import Config, model_config_diff
 from ..provenance import code_version
-from ..rundir import (CONFIG, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune, publish, read_state,
-                      step_dir_name, write_manifest)
+from ..rundir import (CONFIG, MODEL_CONFIG, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune, publish,
+                      read_state, step_dir_name, write_manifest)
 from .distributed import DistInfo, any_rank, barrier
 
 
@@ -66,7 +67,8 @@ def restore_rng(state: dict) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
-    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -113,20 +115,17 @@ def use_safe_loading(engine) -> None:
 
 
 def consolidated_fp32_state(engine) -> dict[str, torch.Tensor]:
-    """Full fp32 weights on CPU, gathered from every rank's partition (collective: call on all ranks).
+    """Full fp32 weights on CPU by their ``state_dict`` names, gathered from every rank's partition (collective:
+    call on all ranks).
 
     The fp32 master copy where DeepSpeed keeps one (ZeRO 1/2/3, bf16), else the parameter itself (fp32 at
     ZeRO 0); exact for fp32 training."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    module = engine.module
     out = {}
-    for name, p in module.named_parameters():
-        full = safe_get_full_fp32_param(p)
-        out[name] = (p.detach() if full is None else full).to("cpu", torch.float32).contiguous().clone()
-    for name, b in module.named_buffers():
-        if name in module.state_dict():
-            out[name] = b.detach().to("cpu", torch.float32).contiguous().clone()
+    for name, t in engine.module.state_dict(keep_vars=True).items():
+        full = safe_get_full_fp32_param(t) if isinstance(t, torch.nn.Parameter) else None
+        out[name] = (t.detach() if full is None else full).to("cpu", torch.float32).contiguous().clone()
     return out
 
 
@@ -161,13 +160,14 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
         try:
             save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
             (tmp / CONFIG).write_text(cfg.to_yaml())
+            (tmp / MODEL_CONFIG).write_text(model_yaml(cfg.model))
             write_manifest(tmp, {
                 "step": state.step,
                 "consumed_samples": state.consumed_samples,
-                "train_iters": cfg.train_iters,
+                "train_iters": cfg.training.train_iters,
                 "world_size": info.world_size,
-                "zero_stage": cfg.zero_optimization.stage,
-                "precision": cfg.dtype_name,
+                "zero_stage": cfg.training.zero_optimization.stage,
+                "precision": cfg.training.dtype,
                 "code_version": code_version(),
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
@@ -199,14 +199,12 @@ def _abandon(tmp: Path, info: DistInfo, error: Exception | None) -> None:
 
 
 def model_mismatch(step_dir: Path, cfg: Config) -> str | None:
-    """Why the checkpoint's config describes another model than ``cfg`` (continuing it would load mismatched
-    weights or silently change the architecture), or None when it is the same model."""
-    from ..config import ConfigError, load_config
-
+    """Why the checkpoint holds another model than ``cfg`` describes (continuing it would load mismatched weights
+    or silently change the architecture), or None when it is the same model."""
     try:
-        diff = model_config_diff(load_config(step_dir / CONFIG), cfg)
-    except ConfigError as e:
-        return f"{step_dir / CONFIG} is not a valid config ({e})"
+        diff = model_config_diff(read_model_config(step_dir), cfg.model)
+    except CheckpointError as e:
+        return str(e)
     if not diff:
         return None
     shown = ", ".join(f"{k} ({a!r} in the checkpoint, {b!r} now)" for k, (a, b) in list(diff.items())[:3])

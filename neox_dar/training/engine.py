@@ -16,15 +16,15 @@ from .optim import build_optimizer, build_scheduler
 
 def deepspeed_config(cfg: Config, world_size: int) -> dict:
     """The DeepSpeed config dict: global batch = micro * grad_accum * world_size (a mismatch is a ConfigError)."""
-    grad_accum = cfg.gradient_accumulation_for(world_size)
-    micro = cfg.train_micro_batch_size_per_gpu
-    z = cfg.zero_optimization
-    dtype = cfg.dtype_name
+    grad_accum = cfg.training.gradient_accumulation_for(world_size)
+    micro = cfg.training.train_micro_batch_size_per_gpu
+    z = cfg.training.zero_optimization
+    dtype = cfg.training.dtype
     out = {
         "train_batch_size": micro * grad_accum * world_size,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": grad_accum,
-        "gradient_clipping": cfg.gradient_clipping,
+        "gradient_clipping": cfg.training.gradient_clipping,
         "zero_optimization": {
             "stage": z.stage,
             "allgather_partitions": z.allgather_partitions,
@@ -47,6 +47,16 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     return out
 
 
+def checkpoint_blocks(model: CausalLM) -> None:
+    """Recompute each transformer block in the backward pass (torch's ``checkpoint_wrapper``, non-reentrant; in
+    evaluation, without gradients, blocks run as usual). ``state_dict`` names are unchanged by the wrapper."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    layers = model.gpt_neox.layers
+    for i, block in enumerate(layers):
+        layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+
+
 def build_engine(cfg: Config, info: DistInfo):
     """Seeded model (identical on every rank), optimizer, LR schedule and the DeepSpeed engine.
 
@@ -54,13 +64,15 @@ def build_engine(cfg: Config, info: DistInfo):
     its training FLOPs per token (counted before ZeRO-3 partitions the parameters)."""
     import deepspeed
 
-    torch.manual_seed(cfg.seed)
-    model: CausalLM = build_model(cfg).to(info.device)
-    flops = flops_per_token(model, cfg.seq_length)["total"]
+    torch.manual_seed(cfg.training.seed)
+    model: CausalLM = build_model(cfg.model).to(info.device)
+    flops = flops_per_token(model, cfg.model.seq_length)["total"]
+    if cfg.training.checkpoint_activations:
+        checkpoint_blocks(model)
     optimizer = build_optimizer(model, cfg, info.device)
     scheduler = build_scheduler(optimizer, cfg)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg, info.world_size))
-    if cfg.torch_compile:
+    if cfg.training.torch_compile:
         engine.compile()
     return engine, model, flops

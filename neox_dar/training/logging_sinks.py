@@ -1,5 +1,5 @@
-"""Where the training logs go (rank 0 only): terminal, ``{save}/metrics.jsonl``, W&B, TensorBoard,
-plus ``{save}/status.json`` and the resolved ``{save}/config.yml``.
+"""Where the training logs go (rank 0 only): terminal, ``{save}/metrics.jsonl``, W&B, TensorBoard, and the
+resolved ``{save}/config.yml``.
 
 Terminal: on a TTY a tqdm progress bar with ETA plus one line per ``log_interval``; otherwise (batch jobs)
 only the lines, each with its ETA, so logs do not fill with bar redraws.
@@ -15,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from ..attention.registry import stat_names
 from ..config import Config
 from ..rundir import CONFIG, METRICS, WANDB_ID, truncate_metrics, write_text_atomic
 
 
 def _scalars(row: dict) -> dict[str, float]:
-    """Flatten per-head lists (``mu_f/layer0`` -> ``mu_f/layer0/head0`` ...) for W&B and TensorBoard."""
+    """Flatten per-head lists (``{stat}/layer0`` -> ``{stat}/layer0/head0`` ...) for W&B and TensorBoard."""
     out = {}
     for k, v in row.items():
         if isinstance(v, list):
@@ -35,7 +36,7 @@ class RunLogger:
 
     def __init__(self, cfg: Config, is_main: bool, start_step: int):
         self.cfg, self.enabled = cfg, is_main
-        self.save = Path(cfg.save)
+        self.save = Path(cfg.run.save)
         self.start_step = start_step
         self.t0 = time.time()
         self.bar = self.wandb = self.tb = None
@@ -48,14 +49,14 @@ class RunLogger:
         if sys.stderr.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.train_iters, initial=start_step, unit="step", mininterval=1.0,
+            self.bar = tqdm(total=cfg.training.train_iters, initial=start_step, unit="step", mininterval=1.0,
                             dynamic_ncols=True, file=sys.stderr)
-        if cfg.use_wandb:
+        if cfg.run.use_wandb:
             self._init_wandb()
-        if cfg.tensorboard_dir:
+        if cfg.run.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(cfg.tensorboard_dir, purge_step=start_step + 1)
+            self.tb = SummaryWriter(cfg.run.tensorboard_dir, purge_step=start_step + 1)
 
     def _init_wandb(self) -> None:
         import wandb
@@ -63,9 +64,9 @@ class RunLogger:
         id_file = self.save / WANDB_ID
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         id_file.write_text(run_id + "\n")
-        self.wandb = wandb.init(project=self.cfg.wandb_project, group=self.cfg.wandb_group,
-                                name=self.cfg.wandb_run_name, entity=self.cfg.wandb_team, id=run_id,
-                                resume="allow", dir=str(self.save), config=self.cfg.to_dict())
+        self.wandb = wandb.init(project=self.cfg.run.wandb_project, group=self.cfg.run.wandb_group,
+                                name=self.cfg.run.wandb_run_name, entity=self.cfg.run.wandb_team, id=run_id,
+                                resume="allow", dir=str(self.save), config=self.cfg.flat())
         self.wandb.save(str(self.save / CONFIG), base_path=str(self.save), policy="now")
 
     # -- per step ------------------------------------------------------------------------------
@@ -91,14 +92,16 @@ class RunLogger:
         done = step - self.start_step
         if done <= 0:
             return "?"
-        left = (time.time() - self.t0) / done * (self.cfg.train_iters - step)
+        left = (time.time() - self.t0) / done * (self.cfg.training.train_iters - step)
         return str(datetime.timedelta(seconds=round(left)))
 
     def _line(self, row: dict) -> str:
         step = row["step"]
-        head = f"step {step}/{self.cfg.train_iters}"
+        head = f"step {step}/{self.cfg.training.train_iters}"
         if "valid_loss" in row:
             return f"{head} | valid_loss {row['valid_loss']:.4f} | valid_ppl {row['valid_ppl']:.2f}"
+        if "loss" not in row:  # an in-training evaluation of the corpora
+            return " | ".join([head] + [f"{k} {v:.3f}" for k, v in row.items() if isinstance(v, float)])
         parts = [head, f"loss {row['loss']:.4f}"]
         if row.get("aux_loss"):
             parts.append(f"aux {row['aux_loss']:.3e}")
@@ -109,8 +112,7 @@ class RunLogger:
         mem = row.get("mem_allocated_gb", row.get("mem_rss_gb"))
         if mem is not None:
             parts.append(f"mem {mem:.2f} GB")
-        if "mu_f" in row:
-            parts.append(f"mu_f {row['mu_f']:.3f}")
+        parts += [f"{stat} {row[stat]:.3f}" for stat in stat_names() if isinstance(row.get(stat), float)]
         parts.append(f"ETA {self._eta(step)}")
         return " | ".join(parts)
 

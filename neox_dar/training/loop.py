@@ -19,10 +19,12 @@ import torch.distributed as dist
 
 from ..config import Config, load_config
 from ..data import build_datasets
+from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, checkpoints_dir,
                       clean_leftovers, newest_checkpoint, remove_tree, resolve_checkpoint, step_dirs, write_status)
 from .batches import inputs_and_targets, lm_loss, micro_batches
 from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
+from .corpus_eval import CorpusEvaluator
 from .distributed import DistInfo, all_reduce_mean, any_rank
 from .engine import build_engine
 from .logging_sinks import RunLogger
@@ -36,7 +38,7 @@ EXIT_DONE = 0
 
 def _seed_rank(cfg: Config, rank: int) -> None:
     """Per-rank seeds for everything random after model init (dropout differs across data-parallel ranks)."""
-    seed = cfg.seed + rank
+    seed = cfg.training.seed + rank
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -51,7 +53,7 @@ def _discard_run(save: Path) -> None:
     root = checkpoints_dir(save)
     for _, d in step_dirs(root):
         remove_tree(d)
-    for name in (METRICS, STATUS, WANDB_ID):
+    for name in (METRICS, STATUS, WANDB_ID, SWEEP_MANIFEST):
         (save / name).unlink(missing_ok=True)
     (root / LATEST).unlink(missing_ok=True)
     if (save / EVAL_DIR).is_dir():
@@ -69,32 +71,32 @@ def _choose_start(cfg: Config) -> Path | None:
     ``save`` may hold only this run's own checkpoints: ones written by a run with the same ``load`` source and the
     same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never) is a
     CheckpointError unless ``overwrite`` discards it first."""
-    save = Path(cfg.save)
+    save = Path(cfg.run.save)
     clean_leftovers(checkpoints_dir(save))
     how = "train into another 'save', or set overwrite=true to discard them (they are kept otherwise)"
     if step_dirs(checkpoints_dir(save)):
-        own = None if cfg.resume == "never" else newest_checkpoint(save)
+        own = None if cfg.run.resume == "never" else newest_checkpoint(save)
         problem = None
-        if cfg.resume == "never":
+        if cfg.run.resume == "never":
             problem = f"{save} already holds checkpoints and resume=never starts a fresh run"
         elif own is None:
             problem = f"{save} holds checkpoints but none is complete (see the warnings above)"
         else:
             problem = model_mismatch(own, cfg)
             prior = None if problem else load_config(own / CONFIG)
-            if prior is not None and _source(prior.load) != _source(cfg.load):
-                problem = (f"{save} holds the checkpoints of another run (started from {prior.load or 'scratch'}; "
-                           f"this one starts from {cfg.load or 'scratch'})")
+            if prior is not None and _source(prior.run.load) != _source(cfg.run.load):
+                problem = (f"{save} holds the checkpoints of another run (started from {prior.run.load or 'scratch'}; "
+                           f"this one starts from {cfg.run.load or 'scratch'})")
         if problem is None:
             return own
-        if not cfg.overwrite:
+        if not cfg.run.overwrite:
             raise SaveInUseError(f"{problem}: {how}")
         _discard_run(save)
-    if cfg.load and cfg.resume != "never":
-        found = resolve_checkpoint(cfg.load)
+    if cfg.run.load and cfg.run.resume != "never":
+        found = resolve_checkpoint(cfg.run.load)
         mismatch = model_mismatch(found, cfg)
         if mismatch:
-            raise CheckpointError(f"load={cfg.load}: {mismatch}")
+            raise CheckpointError(f"load={cfg.run.load}: {mismatch}")
         return found
     return None
 
@@ -147,7 +149,7 @@ def _mark_failed(save: Path, step: int, train_iters: int, error: BaseException) 
 def train(cfg: Config, info: DistInfo) -> int:
     """Run (or continue) training; return the process exit code. Every exit writes a final status.json:
     done, interrupted (stopped at a checkpoint: run again to continue) or failed (with the reason)."""
-    save = Path(cfg.save)
+    save = Path(cfg.run.save)
     ckpt_root = checkpoints_dir(save)
     stop = StopRequest()  # from here on, SIGTERM/SIGUSR1 stop the run at the first step boundary
     state = TrainState()
@@ -155,7 +157,7 @@ def train(cfg: Config, info: DistInfo) -> int:
     try:
         start_dir = _start_point(cfg, info)
         engine, model, flops = build_engine(cfg, info)
-        world, micro = info.world_size, cfg.train_micro_batch_size_per_gpu
+        world, micro = info.world_size, cfg.training.train_micro_batch_size_per_gpu
         grad_accum = engine.gradient_accumulation_steps()
         global_batch = micro * grad_accum * world
 
@@ -164,26 +166,27 @@ def train(cfg: Config, info: DistInfo) -> int:
         else:
             _seed_rank(cfg, info.rank)
 
-        train_samples = cfg.train_iters * global_batch
+        train_samples = cfg.training.train_iters * global_batch
         train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world))
         batches = iter(micro_batches(train_ds, cfg, info, max(train_samples, state.consumed_samples),
                                      state.consumed_samples))
 
         logger = RunLogger(cfg, info.is_main, state.step)
-        if cfg.eval_interval and valid_ds is None:
+        if cfg.run.eval_interval and valid_ds is None:
             logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
         if start_dir is not None:
             logger.message(f"resumed from {start_dir} at step {state.step} ({state.consumed_samples} samples)")
+        corpus_eval = CorpusEvaluator(cfg, info) if cfg.run.eval_perplexity.interval else None
         if info.is_main:
-            write_status(save, "running", state.step, cfg.train_iters)
-        peak = peak_flops(cfg.peak_flops, info.device, cfg.dtype_name)
+            write_status(save, "running", state.step, cfg.training.train_iters)
+        peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
         interval_loss: list[torch.Tensor] = []
         interval_t0, interval_steps = time.time(), 0
         exit_code = EXIT_DONE
         # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
-        own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.dtype_name == "fp32"
+        own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.training.dtype == "fp32"
         grad_norm = None
-        while state.step < cfg.train_iters:
+        while state.step < cfg.training.train_iters:
             lr = engine.get_lr()[0]
             lm_sum = torch.zeros((), device=info.device)
             aux_sum = torch.zeros((), device=info.device)
@@ -203,7 +206,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             interval_steps += 1
             logger.advance(state.step)
 
-            if state.step % cfg.log_interval == 0 or state.step == cfg.train_iters:
+            if state.step % cfg.run.log_interval == 0 or state.step == cfg.training.train_iters:
                 if info.device.type == "cuda":
                     torch.cuda.synchronize(info.device)
                 lm_mean, aux_mean = all_reduce_mean(torch.stack(interval_loss).mean(0).tolist(), info.device)
@@ -212,8 +215,8 @@ def train(cfg: Config, info: DistInfo) -> int:
                 row = {"step": state.step, "loss": lm_mean + aux_mean, "lm_loss": lm_mean, "aux_loss": aux_mean,
                        "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                        "consumed_samples": state.consumed_samples,
-                       **throughput(interval_steps, time.time() - interval_t0, global_batch, cfg.seq_length, world,
-                                    flops, peak),
+                       **throughput(interval_steps, time.time() - interval_t0, global_batch, cfg.model.seq_length,
+                                    world, flops, peak),
                        **memory_gb(info.device), **_averaged_stats(model, info)}
                 scale = getattr(engine.optimizer, "cur_scale", None) if engine.fp16_enabled() else None
                 if scale is not None:
@@ -221,31 +224,38 @@ def train(cfg: Config, info: DistInfo) -> int:
                 logger.log(row)
                 interval_loss, interval_t0, interval_steps = [], time.time(), 0
 
-            if valid_ds is not None and cfg.eval_interval and (state.step % cfg.eval_interval == 0
-                                                               or state.step == cfg.train_iters):
-                evaluation = -(-state.step // cfg.eval_interval) - 1  # evaluations before this one: stream position
+            if valid_ds is not None and cfg.run.eval_interval and (state.step % cfg.run.eval_interval == 0
+                                                               or state.step == cfg.training.train_iters):
+                evaluation = -(-state.step // cfg.run.eval_interval) - 1  # evaluations before this one: stream position
                 logger.log({"step": state.step, **evaluate(engine, valid_ds, cfg, info, evaluation),
                             "consumed_samples": state.consumed_samples})
                 interval_t0 = time.time()
 
+            if corpus_eval is not None and (state.step % cfg.run.eval_perplexity.interval == 0
+                                            or state.step == cfg.training.train_iters):
+                logger.log(corpus_eval(engine, state.step))
+                interval_t0 = time.time()
+
             stopping = any_rank(stop.received is not None, info.device)
-            early_exit = bool(cfg.exit_interval) and state.step % cfg.exit_interval == 0
-            if (state.step % cfg.checkpoint_factor == 0 or state.step == cfg.train_iters or stopping
+            early_exit = bool(cfg.run.exit_interval) and state.step % cfg.run.exit_interval == 0
+            if (state.step % cfg.run.checkpoint_factor == 0 or state.step == cfg.training.train_iters or stopping
                     or early_exit):
-                where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.keep_last_n)
+                where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n)
                 logger.message(f"saved checkpoint {where}")
                 interval_t0 = time.time()
-            if (stopping or early_exit) and state.step < cfg.train_iters:
-                why = stop.received or ("another rank's signal" if stopping else f"exit_interval={cfg.exit_interval}")
+            if (stopping or early_exit) and state.step < cfg.training.train_iters:
+                why = stop.received or ("another rank's signal" if stopping
+                                        else f"exit_interval={cfg.run.exit_interval}")
                 logger.message(f"stopped at step {state.step} ({why}); run the same command again to continue")
                 exit_code = EXIT_INTERRUPTED
                 break
         if info.is_main:
-            write_status(save, "done" if exit_code == EXIT_DONE else "interrupted", state.step, cfg.train_iters)
+            write_status(save, "done" if exit_code == EXIT_DONE else "interrupted", state.step,
+                         cfg.training.train_iters)
         return exit_code
     except BaseException as e:
         if info.is_main and not isinstance(e, SaveInUseError):
-            _mark_failed(save, state.step, cfg.train_iters, e)
+            _mark_failed(save, state.step, cfg.training.train_iters, e)
         raise
     finally:
         stop.restore()

@@ -34,24 +34,25 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def build_optimizer(model: nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:
     """``torch.optim.AdamW`` over Pythia's parameter groups (fused kernel on CUDA, foreach on CPU)."""
-    p = cfg.optimizer.params
+    p = cfg.training.optimizer.params
     impl = {"fused": True} if device.type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=p.lr, betas=tuple(p.betas), eps=p.eps, **impl)
+    return torch.optim.AdamW(param_groups(model, cfg.training.weight_decay), lr=p.lr, betas=tuple(p.betas), eps=p.eps,
+                             **impl)
 
 
 def lr_at(cfg: Config, it: int) -> float:
     """Learning rate of optimizer step ``it + 1`` (``it`` steps already taken)."""
-    peak, final = cfg.optimizer.params.lr, cfg.final_lr
-    s, warm, decay = it + 1, cfg.warmup_iters, cfg.decay_iters
+    peak, final = cfg.training.optimizer.params.lr, cfg.training.min_lr
+    s, warm, decay = it + 1, cfg.training.warmup_iters, cfg.training.lr_decay_iters
     if warm > 0 and s <= warm:
         return peak * s / warm
-    if cfg.lr_decay_style == "constant":
+    if cfg.training.lr_decay_style == "constant":
         return peak
     if s > decay:
         return final
     span = max(1, decay - warm)
     progress = (s - warm) / span
-    frac = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.lr_decay_style == "cosine" else 1.0 - progress
+    frac = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.training.lr_decay_style == "cosine" else 1.0 - progress
     return final + (peak - final) * frac
 
 
@@ -60,7 +61,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> LambdaLR:
 
     The multiplier is a plain function, so checkpoints hold only the step count: a resumed run follows
     the schedule of its current config (e.g. a longer ``train_iters``)."""
-    peak = cfg.optimizer.params.lr
+    peak = cfg.training.optimizer.params.lr
 
     def multiplier(it: int) -> float:
         return lr_at(cfg, it) / peak

@@ -29,20 +29,22 @@ from .logging_sinks import perplexity
 
 def validation_samples(cfg: Config, world_size: int) -> int:
     """Validation samples the run needs, GPT-NeoX's count (0 when validation is off)."""
-    if cfg.eval_interval == 0:
+    if cfg.run.eval_interval == 0:
         return 0
-    return (cfg.train_iters // cfg.eval_interval + 1) * cfg.eval_iters * cfg.global_batch_for(world_size)
+    evaluations = cfg.training.train_iters // cfg.run.eval_interval + 1
+    return evaluations * cfg.run.eval_iters * cfg.training.global_batch_for(world_size)
 
 
 def evaluation_micro_batches(valid_ds, cfg: Config, info: DistInfo, evaluation: int) -> Iterator[torch.Tensor]:
     """This rank's micro-batches (B, seq_length + 1) for evaluation number ``evaluation`` (0-based)."""
-    per_global = cfg.train_micro_batch_size_per_gpu * info.world_size  # samples in one global micro-batch
-    count = cfg.eval_iters * cfg.gradient_accumulation_for(info.world_size)  # global micro-batches per evaluation
+    per_global = cfg.training.train_micro_batch_size_per_gpu * info.world_size  # samples in one global micro-batch
+    # global micro-batches per evaluation
+    count = cfg.run.eval_iters * cfg.training.gradient_accumulation_for(info.world_size)
     available = len(valid_ds) // per_global
     if available == 0:
         raise ValueError(f"the validation set holds {len(valid_ds)} samples, fewer than one global micro-batch "
                          f"({per_global})")
-    position = 0 if cfg.eval_mode == "fixed" else evaluation * count % available
+    position = 0 if cfg.run.eval_mode == "fixed" else evaluation * count % available
     while count:  # one contiguous stretch at a time, wrapping to the start of the set
         n = min(count, available - position)
         yield from micro_batches(valid_ds, cfg, info, (position + n) * per_global, position * per_global)

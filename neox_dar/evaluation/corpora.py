@@ -29,7 +29,7 @@ from pathlib import Path
 from neox_dar.progress import progress_bar
 
 CORPORA = ("fineweb_edu", "c4", "wikitext103")
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1] / "data" / "eval"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
 LOCAL_PATHS = {  # relative to the data directory
     "wikitext103": "wikitext/wiki.test.raw",
     "c4": "c4",

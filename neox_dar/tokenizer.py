@@ -1,83 +1,26 @@
-"""Load a model and its tokenizer for evaluation: a training checkpoint or a Hugging Face GPT-NeoX folder.
+"""The model's tokenizer: which file, its special tokens, and encoding text without added special tokens.
 
-    loaded = load_for_eval("runs/pythia-70m-dar", device="cuda", dtype="bfloat16")
-    loaded.model(input_ids)        # (B, T) -> (B, T, V) logits, eval mode, on ``device``
-    loaded.info                    # {"checkpoint", "step", "config_hash", "attention_type"}
+Every neox-dar model uses ``<|endoftext|>`` as bos, eos and unk, and as the rolling-window prefix (as
+lm-evaluation-harness does for GPT-NeoX tokenizers).
 """
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 from tokenizers import Tokenizer
 
-from neox_dar.checkpoint import load_model
-from neox_dar.config import Config
-from neox_dar.model import CausalLM
-from neox_dar.rundir import CONFIG, checkpoint_step, resolve_checkpoint
+from .config import ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOKENIZER = REPO_ROOT / "data" / "20B_tokenizer.json"
 PREFIX_TOKEN = "<|endoftext|>"
 # the special tokens of the Pythia tokenizer as the models use them (Hugging Face names)
 SPECIAL_TOKENS = {"bos_token": PREFIX_TOKEN, "eos_token": PREFIX_TOKEN, "unk_token": PREFIX_TOKEN}
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass
-class LoadedModel:
-    model: CausalLM
-    cfg: Config
-    info: dict
-    model_dir: Path  # the folder holding the weights: a step directory or a Hugging Face folder
-
-
-def is_hf_folder(path: str | Path) -> bool:
-    """A Hugging Face model folder: ``config.json`` and no neox-dar ``config.yml`` beside it."""
-    p = Path(path)
-    return (p / "config.json").is_file() and not (p / CONFIG).is_file()
-
-
-def config_hash(cfg: Config) -> str:
-    """sha256 of the resolved config's YAML (the same model config always gives the same hash)."""
-    return hashlib.sha256(cfg.to_yaml().encode("utf-8")).hexdigest()
-
-
-def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
-                  attention_impl: str | None = None) -> LoadedModel:
-    """The model at ``path`` in eval mode on ``device`` in ``dtype`` (``float32``, ``bfloat16``, ``float16``).
-
-    ``attention_impl`` overrides the checkpoint's ``attention_impl`` (``reference``, ``sdpa``, ``triton``).
-    """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got '{dtype}'")
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint not found: {p}")
-    if is_hf_folder(p):
-        from neox_dar.convert import from_hf
-
-        model, cfg = from_hf(p)
-        where, step = p, None
-    else:
-        where = resolve_checkpoint(p)
-        model, cfg = load_model(where)
-        step = checkpoint_step(where)
-    if attention_impl is not None:
-        cfg.attention_impl = attention_impl
-        for module in model.attention_modules():
-            module.impl = attention_impl
-    model = model.to(device=device, dtype=DTYPES[dtype]).eval()
-    info = {"checkpoint": str(where.resolve()), "step": step, "config_hash": config_hash(cfg),
-            "attention_type": cfg.attention_type}
-    return LoadedModel(model, cfg, info, where)
-
-
-def tokenizer_file(cfg: Config | None = None, path: str | Path | None = None,
+def tokenizer_file(cfg: ModelConfig | None = None, path: str | Path | None = None,
                    model_dir: Path | None = None) -> Path:
     """The model's ``tokenizer.json``: ``path`` if given; else ``model_dir/tokenizer.json`` (a Hugging Face
     folder, or a checkpoint written by ``convert from-hf``); else the config's ``vocab_file`` (relative to the
@@ -102,7 +45,7 @@ def tokenizer_file(cfg: Config | None = None, path: str | Path | None = None,
     return DEFAULT_TOKENIZER
 
 
-def load_tokenizer(cfg: Config | None = None, path: str | Path | None = None,
+def load_tokenizer(cfg: ModelConfig | None = None, path: str | Path | None = None,
                    model_dir: Path | None = None) -> Tokenizer:
     """The ``tokenizers`` tokenizer of :func:`tokenizer_file`."""
     return Tokenizer.from_file(str(tokenizer_file(cfg, path, model_dir)))

@@ -1,10 +1,14 @@
 """Score documents with a causal LM over rolling windows, many documents' windows packed per batch.
 
-Every document's stream ``[prefix] + tokens`` is cut into windows by :func:`eval.rolling.rolling_spans`.
+Every document's stream ``[prefix] + tokens`` is cut into windows by :func:`.rolling.rolling_spans`.
 Windows of all documents are sorted by length (longest first, so a batch holds windows of nearly equal
 length), right-padded, and run through the model; only each window's target positions are scored, so padding
 never changes a score (attention is causal in every variant: a position never sees the padding after it).
 Attention statistics (AHA's ``mu_f``) are averaged over the windows' real positions, never over padding.
+
+Across data-parallel ranks (the in-training evaluation), rank ``r`` of ``n`` runs every ``n``-th batch and the
+per-document sums are added over ranks; every rank runs the same number of forwards (a rank short of batches runs
+its last one again and discards it), which ZeRO-3 needs: each forward gathers parameters from every rank.
 """
 
 from __future__ import annotations
@@ -61,15 +65,29 @@ class AttentionStatsMean:
             self.sums[key] = self.sums[key] + total if key in self.sums else total
             self.counts[key] = self.counts[key] + count if key in self.counts else count
 
+    def reduce(self, reduce_sum: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Sum the accumulated statistics over ranks (``reduce_sum``: an all-reduce of one float64 tensor)."""
+        keys = sorted(self.sums)
+        if keys:
+            flat = reduce_sum(torch.cat([torch.cat([self.sums[k].reshape(-1).cpu(), self.counts[k].reshape(1).cpu()])
+                                         for k in keys]))
+            i = 0
+            for k in keys:
+                n = self.sums[k].numel()
+                self.sums[k], self.counts[k] = flat[i:i + n].reshape(self.sums[k].shape), flat[i + n]
+                i += n + 1
+
     def result(self) -> dict[str, list[float]]:
         return {k: (v / self.counts[k]).reshape(-1).tolist() for k, v in self.sums.items() if self.counts[k] > 0}
 
 
-def overall_mean(stats: dict[str, list[float]], name: str = "mu_f") -> float | None:
-    """Mean over layers and entries (heads) of the ``layer{l}/{name}`` statistics (AHA Eq. 8 for ``mu_f``: every
-    layer and head counts the same positions); None when there are none."""
-    values = [v for k, vs in stats.items() if k.endswith(f"/{name}") for v in vs]
-    return sum(values) / len(values) if values else None
+def overall_means(stats: dict[str, list[float]]) -> dict[str, float]:
+    """For every statistic ``name`` in ``stats`` (keys ``layer{l}/{name}``, per-head lists), its mean over layers
+    and heads (for AHA's ``mu_f``, the paper's Eq. 8: every layer and head counts the same positions)."""
+    values: dict[str, list[float]] = {}
+    for key, vs in stats.items():
+        values.setdefault(key.split("/", 1)[1], []).extend(vs)
+    return {name: sum(vs) / len(vs) for name, vs in values.items() if vs}
 
 
 def score_documents(
@@ -83,11 +101,16 @@ def score_documents(
     pad_token: int = 0,
     progress: bool = True,
     desc: str = "scoring",
+    rank: int = 0,
+    world_size: int = 1,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> ScoreResult:
-    """Summed NLL of every token of every document, each token scored once (see :mod:`eval.rolling`).
+    """Summed NLL of every token of every document, each token scored once (see :mod:`.rolling`).
 
     ``model(input_ids[B, T]) -> logits[B, T, V]``; log-probabilities are taken in float32 whatever the model's
     dtype. ``documents`` are token-id lists (without the prefix token). Returns per-document sums in float64.
+    With ``world_size`` > 1 this rank scores its share of the batches and ``reduce_sum`` (an all-reduce SUM of
+    a float64 CPU tensor, returned) combines the ranks' sums: every rank returns the whole corpus's result.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -96,24 +119,32 @@ def score_documents(
     # (doc, start, end, n_targets), longest input first; ties keep document order
     windows = [(d, s, e, n) for d, x in enumerate(streams) for s, e, n in rolling_spans(len(x) - 1, max_length, stride)]
     windows.sort(key=lambda w: -(w[2] - w[1]))
-    remaining = np.bincount([w[0] for w in windows], minlength=len(streams))
     nll = np.zeros(len(streams), dtype=np.float64)
     n_tokens = np.array([len(x) - 1 for x in streams], dtype=np.int64)
     stats = AttentionStatsMean(model)
 
+    batches = [windows[b:b + batch_size] for b in range(0, len(windows), batch_size)]
+    mine = batches[rank::world_size]
+    steps = -(-len(batches) // world_size)
+    remaining = np.bincount([w[0] for batch in mine for w in batch], minlength=len(streams))
     docs_done = int((remaining == 0).sum())
-    bar = progress_bar(total=int(n_tokens.sum()), unit="tok", unit_scale=True, desc=desc, disable=not progress)
+    bar = progress_bar(total=int(sum(n for batch in mine for *_, n in batch)), unit="tok", unit_scale=True,
+                       desc=desc, disable=not progress)
     bar.set_postfix(docs=f"{docs_done}/{len(streams)}")
     start_time = time.perf_counter()
-    with torch.inference_mode():
-        for b in range(0, len(windows), batch_size):
-            batch = windows[b:b + batch_size]
+    with torch.no_grad():  # not inference_mode: ZeRO-3 gathers parameters in place during the forward
+        for step in range(steps):
+            batch = mine[min(step, len(mine) - 1)] if mine else batches[0]
+            repeat = step >= len(mine)  # a forward only to keep the ranks' forwards in step
             width = max(e - s for _, s, e, _ in batch)
             ids = torch.full((len(batch), width), pad_token, dtype=torch.long)
             for row, (d, s, e, _) in enumerate(batch):
                 ids[row, :e - s] = torch.from_numpy(streams[d][s:e])
             logits = model(ids.to(device))
-            stats.add(torch.arange(width) < torch.tensor([e - s for _, s, e, _ in batch])[:, None])
+            real = torch.arange(width) < torch.tensor([e - s for _, s, e, _ in batch])[:, None]
+            stats.add(real & (not repeat))
+            if repeat:
+                continue
             # one row at a time: float32 log-probs of the scored positions only (no (B, T, V) float32 copy)
             row_nll = torch.stack([
                 F.cross_entropy(logits[row, e - s - n:e - s].float(),
@@ -128,5 +159,8 @@ def score_documents(
             bar.update(n_scored)
             bar.set_postfix(docs=f"{docs_done}/{len(streams)}")
     bar.close()
+    if world_size > 1:
+        nll = reduce_sum(torch.from_numpy(nll)).numpy()
+        stats.reduce(reduce_sum)
     return ScoreResult(nll=nll.tolist(), tokens=n_tokens.tolist(), windows=len(windows),
                        seconds=time.perf_counter() - start_time, attention_stats=stats.result())

@@ -1,4 +1,5 @@
-"""Perplexity metrics of a corpus from summed negative log-likelihood (SPEC "Evaluation").
+"""Perplexity metrics of a corpus from summed negative log-likelihood (token, word and byte perplexity, bits per
+byte: the DAR paper's Table 1 quantities; words and bytes counted as lm-evaluation-harness counts them).
 
     token_perplexity = exp(NLL / tokens)      word_perplexity = exp(NLL / words)
     byte_perplexity  = exp(NLL / bytes)       bits_per_byte   = NLL / (bytes * ln 2)

@@ -1,0 +1,79 @@
+"""The attention variants by ``attention_type`` name. A variant is one module plus one :func:`register` call.
+
+The config (its keys and rules), the model, ``describe``, sweep naming, the report and the logs all read the
+variants from here; no other module names one.
+"""
+
+from __future__ import annotations
+
+import keyword
+from typing import TYPE_CHECKING
+
+from ..config.fields import Key
+
+if TYPE_CHECKING:
+    from .base import Attention
+
+_VARIANTS: dict[str, type[Attention]] = {}
+_generation = 0
+
+
+def register(cls: type[Attention]) -> type[Attention]:
+    """Add a variant (an :class:`~neox_dar.attention.base.Attention` subclass with a ``name``); usable as a
+    decorator. A name or key that another variant already defines differently is a ValueError."""
+    global _generation
+    name = cls.name
+    if not name or not name.isidentifier() or keyword.iskeyword(name):
+        raise ValueError(f"attention variant {cls.__name__} needs a `name` that is a Python identifier, got {name!r}")
+    if _VARIANTS.get(name, cls) is not cls:
+        raise ValueError(f"attention_type '{name}' is already registered by {_VARIANTS[name].__qualname__}")
+    for key, spec in cls.keys.items():
+        for other in _VARIANTS.values():
+            if other is not cls and other.keys.get(key, spec) != spec:
+                raise ValueError(f"{cls.__qualname__} declares key '{key}' differently from {other.__qualname__}")
+    _VARIANTS[name] = cls
+    _generation += 1
+    return cls
+
+
+def unregister(name: str) -> None:
+    """Remove a variant (for tests that register their own)."""
+    global _generation
+    _VARIANTS.pop(name, None)
+    _generation += 1
+
+
+def generation() -> int:
+    """Changes whenever the registry does (the config schema is rebuilt then)."""
+    return _generation
+
+
+def variants() -> dict[str, type[Attention]]:
+    """Every registered variant, name -> class, in registration order."""
+    return dict(_VARIANTS)
+
+
+def variant(name: str) -> type[Attention]:
+    """The class registered as ``name``; KeyError naming the registered ones otherwise."""
+    try:
+        return _VARIANTS[name]
+    except KeyError:
+        raise KeyError(f"attention_type '{name}' is not registered (registered: {', '.join(_VARIANTS)})") from None
+
+
+def variant_keys() -> dict[str, tuple[Key, list[str]]]:
+    """Every variant-specific config key -> (its :class:`Key`, the names of the variants that read it)."""
+    out: dict[str, tuple[Key, list[str]]] = {}
+    for cls in _VARIANTS.values():
+        for key, spec in cls.keys.items():
+            out.setdefault(key, (spec, []))
+    for name, cls in _VARIANTS.items():
+        for key in cls.reads_keys():
+            if key in out:
+                out[key][1].append(name)
+    return out
+
+
+def stat_names() -> dict[str, str]:
+    """Every per-head statistic a registered variant logs -> its one-line meaning."""
+    return {stat: meaning for cls in _VARIANTS.values() for stat, meaning in cls.stats.items()}

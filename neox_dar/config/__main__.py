@@ -1,0 +1,34 @@
+"""``python -m neox_dar.config FILES... [key=value ...]``: print the resolved config; ``--reference``: every key."""
+
+from __future__ import annotations
+
+import sys
+import typing
+
+from . import __doc__ as package_doc
+from .core import load_config, split_args
+from .fields import ConfigError
+from .reference import derived_summary, reference_markdown
+
+
+def main(argv: typing.Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"]):
+        print(package_doc)
+        return 0
+    if argv == ["--reference"]:
+        print(reference_markdown(), end="")
+        return 0
+    paths, overrides = split_args(argv)
+    try:
+        cfg = load_config(*paths, overrides=overrides)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    print(cfg.to_yaml(), end="")
+    print("# derived: " + ", ".join(f"{k}={v}" for k, v in derived_summary(cfg).items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""The config's sections: model (with its attention), training, data and run (checkpoints and logs).
+
+Files and command lines use flat GPT-NeoX keys (``hidden_size``, ``dar_d_down``, ``optimizer.params.lr``); every
+key belongs to exactly one section, which :data:`SECTIONS` and :func:`section_of` say. The attention section is
+built from the registered variants: its common keys are :class:`AttentionBase`'s, and every variant adds its own
+(:func:`attention_config_class`). Values are resolved once, when a config is loaded (``dar_d_down: null`` becomes
+``hidden_size // 4``, ``min_lr: null`` becomes ``lr / 10``): each value has one name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from .fields import ConfigError, setting
+
+
+@dataclass
+class AttentionBase:
+    """The attention keys every variant shares; variants add theirs (see :func:`attention_config_class`)."""
+
+    attention_type: str = setting("vanilla", "Attention variant: one of the registered names (vanilla, dar, uniform, "
+                                             "swa, mswa, aha, ...).", label="")
+    window_size: int = setting(128, "Window w: key j is inside when i - j < w (the variants that use a window).",
+                               label="w")
+    attention_impl: Literal["auto", "reference", "triton", "sdpa"] = setting(
+        "auto", "auto (triton on CUDA, else sdpa) | reference (materialized masks) | triton | sdpa.", arch=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_class(generation: int) -> type:
+    from ..attention.registry import variant_keys
+
+    fields = [(name, key.type, key.field()) for name, (key, _) in variant_keys().items()]
+    return dataclasses.make_dataclass("AttentionConfig", fields, bases=(AttentionBase,))
+
+
+def attention_config_class() -> type:
+    """``AttentionConfig``: :class:`AttentionBase` plus the keys of every registered variant (rebuilt when a
+    variant is registered)."""
+    import neox_dar.attention  # noqa: F401  (registers the built-in variants)
+    from ..attention.registry import generation
+
+    return _attention_class(generation())
+
+
+@dataclass
+class ModelConfig:
+    """The architecture and its attention: everything a model is built from (a checkpoint stores this alone)."""
+
+    num_layers: int = setting(6, "Transformer layers.")
+    hidden_size: int = setting(512, "Model width d.")
+    num_attention_heads: int = setting(8, "Attention heads H; head dim is hidden_size / H.")
+    seq_length: int = setting(2048, "Training sequence length (and the default evaluation window).", arch=False)
+    max_position_embeddings: int = setting(2048, "Longest position the model supports (>= seq_length).")
+    rotary_pct: float = setting(0.25, "Fraction of each head's dims that get rotary embeddings.")
+    rotary_emb_base: int = setting(10000, "Rotary base.")
+    gpt_j_residual: bool = setting(True, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)).")
+    norm: Literal["layernorm"] = setting("layernorm", "Normalization layer.")
+    layernorm_epsilon: float = setting(1e-5, "LayerNorm epsilon.")
+    activation: Literal["gelu"] = setting("gelu", "MLP activation (exact erf GeLU).")
+    no_weight_tying: bool = setting(True, "Untied input and output embeddings (Pythia: true).")
+    vocab_size: int = setting(50277, "Tokenizer vocabulary size before padding (Pythia tokenizer: 50277).")
+    make_vocab_size_divisible_by: int = setting(128, "Pad the vocabulary to a multiple of this.")
+    init_method: Literal["small_init", "normal"] = setting(
+        "small_init", "Init of input-side weights: small_init std sqrt(2/(5d)).", arch=False)
+    output_layer_init_method: Literal["wang_init", "normal"] = setting(
+        "wang_init", "Init of the layer-output projections: wang_init std 2/(L*sqrt(d)).", arch=False)
+    init_method_std: float = setting(0.02, "Std for the 'normal' init methods.", arch=False)
+    attention_dropout: float = setting(0.0, "Dropout on attention probabilities: only 0 is supported (Pythia: 0).",
+                                       arch=False)
+    hidden_dropout: float = setting(0.0, "Dropout on residual branches (Pythia: 0).", arch=False)
+    vocab_file: Optional[str] = setting(None, "Tokenizer file (HF tokenizer.json or SentencePiece model).", arch=False)
+    tokenizer_type: Literal["HFTokenizer", "SPMTokenizer"] = setting("HFTokenizer", "Tokenizer kind.", arch=False)
+    attention: Any = field(default=None, metadata={"section": True})
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def rotary_ndims(self) -> int:
+        return int(self.head_dim * self.rotary_pct)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.make_vocab_size_divisible_by
+        return int(math.ceil(self.vocab_size / m) * m)
+
+
+@dataclass
+class OptimizerParams:
+    lr: float = setting(1e-3, "Peak learning rate.")
+    betas: tuple[float, float] = setting((0.9, 0.95), "Adam beta1, beta2 (Pythia: 0.9, 0.95).")
+    eps: float = setting(1e-8, "Adam epsilon.")
+
+
+@dataclass
+class OptimizerConfig:
+    type: Literal["Adam", "AdamW"] = setting("Adam", "Optimizer; Adam with decoupled weight decay as in GPT-NeoX "
+                                                     "(AdamW).")
+    params: OptimizerParams = setting(OptimizerParams(), "Optimizer hyper-parameters.")
+
+
+@dataclass
+class ZeroConfig:
+    stage: int = setting(1, "DeepSpeed ZeRO stage 0..3.")
+    allgather_partitions: bool = setting(True, "DeepSpeed ZeRO allgather_partitions.")
+    allgather_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO allgather bucket size (elements).")
+    overlap_comm: bool = setting(True, "Overlap gradient reduction with backward.")
+    reduce_scatter: bool = setting(True, "Use reduce-scatter for gradients.")
+    reduce_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO reduce bucket size (elements).")
+    contiguous_gradients: bool = setting(True, "Copy gradients to a contiguous buffer.")
+    cpu_offload: bool = setting(False, "GPT-NeoX's ZeRO-Offload switch; only false is supported (Pythia configs "
+                                       "carry it).")
+
+
+@dataclass
+class TrainingConfig:
+    """Batch, schedule, optimizer, precision and ZeRO."""
+
+    train_batch_size: Optional[int] = setting(None, "Global batch in sequences = micro * grad_accum * data-parallel "
+                                                    "size.", label="bs")
+    train_micro_batch_size_per_gpu: int = setting(4, "Sequences per device per micro-step.")
+    gradient_accumulation_steps: Optional[int] = setting(None, "Micro-steps per optimizer step (derived from "
+                                                               "train_batch_size when unset).")
+    train_iters: int = setting(1000, "Optimizer steps.", label="iters")
+    lr_decay_iters: Optional[int] = setting(None, "Steps over which the LR decays (default train_iters).")
+    lr_decay_style: Literal["cosine", "linear", "constant"] = setting("cosine", "LR decay after warmup.")
+    warmup: float = setting(0.01, "Warmup as a fraction of lr_decay_iters (Pythia: 0.01).")
+    min_lr: Optional[float] = setting(None, "Final LR (default optimizer.params.lr / 10, the Pythia recipe).")
+    optimizer: OptimizerConfig = setting(OptimizerConfig(), "Optimizer type and params.")
+    weight_decay: float = setting(0.1, "Weight decay (not applied to biases and norm weights).")
+    gradient_clipping: float = setting(1.0, "Clip the global gradient norm to this (0 disables).")
+    zero_optimization: ZeroConfig = setting(ZeroConfig(), "DeepSpeed ZeRO settings.")
+    precision: Literal["auto", "fp32", "fp16", "bf16", "bfloat16"] = setting("auto", "auto: bf16 on GPU, fp32 on "
+                                                                                     "CPU.")
+    seed: int = setting(1234, "Random seed, 0..2**32-1 (numpy's RandomState range).", label="seed")
+    checkpoint_activations: bool = setting(False, "Recompute each layer in backward to save memory.")
+    torch_compile: bool = setting(False, "Compile the model with torch.compile.")
+
+    @property
+    def warmup_iters(self) -> int:
+        return int(self.warmup * self.lr_decay_iters)
+
+    @property
+    def dtype(self) -> str:
+        """Resolved precision: 'bf16', 'fp16' or 'fp32' ('auto' -> bf16 with CUDA, fp32 without)."""
+        if self.precision == "auto":
+            import torch
+
+            return "bf16" if torch.cuda.is_available() else "fp32"
+        return "bf16" if self.precision == "bfloat16" else self.precision
+
+    def gradient_accumulation_for(self, world_size: int) -> int:
+        """Micro-steps per optimizer step for a data-parallel size; raises ConfigError on mismatch."""
+        micro = self.train_micro_batch_size_per_gpu
+        if self.train_batch_size is None:
+            return self.gradient_accumulation_steps or 1
+        per_step = micro * world_size
+        if self.gradient_accumulation_steps is not None:
+            if self.train_batch_size != per_step * self.gradient_accumulation_steps:
+                raise ConfigError(
+                    f"train_batch_size={self.train_batch_size} != train_micro_batch_size_per_gpu ({micro}) "
+                    f"* gradient_accumulation_steps ({self.gradient_accumulation_steps}) * world size ({world_size})")
+            return self.gradient_accumulation_steps
+        if self.train_batch_size % per_step:
+            raise ConfigError(f"train_batch_size={self.train_batch_size} is not divisible by "
+                              f"train_micro_batch_size_per_gpu ({micro}) * world size ({world_size})")
+        return self.train_batch_size // per_step
+
+    def global_batch_for(self, world_size: int) -> int:
+        return self.train_micro_batch_size_per_gpu * world_size * self.gradient_accumulation_for(world_size)
+
+
+@dataclass
+class DataConfig:
+    """Training and validation datasets."""
+
+    data_path: Optional[str] = setting(None, "Prefix of one .bin/.idx dataset, split by `split`.")
+    train_data_paths: Optional[list[str]] = setting(None, "Prefixes of training datasets (blend).")
+    train_data_weights: Optional[list[float]] = setting(None, "Blend weights for train_data_paths.")
+    valid_data_paths: Optional[list[str]] = setting(None, "Prefixes of validation datasets (blend).")
+    valid_data_weights: Optional[list[float]] = setting(None, "Blend weights for valid_data_paths (unset: equal, as "
+                                                              "GPT-NeoX).")
+    split: str = setting("969,30,1", "train,valid,test shares of data_path's documents (',' or '/'; missing shares "
+                                     "are 0).")
+    data_shuffle: bool = setting(True, "Shuffle documents and samples (seeded); false reads samples in file order "
+                                       "(Pythia's preshuffled data).")
+    data_fixed_length: Optional[bool] = setting(
+        None, "One document per sample (every document must hold seq_length + 1 tokens, e.g. Pythia's 2049-token "
+        "Pile) instead of GPT-NeoX's packing; unset: only when data_shuffle is false and every document has that "
+        "length.")
+    data_token_check: Literal["full", "sample", "skip"] = setting(
+        "full", "Start-up check that token ids are in [0, vocab_size): full scan of each .bin (cached by file size "
+        "and mtime), sample (64 windows of 1M tokens) or skip; headers and sizes are always checked.")
+    data_cache_path: Optional[str] = setting(None, "Directory for cached index maps (default: next to the data).")
+    num_workers: int = setting(2, "Data-loader worker processes.")
+
+
+@dataclass
+class CorpusEvalConfig:
+    interval: int = setting(0, "Every this many steps (and after the last), the rolling-window perplexity of the "
+                               "evaluation corpora inside the training job, sharded over the ranks: logged and written "
+                               "to {save}/eval/step_N.json (DAR Fig. 3). 0: never.")
+    source: Literal["local", "hub"] = setting("local", "Corpora from data/eval (local) or the Hugging Face Hub.")
+    corpora: list[str] = setting(["fineweb_edu", "c4", "wikitext103"], "Corpora to score (fineweb_edu, c4, "
+                                                                        "wikitext103).")
+    max_docs: Optional[int] = setting(None, "Documents per corpus (unset: every local document; the Hub's documented "
+                                            "default counts).")
+    batch_size: int = setting(8, "Windows per forward.")
+
+
+@dataclass
+class RunConfig:
+    """The run directory, checkpoints, validation and logs."""
+
+    save: Optional[str] = setting(None, "Run directory: checkpoints, metrics.jsonl, resolved config.")
+    load: Optional[str] = setting(None, "Checkpoint directory to start from when save holds none (run dir, its "
+                                        "checkpoints/ or one step dir).")
+    resume: Literal["auto", "never"] = setting(
+        "auto", "auto: continue this run from the newest complete checkpoint in save (else start from load's); "
+        "never: start fresh.")
+    overwrite: bool = setting(False, "Discard checkpoints, metrics, status and evaluations of another run found in "
+                                     "save (without it such a save is an error).")
+    checkpoint_factor: int = setting(1000, "Save a checkpoint every this many steps.")
+    keep_last_n: int = setting(2, "Keep this many newest checkpoints.")
+    exit_interval: Optional[int] = setting(None, "Checkpoint and stop (exit code 3) after every step divisible by "
+                                                 "this; rerun to continue.")
+    log_interval: int = setting(10, "Log every this many steps.")
+    eval_interval: int = setting(1000, "Validate every this many steps (0 disables).")
+    eval_iters: int = setting(10, "Validation global batches (train_batch_size sequences each) per evaluation, "
+                                  "GPT-NeoX's count.")
+    eval_mode: Literal["continuous", "fixed"] = setting(
+        "continuous", "continuous (GPT-NeoX): each evaluation reads the next eval_iters batches of the validation "
+        "set; fixed: every evaluation reads the first eval_iters batches (the same data each time).")
+    use_wandb: bool = setting(False, "Log to Weights & Biases (rank 0 only; WANDB_MODE=offline works).")
+    wandb_project: str = setting("neox-dar", "W&B project.")
+    wandb_group: Optional[str] = setting(None, "W&B group (a sweep's name).")
+    wandb_run_name: Optional[str] = setting(None, "W&B run name.")
+    wandb_team: Optional[str] = setting(None, "W&B entity.")
+    tensorboard_dir: Optional[str] = setting(None, "Write TensorBoard events here.")
+    peak_flops: Optional[float] = setting(None, "Peak FLOP/s per device for MFU (default: detected device).")
+    eval_perplexity: CorpusEvalConfig = setting(CorpusEvalConfig(), "Perplexity of the evaluation corpora during "
+                                                                    "training: interval, source, corpora, max_docs, "
+                                                                    "batch_size.")
+
+
+# section name -> dataclass, in file order; the model's attention is the "attention" section
+SECTIONS: dict[str, type] = {"model": ModelConfig, "training": TrainingConfig, "data": DataConfig,
+                             "run": RunConfig}
+
+
+def section_fields(name: str) -> list[dataclasses.Field]:
+    """The keys of one section ("model", "attention", "training", "data", "run"), as dataclass fields."""
+    cls = attention_config_class() if name == "attention" else SECTIONS[name]
+    return [f for f in dataclasses.fields(cls) if not f.metadata.get("section")]
+
+
+def key_sections() -> dict[str, str]:
+    """Every top-level flat key -> its section, in file order (model, attention, training, data, run)."""
+    out = {}
+    for name in ("model", "attention", "training", "data", "run"):
+        out.update({f.name: name for f in section_fields(name)})
+    return out
+
+
+def key_field(key: str) -> dataclasses.Field | None:
+    """The field of a top-level flat key (its help, label, arch metadata), or None."""
+    section = key_sections().get(key)
+    return next((f for f in section_fields(section) if f.name == key), None) if section else None

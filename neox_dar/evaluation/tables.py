@@ -1,0 +1,78 @@
+"""The papers' perplexity tables: per-corpus perplexity of runs and ``Rel. (%)`` against a baseline, in Markdown and
+LaTeX (used by ``python -m eval.table`` and the sweep report).
+
+``Rel. (%)`` = mean over FineWeb-Edu, C4 and WikiText-103 of ``ppl(run) / ppl(baseline) * 100`` (the DAR paper's
+Table 1 metric); it exists only when the run and the baseline both have all three corpora. A corpus missing from a
+result is printed as ``--``, never as a number.
+"""
+
+from __future__ import annotations
+
+from .corpora import CORPORA
+
+TITLES = {"fineweb_edu": "FineWeb-Edu", "c4": "C4", "wikitext103": "WikiText-103"}
+METRICS = ("token_perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")
+MISSING = "--"
+
+
+def relative_percent(run: dict, baseline: dict, metric: str = "token_perplexity") -> float | None:
+    """Mean over the three corpora of ``run / baseline * 100`` for ``metric``; ``None`` if a corpus is missing."""
+    ratios = []
+    for corpus in CORPORA:
+        mine, base = run["corpora"].get(corpus), baseline["corpora"].get(corpus)
+        if mine is None or base is None:
+            return None
+        ratios.append(mine[metric] / base[metric] * 100.0)
+    return sum(ratios) / len(ratios)
+
+
+def table_rows(runs: list[tuple[str, dict]], baseline: tuple[str, dict], metric: str) -> list[list[str]]:
+    """One row per run (the baseline first): name, one cell per corpus, Rel. (%)."""
+    rows = []
+    for name, res in [baseline, *runs]:
+        cells = [name]
+        for corpus in CORPORA:
+            entry = res["corpora"].get(corpus)
+            cells.append(f"{entry[metric]:.2f}" if entry is not None else MISSING)
+        rel = relative_percent(res, baseline[1], metric)
+        cells.append(f"{rel:.2f}" if rel is not None else MISSING)
+        rows.append(cells)
+    return rows
+
+
+def header(metric: str) -> list[str]:
+    what = "" if metric == "token_perplexity" else f" ({metric})"
+    return ["Model" + what] + [TITLES[c] for c in CORPORA] + ["Rel. (%)"]
+
+
+def markdown(rows: list[list[str]], metric: str) -> str:
+    head = header(metric)
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+_LATEX = str.maketrans({"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "_": r"\_", "#": r"\#", "$": r"\$",
+                        "{": r"\{", "}": r"\}"})
+
+
+def latex_escape(text: str) -> str:
+    return text.translate(_LATEX)
+
+
+def latex(rows: list[list[str]], metric: str) -> str:
+    head = [latex_escape(h) for h in header(metric)]
+    body = [" & ".join(latex_escape(c) for c in r) + r" \\" for r in rows]
+    return "\n".join([r"\begin{tabular}{l" + "r" * (len(head) - 1) + "}", r"\toprule", " & ".join(head) + r" \\",
+                      r"\midrule", body[0], r"\midrule", *body[1:], r"\bottomrule", r"\end{tabular}"])
+
+
+def flag_other_documents(runs: list[tuple[str, dict]], baseline: dict) -> list[str]:
+    notes = []
+    for name, res in runs:
+        for corpus, entry in res["corpora"].items():
+            base = baseline["corpora"].get(corpus)
+            if base and entry.get("manifest_sha256") != base.get("manifest_sha256"):
+                notes.append(f"warning: {name}: {corpus} was scored on other documents than the baseline "
+                             "(manifest hashes differ)")
+    return notes

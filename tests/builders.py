@@ -1,0 +1,82 @@
+"""Configs and models the tests build again and again (tiny shapes, validated like a user's config)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from neox_dar.config import Config, ModelConfig, load_config
+from neox_dar.model import CausalLM, build_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yml"
+
+
+def config(*files: str | Path, quiet: bool = True, **keys) -> Config:
+    """A validated config: ``files`` (paths relative to the repository) layered, then ``keys`` as flat keys;
+    with ``quiet``, config warnings (keys a variant does not read, uneven MSWA groups) are not shown."""
+    overrides = [f"{k}={json.dumps(v)}" for k, v in keys.items()]
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore")
+        return load_config(*(ROOT / f for f in files), overrides=overrides)
+
+
+def model_config(quiet: bool = True, **keys) -> ModelConfig:
+    """The model section of a config made of flat ``keys`` only (no files)."""
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore")
+        return Config.from_flat(keys).model
+
+
+def tiny_model(seed: int = 0, **keys) -> tuple[CausalLM, ModelConfig]:
+    """A randomly initialised model of ``configs/tiny.yml`` with ``keys`` changed, in eval mode."""
+    cfg = config("configs/tiny.yml", **keys).model
+    torch.manual_seed(seed)
+    return build_model(cfg).eval(), cfg
+
+
+def attention_config(attention_type: str, impl: str = "sdpa", H: int = 4, d_h: int = 16, num_layers: int = 2,
+                     **keys) -> ModelConfig:
+    """A small model config for one attention variant: H heads of d_h dims, on the ``impl`` path."""
+    return model_config(num_layers=num_layers, hidden_size=H * d_h, num_attention_heads=H,
+                        attention_type=attention_type, attention_impl=impl, **keys)
+
+
+def saved_model(out_dir: Path, *overrides: str, seed: int = 0, perturb: float = 0.0) -> tuple[CausalLM, ModelConfig]:
+    """A tiny random model (``configs/tiny.yml`` and ``key=value`` overrides; every parameter moved by ``perturb``
+    standard deviations, so norms and biases matter), saved with ``save_weights`` into ``out_dir``."""
+    from neox_dar.checkpoint import save_weights
+
+    cfg = load_config(TINY, overrides=list(overrides)).model
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * perturb)
+    save_weights(model, cfg, out_dir)
+    return model.eval(), cfg
+
+
+def saved_run(run_dir: Path, *overrides: str, seed: int = 0) -> tuple[CausalLM, ModelConfig]:
+    """A run directory whose one checkpoint (step 7) is :func:`saved_model` at seq_length 32, perturbed by 0.05."""
+    return saved_model(run_dir / "checkpoints" / "step_00000007", "seq_length=32", *overrides, seed=seed,
+                       perturb=0.05)
+
+
+def published_checkpoint(root: Path, step: int, weights: bytes = b"w" * 64) -> Path:
+    """A step directory under ``root`` as training publishes one (files, manifest last, renamed into place), with
+    small stand-in files instead of real weights."""
+    from neox_dar.rundir import TMP_PREFIX, WEIGHTS, publish, step_dir_name, write_manifest
+
+    tmp = root / (TMP_PREFIX + step_dir_name(step))
+    tmp.mkdir(parents=True)
+    (tmp / WEIGHTS).write_bytes(weights)
+    (tmp / "rng_rank00000.pt").write_bytes(b"r" * 16)
+    write_manifest(tmp, {"step": step, "consumed_samples": 8 * step})
+    publish(tmp, root / step_dir_name(step))
+    return root / step_dir_name(step)

@@ -1,0 +1,162 @@
+"""A new attention variant is one module plus one registration: a toy variant defined and registered in this file
+only goes through the config (its own key, a typo in it, its rule), the model, a training step of train.py,
+``describe``, a sweep plan, an evaluation and the report, with no other file edited."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from neox_dar.attention import Attention, register, unregister
+from neox_dar.config import ConfigError, Key, load_config
+from neox_dar.describe import describe
+from neox_dar.model import build_model
+
+from trainrun import ROOT, status, train_env
+
+
+class ToyAttention(Attention):
+    """Causal attention whose queries are scaled per head by a learned factor (its own parameter), started at
+    ``toy_scale``; it logs the factor per head as ``toy_scale_now``."""
+
+    name = "toy"
+    keys = {"toy_scale": Key(float, 1.0, "Toy: initial per-head query scale.", label="s",
+                             rule=lambda v, m: None if v > 0 else "must be > 0")}
+    stats = {"toy_scale_now": "the toy's learned per-head query scale"}
+
+    @classmethod
+    def summary(cls, cfg) -> str:
+        return f"{cls.name} scale={cfg.attention.toy_scale:g}"
+
+    @classmethod
+    def describe(cls, cfg) -> list[str]:
+        return [f"toy: queries scaled per head, starting at {cfg.attention.toy_scale}"]
+
+    def __init__(self, cfg, layer_idx: int):
+        super().__init__(cfg, layer_idx)
+        self.scale = nn.Parameter(torch.full((cfg.num_attention_heads,), cfg.attention.toy_scale))
+
+    def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
+        B, H, T, _ = q.shape
+        self.stats = {"toy_scale_now": self.scale.detach().float()}
+        self.token_stats = {"toy_scale_now": self.scale.detach().float().expand(B, T, H)}
+        return F.scaled_dot_product_attention(q * self.scale[None, :, None, None], k, v, is_causal=True)
+
+
+@pytest.fixture(autouse=True)
+def toy_registered():
+    register(ToyAttention)
+    yield
+    unregister(ToyAttention.name)
+
+
+TOY = ["configs/tiny.yml", "attention_type=toy", "toy_scale=2.0"]
+
+
+def test_config_knows_the_toy_key_its_typos_rule_and_where_it_has_no_effect():
+    cfg = load_config(ROOT / TOY[0], overrides=TOY[1:])
+    assert cfg.model.attention.attention_type == "toy" and cfg.model.attention.toy_scale == 2.0
+    with pytest.raises(ConfigError, match=r"unknown key 'toy_scael' in the command line; did you mean 'toy_scale'\?"):
+        load_config(ROOT / TOY[0], overrides=["attention_type=toy", "toy_scael=2"])
+    with pytest.raises(ConfigError, match=r"invalid value for 'toy_scale' in the command line: -1\.0 \(must be > 0\)"):
+        load_config(ROOT / TOY[0], overrides=["attention_type=toy", "toy_scale=-1.0"])
+    with pytest.warns(UserWarning, match="'toy_scale' is set but attention_type is 'vanilla' .*read only by toy"):
+        load_config(ROOT / TOY[0], overrides=["toy_scale=3.0"])
+    with pytest.raises(ConfigError, match="choose one of .*toy.*did you mean 'toy'"):
+        load_config(ROOT / TOY[0], overrides=["attention_type=tyo"])
+    from neox_dar.config import reference_markdown
+
+    assert "### `toy` (read by toy)" in reference_markdown() and "`toy_scale`" in reference_markdown()
+
+
+def test_model_builds_and_describe_reads_the_variant():
+    cfg = load_config(ROOT / TOY[0], overrides=TOY[1:])
+    model = build_model(cfg.model)
+    assert torch.equal(model.gpt_neox.layers[1].attention.scale, torch.full((4,), 2.0))
+    logits = model(torch.randint(0, 100, (2, 9)))
+    assert logits.shape == (2, 9, cfg.model.padded_vocab_size)
+    assert model.attention_stats()["layer0/toy_scale_now"].tolist() == [2.0] * 4
+    text = describe(cfg)
+    assert "attention_type: toy" in text and "toy: queries scaled per head, starting at 2.0" in text
+    assert "extra parameters: 8 (4 per layer" in text
+
+
+_TRAIN = """
+import sys
+sys.path.insert(0, "tests")
+import test_variant_plugin
+from neox_dar.attention import register
+register(test_variant_plugin.ToyAttention)
+import train
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def test_train_sweep_evaluation_and_report(tokenized_sample, tmp_path):
+    """train.py steps the toy model (its parameter is optimised and its statistic logged), a sweep names and plans
+    runs by its key's label, the evaluation averages its statistic, and the report shows it."""
+    from neox_dar.evaluation.perplexity import score_corpus
+    from neox_dar.evaluation.corpora import load_local
+    from neox_dar.evaluation.loading import load_for_eval
+    from neox_dar.report import build_table, collect
+    from neox_dar.report.figures import draw_all
+    from neox_dar.sweep.__main__ import main as sweep_main
+    from neox_dar.tokenizer import load_tokenizer
+
+    sweep = {"name": "toy", "configs": [TOY[0]],
+             "set": {"attention_type": "toy", "seq_length": 32, "train_iters": 3, "train_batch_size": 8,
+                     "train_micro_batch_size_per_gpu": 4, "log_interval": 1, "eval_interval": 0,
+                     "checkpoint_factor": 3, "precision": "fp32", "data_path": tokenized_sample},
+             "grid": {"toy_scale": [1.0, 2.0]}, "eval": False, "report": {"baseline": {"run": "s1"}}}
+    path = tmp_path / "toy.yml"
+    path.write_text(yaml.safe_dump(sweep))
+    out = tmp_path / "runs"
+    assert sweep_main([str(path), "plan", "--out", str(out)]) == 0
+    assert sorted(p.name for p in out.iterdir() if (p / "config.yml").is_file()) == ["s1", "s2"]
+
+    for run in ("s2",):  # one trained run is enough; s1 stays planned only (missing in the table)
+        proc = subprocess.run([sys.executable, "-c", _TRAIN, str(out / run / "config.yml")], cwd=ROOT,
+                              env=train_env(), capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert status(out / run)["state"] == "done"
+        rows = [json.loads(line) for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows[-1]["toy_scale_now/layer0"]) == 4 and "toy_scale_now" in rows[-1]
+        loaded = load_for_eval(out / run)
+        scale = loaded.model.gpt_neox.layers[0].attention.scale
+        assert not torch.equal(scale, torch.full((4,), float(run[1:])))  # trained
+        docs = load_local("c4")[:2]
+        result = score_corpus(loaded.model, load_tokenizer(loaded.cfg), docs, 32, 0, progress=False)
+        (out / run / "eval").mkdir()
+        every_layer = torch.stack([m.scale for m in loaded.model.attention_modules()])
+        assert result["toy_scale_now"] == pytest.approx(every_layer.mean().item())  # means over real tokens
+        evaluation = {"step": 3, "corpora": {c: result for c in ("fineweb_edu", "c4", "wikitext103")}}
+        (out / run / "eval" / "perplexity.json").write_text(json.dumps(evaluation))
+
+    runs, spec, _ = collect(out)
+    table = build_table(runs, spec.report)
+    assert "toy_scale_now (%)" in table.columns
+    toy_col = table.columns.index("toy_scale_now (%)")
+    expect = runs[1].stat_mean("toy_scale_now") * 100
+    assert table.rows[1][toy_col] == pytest.approx(expect) and expect > 100  # started at 2.0
+    files, _ = draw_all(runs, table, spec.report, tmp_path / "report")
+    assert (tmp_path / "report" / "toy_toy_scale_now_heatmap.png") in files
+
+
+def test_plan_lists_the_variants_summary(capsys, tmp_path):
+    from neox_dar.sweep.__main__ import main as sweep_main
+
+    path = tmp_path / "toy.yml"
+    path.write_text(yaml.safe_dump({"name": "toy", "configs": [TOY[0]], "set": {"attention_type": "toy"},
+                                    "grid": {"toy_scale": [0.5, 3.0]}, "eval": False}))
+    assert sweep_main([str(path), "plan", "--out", str(tmp_path / "runs")]) == 0
+    text = capsys.readouterr().out
+    assert "s0.5" in text and "s3" in text and "toy scale=0.5" in text and "toy scale=3" in text
+    assert Path(tmp_path / "runs" / "s3" / "config.yml").is_file()
