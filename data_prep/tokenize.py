@@ -92,9 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--valid-tokens", type=parse_count, default=None,
                    help="also write a held-out PREFIX_valid.bin/.idx of exactly this many tokens, from the first "
                         "documents (none of which is in PREFIX.bin)")
-    p.add_argument("--workers", type=int, default=1,
-                   help="tokenizer processes, one thread each (default 1: in this process, with the tokenizer's "
-                        "own threads on every core)")
+    p.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)),
+                   help="tokenizer processes, one thread each (default: one per CPU this process may use, here "
+                        "%(default)s); 1 tokenizes in this process with the tokenizer's own threads")
     p.add_argument("--seed", type=int, default=1234, help="seed of the input-file shuffle (default 1234)")
     p.add_argument("--strict", action="store_true", help="stop at the first bad record instead of skipping it")
     p.add_argument("--txt-mode", choices=("file", "paragraph"), default="file",
