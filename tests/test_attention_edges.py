@@ -10,6 +10,7 @@ import torch
 from builders import attention_config, model_config
 
 from neox_dar.attention import build_attention, mswa_window_table
+from neox_dar.attention.mswa import window_budget
 from neox_dar.attention.base import RotaryEmbedding
 from neox_dar.attention.dar import dar_reference, dar_sdpa
 from neox_dar.attention.masks import masked_attention, window_mask
@@ -148,27 +149,53 @@ def paper_quarter(index_1_based, n):
     return next(q for q in range(4) if index_1_based <= (q + 1) * n / 4)
 
 
-@pytest.mark.parametrize("L", [6, 12, 24])
-@pytest.mark.parametrize("H", [8, 12, 16])
-def test_mswa_table_follows_the_spec_rule_and_table_1(L, H):
+@pytest.mark.parametrize("L", [4, 6, 8, 12, 24])
+@pytest.mark.parametrize("H", [4, 8, 12, 16])
+def test_mswa_table_follows_the_interval_rule_and_table_1(L, H):
+    """Every window is Table 1's entry for the quarters (0, n/4], (n/4, n/2], ... holding the 1-based layer and head
+    indices (SPEC: g = ceil(4 i / L) - 1, c = ceil(4 j / H) - 1), also where L or H does not divide by 4."""
     w = 128
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         table = mswa_window_table(attention_config("mswa", H=H, num_layers=L, window_size=w))
+    assert len(table) == L and all(len(row) == H for row in table)
     for layer in range(L):
         for head in range(H):
-            spec = max(1, math.floor(w * 2.0 ** (4 * layer // L - 2) * 2.0 ** (4 * head // H - 2)))
-            assert table[layer][head] == spec
-            if L % 4 == 0 and H % 4 == 0:  # Table 1's quarters are whole groups
-                assert table[layer][head] == w * TABLE_1[paper_quarter(layer + 1, L)][paper_quarter(head + 1, H)]
+            assert table[layer][head] == w * TABLE_1[paper_quarter(layer + 1, L)][paper_quarter(head + 1, H)]
     assert {table[0][0], table[-1][-1]} == {w // 16, 4 * w}
 
 
-def test_mswa_six_layers_use_the_spec_floor_groups():
-    """With 6 layers the SPEC rule floor(4 l / L) gives layer groups 0,0,1,2,2,3 (the paper's 1-based quarters
-    (0,1.5], (1.5,3], ... would give 0,1,1,2,3,3); we follow the SPEC and say so in the docs."""
-    table = mswa_window_table(attention_config("mswa", H=8, num_layers=6, window_size=128))
-    assert [row[4] for row in table] == [32, 32, 64, 128, 128, 256]  # head group 2: w_l itself
+def test_mswa_six_layers_use_the_paper_intervals():
+    """Pythia-70M's 6 layers: Table 1's 1-based intervals (0, 1.5], (1.5, 3], (3, 4.5], (4.5, 6] give layer groups
+    0,1,1,2,3,3 (the former floor(4 l / L) rule gave 0,0,1,2,2,3, 0.78x SWA's window budget; now 0.98x)."""
+    cfg = attention_config("mswa", H=8, num_layers=6, window_size=128)
+    table = mswa_window_table(cfg)
+    assert [row[4] for row in table] == [32, 64, 64, 128, 256, 256]  # head group 2: w_l itself
+    assert window_budget(cfg) == pytest.approx(15 / 16 * (1 / 4 + 1 / 2 + 1 / 2 + 1 + 2 + 2) / 6)
+
+
+@pytest.mark.parametrize("L,H,budget", [(4, 4, 225 / 256), (12, 8, 225 / 256), (6, 6, None)])
+def test_mswa_window_budget_relative_to_swa(L, H, budget):
+    cfg = attention_config("mswa", H=H, num_layers=L, window_size=128)
+    table = mswa_window_table(cfg)
+    assert window_budget(cfg) == pytest.approx(sum(map(sum, table)) / (L * H * 128))
+    if budget is not None:  # the paper's Eq. 11 when both divide by 4: (15/16)^2
+        assert window_budget(cfg) == pytest.approx(budget)
+
+
+@pytest.mark.parametrize("order,progression,first,last", [
+    ("decreasing", "geometric", [64, 128, 256, 512], [8, 16, 32, 64]),  # Table 6: layer allocation reversed
+    ("increasing", "arithmetic", [32, 48, 64, 80], [80, 120, 160, 200]),  # Table 6: factors 1/2, 3/4, 1, 5/4
+])
+def test_mswa_table_6_ablations(order, progression, first, last):
+    cfg = attention_config("mswa", H=4, num_layers=4, window_size=128, mswa_layer_order=order,
+                           mswa_progression=progression)
+    table = mswa_window_table(cfg)
+    assert table[0] == first and table[-1] == last
+    if progression == "arithmetic":  # the paper's example: groups {64, 96, 128, 160} at w = 128
+        middle = attention_config("mswa", H=4, num_layers=4, window_size=128, mswa_variant="heads",
+                                  mswa_progression="arithmetic")
+        assert mswa_window_table(middle)[0] == [64, 96, 128, 160]
 
 
 @pytest.mark.parametrize("variant,first,last", [("heads", [32, 32, 64, 64, 128, 128, 256, 256], None),
@@ -195,7 +222,7 @@ def test_mswa_heads_not_divisible_by_4_warn_once_per_model():
         warnings.simplefilter("always")
         build_model(cfg)
     msgs = [str(w.message) for w in caught if "MSWA" in str(w.message)]
-    assert len(msgs) == 1 and "num_attention_heads=6" in msgs[0] and "floor" in msgs[0]
+    assert len(msgs) == 1 and "num_attention_heads=6" in msgs[0] and "groups 0,1,1,2,3,3" in msgs[0]
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -71,8 +71,10 @@ def brute_dar_pairs(k_loc, v_loc, k_glob, v_glob, w):
 
 
 def spec_mswa_window(w, layer, L, head, H):
-    """SPEC: w * 2^(floor(4l/L) - 2) * 2^(floor(4h/H) - 2), floored, at least 1 (float math on purpose)."""
-    return max(1, math.floor(w * 2.0 ** (math.floor(4 * layer / L) - 2) * 2.0 ** (math.floor(4 * head / H) - 2)))
+    """SPEC: 1-based layer i = layer + 1 in group ceil(4i/L) - 1, head j = head + 1 in ceil(4j/H) - 1; window
+    w * 2^(g - 2) * 2^(c - 2), floored, at least 1 (float math on purpose)."""
+    g, c = math.ceil(4 * (layer + 1) / L) - 1, math.ceil(4 * (head + 1) / H) - 1
+    return max(1, math.floor(w * 2.0 ** (g - 2) * 2.0 ** (c - 2)))
 
 
 def brute_rotary(x, r, base):
@@ -217,6 +219,7 @@ MODULE_CASES = [  # attention_type, B, T, H, d_h, window, extra keys, layer
     ("swa", 1, 7, 1, 64, 2, {}, 0),
     ("mswa", 1, 13, 8, 16, 8, {"num_layers": 4}, 3),
     ("mswa", 2, 9, 4, 32, 8, {"num_layers": 4}, 1),
+    ("mswa", 1, 11, 6, 16, 16, {"num_layers": 6}, 4),  # 6 layers and 6 heads: unequal groups
     ("aha", 2, 11, 4, 16, 3, {"aha_l1_coef": 0.3}, 0),
     ("aha", 1, 9, 8, 16, 2, {"aha_l1_coef": 0.3, "aha_threshold": 0.45}, 1),
 ]

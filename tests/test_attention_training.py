@@ -44,10 +44,10 @@ def unigram_entropy(tokens: torch.Tensor) -> float:
     return -(p * p.log()).sum().item()
 
 
-def train(attention_type: str, tokens: torch.Tensor) -> dict:
-    cfg = model_config(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=SEQ, vocab_size=VOCAB,
-                 make_vocab_size_divisible_by=1, attention_type=attention_type, window_size=16,
-                 attention_impl="sdpa", **({"aha_l1_coef": 3e-2} if attention_type == "aha" else {}))
+def train(attention_type: str, tokens: torch.Tensor, **keys) -> dict:
+    cfg = model_config(**{"num_layers": 2, **keys}, hidden_size=64, num_attention_heads=4, seq_length=SEQ,
+                       vocab_size=VOCAB, make_vocab_size_divisible_by=1, attention_type=attention_type, window_size=16,
+                       attention_impl="sdpa", **({"aha_l1_coef": 3e-2} if attention_type == "aha" else {}))
     torch.manual_seed(0)
     model = build_model(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.1)
@@ -72,17 +72,23 @@ def train(attention_type: str, tokens: torch.Tensor) -> dict:
             "model": model}
 
 
+HYBRID = {"num_layers": 12, "hybrid": "mswa_linear"}  # the MSWA paper's Sec. 4.4 stack: [linear, mswa, mswa] x 4
+
+
 @pytest.mark.filterwarnings("ignore:MSWA")  # 2 layers do not split into 4 layer groups (expected here)
-@pytest.mark.parametrize("attention_type", ["vanilla", "dar", "uniform", "swa", "mswa", "aha"])
-def test_tiny_model_learns(attention_type, tokens):
-    r = train(attention_type, tokens)
+@pytest.mark.parametrize("attention_type,keys", [(t, {}) for t in ("vanilla", "dar", "uniform", "swa", "mswa", "aha",
+                                                                   "linear")] + [("mswa", HYBRID)],
+                         ids=lambda x: "hybrid" if x == HYBRID else (x or None))
+def test_tiny_model_learns(attention_type, keys, tokens):
+    r = train(attention_type, tokens, **keys)
+    attention_type = r["model"].cfg.attention.attention_type
     print(f"{attention_type}: loss {r['first']:.3f} -> {r['last']:.3f} (unigram {unigram_entropy(tokens):.3f})")
-    assert r["first"] == pytest.approx(math.log(VOCAB), abs=0.3)  # starts near uniform
+    assert r["first"] == pytest.approx(math.log(VOCAB), abs=0.6)  # starts near uniform (init seeds vary it by 0.4)
     assert r["last"] < r["first"] - 2.0, f"{attention_type}: loss fell only {r['first']:.3f} -> {r['last']:.3f}"
     # below the best context-free loss: the model uses the preceding tokens, i.e. its attention
     assert r["last"] < unigram_entropy(tokens) - 0.3
     params = dict(r["model"].named_parameters())
-    for name in ("dar_down", "dar_up", "router"):  # the variant's own parameters learn too
+    for name in ("dar_down", "dar_up", "router", "feature_q", "feature_k"):  # the variant's own parameters learn too
         for n, p in params.items():
             if name in n:
                 assert p.grad is not None and p.grad.abs().max() > 0, n

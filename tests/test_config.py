@@ -163,8 +163,9 @@ def test_key_reference_doc_is_current():
 
 
 def test_gpt_neox_pythia_config_loads_as_is():
-    with pytest.warns(UserWarning, match="GPT-NeoX keys with no effect in neox-dar ignored: attention_config"):
+    with pytest.warns(UserWarning, match="GPT-NeoX keys with no effect in neox-dar ignored: bias_gelu_fusion"):
         cfg = load_config(ROOT / "tests/fixtures/gpt-neox-pythia-70m.yml")
+    assert cfg.model.attention.attention_type == "vanilla"  # its attention_config [[["flash"], 6]] is read
     assert (cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_attention_heads, cfg.model.rotary_pct) == (6, 512, 8, 0.25)
     assert cfg.training.precision == "fp16" and cfg.training.gradient_accumulation_steps == 1 and cfg.training.checkpoint_activations
     assert cfg.training.optimizer.params.betas == (0.9, 0.95) and cfg.training.min_lr == pytest.approx(1e-4)

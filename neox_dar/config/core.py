@@ -54,12 +54,12 @@ class Config:
         return Config.from_flat({**self.flat(), **changes}, source="<replace>")
 
     def with_attention_type(self, attention_type: str) -> "Config":
-        """The same config with another attention variant, every variant key back at its default (the vanilla
-        counterpart of a run, for costs relative to it)."""
+        """The same config with one attention variant in every layer, every variant key back at its default (the
+        vanilla counterpart of a run, for costs relative to it)."""
         from ..attention.registry import variant_keys
 
         defaults = {key: spec.default for key, (spec, _) in variant_keys().items()}
-        return self.replace(attention_type=attention_type, **defaults)
+        return self.replace(attention_type=attention_type, attention_config=None, hybrid=None, **defaults)
 
     @classmethod
     def from_flat(cls, data: dict, source: str = "<dict>") -> "Config":
@@ -146,22 +146,58 @@ def _build_model(data: dict, origins: dict) -> ModelConfig:
 
 
 def _finish_model(model: ModelConfig, origins: dict) -> None:
-    """Resolve the chosen variant's model-dependent defaults, check every model and attention rule, and warn about
-    attention keys set for a variant that is not the chosen one."""
-    from ..attention.registry import variant
+    """Resolve the per-layer attention types and each variant in use's model-dependent defaults, check every model
+    and attention rule, and warn about attention keys no variant in use reads."""
+    from ..attention.layers import layer_types
+    from ..attention.registry import variant, variants
 
-    cls = variant(model.attention.attention_type) if _is_registered(model.attention.attention_type) else None
-    if cls is not None:
-        for key, value in cls.resolve(model).items():
-            setattr(model.attention, key, value)
     _validated(origins, _check_model, model)
+    _validated(origins, lambda m: _resolve_layers(m, explicit_type="attention_type" in origins), model)
+    for name in dict.fromkeys(layer_types(model)):
+        if name in variants():
+            for key, value in variant(name).resolve(model).items():
+                setattr(model.attention, key, value)
     _validated(origins, _check_attention, model)
 
 
-def _is_registered(name: str) -> bool:
+def _resolve_layers(m: ModelConfig, explicit_type: bool) -> None:
+    """Per-layer attention types (:mod:`neox_dar.attention.layers`): ``hybrid`` sets ``attention_config``; GPT-NeoX
+    names become ours (global, flash -> vanilla; local -> swa); a list of one type leaves ``attention_type`` alone
+    to say it; a mix sets ``attention_type`` to its types joined by '+'. An ``attention_type`` set alongside must
+    name one of the types (or be that joined name)."""
+    from ..attention.layers import NEOX_TYPES, combined_name, expand, hybrid_attention_config
     from ..attention.registry import variants
 
-    return name in variants()
+    a = m.attention
+    given = None if a.attention_config is None else [[list(types), repeat] for types, repeat in a.attention_config]
+    if a.hybrid is not None:
+        layout = hybrid_attention_config(a.hybrid, m.num_layers)
+        check(layout is not None, "hybrid", f"needs num_layers divisible by 12 for four groups of L/12 linear and "
+              f"L/6 local layers, not {m.num_layers}; write attention_config for other layouts", a.hybrid)
+        check(given in (None, layout), "attention_config", f"differs from hybrid '{a.hybrid}''s layers {layout}; "
+              "set one of the two", given)
+        given = layout
+    if given is None:
+        return
+    check(all(types and repeat >= 1 for types, repeat in given), "attention_config",
+          "each entry must be [[types...], repeat] with at least one type and repeat >= 1", given)
+    for name in dict.fromkeys(expand(given)):
+        if name not in variants() and name not in NEOX_TYPES:
+            names = [*variants(), *NEOX_TYPES]
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            raise InvalidValue("attention_config", f"not an attention type: choose from {', '.join(names)}"
+                               + (f"; did you mean '{close[0]}'?" if close else ""), name)
+    layout = [[[NEOX_TYPES.get(t, t) for t in types], repeat] for types, repeat in given]
+    types = expand(layout)
+    check(len(types) == m.num_layers, "attention_config", f"gives {len(types)} layers but num_layers is "
+          f"{m.num_layers}", given)
+    used = list(dict.fromkeys(types))
+    name = used[0] if len(used) == 1 else combined_name(types)
+    if explicit_type:
+        check(a.attention_type in (*used, name), "attention_type", f"conflicts with attention_config, whose layers "
+              f"use {', '.join(used)}: leave it unset or name one of them", a.attention_type)
+    a.attention_type = name
+    a.attention_config = layout if len(used) > 1 else None
 
 
 def _validated(origins: dict, rules, section) -> None:
@@ -208,25 +244,28 @@ def _check_model(m: ModelConfig) -> None:
 
 
 def _check_attention(m: ModelConfig) -> None:
-    """The common attention rules, the chosen variant's own rules, and a warning for every variant key set to a
-    non-default value that the chosen variant does not read (it has no effect)."""
+    """The common attention rules, the rules of each variant in use, and a warning for every variant key set to a
+    non-default value that no variant in use reads (it has no effect)."""
+    from ..attention.layers import layer_types
     from ..attention.registry import variant, variant_keys, variants
 
     a = m.attention
-    if a.attention_type not in variants():
+    if a.attention_type not in variants() and a.attention_config is None:
         close = difflib.get_close_matches(a.attention_type, list(variants()), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise InvalidValue("attention_type", f"choose one of {', '.join(variants())}{hint}", a.attention_type)
+    used = list(dict.fromkeys(layer_types(m)))  # registered names only: _resolve_layers checked attention_config
     check(a.window_size >= 0, "window_size", "must be >= 0", a.window_size)
     for key, (spec, _) in variant_keys().items():
         value = getattr(a, key)
         if spec.rule is not None and value is not None:
             rule = spec.rule(value, m)
             check(rule is None, key, rule or "", value)
-    cls = variant(a.attention_type)
-    cls.validate(m)
+    for name in used:
+        variant(name).validate(m)
+    reads = frozenset().union(*(variant(name).reads_keys() for name in used))
     for key, (spec, owners) in variant_keys().items():
-        if key not in cls.reads_keys() and getattr(a, key) != spec.default:
+        if key not in reads and getattr(a, key) != spec.default:
             warnings.warn(f"'{key}' is set but attention_type is '{a.attention_type}' (it is read only by "
                           f"{', '.join(owners)}); it has no effect", stacklevel=5)
 
@@ -465,7 +504,7 @@ NEOX_IGNORED_KEYS = frozenset({
     "output_layer_parallelism", "scaled_upper_triang_masked_softmax_fusion", "bias_gelu_fusion",
     "checkpoint_num_layers", "partition_activations", "synchronize_each_layer", "data_impl", "distributed_backend",
     "steps_per_print", "wall_clock_breakdown", "launcher", "deepspeed_slurm", "deepspeed_mpi", "extra_save_iters",
-    "test_data_paths", "test_data_weights", "attention_config", "pos_emb",
+    "test_data_paths", "test_data_weights", "pos_emb",
     "pipe_parallel_size", "model_parallel_size",
 })
 
@@ -492,11 +531,6 @@ def _translate_neox(merged: dict, origins: dict) -> None:
         if key in merged and merged[key] not in allowed:
             raise ConfigError(f"invalid value for '{key}' in {where(key)}: {merged[key]!r} (neox-dar supports "
                               f"{' or '.join(map(repr, allowed))})")
-    if "attention_config" in merged:
-        kinds = {k for entry in merged["attention_config"] for k in entry[0]}
-        if not kinds <= {"global", "flash"}:
-            raise ConfigError(f"invalid value for 'attention_config' in {where('attention_config')}: {sorted(kinds)} "
-                              f"(use attention_type for variants; GPT-NeoX sparse kinds are not supported)")
     ignored = sorted(k for k in merged if k in NEOX_IGNORED_KEYS)
     for k in ignored:
         del merged[k]

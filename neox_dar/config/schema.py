@@ -22,8 +22,16 @@ from .fields import ConfigError, setting
 class AttentionBase:
     """The attention keys every variant shares; variants add theirs (see :func:`attention_config_class`)."""
 
-    attention_type: str = setting("vanilla", "Attention variant: one of the registered names (vanilla, dar, uniform, "
-                                             "swa, mswa, aha, ...).", label="")
+    attention_type: str = setting("vanilla", "Attention variant of every layer: one of the registered names (vanilla, "
+                                             "dar, uniform, swa, mswa, aha, linear, ...). With per-layer types it "
+                                             "resolves to their names joined by '+' (linear+mswa).", label="")
+    attention_config: Optional[list[tuple[list[str], int]]] = setting(
+        None, "Per-layer attention types in GPT-NeoX's form [[[types...], repeat], ...]: each entry's types repeated "
+        "`repeat` times, in order, one per layer (global = vanilla, local = swa). attention_type may then be unset or "
+        "name one of the types.", label="layers")
+    hybrid: Optional[Literal["mswa_linear", "swa_linear"]] = setting(
+        None, "The MSWA paper's hybrid (Sec. 4.4): four groups of L/12 linear then L/6 mswa (or swa) layers; sets "
+        "attention_config (num_layers divisible by 12).", label="")
     window_size: int = setting(128, "Window w: key j is inside when i - j < w (the variants that use a window).",
                                label="w")
     attention_impl: Literal["auto", "reference", "triton", "sdpa"] = setting(
