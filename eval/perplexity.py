@@ -1,4 +1,4 @@
-"""Rolling-window perplexity of a checkpoint on FineWeb-Edu, C4 and WikiText-103.
+"""Rolling-window perplexity of a checkpoint on FineWeb-Edu, C4 and WikiText-103 (and enwik8's test split).
 
     python -m eval.perplexity CHECKPOINT [--corpora fineweb_edu,c4,wikitext103] [--source local|hub]
         [--max-docs N | --max-docs NAME=N ...] [--max-length L] [--stride S] [--batch-size B] [--device D]
@@ -8,8 +8,9 @@ CHECKPOINT is a run directory, its ``checkpoints`` directory, one step directory
 folder. By default every token is scored once with lm-evaluation-harness's ``loglikelihood_rolling`` windows
 (``max_length`` = the model's ``seq_length``); ``--stride S`` < L gives every later window ``L - S`` tokens
 of re-read context (the Hugging Face stride recipe). The default corpora are the small local samples in
-``data/eval`` (offline, for tests); sweeps evaluate on the Hub corpora (``--source hub``). See
-docs/evaluation.md.
+``data/eval`` (offline, for tests); sweeps evaluate on the Hub corpora (``--source hub``). enwik8 is scored on
+request: ``--corpora enwik8 --corpus-path enwik8=PREFIX_test.raw`` (``python -m data_prep.enwik8`` writes it); every
+corpus reports bits per character and per byte. See docs/evaluation.md.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from neox_dar.evaluation.corpora import CORPORA, CorpusError, manifest_hash
+from neox_dar.evaluation.corpora import ALL_CORPORA, CORPORA, CorpusError, manifest_hash
 from neox_dar.evaluation.loading import DTYPES, load_for_eval
 from neox_dar.evaluation.perplexity import (SWEEP_MANIFEST, load_corpora, pinned_corpora, score_corpus,
                                           sweep_manifest_path)
@@ -32,8 +33,8 @@ def _parse_paths(items: list[str]) -> dict[str, str]:
     out = {}
     for item in items:
         name, sep, path = item.partition("=")
-        if not sep or name not in CORPORA:
-            raise ValueError(f"--corpus-path wants NAME=PATH with NAME in {', '.join(CORPORA)}, got '{item}'")
+        if not sep or name not in ALL_CORPORA:
+            raise ValueError(f"--corpus-path wants NAME=PATH with NAME in {', '.join(ALL_CORPORA)}, got '{item}'")
         out[name] = path
     return out
 
@@ -44,8 +45,8 @@ def _parse_max_docs(items: list[str], names: list[str]) -> dict[str, int | None]
     out: dict[str, int | None] = {}
     for item in items:
         name, sep, value = item.rpartition("=")
-        if sep and name not in CORPORA:
-            raise ValueError(f"--max-docs: unknown corpus '{name}' in '{item}'; choose from {', '.join(CORPORA)}")
+        if sep and name not in ALL_CORPORA:
+            raise ValueError(f"--max-docs: unknown corpus '{name}' in '{item}'; choose from {', '.join(ALL_CORPORA)}")
         if value == "all":
             count = None
         elif value.isdigit() and int(value) >= 1:
@@ -60,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m eval.perplexity", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint", help="run dir, checkpoints dir, step dir, or Hugging Face GPT-NeoX folder")
-    ap.add_argument("--corpora", default=",".join(CORPORA), help=f"comma-separated subset of {','.join(CORPORA)}")
+    ap.add_argument("--corpora", default=",".join(CORPORA),
+                    help=f"comma-separated subset of {','.join(ALL_CORPORA)} (default: %(default)s)")
     ap.add_argument("--max-docs", action="append", default=[], metavar="N|NAME=N",
                     help="score only the first N documents of every corpus, or of corpus NAME (repeatable, applied "
                          "in order; N = all: no limit)")
@@ -92,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         names = [c.strip() for c in args.corpora.split(",") if c.strip()]
-        unknown = [c for c in names if c not in CORPORA]
+        unknown = [c for c in names if c not in ALL_CORPORA]
         if unknown or not names:
-            raise ValueError(f"--corpora: unknown {unknown or 'empty list'}; choose from {', '.join(CORPORA)}")
+            raise ValueError(f"--corpora: unknown {unknown or 'empty list'}; choose from {', '.join(ALL_CORPORA)}")
         if args.manifest and args.sweep_manifest:
             raise ValueError("--manifest and --sweep-manifest exclude each other")
         corpus_args = (names, args.source, args.data_dir, _parse_paths(args.corpus_path),
@@ -131,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(text + "\n")
         for name, r in corpora.items():
             print(f"{name}: token ppl {r['token_perplexity']:.3f}  word ppl {r['word_perplexity']:.3f}  "
-                  f"bits/byte {r['bits_per_byte']:.4f}  ({r['documents']} docs, {r['tokens']} tokens)")
+                  f"bits/byte {r['bits_per_byte']:.4f}  bits/char {r['bits_per_char']:.4f}  "
+                  f"({r['documents']} docs, {r['tokens']} tokens)")
     else:
         print(text)
     return 0

@@ -1,4 +1,5 @@
-"""Evaluation corpora: WikiText-103 test, C4 ``en`` validation, FineWeb-Edu; loaded from local files or the Hub.
+"""Evaluation corpora: WikiText-103 test, C4 ``en`` validation, FineWeb-Edu (the papers' three, :data:`CORPORA`),
+loaded from local files or the Hub; and enwik8's test split (:data:`EXTRA_CORPORA`, a local file only).
 
 Each corpus is a list of :class:`Document`: an id, the text the model scores, and the text words and bytes are
 counted on (the same string except for WikiText, where lm-evaluation-harness scores the detokenized page but
@@ -11,6 +12,10 @@ Local formats (a path may be one file or a directory of such files, read in sort
   at every line that is a level-1 heading (`` = Title = ``).
 * ``c4``: ``.json.gz`` / ``.jsonl`` / ``.json`` with one JSON object per line and a ``text`` field.
 * ``fineweb_edu``: ``.parquet`` or ``.jsonl(.gz)`` with a ``text`` field (and ``id`` when present).
+* ``enwik8``: a raw byte file (``.raw``), one document: the test split ``python -m data_prep.enwik8`` writes
+  (``PREFIX_test.raw``, enwik8's last 5M bytes). It has no default path (``--corpus-path enwik8=...``). Its text is
+  the bytes decoded as UTF-8 with ``surrogateescape``, so a split boundary inside a character loses nothing (a
+  byte-level model scores the exact bytes; see :func:`neox_dar.evaluation.perplexity.encode_documents`).
 
 Hub sources (``source="hub"``) stream the same splits with ``datasets``; sweeps score the first
 :data:`HUB_DEFAULT_DOCS` documents of each.
@@ -28,7 +33,9 @@ from pathlib import Path
 
 from neox_dar.progress import progress_bar
 
-CORPORA = ("fineweb_edu", "c4", "wikitext103")
+CORPORA = ("fineweb_edu", "c4", "wikitext103")  # the papers' tables, Rel. (%), sweeps and in-training evaluation
+EXTRA_CORPORA = ("enwik8",)  # scored on request (eval.perplexity --corpora), e.g. for byte-level models
+ALL_CORPORA = CORPORA + EXTRA_CORPORA
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
 LOCAL_PATHS = {  # relative to the data directory
     "wikitext103": "wikitext/wiki.test.raw",
@@ -43,7 +50,9 @@ class CorpusError(ValueError):
 
 @dataclass(frozen=True)
 class Document:
-    """One evaluation document: ``text`` is tokenized and scored, ``count_text`` gives words and bytes."""
+    """One evaluation document: ``text`` is tokenized and scored, ``count_text`` gives words, characters and bytes.
+    Raw byte corpora (enwik8) hold bytes that are not UTF-8 as surrogate escapes, encoded back exactly by
+    :func:`to_bytes`."""
 
     id: str
     text: str
@@ -53,7 +62,12 @@ class Document:
     def sha256(self) -> str:
         """Hash of the scored text (and of the counted text when it differs)."""
         payload = self.text if self.count_text == self.text else self.text + "\x00" + self.count_text
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+        return hashlib.sha256(to_bytes(payload)).hexdigest()
+
+
+def to_bytes(text: str) -> bytes:
+    """A document's bytes: UTF-8, with the surrogate escapes of a raw byte corpus turned back into their bytes."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 @dataclass(frozen=True)
@@ -166,6 +180,16 @@ def _load_records(path: Path, corpus: str) -> Iterator[Document]:
 
 
 # ----------------------------------------------------------------------------------------------
+# raw bytes (enwik8)
+
+
+def _load_raw(path: Path) -> Document:
+    """A raw byte file as one document (bytes that are not UTF-8 kept as surrogate escapes)."""
+    text = path.read_bytes().decode("utf-8", "surrogateescape")
+    return Document(path.name, text, text)
+
+
+# ----------------------------------------------------------------------------------------------
 # dispatch
 
 
@@ -173,6 +197,7 @@ _SUFFIXES = {
     "wikitext103": (".raw", ".txt"),
     "c4": (".json.gz", ".jsonl.gz", ".jsonl", ".json"),
     "fineweb_edu": (".parquet", ".jsonl", ".jsonl.gz", ".json.gz"),
+    "enwik8": (".raw",),
 }
 
 
@@ -190,18 +215,23 @@ def corpus_files(corpus: str, path: str | Path) -> list[Path]:
 
 
 def _check_corpus(corpus: str) -> None:
-    if corpus not in CORPORA:
-        raise ValueError(f"unknown corpus '{corpus}'; choose from {', '.join(CORPORA)}")
+    if corpus not in ALL_CORPORA:
+        raise ValueError(f"unknown corpus '{corpus}'; choose from {', '.join(ALL_CORPORA)}")
 
 
 def load_local(corpus: str, path: str | Path | None = None, data_dir: str | Path | None = None) -> list[Document]:
     """All documents of ``corpus`` from ``path`` (default: ``{data_dir}/`` + :data:`LOCAL_PATHS`)."""
     _check_corpus(corpus)
     if path is None:
+        if corpus not in LOCAL_PATHS:
+            raise FileNotFoundError(f"{corpus} has no default file: pass --corpus-path {corpus}=PREFIX_test.raw "
+                                    "(written by python -m data_prep.enwik8)")
         path = Path(data_dir or DEFAULT_DATA_DIR) / LOCAL_PATHS[corpus]
     files = corpus_files(corpus, path)
     if corpus == "wikitext103":
         docs = [doc for f in files for doc in _load_wikitext_file(f)]
+    elif corpus == "enwik8":
+        docs = [_load_raw(f) for f in files]
     else:
         docs = [doc for f in files for doc in _load_records(f, corpus)]
     if not docs:
@@ -212,6 +242,8 @@ def load_local(corpus: str, path: str | Path | None = None, data_dir: str | Path
 def load_hub(corpus: str, max_docs: int | None = None) -> list[Document]:
     """The first ``max_docs`` documents of ``corpus``'s Hub split (:data:`HUB_SOURCES`), streamed with ``datasets``."""
     _check_corpus(corpus)
+    if corpus not in HUB_SOURCES:
+        raise CorpusError(f"{corpus} is read from local files only (--source local --corpus-path {corpus}=...)")
     try:
         import datasets
     except ImportError as e:

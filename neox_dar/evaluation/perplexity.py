@@ -5,36 +5,66 @@ windows (:mod:`.scoring`) and summed into the paper's metrics (:mod:`.metrics`).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 from ..tokenizer import encode_texts
 from .corpora import (DEFAULT_DATA_DIR, HUB_SOURCES, LOCAL_PATHS, CorpusError, Document, corpus_manifest, load_hub,
-                      load_local, select_documents)
-from .metrics import corpus_metrics, count_bytes, count_words
+                      load_local, select_documents, to_bytes)
+from .metrics import corpus_metrics, count_bytes, count_chars, count_words
 from .scoring import overall_means, score_documents
 
 SWEEP_MANIFEST = "eval_manifest.json"  # in a sweep's output directory: the documents every run scores
+BYTE_TOKENIZER = Path(__file__).resolve().parents[2] / "data" / "byte_tokenizer.json"  # python -m data_prep.byte_tokenizer
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_tokenizer_json() -> str:
+    return Tokenizer.from_file(str(BYTE_TOKENIZER)).to_str()
+
+
+def is_byte_tokenizer(tokenizer: Tokenizer) -> bool:
+    """Whether ``tokenizer`` is the byte-level tokenizer (``data/byte_tokenizer.json``: ids are UTF-8 bytes)."""
+    return tokenizer.get_vocab_size() == 257 and tokenizer.to_str() == _byte_tokenizer_json()
+
+
+def encode_documents(tokenizer: Tokenizer, docs: list[Document]) -> list[np.ndarray]:
+    """Token ids of each document's text: the byte-level tokenizer's ids are the text's bytes, taken directly (also
+    the bytes of a raw corpus that are not UTF-8, which no text tokenizer can take); any other tokenizer encodes
+    the text (no special tokens added)."""
+    if is_byte_tokenizer(tokenizer):
+        return [np.frombuffer(to_bytes(d.text), dtype=np.uint8).astype(np.int64) for d in docs]
+    for d in docs:
+        try:
+            d.text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CorpusError(f"document '{d.id}' holds bytes that are not UTF-8 (a raw byte corpus such as enwik8): "
+                              f"only the byte-level tokenizer ({BYTE_TOKENIZER.name}) can score it") from None
+    return encode_texts(tokenizer, [d.text for d in docs])
 
 
 def score_corpus(model: torch.nn.Module, tokenizer: Tokenizer, docs: list[Document], max_length: int,
                  prefix_token: int, stride: int | None = None, batch_size: int = 8, device: str = "cpu",
                  progress: bool = True, name: str = "corpus", per_document: bool = False) -> dict:
-    """Metrics of one corpus (:func:`.metrics.corpus_metrics`) plus throughput, attention statistics (means
-    over the windows' real positions, padding left out, e.g. AHA's ``layer{l}/mu_f`` per head, and for each statistic
-    its overall mean, e.g. ``mu_f``) and, when ``per_document``, each document's ``{"id", "nll", "tokens"}``."""
-    token_ids = encode_texts(tokenizer, [d.text for d in docs])
+    """Metrics of one corpus (:func:`.metrics.corpus_metrics`, bits per character included) plus throughput,
+    attention statistics (means over the windows' real positions, padding left out, e.g. AHA's ``layer{l}/mu_f`` per
+    head, and for each statistic its overall mean, e.g. ``mu_f``) and, when ``per_document``, each document's
+    ``{"id", "nll", "tokens"}``."""
+    token_ids = encode_documents(tokenizer, docs)
     scores = score_documents(model, token_ids, max_length, prefix_token, stride=stride, batch_size=batch_size,
                              device=device, progress=progress, desc=name)
     words = sum(count_words(d.count_text) for d in docs)
     n_bytes = sum(count_bytes(d.count_text) for d in docs)
-    result = corpus_metrics(float(sum(scores.nll)), int(sum(scores.tokens)), words, n_bytes, len(docs))
+    chars = sum(count_chars(d.count_text) for d in docs)
+    result = corpus_metrics(float(sum(scores.nll)), int(sum(scores.tokens)), words, n_bytes, len(docs), chars)
     result.update(windows=scores.windows, seconds=scores.seconds,
                   tokens_per_second=result["tokens"] / scores.seconds if scores.seconds > 0 else None)
     if scores.attention_stats:
