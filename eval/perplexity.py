@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -86,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--prefix-token", default="<|endoftext|>", help="token that precedes every document")
     ap.add_argument("--per-document", action="store_true", help="also write each document's NLL and tokens")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--no-wandb", action="store_true",
+                    help="do not add the results to the training run's W&B run (by default they are when the run "
+                         "trained with use_wandb: eval/<corpus>/<metric> against eval/step)")
     ap.add_argument("--out", default=None, help="write the results JSON here (default: print it)")
     return ap
 
@@ -137,7 +141,38 @@ def main(argv: list[str] | None = None) -> int:
                   f"({r['documents']} docs, {r['tokens']} tokens)")
     else:
         print(text)
+    if not args.no_wandb:
+        log_to_wandb(Path(loaded.info["checkpoint"]), results)
     return 0
+
+
+def log_to_wandb(checkpoint: Path, results: dict) -> None:
+    """Add the results to the W&B run of the training run that wrote ``checkpoint`` (a step directory of a run
+    directory holding ``wandb_run_id``, trained with ``use_wandb``): ``eval/<corpus>/<metric>`` against the
+    checkpoint's step as ``eval/step``."""
+    from neox_dar.config import load_config
+    from neox_dar.evaluation.tables import METRICS
+    from neox_dar.rundir import CONFIG, WANDB_ID
+
+    run_dir = checkpoint.parent.parent
+    if not (run_dir / WANDB_ID).is_file() or not (run_dir / CONFIG).is_file():
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = load_config(run_dir / CONFIG).run
+    if not cfg.use_wandb:
+        return
+    import wandb
+
+    run = wandb.init(project=cfg.wandb_project, entity=cfg.wandb_team, group=cfg.wandb_group,
+                     name=cfg.wandb_run_name, id=(run_dir / WANDB_ID).read_text().strip(), resume="allow",
+                     dir=str(run_dir))
+    run.define_metric("eval/step")
+    run.define_metric("eval/*", step_metric="eval/step")
+    run.log({"eval/step": results["step"], **{f"eval/{name}/{m}": r[m] for name, r in results["corpora"].items()
+                                              for m in METRICS if m in r}})
+    run.finish()
+    print(f"logged to W&B run {run.id} ({cfg.wandb_project}/{cfg.wandb_group or ''}/{cfg.wandb_run_name or ''})")
 
 
 if __name__ == "__main__":

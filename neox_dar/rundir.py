@@ -8,6 +8,7 @@
     {save}/run.json                     a sweep's record of the run (sweep, run, axes, configs, overrides)
     {save}/slurm_jobs.txt               SLURM job ids the run was submitted under, one per line
     {save}/wandb_run_id                 the W&B run id (a resumed run continues the same W&B run)
+    {save}/run.lock                     held (flock) by the trainer writing the run: {"host", "pid", "since"}
     {save}/checkpoints/step_XXXXXXXX/   one complete checkpoint:
         model.safetensors               consolidated fp32 weights (Hugging Face names)
         model.yml                       the model section of the config alone (all that building the model needs)
@@ -27,9 +28,11 @@ Resuming, evaluation and conversion all find checkpoints through :func:`newest_c
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import socket
 import shutil
 import signal
 import time
@@ -50,6 +53,7 @@ FINAL_EVAL = "perplexity.json"
 RUN_META = "run.json"
 JOBS = "slurm_jobs.txt"
 WANDB_ID = "wandb_run_id"
+LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 WEIGHTS = "model.safetensors"
@@ -432,3 +436,72 @@ class RunDir:
     def has_checkpoints(self) -> bool:
         """True when any ``step_*`` directory is there (complete or not)."""
         return bool(step_dirs(self.checkpoints))
+
+
+# ----------------------------------------------------------------------------------------------
+# the trainer's lock
+
+
+class RunLockedError(CheckpointError):
+    """The run directory is held by another trainer (one line naming the holder)."""
+
+
+@dataclass
+class RunLock:
+    """An exclusive ``flock`` on ``{save}/run.lock``; the kernel releases it when the holding process exits, however
+    it exits, so a killed trainer never leaves a stale lock."""
+
+    path: Path
+    fd: int
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _holder_text(path: Path) -> str:
+    try:
+        h = json.loads(path.read_text())
+        return f"pid {h['pid']} on {h['host']} since {h['since']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "holder unknown"
+
+
+def lock_run_dir(run_dir: str | Path) -> RunLock:
+    """Hold ``{run}/run.lock`` for this process and record the holder (host, pid, start time) in it.
+
+    RunLockedError when another process holds it: two trainers writing one run directory would interleave their
+    checkpoints and metrics. (On a network file system the lock is as good as its ``flock`` support: NFSv4 and
+    Lustre mounted with ``flock`` honour it across nodes.)"""
+    d = Path(run_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RunLockedError(f"{d} is in use by another trainer ({_holder_text(path)}); wait for it to finish or "
+                             "stop it (a run directory takes one trainer at a time)") from None
+    holder = {"host": socket.gethostname(), "pid": os.getpid(),
+              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
+    return RunLock(path, fd)
+
+
+def lock_holder(run_dir: str | Path) -> str | None:
+    """Who holds the run's lock (``"pid N on HOST since T"``), or None when no process does (nothing is changed)."""
+    path = Path(run_dir) / LOCK
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder_text(path)
+    finally:
+        os.close(fd)
+    return None

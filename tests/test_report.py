@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from neox_dar.evaluation.corpora import CORPORA
 from neox_dar.report.__main__ import main as report_main
 from neox_dar.report.collect import collect
 from neox_dar.report.tables import build_table, to_latex, to_markdown
-from neox_dar.sweep.spec import parse_sweep, plan, write_plan
+from neox_dar.sweep.spec import SweepError, parse_sweep, plan, write_plan
 
 SWEEP = {
     "name": "synthetic",
@@ -133,17 +134,23 @@ def test_missing_baseline_makes_rel_missing(sweep_dir):
     assert all(row[table.columns.index("Rel. (%)")] is None for row in table.rows)
 
 
+def _planned_with_results(tmp_path: Path, spec: dict, seed: int):
+    """A sweep planned under ``tmp_path`` with random result files in every run: (runs, sweep, results by run)."""
+    sweep = parse_sweep(spec, tmp_path / f"{spec['name']}.yml")
+    root = write_plan(sweep, plan(sweep, tmp_path / "runs"))
+    rng = random.Random(seed)
+    res = {r.name: _write_run_files(root / r.name, rng) for r in sweep.runs}
+    runs, sweep, _ = collect(root)
+    return runs, sweep, res
+
+
 def test_group_by_uses_baseline_of_the_same_group(tmp_path):
     spec = {"name": "scales", "configs": ["configs/tiny.yml"],
             "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
                      "attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
                                    "dar": {"configs": ["configs/attention/dar.yml"]}}},
             "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]}}
-    sweep = parse_sweep(spec, tmp_path / "scales.yml")
-    root = write_plan(sweep, plan(sweep, tmp_path / "runs"))
-    rng = random.Random(11)
-    res = {r.name: _write_run_files(root / r.name, rng) for r in sweep.runs}
-    runs, sweep, _ = collect(root)
+    runs, sweep, res = _planned_with_results(tmp_path, spec, seed=11)
     table = build_table(runs, sweep.report)
     ppl = {n: {c: r["corpora"][c]["token_perplexity"] for c in CORPORA} for n, r in res.items()}
     rel = table.columns.index("Rel. (%)")
@@ -221,3 +228,146 @@ def test_mu_f_comes_from_the_evaluation(sweep_dir):
     assert _row(table, "aha-w16")[table.columns.index("mu_f (%)")] is None  # missing, not the training value
     files, skipped = draw_all(runs, table, sweep.report, root / "rep")
     assert not any("aha" in f.name for f in files) and any("AHA mu_f" in s for s in skipped)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 21: wrong settings are errors; the figures say what they plot; the tables say what was scored
+
+
+def test_a_wrong_baseline_or_report_key_is_a_one_line_error(sweep_dir, capsys):
+    root, _ = sweep_dir
+    assert report_main([str(root), "--baseline", "vanila", "--no-figures"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("report error: the baseline {'run': 'vanila'} matches no run (runs: ")
+    assert len(err.strip().splitlines()) == 1
+    runs, sweep, _ = collect(root)
+    for report, message in (({"basline": {"attention_type": "vanilla"}}, "did you mean 'baseline'"),
+                            ({"baseline": {"attention_typ": "vanilla"}}, "neither an axis of the runs nor a config"),
+                            ({"baseline": {"attention_type": "vanila"}}, "matches no run"),
+                            ({"baseline": {"run": "vanilla"}, "group_by": ["scal"]}, "group_by names 'scal'")):
+        with pytest.raises(SweepError, match=message):
+            build_table(runs, report)
+
+
+def _captured_figures(monkeypatch) -> dict:
+    """Figures by file name, kept open (figures._save closes them after saving)."""
+    from neox_dar.report import figures
+
+    kept = {}
+
+    def save(fig, path, rect=None):
+        kept[path.name] = fig
+        fig.tight_layout(rect=rect)
+        fig.savefig(path, dpi=60)
+        return path
+
+    monkeypatch.setattr(figures, "_save", save)
+    return kept
+
+
+def test_relative_perplexity_figure_names_what_it_plots(sweep_dir, monkeypatch):
+    """The title names the sweep, the baseline and the quantity; evaluations at several steps give the paper's Rel.
+    with its last point equal to the table's; runs without them fall back to the validation proxy, drawn dashed and
+    labelled with the tokens it rests on; steps are integers."""
+    from matplotlib.ticker import MaxNLocator
+
+    from neox_dar.report.figures import draw_all
+
+    root, results = sweep_dir
+    rng = random.Random(3)
+    for name in ("vanilla", "dar-d32"):
+        r = json.loads(json.dumps(results[name]))
+        r["step"], r["in_training"] = 20, True
+        for c in CORPORA:
+            r["corpora"][c]["token_perplexity"] = rng.uniform(30, 90)
+        (root / name / "eval" / "step_00000020.json").write_text(json.dumps(r))
+        r["step"] = 40  # an in-training evaluation at the final step: the table (and the curve) keep the final one
+        (root / name / "eval" / "step_00000040.json").write_text(json.dumps(r))
+    figs = _captured_figures(monkeypatch)
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    draw_all(runs, table, sweep.report, root / "rep", sweep.name)
+    fig = figs["relative_ppl_vs_step.png"]
+    title = fig._suptitle.get_text()
+    caption = " ".join(t.get_text() for t in fig.texts).replace("\n", " ")
+    assert "synthetic" in title and "baseline (vanilla)" in title and "Rel. (%) = mean over" in caption
+    assert "dashed: proxy" in caption and "8,192 tokens per validation" in caption  # eval_iters 4 x batch 16 x 128
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    dar = lines["dar-d32"]
+    assert dar.get_linestyle() == "-" and list(dar.get_xdata()) == [20, 40]
+    assert dar.get_ydata()[-1] == pytest.approx(_row(table, "dar-d32")[table.columns.index("Rel. (%)")])
+    proxy = lines["uniform-d16 (valid-loss proxy)"]
+    assert proxy.get_linestyle() == "--"
+    assert isinstance(ax.xaxis.get_major_locator(), MaxNLocator) and ax.xaxis.get_major_locator()._integer
+
+
+def test_loss_curves_show_the_difference_to_the_baseline(sweep_dir, monkeypatch):
+    from neox_dar.report.figures import loss_curves
+
+    root, _ = sweep_dir
+    figs = _captured_figures(monkeypatch)
+    runs, sweep, _ = collect(root)
+    loss_curves(runs, sweep.report, root, sweep.name)
+    fig = figs["loss_curves.png"]
+    top, bottom = fig.axes[0], fig.axes[1]
+    assert "synthetic" in fig._suptitle.get_text() and "vanilla" in bottom.get_title()
+    by = {r.name: {x["step"]: x["loss"] for x in r.train_rows()} for r in runs}
+    diff = next(ln for ln in bottom.get_lines() if ln.get_label() == "dar-d32")
+    assert list(diff.get_ydata()) == pytest.approx([by["dar-d32"][s] - by["vanilla"][s] for s in diff.get_xdata()])
+    assert len([ln for ln in top.get_lines() if not ln.get_label().startswith("_")]) == len(runs)
+
+
+def test_cost_figure_keeps_runs_at_equal_cost_apart_and_explains_the_cost(sweep_dir, monkeypatch):
+    from neox_dar.report.figures import cost_vs_perplexity
+
+    root, _ = sweep_dir
+    figs = _captured_figures(monkeypatch)
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    by_name = {r.name: r for r in runs}
+    cost_vs_perplexity(table, [by_name[row[0]] for row in table.rows], root, sweep.name)
+    fig = figs["cost_vs_perplexity.png"]
+    ax = fig.axes[0]
+    for line in ax.get_lines():  # no line runs vertically through runs of one cost
+        xs = list(line.get_xdata())
+        assert line.get_linestyle() == "None" or len(set(xs)) == len(xs)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels and all("10^" not in t and "times" not in t and "\\\\" not in t for t in labels), labels
+    assert any("DAR's second key/value projection" in t.get_text().replace("\n", " ") for t in fig.texts)
+    assert "relative to vanilla" in ax.get_xlabel()
+
+
+def test_table_says_what_each_corpus_was_scored_on(sweep_dir):
+    root, results = sweep_dir
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    line = next(n for n in table.notes if n.startswith("Scored on:"))
+    assert line == "Scored on: FineWeb-Edu 3 documents / 100 tokens; C4 3 documents / 100 tokens; WikiText-103 " \
+                   "3 documents / 100 tokens."
+
+
+def test_seed_spread_table(tmp_path):
+    """average_over: [seed] merges the runs that differ only in their seed: mean of every number, Rel. (%)'s sample
+    standard deviation and range beside it."""
+    from neox_dar.report.tables import average_table
+
+    spec = {"name": "seeds", "configs": ["configs/tiny.yml"],
+            "grid": {"attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
+                                   "dar": {"configs": ["configs/attention/dar.yml"], "set": {"window_size": 16}}},
+                     "seed": [1, 2, 3]},
+            "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["seed"], "average_over": ["seed"]}}
+    runs, sweep, res = _planned_with_results(tmp_path, spec, seed=2)
+    table = build_table(runs, sweep.report)
+    avg = average_table(table, runs, ["seed"])
+    rel = [_rel({c: res[f"dar-seed{s}"]["corpora"][c]["token_perplexity"] for c in CORPORA},
+                {c: res[f"vanilla-seed{s}"]["corpora"][c]["token_perplexity"] for c in CORPORA}) for s in (1, 2, 3)]
+    row = next(r for r in avg.rows if r[0] == "dar")
+    assert row[avg.columns.index("n")] == 3
+    assert row[avg.columns.index("Rel. (%)")] == pytest.approx(sum(rel) / 3)
+    assert row[avg.columns.index("Rel. sd")] == pytest.approx(statistics.stdev(rel))
+    assert row[avg.columns.index("Rel. range")] == f"{min(rel):.2f}..{max(rel):.2f}"
+    c4 = avg.columns.index("C4")
+    assert row[c4] == pytest.approx(sum(res[f"dar-seed{s}"]["corpora"]["c4"]["token_perplexity"] for s in (1, 2, 3)) / 3)
+    assert "seed" not in avg.columns

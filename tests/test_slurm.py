@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,8 @@ from neox_dar.sweep.slurm import (
     render,
 )
 from neox_dar.sweep.spec import SweepError, parse_sweep, plan, write_plan
+
+from builders import published_checkpoint
 
 SWEEP = {"name": "tiny-sweep", "configs": ["configs/tiny.yml"], "set": {"train_iters": 20},
          "grid": {"window_size": [4, 8, 16]}, "eval": False}
@@ -95,7 +99,8 @@ def fake_slurm(tmp_path):
     The fake srun runs its command once per node (SLURM_NODEID = 0..N-1, as one task per node would),
     the fake scontrol expands a comma-separated node list and records `requeue`, and the fake torchrun
     records its arguments and rendezvous environment, then plays the trainer: it writes status.json with
-    the state in FAKE_TRAIN_STATE and exits with FAKE_TRAIN_EXIT.
+    the state in FAKE_TRAIN_STATE and exits with FAKE_TRAIN_EXIT. An evaluation step (eval.perplexity) is only
+    recorded, and takes FAKE_EVAL_SECONDS (default 0).
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -105,6 +110,13 @@ def fake_slurm(tmp_path):
 trap '' USR1  # the real srun forwards signals to the step; the fake one just survives them
 echo "srun $*" >> {rec}/srun.log
 while [[ $1 == --* ]]; do shift; done
+if [[ " $* " == *" eval.perplexity "* ]]; then
+    echo "$*" >> {rec}/eval.log
+    sleep "${{FAKE_EVAL_SECONDS:-0}}" &
+    trap 'kill $!; exit 143' TERM
+    wait $!
+    exit 0
+fi
 IFS=, read -r -a hosts <<<"$SLURM_JOB_NODELIST"
 rc=0
 for i in "${{!hosts[@]}}"; do
@@ -141,13 +153,13 @@ EOF
     return env, rec
 
 
-def _planned_script(tmp_path: Path, nodes: int = 2) -> tuple[Path, Path]:
+def _planned_script(tmp_path: Path, nodes: int = 2, ev: dict | None = None) -> tuple[Path, Path]:
     sweep = parse_sweep({**SWEEP, "grid": {}, "runs": [{"name": "one"}]}, tmp_path / "s.yml")
     planned = plan(sweep, tmp_path / "runs")
     root = write_plan(sweep, planned)
     script = tmp_path / "job.sbatch"
     script.write_text(job_script(_settings(nodes=nodes, nproc_per_node=4), "t", [planned[0].run_dir],
-                                 root / "logs", None, workdir=Path.cwd()))
+                                 root / "logs", ev, workdir=Path.cwd()))
     return script, planned[0].run_dir
 
 
@@ -237,3 +249,69 @@ def test_requeueing_stops_without_progress(tmp_path, fake_slurm):
     assert codes == [0, 0, 0, 1]  # the first stop made progress; the next three attempts did not
     assert len(_requeues(rec)) == 3
     assert "no progress past step 5 in 3 requeues" in (run_dir / "logs" / "job.log").read_text()
+
+
+LOCAL_EVAL = {"source": "local", "corpora": ["c4"], "max_docs": 1}
+
+
+def _status(run_dir: Path, state: str, step: int, train_iters: int = 20) -> None:
+    (run_dir / "status.json").write_text(json.dumps({"state": state, "step": step, "train_iters": train_iters}))
+
+
+def _evaluated_at(run_dir: Path, step: int) -> None:
+    (run_dir / "eval").mkdir(exist_ok=True)
+    (run_dir / "eval" / "perplexity.json").write_text(json.dumps({"step": step, "corpora": {"c4": {}}}))
+
+
+def test_a_run_finished_short_of_train_iters_is_trained(tmp_path, fake_slurm):
+    """A run that finished at step 10 while its config now asks for 20 (train_iters raised) trains again; a run
+    trained to its train_iters and evaluated at its newest checkpoint does nothing (before: `done` in status.json
+    skipped training whatever the step)."""
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    published_checkpoint(run_dir / "checkpoints", 10)
+    _status(run_dir, "done", 10, train_iters=10)
+    proc = _one_node_job(script, env, "done", 0, FAKE_STEP="20")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (rec / "srun.log").read_text().count("srun ") == 1 and "training done" in (run_dir / "logs" / "job.log").read_text()
+    (rec / "srun.log").unlink()
+    proc = _one_node_job(script, env, "done", 0, FAKE_STEP="20")
+    assert proc.returncode == 0 and not (rec / "srun.log").exists()  # trained to 20: nothing to do
+
+
+def test_a_run_trained_past_its_evaluation_is_evaluated_again(tmp_path, fake_slurm):
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1, ev=LOCAL_EVAL)
+    published_checkpoint(run_dir / "checkpoints", 20)
+    _status(run_dir, "done", 20)
+    _evaluated_at(run_dir, 10)  # scored an older checkpoint (the run was extended since)
+    proc = _one_node_job(script, env, "none", 1)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    evals = (rec / "eval.log").read_text().splitlines()
+    assert len(evals) == 1 and f"eval.perplexity {run_dir}" in evals[0] and "--sweep-manifest" in evals[0]
+    assert "srun --ntasks-per-node=1" not in (rec / "srun.log").read_text()  # no training
+    _evaluated_at(run_dir, 20)
+    (rec / "eval.log").unlink()
+    assert _one_node_job(script, env, "none", 1).returncode == 0 and not (rec / "eval.log").exists()
+
+
+def test_term_during_the_evaluation_stops_the_job(tmp_path, fake_slurm):
+    """`scancel` (or `sweep cancel`) while the job evaluates: the evaluation stops and the job ends (before: TERM
+    was only logged, and the evaluation went on)."""
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1, ev=LOCAL_EVAL)
+    published_checkpoint(run_dir / "checkpoints", 20)
+    _status(run_dir, "done", 20)
+    job = subprocess.Popen(["bash", str(script)], env={**env, "SLURM_JOB_NODELIST": "gpu-a", "SLURM_JOB_NUM_NODES": "1",
+                                                      "FAKE_TRAIN_STATE": "none", "FAKE_TRAIN_EXIT": "1",
+                                                      "FAKE_EVAL_SECONDS": "120"},
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while not (rec / "eval.log").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    job.send_signal(signal.SIGTERM)
+    out, _ = job.communicate(timeout=30)
+    assert job.returncode == 0, out
+    log = (run_dir / "logs" / "job.log").read_text()
+    assert "received TERM: stopping the evaluation" in log and "evaluation stopped (TERM)" in log
+    assert _requeues(rec) == []

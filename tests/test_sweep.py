@@ -5,18 +5,22 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from neox_dar.config import load_config
+from neox_dar.rundir import lock_run_dir
 from neox_dar.sweep.__main__ import main as sweep_main
 from neox_dar.sweep.rundir import run_state
 from neox_dar.sweep.spec import SweepError, load_sweep, parse_sweep, plan, write_plan
 
 from builders import published_checkpoint
 
+ROOT = Path(__file__).resolve().parents[1]
 SWEEPS = Path("configs/sweeps")
 
 
@@ -74,14 +78,16 @@ def test_mswa_and_aha_plans(tmp_path):
     assert all(a.window_size == 128 and a.attention_type == "aha" for a in runs)
 
 
-def test_plan_writes_resolved_configs_and_is_deterministic(tmp_path, capsys):
-    assert sweep_main([str(SWEEPS / "dar-table1.yml"), "plan", "--out", str(tmp_path / "a")]) == 0
+def test_plan_writes_resolved_configs_and_is_deterministic(tmp_path, capsys, tokenized_sample):
+    args = [str(SWEEPS / "dar-table1.yml"), "plan", "--out", str(tmp_path / "a")]
+    assert sweep_main([*args, f"data_path={tokenized_sample}"]) == 0
     first = capsys.readouterr().out
-    assert "19073" in first and "256 x 2048" in first and "7 runs" in first
-    assert sweep_main([str(SWEEPS / "dar-table1.yml"), "plan", "--out", str(tmp_path / "a")]) == 0
+    assert "19073" in first and "256 x 2048" in first and "7 runs" in first and "checked for 8 rank(s)" in first
+    assert sweep_main(args) == 0  # the recorded data_path is reused
     assert capsys.readouterr().out == first
     cfg = load_config(tmp_path / "a" / "dar-d64" / "config.yml")
     assert cfg.model.attention.dar_d_down == 64 and cfg.run.save == str((tmp_path / "a" / "dar-d64").resolve())
+    assert cfg.data.data_path == tokenized_sample
     meta = json.loads((tmp_path / "a" / "dar-d64" / "run.json").read_text())
     assert meta["axes"] == {"attention": "dar", "dar_d_down": "d64"} and meta["sweep"] == "dar-table1"
     assert load_sweep(tmp_path / "a").name == "dar-table1"  # the output dir holds the sweep
@@ -128,8 +134,8 @@ def _fake_run(run_dir: Path, state: str | None, step: int, loss: float, ckpt: in
 
 
 @pytest.fixture()
-def four_runs(tmp_path):
-    spec = {"name": "st", "configs": ["configs/tiny.yml"], "set": {"train_iters": 20},
+def four_runs(tmp_path, tokenized_sample):
+    spec = {"name": "st", "configs": ["configs/tiny.yml"], "set": {"train_iters": 20, "data_path": tokenized_sample},
             "grid": {"window_size": [1, 2, 3, 4, 5]}, "eval": False}
     path = tmp_path / "st.yml"
     path.write_text(yaml.safe_dump(spec))
@@ -144,17 +150,22 @@ def four_runs(tmp_path):
 
 def test_status_from_run_directories(four_runs, capsys):
     _, out = four_runs
-    states = {d: run_state(out / d) for d in ("w1", "w2", "w3", "w4", "w5")}
-    assert {d: s.state for d, s in states.items()} == {
-        "w1": "done", "w2": "running", "w3": "interrupted", "w4": "failed", "w5": "pending"}
-    assert states["w2"].step == 7 and states["w2"].loss == 3.25  # torn last line ignored
-    assert states["w3"].checkpoint == 10
-    capsys.readouterr()
-    assert sweep_main([str(out), "status"]) == 0
-    text = capsys.readouterr().out
+    lock = lock_run_dir(out / "w2")  # a trainer holds w2
+    try:
+        states = {d: run_state(out / d) for d in ("w1", "w2", "w3", "w4", "w5")}
+        assert {d: s.state for d, s in states.items()} == {
+            "w1": "done", "w2": "running", "w3": "interrupted", "w4": "failed", "w5": "pending"}
+        assert states["w2"].step == 7 and states["w2"].loss == 3.25  # torn last line ignored
+        assert states["w3"].checkpoint == 10
+        capsys.readouterr()
+        assert sweep_main([str(out), "status"]) == 0
+        text = capsys.readouterr().out
+    finally:
+        lock.release()
     line = next(ln for ln in text.splitlines() if ln.startswith("w2 "))
     assert "running" in line and "7/20" in line and "3.2500" in line
     assert "1 done" in text and "1 pending" in text
+    assert run_state(out / "w2").state == "stale"  # status.json says running, but nothing holds the run
 
 
 def _executable(path: Path, text: str) -> None:
@@ -164,11 +175,16 @@ def _executable(path: Path, text: str) -> None:
 
 @pytest.fixture()
 def fake_queue(tmp_path, monkeypatch):
-    """sbatch that answers job 77 (and logs its calls); squeue that knows only 77's array tasks, as pending."""
+    """sbatch that answers job 77 (and logs its calls); squeue that knows 77's array tasks as pending, and the jobs
+    listed in ``queue.txt`` ("ID STATE" lines) in their state; scancel that logs its calls."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    queue = tmp_path / "queue.txt"
+    queue.write_text("")
     _executable(bin_dir / "sbatch", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/sbatch.log\necho 77\n")
-    _executable(bin_dir / "squeue", "#!/bin/bash\n[[ $4 == 77_* ]] && echo \"$4 PENDING\"\nexit 0\n")
+    _executable(bin_dir / "squeue", f"#!/bin/bash\ngrep \"^$4 \" {queue} && exit 0\n"
+                                    "[[ $4 == 77_* ]] && echo \"$4 PENDING\"\nexit 0\n")
+    _executable(bin_dir / "scancel", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/scancel.log\n")
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return tmp_path / "sbatch.log"
 
@@ -215,10 +231,235 @@ def test_submit_dry_run_writes_per_run_scripts_and_records_nothing(four_runs, ca
     path, out = four_runs
     args = [str(path), "submit", "--out", str(out), "--dry-run", "--mode", "per-run", "--gpus-per-node", "4",
             "--nodes", "2", "--partition", "gpu", "--only", "w4", "w5"]
-    assert sweep_main(args) == 0
+    assert sweep_main(args) == 2  # 8 ranks x micro-batch 8 do not divide the global batch of 16
+    assert "run 'w4' on 8 rank(s)" in capsys.readouterr().err and not (out / "slurm").exists()
+    assert sweep_main([*args, "train_micro_batch_size_per_gpu=2"]) == 0
     assert "wrote" in capsys.readouterr().out
     for run in ("w4", "w5"):
         script = (out / "slurm" / f"st.{run}.sbatch").read_text()
         assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=4" in script
         assert "#SBATCH --partition=gpu" in script and "--array" not in script
         assert not (out / run / "slurm_jobs.txt").exists()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# mistakes surface at plan/submit time (issue 21, item 3)
+
+
+def _write(tmp_path: Path, spec: dict, name: str = "s.yml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("mistake, message", [
+    ({"eval": {"source": "local", "max_doc": 3}}, "unknown eval setting(s) max_doc"),
+    ({"eval": {"source": "local", "corpora": ["fineweb"]}}, "eval corpora must be a list drawn from"),
+    ({"slurm": {"gpus_per_nod": 1}}, "unknown slurm setting(s) gpus_per_nod"),
+    ({"report": {"basline": {"attention_type": "vanilla"}}}, "unknown report setting 'basline'; did you mean "
+                                                             "'baseline'?"),
+    ({"report": {"baseline": {"run": "vanila"}}}, "the baseline {'run': 'vanila'} matches no run"),
+    ({"report": {"metric": "ppl"}}, "report metric must be one of"),
+])
+def test_sweep_mistakes_are_one_line_errors_at_plan(tmp_path, capsys, tokenized_sample, mistake, message):
+    spec = {"name": "m", "configs": ["configs/tiny.yml"], "set": {"data_path": tokenized_sample},
+            "runs": [{"name": "vanilla"}, {"name": "dar", "set": {"attention_type": "dar"}}], **mistake}
+    assert sweep_main([str(_write(tmp_path, spec)), "plan", "--out", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_runs_are_checked_for_their_world_size_and_data(tmp_path, capsys, fake_queue, tokenized_sample):
+    """The shipped paper sweeps leave data_path unset: plan and submit refuse them (every job would fail with "no
+    training data"); a global batch that does not divide over the ranks `submit` asks for fails before queueing."""
+    for command in (["plan"], ["submit", "--dry-run"]):
+        assert sweep_main([str(SWEEPS / "dar-table1.yml"), *command, "--out", str(tmp_path / "t1")]) == 2
+        assert "no training data" in capsys.readouterr().err
+    spec = {"name": "b", "configs": ["configs/tiny.yml"], "set": {"data_path": tokenized_sample},
+            "runs": [{"name": "a"}]}  # tiny: global batch 16, micro-batch 8
+    path = _write(tmp_path, spec)
+    args = [str(path), "submit", "--out", str(tmp_path / "b"), "--gpus-per-node", "0", "--cpus-per-task", "1"]
+    assert sweep_main([*args, "--nproc-per-node", "3"]) == 2
+    assert "run 'a' on 3 rank(s): train_batch_size=16 is not divisible" in capsys.readouterr().err
+    assert not fake_queue.exists()
+    assert sweep_main([*args, "--nproc-per-node", "2"]) == 0 and fake_queue.exists()
+    assert sweep_main([str(path), "plan", "--out", str(tmp_path / "c"), "--world-size", "3"]) == 2
+    assert sweep_main([str(path), "run", "--local", "--out", str(tmp_path / "c"), "--nproc", "3"]) == 2
+    assert not (tmp_path / "c").exists()
+
+
+def test_key_value_overrides_apply_to_every_run_and_are_recorded(tmp_path, capsys, tokenized_sample):
+    spec = {"name": "o", "configs": ["configs/tiny.yml"], "grid": {"attention_type": ["vanilla", "swa"]}}
+    path = _write(tmp_path, spec)
+    out = tmp_path / "runs"
+    assert sweep_main([str(path), "plan", "--out", str(out), f"data_path={tokenized_sample}", "train_iters=7"]) == 0
+    for run in ("vanilla", "swa"):
+        cfg = load_config(out / run / "config.yml")
+        assert (cfg.data.data_path, cfg.training.train_iters) == (tokenized_sample, 7)
+    copy = load_sweep(out)
+    assert copy.overrides == [f"data_path={tokenized_sample}", "train_iters=7"]
+    # later commands reuse them (and say so); a key given again replaces its value
+    capsys.readouterr()
+    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=9"]) == 0
+    assert "overrides recorded in" not in capsys.readouterr().err
+    assert load_config(out / "swa" / "config.yml").training.train_iters == 9
+    assert load_config(out / "swa" / "config.yml").data.data_path == tokenized_sample
+    assert sweep_main([str(path), "plan", "--out", str(out)]) == 0
+    assert "overrides recorded in" in capsys.readouterr().err
+    assert load_sweep(out).overrides == [f"data_path={tokenized_sample}", "train_iters=9"]
+    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters"]) == 2
+    assert "must look like key=value" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one sweep per directory, one trainer per run (item 6)
+
+
+def test_a_directory_holds_one_sweep(tmp_path, capsys, tokenized_sample):
+    out = tmp_path / "runs"
+    a = _write(tmp_path, {"name": "a", "configs": ["configs/tiny.yml"], "runs": [{"name": "x"}]}, "a.yml")
+    b = _write(tmp_path, {"name": "b", "configs": ["configs/tiny.yml"], "runs": [{"name": "y"}]}, "b.yml")
+    assert sweep_main([str(a), "plan", "--out", str(out), f"data_path={tokenized_sample}"]) == 0
+    for command in (["plan"], ["status"], ["run", "--local"], ["submit", "--dry-run"], ["cancel"]):
+        assert sweep_main([str(b), *command, "--out", str(out)]) == 2
+        assert "holds the sweep 'a', not 'b'" in capsys.readouterr().err
+    assert load_sweep(out).name == "a" and not (out / "y").exists()
+    assert sweep_main([str(b), "plan", "--out", str(out), "--force", f"data_path={tokenized_sample}"]) == 0
+    assert load_sweep(out).name == "b"
+
+
+def test_a_second_trainer_on_a_run_directory_exits_with_one_line(tmp_path, tokenized_sample):
+    """While a trainer holds a run directory, another train.py on the same save stops at once (exit 2, one line),
+    leaving the run's status alone; `run --local` skips a run another trainer holds."""
+    from trainrun import train_command, train_env
+
+    save = tmp_path / "run"
+    save.mkdir()
+    (save / "status.json").write_text(json.dumps({"state": "running", "step": 3, "train_iters": 6}))
+    lock = lock_run_dir(save)
+    try:
+        proc = subprocess.run(train_command(save, tokenized_sample), cwd=ROOT, env=train_env(), capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        lock.release()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {save} is in use by another trainer (pid ")
+    assert "Traceback" not in proc.stderr
+    assert json.loads((save / "status.json").read_text())["state"] == "running"  # the holder's, untouched
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# status: progress from the metrics, the queue from SLURM (item 4)
+
+
+def test_status_reads_progress_from_metrics_and_the_queue_from_slurm(four_runs, fake_queue, capsys):
+    _, out = four_runs
+    queue = fake_queue.parent / "queue.txt"
+    # w2: its SLURM job runs; the trainer wrote status.json (step 0) when it started and metrics up to step 7
+    (out / "w2" / "status.json").write_text(json.dumps({"state": "running", "step": 0, "train_iters": 20}))
+    (out / "w2" / "slurm_jobs.txt").write_text("80_1\n")
+    # w3: trained here now (it holds its lock) although old SLURM jobs of it are recorded
+    (out / "w3" / "status.json").write_text(json.dumps({"state": "running", "step": 10, "train_iters": 20}))
+    (out / "w3" / "slurm_jobs.txt").write_text("55\n")
+    _fake_run(out / "w3", None, 15, 2.75)
+    # w1: trained, not evaluated (the sweep evaluates), its requeued job waits in the queue
+    (out / "w1" / "slurm_jobs.txt").write_text("81_0\n")
+    queue.write_text("80_1 RUNNING\n81_0 PENDING\n")
+    lock = lock_run_dir(out / "w3")
+    try:
+        capsys.readouterr()
+        assert sweep_main([str(out), "status"]) == 0
+        lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[1:-1]}
+    finally:
+        lock.release()
+    assert lines["w2"].split()[1:3] == ["running", "7/20"]  # not 0/20
+    assert "80_1 RUNNING" in lines["w2"]
+    assert lines["w3"].split()[1:3] == ["running", "15/20"]  # not stale at 10
+    assert lines["w1"].split()[1] == "queued"
+    assert run_state(out / "w3").state == "stale"  # lock released, job 55 gone: nothing runs it
+    capsys.readouterr()
+    assert sweep_main([str(out), "cancel"]) == 0
+    text = capsys.readouterr().out
+    assert "cancel: 1 waiting job(s) cancelled, 1 running job(s) stopping; 3 of 5 run(s) had no live job" in text
+    calls = sorted((fake_queue.parent / "scancel.log").read_text().splitlines())
+    assert calls == ["--batch --signal=TERM 80_1", "81_0"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# windows that cover the sequence (item 11)
+
+
+def test_a_window_covering_the_sequence_is_reported(tmp_path, capsys, tokenized_sample):
+    """configs/attention/dar.yml sets window_size 128 over tiny's 16: at seq_length 128 that is vanilla attention."""
+    spec = {"name": "w", "configs": ["configs/tiny.yml"], "set": {"data_path": tokenized_sample},
+            "runs": [{"name": f"{a}-w{w}", "configs": [f"configs/attention/{a}.yml"], "set": {"window_size": w}}
+                     for a in ("dar", "swa", "aha") for w in (128, 16)]}
+    assert sweep_main([str(_write(tmp_path, spec)), "plan", "--out", str(tmp_path / "runs")]) == 0
+    err = capsys.readouterr().err
+    for a in ("dar", "swa", "aha"):
+        assert f"warning: {a}-w128: window_size=128 >= seq_length=128" in err and "vanilla attention" in err
+        assert f"warning: {a}-w16:" not in err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a local sweep end to end: extension, evaluation freshness, per-run TensorBoard, W&B (items 5 and 7)
+
+
+def _wandb_log(run_dir: Path) -> bytes:
+    """The bytes of every offline W&B run file of a run (the records hold each logged key and its JSON value)."""
+    return b"".join(f.read_bytes() for f in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")))
+
+
+def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, capsys, monkeypatch, tokenized_sample):
+    """A raised train_iters re-opens finished runs (before: `run --local` said "done, skipped"); a run trained past
+    its evaluation is evaluated again (before: the table kept the old step's numbers, silently); every run gets its
+    own TensorBoard directory under a shared tensorboard_dir; the evaluation reaches the run's W&B run."""
+    from neox_dar.report.__main__ import main as report_main
+    from trainrun import train_env
+
+    spec = {"name": "ext", "configs": ["configs/tiny.yml", "configs/attention/vanilla.yml"],
+            "set": {"data_path": tokenized_sample, "seq_length": 32, "train_iters": 4, "train_batch_size": 8,
+                    "train_micro_batch_size_per_gpu": 4, "log_interval": 1, "eval_interval": 0,
+                    "checkpoint_factor": 2, "precision": "fp32", "use_wandb": True, "wandb_project": "tests",
+                    "tensorboard_dir": str(tmp_path / "tb")},
+            "runs": [{"name": "a"}, {"name": "b", "set": {"seed": 2}}],
+            "eval": {"source": "local", "corpora": ["c4"], "max_docs": 1}}
+    path, out = _write(tmp_path, spec), tmp_path / "runs"
+    for key, value in train_env().items():
+        monkeypatch.setenv(key, value)  # the sweep's train.py and eval.perplexity inherit this environment
+    assert sweep_main([str(path), "run", "--local", "--out", str(out)]) == 0
+    for run in ("a", "b"):  # one TensorBoard directory per run, each with its own steps
+        assert list((tmp_path / "tb" / run).glob("events.out.tfevents.*")), run
+        result = json.loads((out / run / "eval" / "perplexity.json").read_text())
+        assert result["step"] == 4
+        log = _wandb_log(out / run)  # the evaluation reached the run's W&B run
+        assert b"eval/c4/token_perplexity" in log and json.dumps(result["corpora"]["c4"]["token_perplexity"]).encode() in log
+    assert not list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    capsys.readouterr()
+    assert sweep_main([str(out), "run", "--local"]) == 0
+    assert capsys.readouterr().out.count("done, skipped") == 2
+
+    # raise train_iters: the finished runs re-open; `run` trains `a` from its step-4 checkpoint to 6, evaluates step 6
+    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=6"]) == 2  # checkpoints: needs --force
+    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=6", "--force"]) == 0
+    assert run_state(out / "a", want_eval=True).state == "extend"
+    assert sweep_main([str(path), "run", "--local", "--out", str(out), "--only", "a"]) == 0
+    assert [json.loads(line)["step"] for line in (out / "a" / "metrics.jsonl").read_text().splitlines()] == \
+        [1, 2, 3, 4, 5, 6]
+    assert json.loads((out / "a" / "eval" / "perplexity.json").read_text())["step"] == 6
+
+    # `b` extended outside the sweep (train.py on its config): its step-4 evaluation is out of date
+    proc = subprocess.run([sys.executable, "train.py", str(out / "b" / "config.yml")], cwd=ROOT, env=train_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    st = run_state(out / "b", want_eval=True)
+    assert (st.state, st.checkpoint, st.eval_step) == ("trained", 6, 4)
+    assert report_main([str(out), "--no-figures"]) == 0
+    assert "b: evaluated at step 4 but trained to step 6" in capsys.readouterr().out
+    assert sweep_main([str(out), "run", "--local"]) == 0
+    text = capsys.readouterr().out
+    assert "a: done, skipped" in text and "b: training" not in text
+    assert json.loads((out / "b" / "eval" / "perplexity.json").read_text())["step"] == 6
+    assert sweep_main([str(out), "status"]) == 0
+    assert "2 done" in capsys.readouterr().out

@@ -85,7 +85,15 @@ class AHAAttention(Attention):
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        import warnings
+
         cls.require_window(cfg)
+        w, T = cfg.attention.window_size, cfg.seq_length
+        if w >= T:
+            warnings.warn(f"window_size={w} >= seq_length={T}: AHA's local path sees every key, so both paths are "
+                          "full attention (vanilla attention plus a router and its L1 term); a later config file or "
+                          "key may have replaced the model config's window", stacklevel=6)
+
 
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:

@@ -79,6 +79,14 @@ class DARAttention(Attention):
     reads = ("window_size",)
 
     @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        w, T = cfg.attention.window_size, cfg.seq_length
+        if w >= T:
+            warnings.warn(f"window_size={w} >= seq_length={T}: every key is inside DAR's window, so this is vanilla "
+                          "attention (the bottleneck is never used); a later config file or key may have replaced "
+                          "the model config's window", stacklevel=6)
+
+    @classmethod
     def resolve(cls, cfg: ModelConfig) -> dict[str, Any]:
         if cfg.attention.dar_d_down is None:
             return {"dar_d_down": max(1, cfg.hidden_size // 4)}

@@ -27,7 +27,15 @@ class SWAAttention(Attention):
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        import warnings
+
         cls.require_window(cfg)
+        w, T = cfg.attention.window_size, cfg.seq_length
+        if w >= T:
+            warnings.warn(f"window_size={w} >= seq_length={T}: SWA's window holds every key, so this is vanilla "
+                          "attention; a later config file or key may have replaced the model config's window",
+                          stacklevel=6)
+
 
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:

@@ -2,9 +2,10 @@
 
     python -m neox_dar.report RUNS_DIR_OR_SWEEP [--out DIR] [--metric word_perplexity] [--no-figures]
 
-Writes DIR/table.md, DIR/table.tex and the figures (DIR defaults to <runs dir>/report) and prints
-the Markdown table. The sweep file's ``report:`` mapping sets the title, baseline, grouping and row
-order; the command-line options override it.
+Writes DIR/table.md, DIR/table.tex, DIR/table.json and the figures (DIR defaults to <runs dir>/report) and
+prints the Markdown table. The sweep file's ``report:`` mapping sets the title, baseline, grouping, row order,
+cost column and the axes to average over (seeds); the command-line options override it. An unknown setting or a
+baseline that matches no run is a one-line error (exit 2).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ..rundir import RunFileError
 from ..sweep.spec import SweepError
 from .collect import collect
 from .figures import draw_all
-from .tables import build_table, to_latex, to_markdown
+from .tables import average_table, build_table, to_latex, to_markdown
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -29,12 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", choices=["token_perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte"])
     p.add_argument("--baseline", help="baseline run name (default: the sweep's report.baseline selector)")
     p.add_argument("--group-by", nargs="*", help="grid axes whose runs share one baseline")
+    p.add_argument("--average-over", nargs="*", help="axes to average over in a second table (e.g. seed)")
     p.add_argument("--no-figures", action="store_true")
     args = p.parse_args(argv)
     try:
         runs, sweep, root = collect(args.target)
         report = dict(sweep.report if sweep else {})
-        if sweep is None:
+        if sweep is None and any(r.matches({"attention_type": "vanilla"}) for r in runs):
             report.setdefault("baseline", {"attention_type": "vanilla"})
         if args.metric:
             report["metric"] = args.metric
@@ -42,18 +44,27 @@ def main(argv: list[str] | None = None) -> int:
             report["baseline"] = {"run": args.baseline}
         if args.group_by is not None:
             report["group_by"] = args.group_by
+        if args.average_over is not None:
+            report["average_over"] = args.average_over
         table = build_table(runs, report)
+        tables = [table]
+        if report.get("average_over"):
+            tables.append(average_table(table, runs, report["average_over"]))
         out = Path(args.out) if args.out else root / "report"
         out.mkdir(parents=True, exist_ok=True)
-        md = to_markdown(table)
+        md = "\n".join(to_markdown(t) for t in tables)
         (out / "table.md").write_text(md)
-        (out / "table.tex").write_text(to_latex(table))
-        (out / "table.json").write_text(json.dumps({"title": table.title, "columns": table.columns,
-                                                    "rows": table.rows}, indent=1) + "\n")
+        (out / "table.tex").write_text("\n".join(to_latex(t) for t in tables))
+        body = {"title": table.title, "columns": table.columns, "rows": table.rows, "notes": table.notes}
+        if len(tables) > 1:
+            body["averaged"] = {"title": tables[1].title, "columns": tables[1].columns, "rows": tables[1].rows,
+                                "notes": tables[1].notes}
+        (out / "table.json").write_text(json.dumps(body, indent=1) + "\n")
         print(md)
         files = [out / "table.md", out / "table.tex", out / "table.json"]
         if not args.no_figures:
-            figs, skipped = draw_all(runs, table, report, out)
+            name = sweep.name if sweep else root.name
+            figs, skipped = draw_all(runs, table, report, out, name)
             files += figs
             for s in skipped:
                 print(f"figure skipped: {s}")

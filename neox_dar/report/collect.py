@@ -13,7 +13,8 @@ from pathlib import Path
 
 from ..attention import Attention, variant
 from ..config import Config, load_config
-from ..rundir import CONFIG, RUN_META, read_evals, read_json, read_metrics
+from ..rundir import CONFIG, FINAL_EVAL, RUN_META, read_evals, read_json, read_metrics
+from ..sweep.rundir import newest_checkpoint_step
 from ..sweep.spec import SWEEP_COPY, Sweep, SweepError, load_sweep
 
 
@@ -26,12 +27,25 @@ class RunRecord:
     cfg: Config
     axes: dict[str, str]
     metrics: list[dict]
-    evals: list[dict]  # every eval/*.json, by step
+    evals: list[dict]  # every eval/*.json by step; at one step the sweep's final evaluation comes last
 
     @property
     def eval(self) -> dict | None:
-        """The evaluation at the highest step (the table's numbers), or None."""
+        """The evaluation at the highest step (the table's numbers; at equal steps the sweep's own evaluation,
+        ``eval/perplexity.json``, over an in-training one), or None."""
         return self.evals[-1] if self.evals else None
+
+    def trained_to(self) -> int | None:
+        """Step of the run's newest complete checkpoint."""
+        return newest_checkpoint_step(self.run_dir)
+
+    def has_key(self, key: str) -> bool:
+        """Whether ``key`` is a config key (flat, or a dotted path)."""
+        try:
+            self.cfg.get(key)
+        except (KeyError, TypeError):
+            return False
+        return True
 
     def perplexity(self, corpus: str, metric: str) -> float | None:
         """``metric`` of ``corpus`` from the final evaluation; None when it was not evaluated."""
@@ -104,9 +118,11 @@ def _load_cfg(run_dir: Path) -> Config:
 def load_run(run_dir: Path) -> RunRecord:
     meta_path = run_dir / RUN_META
     meta = read_json(meta_path) if meta_path.is_file() else {}
+    evals = sorted(read_evals(run_dir), key=lambda e: (e.get("step") is None, e.get("step") or 0,
+                                                       Path(e["_path"]).name == FINAL_EVAL))
     return RunRecord(name=meta.get("run", run_dir.name), run_dir=run_dir, cfg=_load_cfg(run_dir),
                      axes={k: str(v) for k, v in (meta.get("axes") or {}).items()},
-                     metrics=read_metrics(run_dir), evals=read_evals(run_dir))
+                     metrics=read_metrics(run_dir), evals=evals)
 
 
 def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:

@@ -1,11 +1,14 @@
-"""The papers' figures as PNG, drawn from the run files.
+"""The papers' figures as PNG, drawn from the run files; every title names the sweep.
 
 - ``relative_ppl_vs_step.png`` (DAR Fig. 3): each run's perplexity / its group's baseline x 100 over training.
-  Where a run and its baseline have evaluations (``eval/*.json``) at two or more common steps, the paper's
-  Rel. (%) over the three corpora; otherwise the validation perplexity from ``valid_loss`` rows (one
-  validation set). The legend says which.
-- ``loss_curves.png``: training loss per run, one panel per group.
-- ``cost_vs_perplexity.png`` (MSWA Table 5 as a plot): relative attention cost vs Rel. (%).
+  Where a run and its baseline have evaluations (``eval/*.json``: in-training ``eval_perplexity`` and the final
+  one) at two or more common steps, the paper's Rel. (%) over the three corpora (solid; the last point is the
+  table's); otherwise a proxy from the ``valid_loss`` rows (dashed, with the validation tokens it rests on in the
+  caption). Integer steps.
+- ``loss_curves.png``: training loss per run, one column per group; below it each run's loss minus its
+  baseline's (or, without a baseline, the second half zoomed in).
+- ``cost_vs_perplexity.png`` (MSWA Table 5 as a plot): relative attention cost vs Rel. (%), a labelled marker per
+  run, the cost basis in the caption.
 - ``{variant}_{stat}_heatmap.png`` for each per-head statistic a variant reports (AHA's ``mu_f``: the paper's Fig.
   3, full-attention usage per layer (rows) and head (columns)), from each
   run's final evaluation (real tokens only, mean over the corpora).
@@ -17,14 +20,17 @@ A figure whose inputs no run holds is not drawn; :func:`draw_all` says which and
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator  # noqa: E402
 
-from ..evaluation.tables import relative_percent  # noqa: E402
+from ..evaluation.corpora import CORPORA  # noqa: E402
+from ..evaluation.tables import TITLES, relative_percent  # noqa: E402
 
 from .collect import RunRecord  # noqa: E402
 from .tables import Table, baselines, group_key  # noqa: E402
@@ -57,10 +63,29 @@ def _save(fig, path: Path, rect=None) -> Path:
     return path
 
 
+def _titled(fig, title: str, caption: list[str]) -> tuple[float, float, float, float]:
+    """Put ``title`` above the panels and the ``caption`` paragraphs (wrapped to the figure's width) below them;
+    returns the rectangle left for the panels (for :func:`_save`)."""
+    width = int(fig.get_figwidth() * 15)
+    text = "\n".join(textwrap.fill(line, width) for line in caption)
+    rows = text.count("\n") + 1 if text else 0
+    height = fig.get_figheight()
+    fig.suptitle(title, fontsize=10)
+    if text:
+        fig.text(0.01, 0.01, text, fontsize=7, va="bottom", ha="left")
+    bottom = (rows * 0.13 + 0.1) / height if text else 0.0
+    return (0, bottom, 1, 1 - 0.35 / height)
+
+
+def _evals_by_step(run: RunRecord) -> dict[int, dict]:
+    """The run's evaluations by step; at one step the sweep's final evaluation (the table's) wins."""
+    return {e["step"]: e for e in run.evals if e.get("step") is not None}
+
+
 def _eval_points(run: RunRecord, base: RunRecord, metric: str) -> list[tuple[int, float]]:
     """(step, Rel. %) at every step where both runs have an evaluation with all three corpora."""
-    ref = {e["step"]: e for e in base.evals if e.get("step") is not None}
-    pts = [(e["step"], relative_percent(e, ref[e["step"]], metric)) for e in run.evals if e.get("step") in ref]
+    ref = _evals_by_step(base)
+    pts = [(s, relative_percent(e, ref[s], metric)) for s, e in sorted(_evals_by_step(run).items()) if s in ref]
     return [(s, v) for s, v in pts if v is not None]
 
 
@@ -71,8 +96,24 @@ def _valid_points(run: RunRecord, base: RunRecord) -> list[tuple[int, float]]:
             for row in run.valid_rows() if row["step"] in ref]
 
 
-def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
-    """Per run: evaluations at >= 2 common steps give the paper's Rel. (%); otherwise validation loss."""
+def validation_tokens(run: RunRecord) -> int:
+    """Tokens one validation (``eval_iters`` global batches) scores."""
+    t = run.cfg.training
+    batch = t.train_batch_size if t.train_batch_size is not None else t.train_micro_batch_size_per_gpu
+    return run.cfg.run.eval_iters * batch * run.cfg.model.seq_length
+
+
+def _integer_steps(ax) -> None:
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _baseline_text(base: dict) -> str:
+    return ", ".join(dict.fromkeys(b.name for b in base.values()))
+
+
+def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path, sweep: str = "") -> Path | None:
+    """Per run: evaluations at >= 2 common steps give the paper's Rel. (%) (solid); otherwise the validation-loss
+    proxy (dashed, marked in the legend and the caption)."""
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
     metric = report.get("metric", "token_perplexity")
@@ -81,58 +122,115 @@ def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path) -> Path
         b = base.get(group_key(r, group_by))
         if b is None or b is r:
             continue
-        pts, source = _eval_points(r, b, metric), "eval"
+        pts, proxy = _eval_points(r, b, metric), False
         if len(pts) < 2:
-            pts, source = _valid_points(r, b), "valid"
+            pts, proxy = _valid_points(r, b), True
         if pts:
-            series.append((group_key(r, group_by), f"{r.name} ({source})", pts))
+            series.append((group_key(r, group_by), r, proxy, pts))
     if not series:
         return None
     keys = list(dict.fromkeys(s[0] for s in series))
-    fig, axes = _panels(len(keys))
+    fig, axes = _panels(len(keys), 6.0, 4.2)
     for ax, key in zip(axes, keys):
-        for _, name, pts in (s for s in series if s[0] == key):
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=name)
-        ax.axhline(100.0, color="black", lw=1, ls="--")
-        _label(ax, "step", "perplexity / baseline (%)", " ".join(key) or "relative perplexity")
-    return _save(fig, out / "relative_ppl_vs_step.png")
+        for _, r, proxy, pts in (s for s in series if s[0] == key):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, ls="--" if proxy else "-",
+                    label=r.name + (" (valid-loss proxy)" if proxy else ""))
+        ax.axhline(100.0, color="black", lw=1, ls=":")
+        _integer_steps(ax)
+        _label(ax, "training step", "perplexity / baseline's (%)", " ".join(key))
+    papers = ", ".join(TITLES[c] for c in CORPORA)
+    caption = []
+    if any(not s[2] for s in series):
+        caption.append(f"solid: Rel. (%) = mean over {papers} of {metric} / baseline's x 100, from the evaluations "
+                       "(the last point is the table's)")
+    proxies = [s[1] for s in series if s[2]]
+    if proxies:
+        tokens = sorted({validation_tokens(r) for r in proxies})
+        caption.append(f"dashed: proxy, exp(valid_loss - baseline's) x 100 on {'/'.join(f'{n:,}' for n in tokens)} "
+                       "tokens per validation, for runs without corpus evaluations at 2+ steps (noisy; it may "
+                       "disagree with the table)")
+    rect = _titled(fig, f"{sweep}: perplexity relative to the baseline ({_baseline_text(base)})", caption)
+    return _save(fig, out / "relative_ppl_vs_step.png", rect=rect)
 
 
-def loss_curves(runs: list[RunRecord], report: dict, out: Path) -> Path | None:
-    groups = {k: [r for r in g if r.train_rows()] for k, g in _groups(runs, list(report.get("group_by") or [])).items()}
+def loss_curves(runs: list[RunRecord], report: dict, out: Path, sweep: str = "") -> Path | None:
+    """Training loss per run (top), and below it each run's loss minus its baseline's at the same steps (the runs
+    see the same batches, so the difference is far less noisy than either curve); without a baseline, the second
+    half of training zoomed in."""
+    group_by = list(report.get("group_by") or [])
+    groups = {k: [r for r in g if r.train_rows()] for k, g in _groups(runs, group_by).items()}
     groups = {k: g for k, g in groups.items() if g}
     if not groups:
         return None
-    fig, axes = _panels(len(groups))
-    for ax, (key, group) in zip(axes, groups.items()):
+    base = baselines(runs, report.get("baseline"), group_by)
+    fig, grid = plt.subplots(2, len(groups), figsize=(6.0 * len(groups), 7.0), squeeze=False)
+    for col, (key, group) in enumerate(groups.items()):
+        top, bottom = grid[0][col], grid[1][col]
+        b = base.get(key)
+        ref = {x["step"]: x["loss"] for x in b.train_rows()} if b is not None else {}
+        last = max(x["step"] for r in group for x in r.train_rows())
         for r in group:
             rows = r.train_rows()
-            ax.plot([x["step"] for x in rows], [x["loss"] for x in rows], lw=1, label=r.name)
-        _label(ax, "step", "training loss", " ".join(key) or "training loss")
-    return _save(fig, out / "loss_curves.png")
+            line, = top.plot([x["step"] for x in rows], [x["loss"] for x in rows], lw=1, label=r.name)
+            if ref and r is not b:
+                diff = [(x["step"], x["loss"] - ref[x["step"]]) for x in rows if x["step"] in ref]
+                bottom.plot([d[0] for d in diff], [d[1] for d in diff], lw=1, color=line.get_color(), label=r.name)
+            elif not ref:
+                late = [x for x in rows if x["step"] >= last / 2]
+                bottom.plot([x["step"] for x in late], [x["loss"] for x in late], lw=1, color=line.get_color(),
+                            label=r.name)
+        for ax in (top, bottom):
+            _integer_steps(ax)
+        _label(top, "training step", "training loss", " ".join(key) or "training loss")
+        if ref:
+            bottom.axhline(0.0, color="black", lw=1, ls=":")
+            _label(bottom, "training step", f"loss - {b.name}'s loss", f"relative to the baseline {b.name}")
+        else:
+            _label(bottom, "training step", "training loss", "second half of training (zoom)")
+    rect = _titled(fig, f"{sweep}: training loss", [])
+    return _save(fig, out / "loss_curves.png", rect=rect)
 
 
-def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path) -> Path | None:
+def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path, sweep: str = "") -> Path | None:
+    """Rel. (%) against the attention cost, a marker per run (labelled) and a line per kind of attention through
+    its runs at distinct costs."""
     if "Cost" not in table.columns:
         return None
     ci, ri = table.columns.index("Cost"), table.columns.index("Rel. (%)")
     kinds: dict[str, list[tuple[float, float, str]]] = {}
     for r, row in zip(runs, table.rows):
         if row[ri] is not None:
-            label = r.variant.label(r.cfg.model)
-            kinds.setdefault(label, []).append((row[ci], row[ri], r.name))
+            kinds.setdefault(r.variant.label(r.cfg.model), []).append((row[ci], row[ri], r.name))
     if not kinds:
         return None
-    fig, axes = _panels(1, 6.5, 4.5)
+    fig, axes = _panels(1, 7.0, 4.8)
     ax = axes[0]
-    for kind, pts in kinds.items():
+    for (kind, pts), marker in zip(kinds.items(), "osD^v<>ph*"):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=kind)
+        line, = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, ls="none", label=kind)
+        means = {}
+        for x, y, _ in pts:
+            means.setdefault(x, []).append(y)
+        if len(means) > 1:  # a line only between distinct costs: runs at one cost stay separate markers
+            xs = sorted(means)
+            ax.plot(xs, [sum(means[x]) / len(means[x]) for x in xs], lw=1, color=line.get_color(), alpha=0.6)
         for x, y, name in pts:
-            ax.annotate(name, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.set_xscale("log")
-    _label(ax, "attention FLOPs per token, relative to vanilla", "Rel. perplexity (%)", "cost vs perplexity")
-    return _save(fig, out / "cost_vs_perplexity.png")
+            ax.annotate(name, (x, y), fontsize=6, xytext=(4, 2), textcoords="offset points")
+    costs = sorted({p[0] for pts in kinds.values() for p in pts})
+    if costs[-1] / costs[0] > 4:
+        ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(costs))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.tick_params(axis="x", labelsize=7, labelrotation=45)
+    ax.axhline(100.0, color="black", lw=1, ls=":")
+    T = runs[0].cfg.model.seq_length
+    _label(ax, f"attention cost relative to vanilla (training FLOPs per token at T = {T:,})", "Rel. (%)", "")
+    rect = _titled(fig, f"{sweep}: attention cost vs perplexity",
+                   ["cost: training FLOPs of q.k scores and weighted sums over the keys each query sees, plus the "
+                    "products a variant adds (DAR's second key/value projection); AHA at its upper bound (every "
+                    "gate open). Rel. (%) as in the table."])
+    return _save(fig, out / "cost_vs_perplexity.png", rect=rect)
 
 
 def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str]]:
@@ -167,13 +265,15 @@ def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str
     return files, skipped
 
 
-def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path) -> tuple[list[Path], list[str]]:
-    """Every figure that the runs support; returns (files, reasons for those not drawn)."""
+def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path,
+             sweep: str = "") -> tuple[list[Path], list[str]]:
+    """Every figure that the runs support (titled with the sweep's name); returns (files, reasons for those not
+    drawn)."""
     out.mkdir(parents=True, exist_ok=True)
     files, skipped = [], []
-    for name, fn in (("relative perplexity vs step", lambda: relative_ppl_vs_step(runs, report, out)),
-                     ("loss curves", lambda: loss_curves(runs, report, out)),
-                     ("cost vs perplexity", lambda: cost_vs_perplexity(table, _ordered(runs, table), out))):
+    for name, fn in (("relative perplexity vs step", lambda: relative_ppl_vs_step(runs, report, out, sweep)),
+                     ("loss curves", lambda: loss_curves(runs, report, out, sweep)),
+                     ("cost vs perplexity", lambda: cost_vs_perplexity(table, _ordered(runs, table), out, sweep))):
         path = fn()
         if path is None:
             skipped.append(f"{name}: no run holds its inputs")

@@ -4,16 +4,34 @@
 ``ppl(run) / ppl(baseline) * 100``, with the
 baseline run of the same group (e.g. vanilla at the same scale). A perplexity the run files do not hold
 is *missing* (shown as eval.table shows it, "--"), never zero, and a Rel. that would need it is missing too.
+Corpora a sweep evaluates beyond the papers' three (its ``eval: {extra: ...}``) get their own columns; Rel. (%)
+stays the papers' mean over their three.
+
+The report's settings (the sweep file's ``report:`` mapping, :data:`REPORT_KEYS`) are checked when the sweep is
+read: an unknown key, a baseline that matches no run or a metric that does not exist is a one-line error.
 """
 
 from __future__ import annotations
 
+import difflib
+import statistics
 from dataclasses import dataclass
 
 from ..evaluation.corpora import CORPORA
-from ..evaluation.tables import MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
+from ..evaluation.tables import METRICS, MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
 from ..sweep.spec import SweepError
 from .collect import RunRecord, relative_cost
+
+REPORT_KEYS = {
+    "title": "the table's title",
+    "baseline": "selector of the baseline run per group: {run: NAME} or config keys / axis labels",
+    "group_by": "axes (or config keys) whose runs share one baseline, e.g. [scale]",
+    "rows": "run names in the order the table lists them",
+    "metric": f"one of {', '.join(METRICS)}",
+    "cost": "true: a Cost column (attention FLOPs per token relative to vanilla)",
+    "average_over": "axes (or config keys) to average over, e.g. [seed]: a second table with mean and spread",
+}
+
 
 @dataclass
 class Table:
@@ -25,15 +43,46 @@ class Table:
     notes: list[str]
 
 
-def group_key(run: RunRecord, group_by: list[str]) -> tuple:
-    return tuple(run.axes[g] if g in run.axes else str(run.config_value(g)) for g in group_by)
+def check_report(report: dict) -> None:
+    """SweepError (one line) for a ``report:`` mapping with an unknown key or a value of the wrong kind."""
+    if not isinstance(report, dict):
+        raise SweepError(f"'report' must be a mapping of {', '.join(REPORT_KEYS)}, got {report!r}")
+    for key in report:
+        if key not in REPORT_KEYS:
+            close = difflib.get_close_matches(key, list(REPORT_KEYS), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else f" (allowed: {', '.join(REPORT_KEYS)})"
+            raise SweepError(f"unknown report setting '{key}'{hint}")
+    if report.get("baseline") is not None and not isinstance(report["baseline"], dict):
+        raise SweepError(f"report baseline must be a mapping such as {{run: vanilla}} or {{attention_type: vanilla}}, "
+                         f"got {report['baseline']!r}")
+    if report.get("metric") is not None and report["metric"] not in METRICS:
+        raise SweepError(f"report metric must be one of {', '.join(METRICS)}, got {report['metric']!r}")
+    for key in ("group_by", "rows", "average_over"):
+        value = report.get(key)
+        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+            raise SweepError(f"report {key} must be a list of names, got {value!r}")
+    if report.get("cost") is not None and not isinstance(report["cost"], bool):
+        raise SweepError(f"report cost must be true or false, got {report['cost']!r}")
+
+
+def group_key(run: RunRecord, names: list[str]) -> tuple:
+    return tuple(run.axes[g] if g in run.axes else str(run.config_value(g)) for g in names)
+
+
+def _check_names(runs: list[RunRecord], names: list[str], what: str) -> None:
+    for name in names:
+        if name != "run" and not any(name in r.axes for r in runs) and not runs[0].has_key(name):
+            raise SweepError(f"report {what} names '{name}', which is neither an axis of the runs nor a config key")
 
 
 def baselines(runs: list[RunRecord], selector: dict | None, group_by: list[str]) -> dict[tuple, RunRecord]:
-    """The baseline run of each group (runs matching ``selector``); a group with two baselines is an error."""
+    """The baseline run of each group (runs matching ``selector``). A selector that matches no run, names a key that
+    is neither an axis nor a config key, or matches two runs of one group is an error."""
     out: dict[tuple, RunRecord] = {}
-    if not selector:
+    if not selector or not runs:
         return out
+    _check_names(runs, list(selector), "baseline")
+    _check_names(runs, group_by, "group_by")
     for r in runs:
         if r.matches(selector):
             key = group_key(r, group_by)
@@ -41,12 +90,46 @@ def baselines(runs: list[RunRecord], selector: dict | None, group_by: list[str])
                 raise SweepError(f"two baseline runs in group {key or '(all)'}: {out[key].name} and {r.name}; "
                                  "set report.group_by or a narrower report.baseline")
             out[key] = r
+    if not out:
+        raise SweepError(f"the baseline {selector} matches no run (runs: {', '.join(r.name for r in runs)})")
     return out
+
+
+def check_report_runs(report: dict, runs: list[RunRecord]) -> None:
+    """The ``report:`` settings against the sweep's runs: the baseline matches a run (one per group), ``rows`` and
+    ``average_over`` name runs and axes that exist. SweepError otherwise (at plan time, before any training)."""
+    baselines(runs, report.get("baseline"), list(report.get("group_by") or []))
+    unknown = [n for n in report.get("rows") or [] if n not in {r.name for r in runs}]
+    if unknown:
+        raise SweepError(f"report rows name unknown run(s) {', '.join(unknown)} (runs: "
+                         f"{', '.join(r.name for r in runs)})")
+    _check_names(runs, list(report.get("average_over") or []), "average_over")
+
+
+def corpora_of(runs: list[RunRecord]) -> list[str]:
+    """The papers' three corpora, then every other corpus some run's evaluation holds, in order of appearance."""
+    extra = [c for r in runs for c in ((r.eval or {}).get("corpora") or {}) if c not in CORPORA]
+    return [*CORPORA, *dict.fromkeys(extra)]
+
+
+def scored_on(runs: list[RunRecord], corpora: list[str], base: dict[tuple, RunRecord]) -> str | None:
+    """One line: how many documents and tokens each corpus was scored on (from a baseline's evaluation, else the
+    first evaluated run's)."""
+    ordered = [*base.values(), *runs]
+    parts = []
+    for c in corpora:
+        entry = next((r.eval["corpora"][c] for r in ordered if r.eval and c in (r.eval.get("corpora") or {})), None)
+        if entry is not None and entry.get("tokens") is not None:
+            docs = entry.get("documents")
+            parts.append(f"{TITLES.get(c, c)} {docs:,} documents / {entry['tokens']:,} tokens" if docs is not None
+                         else f"{TITLES.get(c, c)} {entry['tokens']:,} tokens")
+    return "Scored on: " + "; ".join(parts) + "." if parts else None
 
 
 def build_table(runs: list[RunRecord], report: dict) -> Table:
     """Rows in ``report['rows']`` order (default: the baseline, then the given order); columns run, axes,
     corpora, Rel., extras."""
+    check_report(report)
     metric = report.get("metric", "token_perplexity")
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
@@ -56,10 +139,11 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
         runs = [by_name[n] for n in order if n in by_name] + [r for r in runs if r.name not in order]
     elif base and not group_by:  # as in the papers: the baseline first
         runs = [r for r in runs if r in base.values()] + [r for r in runs if r not in base.values()]
+    corpora = corpora_of(runs)
     axes = [a for a in dict.fromkeys(k for r in runs for k in r.axes)]
     stats = list(dict.fromkeys(stat for r in runs for stat in r.variant.stats))  # the variants' statistics
     with_cost = bool(report.get("cost"))
-    columns = ["Run", *axes, *(TITLES.get(c, c) for c in CORPORA), "Rel. (%)"]
+    columns = ["Run", *axes, *(TITLES.get(c, c) for c in corpora), "Rel. (%)"]
     if with_cost:
         columns.append("Cost")
     columns += [f"{stat} (%)" for stat in stats]
@@ -67,12 +151,11 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     cache: dict = {}
     rows, flags = [], []
     for r in runs:
-        ppl = {c: r.perplexity(c, metric) for c in CORPORA}
         b = base.get(group_key(r, group_by))
         rel = relative_percent(r.eval, b.eval, metric) if (b and b.eval and r.eval) else None
         if b and b is not r and b.eval and r.eval:
             flags += flag_other_documents([(r.name, r.eval)], b.eval)
-        row = [r.name, *(r.axes.get(a, "") for a in axes), *(ppl[c] for c in CORPORA), rel]
+        row = [r.name, *(r.axes.get(a, "") for a in axes), *(r.perplexity(c, metric) for c in corpora), rel]
         if with_cost:
             row.append(relative_cost(r, cache))
         for stat in stats:  # "" when the run's variant has no such statistic; None (missing) when not evaluated
@@ -80,17 +163,76 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
             row.append(value * 100 if isinstance(value, float) else value)
         row.append(r.eval.get("step") if r.eval else None)
         rows.append(row)
-    notes = [f"Perplexity: {metric} from each run's final eval/*.json; Rel. (%) = mean over "
-             f"{', '.join(TITLES.get(c, c) for c in CORPORA)} of ppl / ppl(baseline) x 100"
-             + (f", baseline per {', '.join(group_by)}" if group_by else "") + f". '{MISSING}' = not evaluated."]
+        if r.eval and r.trained_to() is not None and r.eval.get("step") is not None \
+                and r.eval["step"] < r.trained_to():
+            flags.append(f"warning: {r.name}: evaluated at step {r.eval['step']} but trained to step {r.trained_to()}; "
+                         "its numbers are out of date (`python -m neox_dar.sweep ... run --local` or `submit` "
+                         "evaluates it again)")
+    missing = "not evaluated" + (", or its baseline not evaluated" if base else "")
+    papers = ", ".join(TITLES.get(c, c) for c in CORPORA)
+    notes = [f"Perplexity: {metric} from each run's final evaluation (eval/perplexity.json, else its latest "
+             f"eval/*.json); Rel. (%) = mean over {papers} of ppl / ppl(baseline) x 100"
+             + (f" with the baseline of the same {', '.join(group_by)}" if group_by else "")
+             + (f" (baseline: {_baseline_names(base)})" if base else " (no baseline: set report.baseline)")
+             + f". '{MISSING}' = {missing}."]
+    counts = scored_on(runs, corpora, base)
+    if counts:
+        notes.append(counts)
     if with_cost:
-        notes.append("Cost: attention FLOPs per token at seq_length (scores, weighted sums, variant extras), "
-                     "relative to vanilla attention; data-dependent variants counted at their upper bound.")
+        notes.append("Cost: training FLOPs per token of attention at seq_length (q.k scores and weighted sums over "
+                     "the keys each query sees, plus products a variant adds, e.g. DAR's second key/value "
+                     "projection), relative to vanilla attention; AHA counted as if every gate were open.")
     meanings = {stat: meaning for r in runs for stat, meaning in r.variant.stats.items()}
     for stat in stats:
         notes.append(f"{stat}: {meanings[stat]}; from the final evaluation (real tokens only), mean over the corpora, "
                      f"layers and heads; '{MISSING}' = not evaluated.")
     return Table(report.get("title") or "Perplexity", columns, rows, notes + flags)
+
+
+def _baseline_names(base: dict[tuple, RunRecord]) -> str:
+    return ", ".join(r.name for r in base.values())
+
+
+def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table:
+    """Rows of ``table`` that differ only in the ``over`` axes (e.g. seeds) merged into one: every number is the
+    mean, and Rel. (%) gets its sample standard deviation and its range beside it (the spread between seeds)."""
+    by_name = {r.name: r for r in runs}
+    _check_names(runs, over, "average_over")
+    keep = [c for c in table.columns if c not in over]
+    idx = [table.columns.index(c) for c in keep]
+    rel = table.columns.index("Rel. (%)")
+    groups: dict[tuple, list[list]] = {}
+    for row in table.rows:
+        run = by_name[row[0]]
+        label = tuple(run.axes.get(a, "") for a in dict.fromkeys(k for r in runs for k in r.axes) if a not in over)
+        groups.setdefault(label if any(label) else (row[0],), []).append(row)
+    columns = ["Runs" if c == "Run" else c for c in keep]
+    columns.insert(columns.index("Rel. (%)") + 1, "Rel. sd")
+    columns.insert(columns.index("Rel. sd") + 1, "Rel. range")
+    columns.insert(1, "n")
+    rows = []
+    for label, members in groups.items():
+        out: list = []
+        for i in idx:
+            cells = [m[i] for m in members]
+            if i == 0:
+                out.append(" ".join(dict.fromkeys(str(c) for c in cells)) if len(members) == 1 else
+                           "-".join(x for x in label if x) or cells[0])
+            elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cells):
+                out.append(statistics.fmean(cells) if table.columns[i] != "Step" else max(cells))
+            else:
+                out.append(cells[0] if len(set(map(str, cells))) == 1 else None)
+        rels = [m[rel] for m in members if isinstance(m[rel], float)]
+        at = keep.index("Rel. (%)") + 1
+        out[at:at] = [statistics.stdev(rels) if len(rels) > 1 else None,
+                      f"{min(rels):.2f}..{max(rels):.2f}" if len(rels) > 1 else None]
+        if len(rels) != len(members):
+            out[at - 1] = None  # a mean over fewer seeds than the row has would mislead
+        out.insert(1, len(members))
+        rows.append(out)
+    notes = [f"Mean over the runs that differ only in {', '.join(over)} (n = how many); Rel. sd = their sample "
+             f"standard deviation, Rel. range = min..max; '{MISSING}' where a run of the row is not evaluated."]
+    return Table(f"{table.title} (mean over {', '.join(over)})", columns, rows, notes)
 
 
 def _cell(v, latex: bool = False) -> str:

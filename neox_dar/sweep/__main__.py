@@ -1,20 +1,24 @@
 """Command line of the sweep tool.
 
-    python -m neox_dar.sweep SWEEP.yml plan [--out DIR]        # list runs, write DIR/<run>/config.yml
-    python -m neox_dar.sweep SWEEP.yml run --local [--nproc N]  # train (and evaluate) runs one by one here
+    python -m neox_dar.sweep SWEEP.yml plan [--out DIR] [key=value ...]   # list and check runs, write their configs
+    python -m neox_dar.sweep SWEEP.yml run --local [--nproc N]             # train (and evaluate) runs one by one here
     python -m neox_dar.sweep SWEEP.yml submit [--dry-run] [--nodes 2 --gpus-per-node 8 --time 12:00:00 ...]
-    python -m neox_dar.sweep SWEEP.yml status                   # pending / running / done / failed per run
+    python -m neox_dar.sweep SWEEP.yml status                              # each run's state, progress, jobs
+    python -m neox_dar.sweep SWEEP.yml cancel                              # stop the sweep's SLURM jobs
 
 SWEEP may also be a sweep's output directory (it holds a copy of the sweep file). The default output
-directory is runs/<sweep name>. `submit` and `run` skip runs that are done, resume runs that have a
-checkpoint (the trainer continues from its run directory), and `submit` skips runs already queued.
+directory is runs/<sweep name>. ``key=value`` words (plan, run, submit) override a config key in every run
+(``data_path=/data/pile``); they are recorded in the output directory's copy of the sweep and reused by later
+commands. Every run is checked as it will train (its world size, its data files) before anything is written
+or queued. `submit` and `run` skip runs that are done, resume runs that have a checkpoint (the trainer
+continues from its run directory), train further runs whose ``train_iters`` was raised, evaluate again runs
+trained past their evaluation, and `submit` skips runs already queued.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,8 +26,9 @@ from pathlib import Path
 from .local import run_local
 from ..rundir import METRICS, RunFileError
 from .rundir import run_state
-from .slurm import SlurmSettings, queued_jobs, submit_runs
-from .spec import SWEEP_COPY, SweepError, plan_row, load_sweep, plan, write_plan
+from .slurm import SlurmSettings, cancel_jobs, queued_jobs, submit_runs
+from .spec import (SWEEP_COPY, SweepError, check_owner, check_report_settings, check_runs, load_sweep, plan,
+                   plan_row, with_overrides, write_plan)
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -56,15 +61,25 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sweep", help="sweep YAML file, or a sweep output directory")
     sub = p.add_subparsers(dest="command", required=True)
-    for name, helptext in (("plan", "list the runs and write their resolved configs"),
+    for name, helptext in (("plan", "list and check the runs and write their resolved configs"),
                            ("run", "train the runs one after another on this machine"),
                            ("submit", "submit the runs to SLURM"),
-                           ("status", "show each run's state from its run directory")):
+                           ("status", "show each run's state from its run directory and the SLURM queue"),
+                           ("cancel", "stop the sweep's live SLURM jobs (running ones checkpoint first)")):
         s = sub.add_parser(name, help=helptext)
         s.add_argument("--out", help="output directory (default: runs/<sweep name>, or SWEEP if it is a directory)")
         s.add_argument("--only", nargs="+", metavar="RUN", help="restrict to these runs")
         if name in ("plan", "run", "submit"):
-            s.add_argument("--force", action="store_true", help="overwrite configs of runs that have checkpoints")
+            s.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                           help="config keys for every run (e.g. data_path=/data/pile), recorded in the output "
+                                "directory and reused by later commands")
+            s.add_argument("--force", action="store_true",
+                           help="rewrite configs of runs that have checkpoints (e.g. a raised train_iters extends "
+                                "finished runs), or replace another sweep's copy in the output directory")
+        if name == "plan":
+            s.add_argument("--world-size", type=int, default=None,
+                           help="check the runs for this many data-parallel ranks (default: the sweep's slurm: "
+                                "nodes x processes per node when it has a slurm: mapping, else 1)")
         if name == "run":
             s.add_argument("--local", action="store_true", required=True, help="run here (the only mode of `run`)")
             s.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun --standalone when > 1)")
@@ -75,31 +90,63 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _with_recorded_overrides(sweep, root: Path, given: list[str]):
+    """The sweep with the overrides its output directory recorded (when ``sweep`` is the original file), then
+    the command line's ``given`` ones."""
+    copy = root / SWEEP_COPY
+    if copy.is_file() and (sweep.path is None or sweep.path.resolve() != copy.resolve()):
+        recorded = load_sweep(copy)
+        if recorded.name == sweep.name and recorded.overrides:
+            if not given:
+                print(f"overrides recorded in {copy}: {' '.join(recorded.overrides)}", file=sys.stderr)
+            sweep = with_overrides(sweep, recorded.overrides)
+    return with_overrides(sweep, given)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.only and "overrides" in args:  # `--only a b key=value`: run names never hold '=', so these are overrides
+        args.overrides += [o for o in args.only if "=" in o]
+        args.only = [o for o in args.only if "=" not in o]
     try:
         sweep = load_sweep(args.sweep)
-        out = args.out or (args.sweep if Path(args.sweep, SWEEP_COPY).is_file() else None)
-        planned = plan(sweep, out)
+        root = Path(args.out or (args.sweep if Path(args.sweep, SWEEP_COPY).is_file() else sweep.default_out()))
+        root = root.resolve()
+        if not (args.command == "plan" and args.force):
+            check_owner(sweep, root)
+        if args.command in ("plan", "run", "submit"):
+            sweep = _with_recorded_overrides(sweep, root, args.overrides)
+        planned = plan(sweep, root)
+        check_report_settings(sweep, planned)
         if args.only:
             unknown = set(args.only) - {p.spec.name for p in planned}
             if unknown:
                 raise SweepError(f"--only names unknown run(s): {', '.join(sorted(unknown))}")
             planned = [p for p in planned if p.spec.name in args.only]
-        root = planned[0].run_dir.parent
         if args.command == "status":
             return _status(planned, sweep)
+        if args.command == "cancel":
+            return _cancel(planned)
+        settings = None
+        if args.command == "plan":
+            world = args.world_size or (SlurmSettings.from_dict(sweep.slurm).world_size if sweep.slurm else 1)
+        elif args.command == "run":
+            world = args.nproc
+        else:
+            settings = _settings(sweep, args)
+            world = settings.world_size
+        check_runs(planned, world)
         write_plan(sweep, planned, force=args.force)
         if args.command == "plan":
             for p in planned:
                 for w in p.warnings:
                     print(f"warning: {p.spec.name}: {w}", file=sys.stderr)
-            print(f"sweep {sweep.name}: {len(planned)} runs -> {root}")
+            print(f"sweep {sweep.name}: {len(planned)} runs -> {root} (checked for {world} rank(s) each)")
             print(format_rows([plan_row(p) for p in planned]))
             return 0
         if args.command == "run":
             return _run_local(planned, sweep, args)
-        return _submit(planned, sweep, root, args)
+        return _submit(planned, sweep, root, settings, args)
     except (SweepError, RunFileError) as e:
         print(f"sweep error: {e}", file=sys.stderr)
         return 2
@@ -113,21 +160,33 @@ def _age(path: Path) -> str:
     return f"{s}s" if s < 120 else f"{s // 60}m" if s < 7200 else f"{s // 3600}h"
 
 
+def _state(run_dir: Path, sweep):
+    """:func:`run_state` with the live SLURM states of the run's recorded jobs."""
+    from ..rundir import job_ids
+
+    return run_state(run_dir, want_eval=bool(sweep.eval), queue=queued_jobs(job_ids(run_dir)))
+
+
+def _eval_cell(st) -> str:
+    if st.eval_step is None:
+        return "no"
+    return f"step {st.eval_step}" if st.evaluated else f"step {st.eval_step} (stale)"
+
+
 def _status(planned, sweep) -> int:
     rows = []
     for p in planned:
-        st = run_state(p.run_dir, want_eval=bool(sweep.eval))
-        state = st.state
-        if state == "running" and st.jobs and shutil.which("squeue") and not queued_jobs(st.jobs):
-            state = "stale"  # status.json says running but none of its SLURM jobs is alive
+        st = _state(p.run_dir, sweep)
+        jobs = [f"{j} {s}" if s else j for j, s in st.jobs.items()][-3:]
         rows.append({
-            "run": st.name, "state": state, "updated": _age(p.run_dir / METRICS),
-            "step": f"{st.step}/{st.train_iters}" if st.step is not None and st.train_iters else (st.step or "-"),
+            "run": st.name, "state": st.state,
+            "step": f"{st.step or 0}/{st.train_iters}" if st.train_iters else (st.step or "-"),
+            "updated": _age(p.run_dir / METRICS),
             "loss": f"{st.loss:.4f}" if st.loss is not None else "-",
             "valid_loss": f"{st.valid_loss:.4f}" if st.valid_loss is not None else "-",
             "checkpoint": st.checkpoint if st.checkpoint is not None else "-",
-            "eval": "yes" if st.evaluated else "no",
-            "jobs": ",".join(st.jobs[-3:]) or "-",
+            "eval": _eval_cell(st),
+            "jobs": ", ".join(jobs) or "-",
         })
     print(format_rows(rows))
     counts: dict[str, int] = {}
@@ -154,23 +213,54 @@ def _run_local(planned, sweep, args) -> int:
     return 0
 
 
-def _submit(planned, sweep, root: Path, args) -> int:
+def _cancel(planned) -> int:
+    """Stop every live job of the runs; one line per job, then one summary line."""
+    from ..rundir import job_ids
+
+    live = {}
+    idle = 0
+    for p in planned:
+        jobs = queued_jobs(job_ids(p.run_dir))
+        live.update(jobs)
+        idle += not jobs
+    cancelled, stopped = cancel_jobs(live)
+    for job in cancelled:
+        print(f"{job}: cancelled (it had not started)")
+    for job in stopped:
+        print(f"{job}: asked to stop (TERM: the trainers checkpoint, the job ends without requeueing)")
+    print(f"cancel: {len(cancelled)} waiting job(s) cancelled, {len(stopped)} running job(s) stopping; "
+          f"{idle} of {len(planned)} run(s) had no live job")
+    return 0
+
+
+def _settings(sweep, args) -> SlurmSettings:
+    """The sweep's ``slurm:`` settings with the command line's on top."""
     raw = dict(sweep.slurm)
     for f in dataclasses.fields(SlurmSettings):
         value = getattr(args, f.name)
         if value is not None:
             raw[f.name] = value
-    settings = SlurmSettings.from_dict(raw)
+    return SlurmSettings.from_dict(raw)
+
+
+def _submit(planned, sweep, root: Path, settings: SlurmSettings, args) -> int:
     todo = []
     for p in planned:
-        st = run_state(p.run_dir, want_eval=bool(sweep.eval))
-        live = queued_jobs(st.jobs)
+        st = _state(p.run_dir, sweep)
+        live = {j: s for j, s in st.jobs.items() if s}
         if st.state == "done":
             print(f"{p.spec.name}: done, skipped")
         elif live:
             print(f"{p.spec.name}: already queued ({', '.join(f'{j} {s}' for j, s in live.items())}), skipped")
+        elif st.holder is not None:
+            print(f"{p.spec.name}: running here ({st.holder}), skipped")
         else:
-            how = f"resumes from step {st.checkpoint}" if st.checkpoint is not None else "starts"
+            if st.trained:
+                how = f"evaluates step {st.checkpoint}"
+            elif st.checkpoint is not None:
+                how = f"resumes from step {st.checkpoint}" + (f" to {st.train_iters}" if st.state == "extend" else "")
+            else:
+                how = "starts"
             print(f"{p.spec.name}: {st.state}, {how}")
             todo.append(p.run_dir)
     if not todo:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..rundir import CONFIG, EVAL_DIR, FINAL_EVAL
-from .rundir import run_state
+from .rundir import needs_eval, run_state
 from .slurm import TRAIN_SCRIPT, eval_args
 
 
@@ -35,20 +35,24 @@ def train_command(run_dir: Path, nproc: int, python: str = sys.executable) -> li
 
 
 def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
-    """Train (or resume) one run, then evaluate it when the sweep asks; returns the exit code (3: interrupted)."""
+    """Train (resume, or extend to a raised ``train_iters``) one run, then evaluate it when the sweep asks and its
+    evaluation does not score its newest checkpoint; returns the exit code (3: interrupted)."""
     run_dir = Path(run_dir)
     want_eval = bool(eval_args(ev))
     st = run_state(run_dir, want_eval)
     if st.state == "done":
         print(f"[sweep] {run_dir.name}: done, skipped")
         return 0
-    if st.state != "evaluating":
-        print(f"[sweep] {run_dir.name}: training ({st.state}, checkpoint {st.checkpoint})")
+    if st.holder is not None:
+        print(f"[sweep] {run_dir.name}: another trainer holds it ({st.holder}), skipped")
+        return 0
+    if not st.trained:
+        print(f"[sweep] {run_dir.name}: training ({st.state}, checkpoint {st.checkpoint}, to step {st.train_iters})")
         rc = _run_logged(train_command(run_dir, nproc), run_dir / "logs" / "train-local.log")
         if rc != 0:
             print(f"[sweep] {run_dir.name}: training exited with {rc}")
             return rc
-    if want_eval:
+    if want_eval and needs_eval(run_dir):
         out = run_dir / EVAL_DIR / FINAL_EVAL
         cmd = [sys.executable, "-m", "eval.perplexity", str(run_dir), *eval_args(ev), "--out", str(out)]
         rc = _run_logged(cmd, run_dir / "logs" / "eval-local.log")

@@ -1,21 +1,37 @@
-"""A sweep's view of one run directory: its state for `status` and `submit` (the files themselves and their
-readers belong to :mod:`neox_dar.rundir`).
+"""A sweep's view of one run directory: its state for `status`, `run`, `submit` and the job script (the files
+themselves and their readers belong to :mod:`neox_dar.rundir`).
 
     {run}/config.yml          resolved config (written by `plan`, rewritten identically by train.py)
     {run}/run.json            the sweep's record of the run: sweep, run, axes, configs, overrides
-    {run}/status.json         {"state": "running"|"done"|"interrupted"|"failed", "step", "train_iters", "reason"}
-    {run}/metrics.jsonl       one JSON object per logged step; validation rows carry `valid_loss`
+    {run}/status.json         the trainer's {"state": "running"|"done"|"interrupted"|"failed", "step", ...}, written
+                              when training starts and ends
+    {run}/metrics.jsonl       one JSON object per logged step: the progress while training
+    {run}/run.lock            held by the trainer while it runs
     {run}/checkpoints/        step_XXXXXXXX checkpoints (the newest complete one is the run's progress)
-    {run}/eval/*.json         eval.perplexity results ({"step", "corpora": {name: {...}}})
+    {run}/eval/perplexity.json  the sweep's evaluation, with the checkpoint "step" it scored
     {run}/slurm_jobs.txt      SLURM job ids this run was submitted under, one per line
+
+A run is *trained* when the trainer said ``done`` at a step >= the config's ``train_iters`` (raising ``train_iters``
+re-opens a finished run: state ``extend``), and *evaluated* when ``eval/perplexity.json`` scored its newest
+checkpoint (a run trained further since is evaluated again).
+
+    python -m neox_dar.sweep.rundir needs-training RUN_DIR   # exit 0: train it, 1: trained (the job script asks)
+    python -m neox_dar.sweep.rundir needs-eval RUN_DIR       # exit 0: evaluate it, 1: evaluated
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rundir import checkpoint_step, job_ids, newest_checkpoint, read_evals, read_metrics, read_status
+import yaml
+
+from ..rundir import (CONFIG, EVAL_DIR, FINAL_EVAL, checkpoint_step, job_ids, lock_holder, newest_checkpoint,
+                      read_json, read_metrics, read_status)
+
+# SLURM job states that mean "not started yet" (anything else live is running or finishing)
+WAITING = {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "SUSPENDED", "RESIZING"}
 
 
 def newest_checkpoint_step(run_dir: Path) -> int | None:
@@ -25,40 +41,110 @@ def newest_checkpoint_step(run_dir: Path) -> int | None:
 
 
 def final_eval(run_dir: Path) -> dict | None:
-    """The evaluation at the highest step, or None when the run has none."""
-    evals = read_evals(run_dir)
-    return evals[-1] if evals else None
+    """The sweep's evaluation of the run (``eval/perplexity.json``), or None."""
+    path = Path(run_dir) / EVAL_DIR / FINAL_EVAL
+    return read_json(path) if path.is_file() else None
+
+
+def planned_iters(run_dir: Path) -> int | None:
+    """``train_iters`` of the run's config (what the sweep asks for now), None without a config."""
+    path = Path(run_dir) / CONFIG
+    if not path.is_file():
+        return None
+    value = (yaml.safe_load(path.read_text()) or {}).get("train_iters")
+    return int(value) if value is not None else None
 
 
 @dataclass
 class RunState:
-    """What `status` shows for one run."""
+    """What `status` shows for one run.
+
+    ``state``: pending (never started), queued (a SLURM job waits for it), running, stale (the trainer's status says
+    running, but no process holds the run and no job of it is alive: it died without a word), interrupted (stopped
+    at a checkpoint; continue it), failed, extend (finished at fewer steps than ``train_iters`` asks now), trained
+    (to be evaluated), evaluating (trained, its job is running), done."""
 
     name: str
-    state: str  # pending | running | interrupted | failed | done
-    step: int | None
-    train_iters: int | None
+    state: str
+    step: int | None  # training progress: the newest logged step (status.json is written only at start and end)
+    train_iters: int | None  # from the config
     loss: float | None
     valid_loss: float | None
     checkpoint: int | None
-    evaluated: bool
-    jobs: list[str]
+    eval_step: int | None  # the checkpoint step the sweep's evaluation scored
+    jobs: dict[str, str]  # every recorded job id -> its live SLURM state, or "" when SLURM no longer holds it
+    holder: str | None  # the process holding the run's lock
+
+    @property
+    def trained(self) -> bool:
+        return self.state in ("trained", "evaluating", "done")
+
+    @property
+    def evaluated(self) -> bool:
+        return _evaluated(self.eval_step, self.checkpoint)
 
 
-def run_state(run_dir: Path, want_eval: bool = False) -> RunState:
-    """State of a run from its files; a trained run that still lacks a wanted evaluation is 'evaluating'."""
+def _trained(status: dict, train_iters: int | None) -> bool:
+    """The trainer said done at ``train_iters`` steps or more."""
+    return status.get("state") == "done" and (train_iters is None or (status.get("step") or 0) >= train_iters)
+
+
+def _evaluated(eval_step: int | None, checkpoint: int | None) -> bool:
+    """The evaluation scored the newest checkpoint."""
+    return eval_step is not None and (checkpoint is None or eval_step == checkpoint)
+
+
+def run_state(run_dir: Path, want_eval: bool = False, queue: dict[str, str] | None = None) -> RunState:
+    """State of a run from its files, its lock and ``queue`` (its job ids -> live SLURM states; None: no SLURM)."""
     run_dir = Path(run_dir)
     status = read_status(run_dir) or {}
     rows = read_metrics(run_dir)
-    train_rows = [r for r in rows if "loss" in r]
+    train_rows = [r for r in rows if "loss" in r and "step" in r]
     valid_rows = [r for r in rows if "valid_loss" in r]
-    state = status.get("state", "pending")
-    evaluated = final_eval(run_dir) is not None
-    if state == "done" and want_eval and not evaluated:
-        state = "evaluating"
-    step = status.get("step", train_rows[-1].get("step") if train_rows else None)
-    return RunState(
-        name=run_dir.name, state=state, step=step, train_iters=status.get("train_iters"),
-        loss=train_rows[-1]["loss"] if train_rows else None,
-        valid_loss=valid_rows[-1]["valid_loss"] if valid_rows else None,
-        checkpoint=newest_checkpoint_step(run_dir), evaluated=evaluated, jobs=job_ids(run_dir))
+    train_iters = planned_iters(run_dir) or status.get("train_iters")
+    steps = [s for s in (status.get("step"), train_rows[-1]["step"] if train_rows else None) if s is not None]
+    checkpoint = newest_checkpoint_step(run_dir)
+    ev = final_eval(run_dir)
+    jobs = {j: (queue or {}).get(j, "") for j in job_ids(run_dir)}
+    live = {s for s in jobs.values() if s}
+    holder = lock_holder(run_dir)
+    st = RunState(name=run_dir.name, state=status.get("state", "pending"), step=max(steps) if steps else None,
+                  train_iters=train_iters, loss=train_rows[-1]["loss"] if train_rows else None,
+                  valid_loss=valid_rows[-1]["valid_loss"] if valid_rows else None, checkpoint=checkpoint,
+                  eval_step=ev.get("step") if ev else None, jobs=jobs, holder=holder)
+    trained = _trained(status, train_iters)
+    if trained:
+        st.state = "done" if st.evaluated or not want_eval else "trained"
+    elif st.state == "done":
+        st.state = "extend"
+    if holder is not None:
+        st.state = "running"
+    elif live and live <= WAITING:
+        st.state = "queued"
+    elif live:
+        st.state = "evaluating" if trained and st.state == "trained" else "done" if st.state == "done" else "running"
+    elif st.state == "running":
+        st.state = "stale"
+    return st
+
+
+def needs_training(run_dir: Path) -> bool:
+    return not _trained(read_status(run_dir) or {}, planned_iters(run_dir))
+
+
+def needs_eval(run_dir: Path) -> bool:
+    ev = final_eval(run_dir)
+    return not _evaluated(ev.get("step") if ev else None, newest_checkpoint_step(run_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    checks = {"needs-training": needs_training, "needs-eval": needs_eval}
+    if len(args) != 2 or args[0] not in checks:
+        print(f"usage: python -m neox_dar.sweep.rundir {{{','.join(checks)}}} RUN_DIR", file=sys.stderr)
+        return 2
+    return 0 if checks[args[0]](Path(args[1])) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

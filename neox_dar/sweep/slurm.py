@@ -88,6 +88,11 @@ class SlurmSettings:
     def procs_per_node(self) -> int:
         return self.nproc_per_node or self.gpus_per_node
 
+    @property
+    def world_size(self) -> int:
+        """Data-parallel ranks of one run: nodes x processes per node."""
+        return self.nodes * self.procs_per_node
+
 
 def render(template: str, values: dict[str, object]) -> str:
     """Fill ``{{ name }}`` fields; an ``#SBATCH`` line whose field is None or empty is dropped."""
@@ -200,6 +205,26 @@ def queued_jobs(ids: list[str]) -> dict[str, str]:
             if len(parts) == 2 and parts[1] in QUEUED_STATES:
                 live[job] = parts[1]
     return live
+
+
+def cancel_jobs(jobs: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Stop live jobs (id -> SLURM state): one that waits is cancelled; a running one gets TERM in its batch script
+    only (``scancel --batch --signal=TERM``), which hands it to the trainers: they checkpoint and exit, and the job
+    ends without requeueing (an evaluation in progress is stopped). Returns (cancelled, asked to stop)."""
+    from .rundir import WAITING
+
+    exe = shutil.which("scancel")
+    if exe is None:
+        raise SweepError("scancel not found: cancel needs SLURM's client commands on PATH")
+    cancelled, stopped = [], []
+    for job, state in jobs.items():
+        waiting = state in WAITING
+        cmd = [exe, job] if waiting else [exe, "--batch", "--signal=TERM", job]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SweepError(f"{' '.join(cmd)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+        (cancelled if waiting else stopped).append(job)
+    return cancelled, stopped
 
 
 def submit_runs(settings: SlurmSettings, sweep_name: str, run_dirs: list[Path], root: Path, ev: dict | None,

@@ -15,16 +15,20 @@ A sweep file (YAML)::
     runs:                                  # explicit runs besides the grid (baselines)
       - {name: vanilla, set: {attention_type: vanilla}}
     name_template: "{attention_type}-d{dar_d_down}"         # optional; default joins the axis labels
+    overrides: ["data_path=/data/pile"]    # key=value for every run, after everything else (the command line's
+                                           # key=value words are recorded here in the output directory's copy)
     eval: {corpora: [fineweb_edu, c4, wikitext103], max_docs: null}   # or `eval: false`
     slurm: {nodes: 1, gpus_per_node: 8, time: "24:00:00"}  # defaults for `submit` (see slurm.py)
     report: {baseline: {attention_type: vanilla}, group_by: [], metric: token_perplexity}
 
 Every run gets a deterministic, readable name, and a resolved config with ``save`` = its run directory,
-``wandb_group`` = the sweep name and ``wandb_run_name`` = the run name.
+``wandb_group`` = the sweep name, ``wandb_run_name`` = the run name and, when a ``tensorboard_dir`` is set,
+``tensorboard_dir`` = that directory / the run name (one TensorBoard run per sweep run).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import re
@@ -42,7 +46,7 @@ from ..rundir import CONFIG, RUN_META
 SWEEP_COPY = "sweep.yml"
 
 _TOP_KEYS = {"name", "description", "configs", "set", "grid", "exclude", "runs", "name_template", "eval", "slurm",
-             "report", "out"}
+             "report", "out", "overrides"}
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
@@ -77,6 +81,7 @@ class Sweep:
     slurm: dict = field(default_factory=dict)
     report: dict = field(default_factory=dict)
     description: str = ""
+    overrides: list[str] = field(default_factory=list)
 
     def default_out(self) -> Path:
         return Path(self.raw.get("out") or Path("runs") / self.name)
@@ -96,6 +101,24 @@ def _label(key: str, value: Any) -> str:
     if prefix is not None:
         return prefix + text
     return text if isinstance(value, str) else f"{key}-{text}"
+
+
+def override_key(item: str) -> str:
+    """The flat key of a ``key=value`` override (SweepError when it is not one)."""
+    key, sep, _ = str(item).partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key:
+        raise SweepError(f"override {item!r} must look like key=value (e.g. data_path=/data/pile)")
+    return key
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """``key=value`` lists in order, a later value of a key replacing an earlier one (in the earlier's place)."""
+    merged: dict[str, str] = {}
+    for items in lists:
+        for item in items:
+            merged[override_key(item)] = str(item)
+    return list(merged.values())
 
 
 def _as_list(value: Any, what: str) -> list:
@@ -205,15 +228,30 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
     ev = data.get("eval", {"corpora": None, "max_docs": None})
     if ev is not False and ev is not None and not isinstance(ev, dict):
         raise SweepError(f"{where}: 'eval' must be a mapping (source, corpora, max_docs, args) or false")
-    from .slurm import eval_args
+    from ..report.tables import check_report
+    from .slurm import SlurmSettings, eval_args
 
-    try:
-        eval_args(ev or None)  # a mistake in eval: fails here, at plan time, not in a queued job
+    slurm, report = data.get("slurm") or {}, data.get("report") or {}
+    try:  # a mistake in eval:, slurm: or report: fails here, at plan time, not in a queued job or after training
+        eval_args(ev or None)
+        if not isinstance(slurm, dict):
+            raise SweepError(f"'slurm' must be a mapping of settings, got {slurm!r}")
+        SlurmSettings.from_dict(slurm)
+        check_report(report)
+        overrides = merge_overrides(_as_list(data.get("overrides"), "overrides"))
     except SweepError as e:
         raise SweepError(f"{where}: {e}") from None
-    return Sweep(name=str(name), path=path, raw=data, configs=base, runs=runs, eval=ev or None,
-                 slurm=dict(data.get("slurm") or {}), report=dict(data.get("report") or {}),
-                 description=str(data.get("description") or ""))
+    return Sweep(name=str(name), path=path, raw=data, configs=base, runs=runs, eval=ev or None, slurm=dict(slurm),
+                 report=dict(report), description=str(data.get("description") or ""), overrides=overrides)
+
+
+def with_overrides(sweep: Sweep, items: list[str]) -> Sweep:
+    """The sweep with ``key=value`` overrides added after its own (a key given again replaces its value); they are
+    part of the sweep from then on (the output directory's copy records them)."""
+    if not items:
+        return sweep
+    merged = merge_overrides(sweep.overrides, items)
+    return dataclasses.replace(sweep, overrides=merged, raw={**sweep.raw, "overrides": merged})
 
 
 def load_sweep(path: str | Path) -> Sweep:
@@ -232,15 +270,18 @@ def load_sweep(path: str | Path) -> Sweep:
 
 def resolve_run(sweep: Sweep, run: RunSpec, run_dir: Path) -> tuple[Config, list[str]]:
     """The run's validated config (save = run_dir, W&B group/name set) and the config warnings it raised."""
-    overrides = run.override_args() + [f"save={json.dumps(str(run_dir))}", f"wandb_group={json.dumps(sweep.name)}",
-                                       f"wandb_run_name={json.dumps(run.name)}"]
+    overrides = run.override_args() + list(sweep.overrides) + [
+        f"save={json.dumps(str(run_dir))}", f"wandb_group={json.dumps(sweep.name)}",
+        f"wandb_run_name={json.dumps(run.name)}"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             cfg = load_config(*run.configs, overrides=overrides)
+            if cfg.run.tensorboard_dir:  # one TensorBoard run per sweep run (a shared one purges the others' steps)
+                cfg = cfg.replace(tensorboard_dir=str(Path(cfg.run.tensorboard_dir) / run.name))
         except ConfigError as e:
             raise SweepError(f"run '{run.name}': {e}") from None
-    return cfg, [str(w.message) for w in caught]
+    return cfg, list(dict.fromkeys(str(w.message) for w in caught))
 
 
 @dataclass
@@ -264,15 +305,62 @@ def plan(sweep: Sweep, out: str | Path | None = None) -> list[PlannedRun]:
     return planned
 
 
+def sweep_in(root: Path) -> str | None:
+    """The name of the sweep whose copy ``root`` holds, or None when it holds none."""
+    copy = Path(root) / SWEEP_COPY
+    if not copy.is_file():
+        return None
+    try:
+        data = yaml.safe_load(copy.read_text())
+    except yaml.YAMLError:
+        return None
+    return str(data.get("name")) if isinstance(data, dict) and data.get("name") else None
+
+
+def check_owner(sweep: Sweep, root: Path) -> None:
+    """SweepError when ``root`` belongs to another sweep: its runs would vanish from `status` and the report, and
+    runs of the same name would mix two experiments in one directory."""
+    other = sweep_in(root)
+    if other is not None and other != sweep.name:
+        raise SweepError(f"{root} holds the sweep '{other}', not '{sweep.name}': give this sweep its own directory "
+                         f"(--out), or pass --force to `plan` to replace '{other}' there")
+
+
+def check_runs(planned: list[PlannedRun], world_size: int) -> None:
+    """Every run as it will train on ``world_size`` data-parallel ranks, before anything is queued: the global batch
+    divides, the data files exist and hold valid token ids, and the rest of ``train.py``'s start-up checks
+    (:func:`neox_dar.training.checks.check_training_config`). SweepError naming the run."""
+    from ..config import ConfigError
+    from ..training.checks import check_training_config
+
+    for p in planned:
+        try:
+            check_training_config(p.cfg, world_size)
+        except ConfigError as e:
+            raise SweepError(f"run '{p.spec.name}' on {world_size} rank(s): {e}") from None
+
+
+def check_report_settings(sweep: Sweep, planned: list[PlannedRun]) -> None:
+    """The ``report:`` mapping against the planned runs (a baseline that matches no run is an error now, not after
+    training)."""
+    from ..report.collect import RunRecord
+    from ..report.tables import check_report_runs
+
+    check_report_runs(sweep.report, [RunRecord(p.spec.name, p.run_dir, p.cfg, p.spec.axes, [], []) for p in planned])
+
+
 def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> Path:
     """Write ``<out>/sweep.yml`` and ``<out>/<run>/{config.yml,run.json}``; returns the output directory.
 
     A run directory whose existing config differs from the new one and that already holds checkpoints
-    is an error unless ``force`` (editing a sweep under a started run would mix two experiments).
+    is an error unless ``force`` (editing a sweep under a started run would mix two experiments), and so is an
+    output directory that holds another sweep.
     """
     if not planned:
         raise SweepError("nothing to write")
     root = planned[0].run_dir.parent
+    if not force:
+        check_owner(sweep, root)
     for p in planned:
         cfg_path = p.run_dir / CONFIG
         if cfg_path.is_file() and not force and (p.run_dir / "checkpoints").is_dir():
@@ -280,7 +368,8 @@ def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> 
             if old != new:
                 changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
                 raise SweepError(f"run '{p.spec.name}' already has checkpoints and its config changed "
-                                 f"({', '.join(changed)}); use a new output directory or --force")
+                                 f"({', '.join(changed)}); use a new output directory, or --force (e.g. to extend "
+                                 "finished runs with a larger train_iters)")
     root.mkdir(parents=True, exist_ok=True)
     raw = dict(sweep.raw, name=sweep.name)
     (root / SWEEP_COPY).write_text(f"# copied from {sweep.path} by `python -m neox_dar.sweep plan`\n"

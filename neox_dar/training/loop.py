@@ -21,7 +21,8 @@ from ..config import Config, load_config
 from ..data import build_datasets
 from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, checkpoints_dir,
-                      clean_leftovers, newest_checkpoint, remove_tree, resolve_checkpoint, step_dirs, write_status)
+                      clean_leftovers, lock_run_dir, newest_checkpoint, remove_tree, resolve_checkpoint, step_dirs,
+                      write_status)
 from .batches import inputs_and_targets, lm_loss, micro_batches
 from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
 from .corpus_eval import CorpusEvaluator
@@ -151,6 +152,7 @@ def train(cfg: Config, info: DistInfo) -> int:
     done, interrupted (stopped at a checkpoint: run again to continue) or failed (with the reason)."""
     save = Path(cfg.run.save)
     ckpt_root = checkpoints_dir(save)
+    run_lock = lock_run_dir(save) if info.is_main else None  # a second trainer on this save stops here, one line
     stop = StopRequest()  # from here on, SIGTERM/SIGUSR1 stop the run at the first step boundary
     state = TrainState()
     logger = None
@@ -261,3 +263,5 @@ def train(cfg: Config, info: DistInfo) -> int:
         stop.restore()
         if logger is not None:
             logger.close()
+        if run_lock is not None:
+            run_lock.release()
