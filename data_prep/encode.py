@@ -88,6 +88,7 @@ def load_tokenizer_spec(path: str, eod_id: int | None = None) -> TokenizerSpec:
 
 
 _TOKENIZERS: dict[str, object] = {}  # path -> loaded tokenizer, one per process
+_SPM_THREADS: int | None = None  # SentencePiece batch threads: its default (all cores), 1 in worker processes
 
 
 def encode_texts(spec: TokenizerSpec, texts: list[str]) -> list[list[int]]:
@@ -97,7 +98,7 @@ def encode_texts(spec: TokenizerSpec, texts: list[str]) -> list[list[int]]:
         tok = _TOKENIZERS[spec.path] = _load(spec.path, spec.kind)
     if spec.kind == "hf":
         return [e.ids for e in tok.encode_batch_fast(texts)]
-    return tok.encode(texts)
+    return tok.encode(texts, num_threads=_SPM_THREADS)
 
 
 def decode_record(kind: str, payload: object, text_key: str) -> str:
@@ -165,8 +166,10 @@ def encode_piece(records: list, spec: TokenizerSpec, text_key: str, dtype: str) 
 def init_worker(single_thread: bool, parent_pid: int) -> None:
     """Worker-process start: one tokenizer thread per worker when several workers share the cores, and a
     watchdog that ends the worker if the main process dies (a SIGKILLed run leaves no orphans)."""
+    global _SPM_THREADS
     if single_thread:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        _SPM_THREADS = 1
 
     def watch() -> None:
         while os.getppid() == parent_pid:
