@@ -124,12 +124,6 @@ class MSWAAttention(Attention):
                           f"{cfg.attention.window_size}) is >= seq_length={cfg.seq_length}, so this is vanilla "
                           "attention", stacklevel=6)
 
-        smallest = min(w for row in mswa_window_table(cfg) for w in row)
-        if smallest >= cfg.seq_length:
-            warnings.warn(f"every MSWA window (the smallest is {smallest}, base window_size="
-                          f"{cfg.attention.window_size}) is >= seq_length={cfg.seq_length}, so this is vanilla "
-                          "attention", stacklevel=6)
-
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:
         a = cfg.attention
