@@ -136,7 +136,7 @@ def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) 
     return {"ours_step_s": med["ours"], "hf_step_s": med["hf"], "hf_over_ours": med["hf"] / med["ours"],
             "clock": "process CPU time" if device.type == "cpu" else "wall time",
             "batch": cfg.training.train_micro_batch_size_per_gpu, "seq_length": cfg.model.seq_length, "hf_attention": "sdpa",
-            "ours_attention_impl": ours.gpt_neox.layers[0].attention.resolved_impl(device),
+            "ours_attention_impl": ours.attention_modules()[0].resolved_impl(device),
             "all_step_s": times}
 
 

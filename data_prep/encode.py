@@ -28,12 +28,14 @@ class BadRecord(ValueError):
 
 @dataclass(frozen=True)
 class TokenizerSpec:
-    """What a worker needs to rebuild the tokenizer: path, kind ("hf" or "spm"), EOD id, vocab size."""
+    """What a worker needs to rebuild the tokenizer: path, kind ("hf" or "spm"), EOD id, vocab size; and, for the
+    manifest, the BOS id the tokenizer itself puts before each document (None: it adds none)."""
 
     path: str
     kind: str
     eod_id: int
     vocab_size: int
+    bos_id: int | None = None
 
 
 def sha256_file(path: str, chunk: int = 1 << 22) -> str:
@@ -57,14 +59,43 @@ def _load(path: str, kind: str):
     return sentencepiece.SentencePieceProcessor(model_file=path)
 
 
-def load_tokenizer_spec(path: str, eod_id: int | None = None) -> TokenizerSpec:
-    """Inspect a Hugging Face ``tokenizer.json`` or a SentencePiece ``.model``; find the EOD id.
-
-    The EOD id is ``--eod-id`` when given, else ``<|endoftext|>`` (id 0 in Pythia's tokenizer)
-    for Hugging Face tokenizers and the model's ``eos_id`` for SentencePiece.
-    """
+def tokenizer_path(path: str) -> str:
+    """``path`` itself, or for a model folder its ``tokenizer.json`` (else its SentencePiece ``tokenizer.model``)."""
+    if os.path.isdir(path):
+        for name in ("tokenizer.json", "tokenizer.model"):
+            if os.path.isfile(os.path.join(path, name)):
+                return os.path.join(path, name)
+        raise FileNotFoundError(f"no tokenizer.json or tokenizer.model in {path}")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"tokenizer not found: {path}")
+    return path
+
+
+def _config_eos(path: str) -> str | None:
+    """The ``eos_token`` of the ``tokenizer_config.json`` beside ``path`` (a Hugging Face folder's), if any."""
+    config = os.path.join(os.path.dirname(path), "tokenizer_config.json")
+    if not os.path.isfile(config):
+        return None
+    try:
+        token = json.loads(open(config, encoding="utf-8").read()).get("eos_token")
+    except ValueError as e:
+        raise ValueError(f"{config} is not valid JSON ({e})") from None
+    return token.get("content") if isinstance(token, dict) else token
+
+
+def load_tokenizer_spec(path: str, eod_id: int | None = None) -> TokenizerSpec:
+    """Inspect a Hugging Face ``tokenizer.json`` or a SentencePiece ``.model`` (or a model folder holding one);
+    find the EOD id and the BOS the tokenizer prepends.
+
+    The EOD id is ``--eod-id`` when given, else ``<|endoftext|>`` when the vocabulary has it (Pythia, OLMo-2,
+    Qwen: the document separator of their pretraining data), else the folder's ``tokenizer_config.json``
+    ``eos_token`` (Llama-3: ``<|end_of_text|>``), for Hugging Face tokenizers; the model's ``eos_id`` for
+    SentencePiece. Documents are encoded with the tokenizer's own special tokens, so a tokenizer whose
+    post-processor prepends BOS (Llama-3's ``<|begin_of_text|>``) starts every document with it, as in its
+    pretraining data (a bare SentencePiece ``.model`` adds none; Llama-2's folder has a ``tokenizer.json`` that
+    does).
+    """
+    path = tokenizer_path(path)
     kind = "spm" if path.endswith(".model") else "hf"
     try:
         tok = _load(path, kind)
@@ -74,15 +105,20 @@ def load_tokenizer_spec(path: str, eod_id: int | None = None) -> TokenizerSpec:
     if kind == "hf":
         vocab = tok.get_vocab_size(with_added_tokens=True)
         found = tok.token_to_id(EOD_TOKEN)
+        if found is None and _config_eos(path) is not None:
+            found = tok.token_to_id(_config_eos(path))
+        plain, special = tok.encode("a", add_special_tokens=False).ids, tok.encode("a").ids
+        bos = special[0] if special[1:1 + len(plain)] == plain and len(special) > len(plain) else None
     else:
         vocab = tok.get_piece_size()
         found = tok.eos_id() if tok.eos_id() >= 0 else None
+        bos = None
     eod = eod_id if eod_id is not None else found
     if eod is None:
         raise ValueError(f"{path} has no {EOD_TOKEN} / EOS token; pass --eod-id")
     if not 0 <= eod < vocab:
         raise ValueError(f"EOD id {eod} is outside the vocabulary of {vocab} tokens")
-    spec = TokenizerSpec(path=os.path.abspath(path), kind=kind, eod_id=int(eod), vocab_size=int(vocab))
+    spec = TokenizerSpec(path=os.path.abspath(path), kind=kind, eod_id=int(eod), vocab_size=int(vocab), bos_id=bos)
     _TOKENIZERS[spec.path] = tok  # reused when this process tokenizes (--workers 1)
     return spec
 

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="\n\n".join(__doc__.split("\n\n")[2:]) + "\n\nDetails: docs/data.md",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files, globs or hf:NAME[:CONFIG][@SPLIT]")
-    p.add_argument("--tokenizer", required=True, help="Hugging Face tokenizer.json or SentencePiece .model")
+    p.add_argument("--tokenizer", required=True, metavar="DIR_OR_FILE",
+                   help="Hugging Face tokenizer.json, SentencePiece .model, or a model folder holding one")
     p.add_argument("--out", required=True, metavar="PREFIX", help="output prefix: PREFIX.bin, PREFIX.idx, ...")
     p.add_argument("--text-key", default="text", help="JSON field / parquet column holding the text (default: text)")
     p.add_argument("--max-tokens", type=parse_count, default=None,
@@ -304,7 +305,7 @@ def run(argv: list[str] | None = None) -> dict:
     dtype = best_dtype(spec.vocab_size)
     tok_sha = sha256_file(spec.path)
     plan = {"inputs": [dict(s.describe(), mtime_ns=s.mtime_ns) for s in sources], "tokenizer_sha256": tok_sha,
-            "eod_id": spec.eod_id, "text_key": args.text_key, "txt_mode": args.txt_mode,
+            "eod_id": spec.eod_id, "bos_id": spec.bos_id, "text_key": args.text_key, "txt_mode": args.txt_mode,
             "shard_bytes": args.shard_bytes, "shard_docs": args.shard_docs, "dtype": dtype.name, "seed": args.seed}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     shard_dir = f"{args.out}.shards"
@@ -341,7 +342,7 @@ def run(argv: list[str] | None = None) -> dict:
         "budget_rule": "the --valid-tokens file takes the first documents, then the training file the next ones; "
                        "each takes whole documents while they fit, and the first that does not is cut to fill its "
                        "budget exactly (its tail is dropped)",
-        "eod_id": spec.eod_id,
+        "eod_id": spec.eod_id, "bos_id": spec.bos_id,
         "tokenizer": {"path": spec.path, "kind": spec.kind, "sha256": tok_sha, "vocab_size": spec.vocab_size},
         "inputs": [dict(s.describe(), order=i, sha256=sha256_file(s.path) if s.size is not None else None)
                    for i, s in enumerate(sources)],

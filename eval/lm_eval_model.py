@@ -23,7 +23,7 @@ import torch
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils_hf import stop_sequences_criteria
-from transformers import GPTNeoXConfig
+from transformers import AutoConfig, PretrainedConfig
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
@@ -32,27 +32,27 @@ from neox_dar.model import CausalLM
 
 from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means
-from neox_dar.tokenizer import hf_tokenizer, tokenizer_file
+from neox_dar.tokenizer import hf_tokenizer, special_token_ids, tokenizer_file
 
 
 class _HFModelView(torch.nn.Module):
     """The few ``PreTrainedModel`` attributes ``HFLM`` reads from a model passed in as an object."""
 
-    def __init__(self, model: CausalLM, config: GPTNeoXConfig):
+    def __init__(self, model: CausalLM, config: PretrainedConfig):
         super().__init__()
         self.lm = model
         self.config = config
 
     @property
     def device(self) -> torch.device:
-        return self.lm.embed_out.weight.device
+        return self.lm.head.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm.embed_out.weight.dtype
+        return self.lm.head.weight.dtype
 
     def tie_weights(self) -> None:
-        """Pythia's input and output embeddings are untied, so there is nothing to tie."""
+        """The model ties its own embeddings (when its config says so) when it is built or loaded."""
 
     def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
         return SimpleNamespace(logits=self.lm(input_ids))
@@ -80,8 +80,10 @@ class NeoxDarLM(HFLM):
                  **kwargs):
         device = resolve_device(device)
         loaded = load_for_eval(checkpoint, device, dtype, attention_impl)
-        tok = hf_tokenizer(tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir))
-        view = _HFModelView(loaded.model, GPTNeoXConfig(**hf_config_dict(loaded.cfg, tok.eos_token_id)))
+        path = tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir)
+        tok = hf_tokenizer(path)
+        config = hf_config_dict(loaded.cfg, special_token_ids(path))
+        view = _HFModelView(loaded.model, AutoConfig.for_model(config.pop("model_type"), **config))
         kwargs.pop("pretrained", None)
         super().__init__(pretrained=view, backend="causal", tokenizer=tok,
                          max_length=max_length or loaded.cfg.seq_length, device=device, **kwargs)
@@ -168,7 +170,7 @@ class NeoxDarLM(HFLM):
 
     def get_model_info(self) -> dict:
         info = {"model_num_parameters": sum(p.numel() for p in self._lm.parameters()),
-                "model_dtype": str(self._lm.embed_out.weight.dtype), "model_revision": self.revision,
+                "model_dtype": str(self._lm.head.weight.dtype), "model_revision": self.revision,
                 "model_sha": "", **{f"neox_dar_{k}": v for k, v in self._info.items()}}
         stats = self.attention_stats()
         for name, value in stats.items():

@@ -27,7 +27,7 @@ from neox_dar.evaluation.corpora import ALL_CORPORA, CORPORA, CorpusError, manif
 from neox_dar.evaluation.loading import DTYPES, load_for_eval
 from neox_dar.evaluation.perplexity import (SWEEP_MANIFEST, load_corpora, pinned_corpora, score_corpus,
                                           sweep_manifest_path)
-from neox_dar.tokenizer import load_tokenizer, prefix_token_id
+from neox_dar.tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
 
 
 def _parse_paths(items: list[str]) -> dict[str, str]:
@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "or write it from this run's documents when it does not exist yet")
     ap.add_argument("--write-manifest", default=None, help="write the manifest of the scored documents here")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the config's vocab_file)")
-    ap.add_argument("--prefix-token", default="<|endoftext|>", help="token that precedes every document")
+    ap.add_argument("--prefix-token", default=None,
+                    help="token that precedes every document (default: as lm-eval, the tokenizer's bos, else its eos)")
     ap.add_argument("--per-document", action="store_true", help="also write each document's NLL and tokens")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--no-wandb", action="store_true",
@@ -111,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
             manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
             docs, entries = load_corpora(*corpus_args, manifest)
         loaded = load_for_eval(args.checkpoint, args.device, args.dtype, args.attention_impl)
-        tokenizer = load_tokenizer(loaded.cfg, args.tokenizer, loaded.model_dir)
-        prefix = prefix_token_id(tokenizer, args.prefix_token)
+        tokenizer_path = tokenizer_file(loaded.cfg, args.tokenizer, loaded.model_dir)
+        tokenizer = load_tokenizer(path=tokenizer_path)
+        prefix = prefix_token_id(tokenizer_path, args.prefix_token)
         max_length = args.max_length or loaded.cfg.seq_length
         if max_length > loaded.cfg.max_position_embeddings:
             raise ValueError(f"--max-length {max_length} exceeds max_position_embeddings "
@@ -172,7 +174,8 @@ def log_to_wandb(checkpoint: Path, results: dict) -> None:
     run.log({"eval/step": results["step"], **{f"eval/{name}/{m}": r[m] for name, r in results["corpora"].items()
                                               for m in METRICS if m in r}})
     run.finish()
-    print(f"logged to W&B run {run.id} ({cfg.wandb_project}/{cfg.wandb_group or ''}/{cfg.wandb_run_name or ''})")
+    print(f"logged to W&B run {run.id} ({cfg.wandb_project}/{cfg.wandb_group or ''}/{cfg.wandb_run_name or ''})",
+          file=sys.stderr)  # stdout is the results JSON
 
 
 if __name__ == "__main__":

@@ -41,10 +41,11 @@ def read_model_config(step_dir: str | Path) -> ModelConfig:
 
 
 def save_weights(model: CausalLM, cfg: ModelConfig, out_dir: str | Path) -> Path:
-    """Write ``model.safetensors`` (float32, contiguous), ``model.yml`` and the manifest into ``out_dir``."""
+    """Write ``model.safetensors`` (the tensors' own dtype, contiguous; a tied head once, as the embedding),
+    ``model.yml`` and the manifest into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.weights().items()}
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / MODEL_CONFIG).write_text(model_yaml(cfg))
     write_manifest(out, {"step": None})
@@ -54,7 +55,7 @@ def save_weights(model: CausalLM, cfg: ModelConfig, out_dir: str | Path) -> Path
 def check_weight_shapes(weights: Path, model: torch.nn.Module) -> None:
     """CheckpointError naming the first tensor whose name or shape in ``weights`` differs from ``model``'s
     (read from the safetensors header, before any tensor is loaded)."""
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in model.weights().items()}
     try:
         with safe_open(str(weights), framework="pt") as f:
             found = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
@@ -82,5 +83,5 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
         model = build_model(cfg)
     check_weight_shapes(step_dir / WEIGHTS, model)
     state = load_file(str(step_dir / WEIGHTS), device=str(map_location))
-    model.load_state_dict(state, strict=True, assign=True)
+    model.load_weights(state, assign=True)
     return model, cfg

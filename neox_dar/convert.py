@@ -1,20 +1,23 @@
-"""Convert between neox-dar checkpoints and Hugging Face ``GPTNeoXForCausalLM`` folders.
+"""Convert between neox-dar checkpoints and Hugging Face folders of ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``,
+``Olmo2ForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``.
 
     python -m neox_dar.convert to-hf CHECKPOINT OUT_DIR [--tokenizer tokenizer.json]
-    python -m neox_dar.convert from-hf HF_DIR OUT_DIR        # model.safetensors + model.yml (+ tokenizer files)
+    python -m neox_dar.convert from-hf HF_DIR OUT_DIR [key=value ...]   # model.safetensors + model.yml + tokenizer
 
-``to-hf`` writes a complete Hugging Face folder: ``config.json``, ``model.safetensors``, the run's tokenizer
-(``tokenizer.json`` copied byte for byte from the config's ``vocab_file``, as :func:`neox_dar.tokenizer.tokenizer_file`
-resolves it; the bundled Pythia tokenizer when unset), ``tokenizer_config.json`` and ``special_tokens_map.json``
-(bos = eos = unk = ``<|endoftext|>``, as the models use them) and ``generation_config.json``, so
-``AutoTokenizer``, lm-eval's ``hf`` model and vLLM-style loaders need nothing else. ``from-hf`` copies the
-folder's tokenizer files beside the imported weights, where evaluation finds them.
+Parameter names are each class's own (:mod:`neox_dar.model`), so nothing is renamed except GPT-NeoX's output head:
+exports write ``embed_out.weight`` (the published Pythia name, which transformers 5 maps to ``lm_head.weight`` on
+load); imports accept both. ``from-hf`` maps ``config.json`` to our model config (one-line errors for a class or a
+setting we cannot honour, before any tensor is read), builds the model on the meta device and assigns the tensors of
+one safetensors shard at a time, memory-mapped (a checkpoint loads in about one model's worth of memory, in its own
+dtype), and copies the folder's tokenizer files. ``key=value`` overrides add a variant on top of the imported model
+(``attention_type=dar``): its new parameters get the model's ``init_method`` (docs/models.md).
 
-Parameter names are shared, so nothing is renamed except the output head: exports write ``embed_out.weight``
-(the published Pythia name, which transformers 5 maps to ``lm_head.weight`` on load); imports accept both.
-Variant models export their extra weights (under ``attention.``) and their resolved model config under
-``neox_dar_config`` in ``config.json``; plain transformers ignores both, so only vanilla models are
-``GPTNeoXForCausalLM``-equivalent.
+``to-hf`` writes a complete folder: ``config.json``, ``model.safetensors``, the run's tokenizer (the tokenizer
+files beside the checkpoint, else the config's ``vocab_file``, else the bundled Pythia tokenizer), the tokenizer's
+``tokenizer_config.json``/``special_tokens_map.json`` (imported ones are kept; otherwise bos = eos = unk =
+``<|endoftext|>``) and ``generation_config.json``. Variant models export their extra weights (under ``attention.``)
+and their model config under ``neox_dar_config`` in ``config.json``; plain transformers ignores both, so only vanilla
+models are equivalent to the family's class.
 """
 
 from __future__ import annotations
@@ -27,80 +30,201 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from transformers import GenerationConfig
 
 from .checkpoint import load_model, save_weights
 from .config import ConfigError, ModelConfig, model_config_from_flat, model_flat
 from .config.schema import key_sections
-from .model import CausalLM, build_model
-from .rundir import resolve_checkpoint
-from .tokenizer import SPECIAL_TOKENS, special_token_id, tokenizer_file
+from .model import CausalLM, build_model, init_weights
+from .rundir import CheckpointError, resolve_checkpoint
+from .tokenizer import SPECIAL_TOKENS, special_token_ids, tokenizer_file
 
+ARCHITECTURES = {"GPTNeoXForCausalLM": "gpt_neox", "LlamaForCausalLM": "llama", "Olmo2ForCausalLM": "olmo2",
+                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+CLASSES = {family: arch for arch, family in ARCHITECTURES.items()}
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
 _IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq", "rotary_emb.inv_freq")
 # A Hugging Face folder's tokenizer files (fast and slow formats), copied by ``from-hf``.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt")
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
 
 
-def hf_config_dict(cfg: ModelConfig, special_id: int = 0) -> dict:
-    """The ``config.json`` of a ``GPTNeoXForCausalLM`` equal to ``cfg``'s vanilla model; ``special_id`` is the
-    tokenizer's ``<|endoftext|>`` (bos and eos; 0 in the Pythia tokenizer)."""
-    return {
-        "architectures": ["GPTNeoXForCausalLM"],
-        "model_type": "gpt_neox",
+# ----------------------------------------------------------------------------------------------
+# config.json <-> model config
+
+
+def _rope(hf: dict, where: str) -> tuple[float, dict | None, float | None]:
+    """``(theta, llama3 scaling or None, partial rotary factor or None)`` from transformers 5's
+    ``rope_parameters`` or transformers 4's ``rope_theta``/``rope_scaling``."""
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or {}) or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    theta = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000)))
+    if kind not in ("default", "llama3"):
+        raise ConfigError(f"{where}: rope type {kind!r} is not supported (default, llama3)")
+    llama3 = None
+    if kind == "llama3":
+        llama3 = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                           "original_max_position_embeddings")}
+    theta = int(theta) if float(theta).is_integer() else theta  # rotary_emb_base is GPT-NeoX's int
+    return theta, llama3, params.get("partial_rotary_factor")
+
+
+def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None = None) -> ModelConfig:
+    """Our model config for a Hugging Face ``config.json`` (``overrides``: flat keys on top, e.g. a variant).
+    Exports of this project carry their own model config (``neox_dar_config``); exports of older versions carried
+    the whole run config there, whose non-model keys are dropped."""
+    overrides = overrides or {}
+    if "neox_dar_config" in hf:
+        sections = key_sections()
+        keys = {k: v for k, v in hf["neox_dar_config"].items() if sections.get(k) in ("model", "attention")}
+        return model_config_from_flat({**keys, **overrides}, source=f"{where}:neox_dar_config")
+    archs = hf.get("architectures") or [{"gpt_neox": "GPTNeoXForCausalLM"}.get(hf.get("model_type"), "?")]
+    family = ARCHITECTURES.get(archs[0])
+    if family is None:
+        raise ConfigError(f"{where}: architectures {archs} is not supported (supported: {', '.join(ARCHITECTURES)})")
+    theta, llama3, partial = _rope(hf, where)
+    vocab = hf["vocab_size"]
+    keys = {
+        "model_family": family,
+        "num_layers": hf["num_hidden_layers"],
+        "hidden_size": hf["hidden_size"],
+        "num_attention_heads": hf["num_attention_heads"],
+        "num_kv_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        "intermediate_size": hf.get("intermediate_size", 4 * hf["hidden_size"]),
+        "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+        "seq_length": min(2048, hf.get("max_position_embeddings", 2048)),
+        "rotary_emb_base": theta,
+        "rope_scaling": llama3,
+        "vocab_size": vocab,
+        "make_vocab_size_divisible_by": 128 if vocab % 128 == 0 else 1,
+        "no_weight_tying": not hf.get("tie_word_embeddings", False),
+        "init_method_std": hf.get("initializer_range", 0.02),
+        "attention_type": "vanilla",
+    }
+    if hf.get("head_dim"):
+        keys["head_dim"] = hf["head_dim"]
+    act = hf.get("hidden_act", "gelu" if family == "gpt_neox" else "silu")
+    if family == "gpt_neox":
+        if act != "gelu":
+            raise ConfigError(f"{where}: hidden_act {act!r} is not supported for GPT-NeoX (only exact 'gelu')")
+        bias = hf.get("attention_bias", True)
+        keys.update(rotary_pct=hf.get("rotary_pct", partial if partial is not None else 0.25),
+                    layernorm_epsilon=hf.get("layer_norm_eps", 1e-5),
+                    gpt_j_residual=hf.get("use_parallel_residual", True), qkv_bias=bias, attention_out_bias=bias)
+        return model_config_from_flat({**keys, **overrides}, source=where)
+    if act != "silu":
+        raise ConfigError(f"{where}: hidden_act {act!r} is not supported for {archs[0]} (SwiGLU with 'silu')")
+    if hf.get("use_sliding_window") or any(t == "sliding_attention" for t in hf.get("layer_types") or ()):
+        raise ConfigError(f"{where}: use_sliding_window / sliding_attention layers are not supported; use our "
+                          "attention_type: swa on a full-attention import instead")
+    bias = hf.get("attention_bias", False)
+    keys.update(norm="rmsnorm", rms_norm_epsilon=hf.get("rms_norm_eps", 1e-6), activation="swiglu", fused_qkv=False,
+                rotary_pct=partial if partial is not None else 1.0, gpt_j_residual=False, qkv_bias=bias,
+                attention_out_bias=bias, mlp_bias=hf.get("mlp_bias", False), init_method="normal",
+                output_layer_init_method="normal")
+    if family == "qwen2":
+        keys.update(qkv_bias=True, attention_out_bias=False)
+    elif family == "olmo2":
+        keys.update(norm_position="post", qk_norm="projection")
+    elif family == "qwen3":
+        keys.update(qk_norm="head")
+    return model_config_from_flat({**keys, **overrides}, source=where)
+
+
+def export_problems(cfg: ModelConfig) -> list[str]:
+    """What the family's Hugging Face class cannot express of ``cfg`` (empty when the export is faithful)."""
+    family = cfg.model_family
+    want = {"gpt_neox": dict(norm="layernorm", activation="gelu", fused_qkv=True, norm_position="pre",
+                             qk_norm="none"),
+            "llama": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="pre", qk_norm="none",
+                          gpt_j_residual=False, rotary_pct=1.0),
+            "olmo2": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="post",
+                          qk_norm="projection", gpt_j_residual=False, rotary_pct=1.0, mlp_bias=False),
+            "qwen2": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="pre", qk_norm="none",
+                          gpt_j_residual=False, rotary_pct=1.0, qkv_bias=True, attention_out_bias=False,
+                          mlp_bias=False),
+            "qwen3": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="pre", qk_norm="head",
+                          gpt_j_residual=False, rotary_pct=1.0, mlp_bias=False)}[family]
+    problems = [f"{k}={getattr(cfg, k)!r} (the class needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
+    if family != "qwen2" and cfg.qkv_bias != cfg.attention_out_bias:
+        problems.append("qkv_bias != attention_out_bias (the class has one attention_bias)")
+    if family == "gpt_neox" and not cfg.mlp_bias:
+        problems.append("mlp_bias=False (GPT-NeoX's MLP has biases)")
+    return problems
+
+
+def hf_config_dict(cfg: ModelConfig, special_ids: dict[str, int | None] | None = None) -> dict:
+    """The ``config.json`` of the family's Hugging Face class equal to ``cfg``'s vanilla model; ``special_ids``:
+    the tokenizer's ``{"bos", "eos"}`` ids (default: ``<|endoftext|>`` = 0 of the Pythia tokenizer)."""
+    special_ids = special_ids or {"bos": 0, "eos": 0}
+    family = cfg.model_family
+    rope = {"rope_type": "default", "rope_theta": float(cfg.rotary_emb_base)}
+    if cfg.rope_scaling is not None:
+        rope = {**rope, **dataclasses.asdict(cfg.rope_scaling)}
+    out = {
+        "architectures": [CLASSES[family]],
+        "model_type": family,
         "vocab_size": cfg.padded_vocab_size,
         "hidden_size": cfg.hidden_size,
         "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_attention_heads,
-        "intermediate_size": 4 * cfg.hidden_size,
-        "hidden_act": "gelu",
-        "rotary_pct": cfg.rotary_pct,
-        "rotary_emb_base": cfg.rotary_emb_base,
-        "rope_parameters": {"rope_type": "default", "rope_theta": float(cfg.rotary_emb_base),
-                            "partial_rotary_factor": cfg.rotary_pct},
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
         "max_position_embeddings": cfg.max_position_embeddings,
-        "layer_norm_eps": cfg.layernorm_epsilon,
-        "use_parallel_residual": cfg.gpt_j_residual,
-        "tie_word_embeddings": False,
-        "attention_bias": True,
+        "tie_word_embeddings": not cfg.no_weight_tying,
         "attention_dropout": cfg.attention_dropout,
-        "hidden_dropout": cfg.hidden_dropout,
         "initializer_range": cfg.init_method_std,
-        "bos_token_id": special_id,
-        "eos_token_id": special_id,
+        "bos_token_id": special_ids["bos"],
+        "eos_token_id": special_ids["eos"],
         "torch_dtype": "float32",
+        # transformers 4 reads rope_theta / rope_scaling, transformers 5 rope_parameters
+        "rope_theta": float(cfg.rotary_emb_base),
+        "rope_scaling": rope if cfg.rope_scaling is not None else None,
+        "rope_parameters": rope,
         "neox_dar_config": model_flat(cfg),
     }
+    if family == "gpt_neox":
+        out["rope_parameters"] = {**rope, "partial_rotary_factor": cfg.rotary_pct}
+        out.update(hidden_act="gelu", rotary_pct=cfg.rotary_pct, rotary_emb_base=cfg.rotary_emb_base,
+                   layer_norm_eps=cfg.layernorm_epsilon, use_parallel_residual=cfg.gpt_j_residual,
+                   attention_bias=cfg.qkv_bias, hidden_dropout=cfg.hidden_dropout)
+    else:
+        out.update(hidden_act="silu", rms_norm_eps=cfg.rms_norm_epsilon, attention_bias=cfg.qkv_bias,
+                   mlp_bias=cfg.mlp_bias)
+        if family in ("qwen2", "qwen3"):
+            out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
+    return out
 
 
-def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> int:
-    """Copy ``tokenizer_json`` to ``out/tokenizer.json`` and write ``tokenizer_config.json``,
-    ``special_tokens_map.json`` and ``generation_config.json``; returns the ``<|endoftext|>`` id.
+# ----------------------------------------------------------------------------------------------
+# tokenizer files
+
+
+def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> dict[str, int | None]:
+    """Copy ``tokenizer_json`` to ``out/tokenizer.json``, with its folder's ``tokenizer_config.json`` and
+    ``special_tokens_map.json`` when present (an imported model's), else Pythia's special tokens (bos = eos = unk =
+    ``<|endoftext|>``); write ``generation_config.json``; returns the ``{"bos", "eos"}`` ids for ``config.json``.
 
     The tokenizer file is the run's own, unchanged, so every ``tokenizers`` version that read it reads it;
     ``PreTrainedTokenizerFast`` is the class name that transformers 4 and 5 both load from it."""
-    special_id = special_token_id(tokenizer_json)
-    shutil.copyfile(tokenizer_json, out / "tokenizer.json")
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL_TOKENS,
-              "model_max_length": cfg.max_position_embeddings, "clean_up_tokenization_spaces": False}
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
-    GenerationConfig(bos_token_id=special_id, eos_token_id=special_id).save_pretrained(out)
-    return special_id
-
-
-def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
-    """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32) and the tokenizer
-    (:func:`write_tokenizer`; ``tokenizer_json`` defaults to ``cfg``'s: :func:`neox_dar.tokenizer.tokenizer_file`)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    special_id = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, out)
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, special_id), indent=2) + "\n")
-    return out
+    source = Path(tokenizer_json)
+    ids = special_token_ids(source)  # the folder's special tokens (a tokenizer_config.json beside it), else Pythia's
+    shutil.copyfile(source, out / "tokenizer.json")
+    if (source.parent / "tokenizer_config.json").is_file():
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            if (source.parent / name).is_file():
+                shutil.copyfile(source.parent / name, out / name)
+    else:
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL_TOKENS,
+                  "model_max_length": cfg.max_position_embeddings, "clean_up_tokenization_spaces": False}
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
+    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"]).save_pretrained(out)
+    return ids
 
 
 def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
@@ -112,81 +236,130 @@ def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
     return present
 
 
-def config_from_hf(hf: dict) -> ModelConfig:
-    """Our :class:`ModelConfig` for a Hugging Face GPT-NeoX ``config.json`` (ours round-trips exactly; exports of
-    older versions carry the whole run config there, whose non-model keys are dropped)."""
-    if "neox_dar_config" in hf:
-        sections = key_sections()
-        keys = {k: v for k, v in hf["neox_dar_config"].items() if sections.get(k) in ("model", "attention")}
-        return model_config_from_flat(keys, source="config.json:neox_dar_config")
-    if hf.get("model_type") != "gpt_neox":
-        raise ConfigError(f"config.json has model_type {hf.get('model_type')!r}, expected 'gpt_neox'")
-    d = hf["hidden_size"]
-    if hf.get("intermediate_size", 4 * d) != 4 * d:
-        raise ConfigError(f"intermediate_size {hf['intermediate_size']} != 4 * hidden_size; not a Pythia-shaped model")
-    if hf.get("tie_word_embeddings", False):
-        raise ConfigError("tie_word_embeddings: true is not supported (Pythia unties embeddings)")
-    if hf.get("hidden_act", "gelu") != "gelu":
-        raise ConfigError(f"hidden_act {hf['hidden_act']!r} is not supported (only exact 'gelu')")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    vocab = hf["vocab_size"]
-    return model_config_from_flat(
-        {
-            "num_layers": hf["num_hidden_layers"],
-            "hidden_size": d,
-            "num_attention_heads": hf["num_attention_heads"],
-            "max_position_embeddings": hf.get("max_position_embeddings", 2048),
-            "seq_length": min(2048, hf.get("max_position_embeddings", 2048)),
-            "rotary_pct": hf.get("rotary_pct", rope.get("partial_rotary_factor", 0.25)),
-            "rotary_emb_base": int(hf.get("rotary_emb_base", rope.get("rope_theta", 10000))),
-            "layernorm_epsilon": hf.get("layer_norm_eps", 1e-5),
-            "gpt_j_residual": hf.get("use_parallel_residual", True),
-            "vocab_size": vocab,
-            "make_vocab_size_divisible_by": 128 if vocab % 128 == 0 else 1,
-            "attention_type": "vanilla",
-        },
-        source="config.json",
-    )
+# ----------------------------------------------------------------------------------------------
+# export and import
 
 
-def _read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a Hugging Face folder: ``model.safetensors``, a sharded safetensors index, or
-    ``pytorch_model.bin`` (loaded with ``weights_only=True``)."""
-    single = hf_dir / "model.safetensors"
-    index = hf_dir / "model.safetensors.index.json"
-    legacy = hf_dir / "pytorch_model.bin"
+def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
+    """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
+    writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`)."""
+    problems = export_problems(cfg)
+    if problems:
+        raise ConfigError(f"{CLASSES[cfg.model_family]} cannot express this model: {'; '.join(problems)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, out)
+    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.weights().items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, special_ids), indent=2) + "\n")
+    return out
+
+
+def weight_files(hf_dir: Path) -> list[Path]:
+    """The folder's weight files: ``model.safetensors``, or every shard its index lists (a missing one is an
+    error), or ``pytorch_model.bin``."""
+    single, index = hf_dir / "model.safetensors", hf_dir / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
+        return [single]
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(str(hf_dir / shard)).items()}
-    if legacy.is_file():
-        return torch.load(legacy, map_location="cpu", weights_only=True)
-    raise FileNotFoundError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {hf_dir}")
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, AttributeError) as e:
+            raise CheckpointError(f"{index} is not a safetensors index ({type(e).__name__}: {e})") from None
+        missing = [s for s in shards if not (hf_dir / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{index} lists {len(missing)} shard(s) that are not in {hf_dir}: "
+                                  f"{', '.join(missing[:3])}")
+        return [hf_dir / s for s in shards]
+    if (hf_dir / "pytorch_model.bin").is_file():
+        return [hf_dir / "pytorch_model.bin"]
+    raise CheckpointError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {hf_dir}")
 
 
-def from_hf(hf_dir: str | Path, attention_impl: str | None = None) -> tuple[CausalLM, ModelConfig]:
-    """Load a Hugging Face GPT-NeoX folder (Pythia or one written by :func:`to_hf`) as ``(model, model config)``;
-    ``attention_impl`` (reference, sdpa, triton) replaces the attention path."""
+def _our_name(name: str, model: CausalLM) -> str | None:
+    """Our parameter name for a Hugging Face one (None: a buffer to ignore, or the tied head)."""
+    if name.endswith(_IGNORED_SUFFIXES):
+        return None
+    if model.cfg.model_family == "gpt_neox" and name == "lm_head.weight":
+        name = "embed_out.weight"
+    return None if name in model.tied_keys else name
+
+
+def _tensors(path: Path):
+    """``(name, shape, loader)`` of every tensor in one weight file; safetensors are memory-mapped."""
+    if path.suffix == ".bin":
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        for name, t in state.items():
+            yield name, tuple(t.shape), (lambda t=t: t)
+        return
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            yield name, tuple(f.get_slice(name).get_shape()), (lambda name=name: f.get_tensor(name))
+
+
+def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
+            overrides: dict | None = None) -> tuple[CausalLM, ModelConfig]:
+    """Load a Hugging Face folder of a supported class as ``(model, model config)``, one file at a time onto a
+    model built on the meta device (tensors keep their stored dtype). ``attention_impl`` replaces the attention
+    path; ``overrides`` (flat keys) may add a variant, whose new parameters are initialised as in training."""
     hf_dir = Path(hf_dir)
     config_path = hf_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {hf_dir}")
-    cfg = config_from_hf(json.loads(config_path.read_text()))
+    try:
+        hf = json.loads(config_path.read_text())
+    except ValueError as e:
+        raise ConfigError(f"{config_path} is not valid JSON ({e})") from None
+    cfg = config_from_hf(hf, str(config_path), overrides)
     if attention_impl is not None:
         cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
-    state = {}
-    for name, tensor in _read_hf_weights(hf_dir).items():
-        if name.endswith(_IGNORED_SUFFIXES):
-            continue
-        state["embed_out.weight" if name == "lm_head.weight" else name] = tensor.float()
+    files = weight_files(hf_dir)
     with torch.device("meta"):
         model = build_model(cfg)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise ValueError(f"{hf_dir}: weights do not match the config (missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]})")
+    expected = {k: tuple(v.shape) for k, v in model.weights().items()}
+    loaded = set()
+    try:
+        for path in files:
+            shard = {}
+            for name, shape, load in _tensors(path):
+                ours = _our_name(name, model)
+                if ours is None:
+                    continue
+                if ours not in expected:
+                    raise CheckpointError(f"{path}: {name} is not a parameter of the model {config_path} describes")
+                if shape != expected[ours]:
+                    raise CheckpointError(f"{path}: {name} has shape {shape}, {config_path} implies "
+                                          f"{expected[ours]}")
+                shard[ours] = load()
+            model.load_state_dict(shard, strict=False, assign=True)
+            loaded |= set(shard)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{hf_dir}: unreadable weights ({e})") from None
+    _initialise_new(model, cfg, set(expected) - loaded, hf_dir)
+    model.tie_weights()
     return model, cfg
+
+
+def _initialise_new(model: CausalLM, cfg: ModelConfig, missing: set[str], hf_dir: Path) -> None:
+    """Parameters the folder does not hold: a variant's new ones (created and initialised as in training: the
+    model's ``init_method``) are fine; a base-model parameter missing from the folder is an error."""
+    base = vanilla_weight_names(cfg)
+    absent = sorted(k for k in missing if k in base)
+    if absent:
+        raise CheckpointError(f"{hf_dir}: weights lack {len(absent)} parameter(s) of the model, e.g. {absent[0]}")
+    modules = {name.rsplit(".", 1)[0] for name in missing}
+    for name, module in model.named_modules():
+        if name in modules:
+            module.to_empty(device="cpu", recurse=False)
+    init_weights(model, cfg, only=modules)
+
+
+def vanilla_weight_names(cfg: ModelConfig) -> set[str]:
+    """The parameter names of ``cfg``'s model with vanilla attention (what an imported folder must hold)."""
+    vanilla = dataclasses.replace(cfg, attention=dataclasses.replace(
+        cfg.attention, attention_type="vanilla", attention_config=None, hybrid=None))
+    with torch.device("meta"):
+        return set(build_model(vanilla).weights())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,9 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.json to export (default: the checkpoint's, as evaluation resolves it)")
-    p = sub.add_parser("from-hf", help="Hugging Face GPT-NeoX folder -> neox-dar weights + model.yml (+ tokenizer)")
+    p = sub.add_parser("from-hf", help="Hugging Face folder -> neox-dar weights + model.yml (+ tokenizer)")
     p.add_argument("hf_dir")
     p.add_argument("out_dir")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="model config keys on top of the import, e.g. attention_type=dar dar_d_down=512")
     args = parser.parse_args(argv)
     try:
         if args.direction == "to-hf":
@@ -207,7 +382,7 @@ def main(argv: list[str] | None = None) -> int:
             model, cfg = load_model(step_dir)
             to_hf(model, cfg, args.out_dir, tokenizer_file(cfg, args.tokenizer, step_dir))
         else:
-            model, cfg = from_hf(args.hf_dir)
+            model, cfg = from_hf(args.hf_dir, overrides=_parse_overrides(args.overrides))
             copy_tokenizer_files(args.hf_dir, args.out_dir)  # first: the checkpoint's manifest lists them
             save_weights(model, cfg, args.out_dir)
     except (FileNotFoundError, ConfigError, ValueError) as e:
@@ -215,6 +390,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"wrote {args.out_dir}")
     return 0
+
+
+def _parse_overrides(items: list[str]) -> dict:
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like key=value")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(raw) if raw.strip() else None
+    return out
 
 
 if __name__ == "__main__":

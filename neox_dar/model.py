@@ -1,9 +1,19 @@
-"""The Pythia (GPT-NeoX) language model, readable top to bottom.
+"""The language model, readable top to bottom: one decoder for the GPT-NeoX (Pythia), Llama, OLMo-2 and Qwen blocks.
 
-Parameter names are Hugging Face's ``GPTNeoXForCausalLM`` names (``gpt_neox.layers.{l}.attention.query_key_value``,
-..., ``embed_out.weight``), so a vanilla model converts to and from Hugging Face by renaming nothing.
+What differs between the families is a handful of config keys (:class:`~neox_dar.config.ModelConfig`): LayerNorm or
+RMSNorm, parallel or sequential residual, a norm before or after each sub-layer, GeLU or SwiGLU MLP, fused or
+separate query/key/value projections, grouped-query attention, query/key norms, biases, partial rotary, tied
+embeddings. Parameter names are each Hugging Face class's own, so checkpoints convert by renaming nothing:
 
-    model = build_model(cfg)
+    gpt_neox (GPTNeoXForCausalLM)      gpt_neox.embed_in, gpt_neox.layers.{l}.{input_layernorm, post_attention_layernorm,
+                                       attention.{query_key_value, dense}, mlp.{dense_h_to_4h, dense_4h_to_h}},
+                                       gpt_neox.final_layer_norm, embed_out
+    llama, qwen2, qwen3, olmo2         model.embed_tokens, model.layers.{l}.{input_layernorm, post_attention_layernorm
+                                       (OLMo-2: post_attention_layernorm, post_feedforward_layernorm), self_attn.{q_proj,
+                                       k_proj, v_proj, o_proj, q_norm, k_norm}, mlp.{gate_proj, up_proj, down_proj}},
+                                       model.norm, lm_head
+
+    model = build_model(cfg.model)
     logits = model(input_ids)          # (B, T) -> (B, T, padded_vocab_size)
     loss = lm_loss + model.aux_loss()  # variants' extra loss terms (AHA's L1), 0 for the others
 """
@@ -15,75 +25,134 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
 from .attention import Attention, RotaryEmbedding, build_attention
 from .config import ModelConfig
+from .norms import RMSNorm, build_norm
 
 
-class MLP(nn.Module):
+class GeluMLP(nn.Module):
     """``dense_4h_to_h(gelu(dense_h_to_4h(m)))`` with exact (erf) GeLU; (B, T, d) -> (B, T, d)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, 4 * cfg.hidden_size)
-        self.dense_4h_to_h = nn.Linear(4 * cfg.hidden_size, cfg.hidden_size)
+        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.dense_4h_to_h = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
 
     def forward(self, m: torch.Tensor) -> torch.Tensor:
         return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(m)))
 
 
+class SwiGLU(nn.Module):
+    """``down_proj(silu(gate_proj(m)) * up_proj(m))`` (Llama, OLMo-2, Qwen); (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
+
+
 class Block(nn.Module):
-    """One GPT-NeoX layer. Parallel residual: ``x + Attn(LN1(x)) + MLP(LN2(x))``;
-    sequential otherwise: ``y = x + Attn(LN1(x)); y + MLP(LN2(y))``."""
+    """One decoder layer: ``attention`` (``self_attn`` outside GPT-NeoX), ``mlp`` and two norms.
+
+    * pre-norm, parallel (GPT-NeoX): ``x + Attn(N1(x)) + MLP(N2(x))``
+    * pre-norm, sequential (Llama, Qwen): ``y = x + Attn(N1(x)); y + MLP(N2(y))``
+    * post-norm (OLMo-2): ``y = x + N1(Attn(x)); y + N2(MLP(y))``
+
+    The norms are ``input_layernorm`` and ``post_attention_layernorm`` before the sub-layers, or
+    ``post_attention_layernorm`` and ``post_feedforward_layernorm`` after them."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.parallel = cfg.gpt_j_residual
-        self.input_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
-        self.post_attention_layernorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
-        self.attention = build_attention(cfg, layer_idx)
-        self.mlp = MLP(cfg)
+        self.post_norm = cfg.norm_position == "post"
+        self.norm_names = (("post_attention_layernorm", "post_feedforward_layernorm") if self.post_norm
+                           else ("input_layernorm", "post_attention_layernorm"))
+        for name in self.norm_names:
+            self.add_module(name, build_norm(cfg))
+        self.attn_name = "attention" if cfg.model_family == "gpt_neox" else "self_attn"
+        self.add_module(self.attn_name, build_attention(cfg, layer_idx))
+        self.mlp = SwiGLU(cfg) if cfg.activation == "swiglu" else GeluMLP(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        attn = self.dropout(self.attention(self.input_layernorm(x), cos, sin))
+        attention = getattr(self, self.attn_name)
+        norm1, norm2 = (getattr(self, n) for n in self.norm_names)
+        if self.post_norm:
+            y = x + self.dropout(norm1(attention(x, cos, sin)))
+            return y + self.dropout(norm2(self.mlp(y)))
+        attn = self.dropout(attention(norm1(x), cos, sin))
         if self.parallel:
-            return x + attn + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+            return x + attn + self.dropout(self.mlp(norm2(x)))
         y = x + attn
-        return y + self.dropout(self.mlp(self.post_attention_layernorm(y)))
+        return y + self.dropout(self.mlp(norm2(y)))
 
 
-class GPTNeoX(nn.Module):
-    """Embedding, layers and final norm; ``input_ids`` (B, T) -> hidden states (B, T, d)."""
+class Decoder(nn.Module):
+    """Embedding, layers and final norm; ``input_ids`` (B, T) -> hidden states (B, T, d). Named as the family's
+    Hugging Face class names them (``embed_in``/``final_layer_norm`` in GPT-NeoX, ``embed_tokens``/``norm``
+    elsewhere)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.embed_in = nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size)
+        neox = cfg.model_family == "gpt_neox"
+        self.embed_name, self.norm_name = ("embed_in", "final_layer_norm") if neox else ("embed_tokens", "norm")
+        self.add_module(self.embed_name, nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.final_layer_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layernorm_epsilon)
-        self.rotary_emb = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base)
+        self.add_module(self.norm_name, build_norm(cfg))
+        self.rotary_emb = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rope_scaling)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
+    @property
+    def embed(self) -> nn.Embedding:
+        return getattr(self, self.embed_name)
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        x = self.dropout(self.embed_in(input_ids))
+        x = self.dropout(self.embed(input_ids))
         cos, sin = self.rotary_emb(input_ids.shape[1], x.dtype, x.device)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return self.final_layer_norm(x)
+        return getattr(self, self.norm_name)(x)
 
 
 class CausalLM(nn.Module):
-    """``GPTNeoXForCausalLM``-shaped model: ``forward(input_ids[B,T]) -> logits[B,T,V]``."""
+    """``*ForCausalLM``-shaped model: ``forward(input_ids[B,T]) -> logits[B,T,V]``. The decoder is ``gpt_neox``
+    and the head ``embed_out`` in GPT-NeoX, ``model`` and ``lm_head`` elsewhere; a tied head shares the input
+    embedding's weight."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        if not cfg.no_weight_tying:
-            raise ValueError("no_weight_tying: false (tied embeddings) is not supported; Pythia unties them")
         self.cfg = cfg
-        self.gpt_neox = GPTNeoX(cfg)
-        self.embed_out = nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=False)
+        neox = cfg.model_family == "gpt_neox"
+        self.decoder_name, self.head_name = ("gpt_neox", "embed_out") if neox else ("model", "lm_head")
+        self.add_module(self.decoder_name, Decoder(cfg))
+        self.add_module(self.head_name, nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=False))
+        self.tie_weights()
+
+    @property
+    def decoder(self) -> Decoder:
+        return getattr(self, self.decoder_name)
+
+    @property
+    def head(self) -> nn.Linear:
+        return getattr(self, self.head_name)
+
+    @property
+    def tied_keys(self) -> tuple[str, ...]:
+        """State-dict keys that are the same tensor as another (the tied head): not saved, re-tied on load."""
+        return () if self.cfg.no_weight_tying else (f"{self.head_name}.weight",)
+
+    def tie_weights(self) -> None:
+        """Make the head share the input embedding's weight when the config ties them (also after loading)."""
+        if not self.cfg.no_weight_tying:
+            self.head.weight = self.decoder.embed.weight
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_out(self.gpt_neox(input_ids))
+        return self.head(self.decoder(input_ids))
 
     def attention_modules(self) -> list[Attention]:
         """Each layer's attention module, in layer order (also when the engine wraps the blocks)."""
@@ -93,16 +162,32 @@ class CausalLM(nn.Module):
         """Sum of the variants' auxiliary loss terms from the last forward (already scaled by their coefficients)."""
         terms = [m.aux_loss for m in self.attention_modules() if m.aux_loss is not None]
         if not terms:
-            return torch.zeros((), device=self.embed_out.weight.device)
+            return torch.zeros((), device=self.head.weight.device)
         return torch.stack(terms).sum()
 
     def attention_stats(self) -> dict[str, torch.Tensor]:
         """Per-layer statistics from the last forward, keyed ``layer{l}/{name}`` (a variant's per-head stats)."""
         return {f"layer{m.layer_idx}/{k}": v for m in self.attention_modules() for k, v in m.stats.items()}
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The state dict without the tied copies (what a checkpoint stores)."""
+        return {k: v for k, v in self.state_dict().items() if k not in self.tied_keys}
+
+    def load_weights(self, state: dict[str, torch.Tensor], strict: bool = True, assign: bool = False):
+        """``load_state_dict`` of :meth:`weights`-style tensors (tied copies may be absent), then re-tie. Returns
+        ``(missing, unexpected)`` keys, tied ones left out."""
+        missing, unexpected = self.load_state_dict(state, strict=False, assign=assign)
+        missing = [k for k in missing if k not in self.tied_keys]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"weights do not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self.tie_weights()
+        return missing, unexpected
+
 
 # ----------------------------------------------------------------------------------------------
-# initialisation (GPT-NeoX / Pythia)
+# initialisation (GPT-NeoX / Pythia by default; the Llama-family presets use "normal" at 0.02)
+
+OUTPUT_PROJECTIONS = ("attention.dense", "o_proj", "dense_4h_to_h", "down_proj")
 
 
 def init_std(method: str, cfg: ModelConfig) -> float:
@@ -115,18 +200,24 @@ def init_std(method: str, cfg: ModelConfig) -> float:
     return cfg.init_method_std
 
 
-def init_weights(model: CausalLM, cfg: ModelConfig) -> None:
-    """Pythia init: output projections of each residual branch (``attention.dense``, ``mlp.dense_4h_to_h``)
-    use ``output_layer_init_method``; every other matrix and the embeddings use ``init_method``; biases 0;
-    LayerNorms weight 1, bias 0."""
+def init_weights(model: CausalLM, cfg: ModelConfig, only: set[str] | None = None) -> None:
+    """Output projections of each residual branch (``dense``/``o_proj``, ``dense_4h_to_h``/``down_proj``) use
+    ``output_layer_init_method``; every other matrix and the embeddings use ``init_method``; biases 0; norms weight
+    1 (and bias 0). A variant's raw ``nn.Parameter`` keeps the value its module gave it. ``only``: the names of the
+    modules to initialise (a variant's new modules on an imported model), default all."""
     std_in = init_std(cfg.init_method, cfg)
     std_out = init_std(cfg.output_layer_init_method, cfg)
     for name, module in model.named_modules():
-        if isinstance(module, nn.LayerNorm):
+        if only is not None and name not in only:
+            continue
+        if isinstance(module, (nn.LayerNorm, RMSNorm)):
             nn.init.ones_(module.weight)
-            nn.init.zeros_(module.bias)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
         elif isinstance(module, (nn.Linear, nn.Embedding)):
-            is_out = name.endswith("attention.dense") or name.endswith("mlp.dense_4h_to_h")
+            if module is model.head and not cfg.no_weight_tying:
+                continue  # the tied head is the embedding
+            is_out = name.endswith(OUTPUT_PROJECTIONS)
             nn.init.normal_(module.weight, mean=0.0, std=std_out if is_out else std_in)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
@@ -144,22 +235,23 @@ def build_model(cfg: ModelConfig) -> CausalLM:
 # size and cost
 
 
-def count_parameters(model: nn.Module) -> dict[str, int]:
-    """Total parameters, and non-embedding parameters (total minus the input embedding)."""
+def count_parameters(model: CausalLM) -> dict[str, int]:
+    """Total parameters (a tied matrix once), and non-embedding parameters: total minus the input embedding, except
+    that a tied embedding counts as the output head it also is."""
     total = sum(p.numel() for p in model.parameters())
-    embed = sum(p.numel() for n, p in model.named_parameters() if n.endswith("embed_in.weight"))
+    embed = 0 if model.tied_keys else model.decoder.embed.weight.numel()
     return {"total": total, "non_embedding": total - embed}
 
 
 def flops_per_token(model: CausalLM, seq_len: int | None = None) -> dict[str, float]:
     """Training FLOPs per token: ``6 N`` (N = every parameter except the input-embedding lookup) plus the
-    attention term ``6 * 2 * L * d * keys``, where ``keys`` is the mean number of keys a query scores for the
+    attention term ``6 * 2 * L * H * d_h * keys``, where ``keys`` is the mean number of keys a query scores for the
     layer's variant (causal: (T+1)/2; windows: fewer), plus products a variant does beyond its parameters
-    (DAR's second pass through ``query_key_value``). Forward is one third of each term."""
+    (DAR's second key/value projection). Forward is one third of each term."""
     cfg = model.cfg
     T = seq_len or cfg.seq_length
     n = count_parameters(model)["non_embedding"]
-    # per query and layer: q.k scores and probs.v, 2 FLOPs per multiply-add each, over d = H * d_h dims
-    attn = sum(6 * 2 * cfg.hidden_size * m.attended_keys(T) + m.extra_flops_per_token()
-               for m in model.attention_modules())
+    width = cfg.num_attention_heads * cfg.head_dim
+    # per query and layer: q.k scores and probs.v, 2 FLOPs per multiply-add each, over H * d_h dims
+    attn = sum(6 * 2 * width * m.attended_keys(T) + m.extra_flops_per_token() for m in model.attention_modules())
     return {"params": 6.0 * n, "attention": float(attn), "total": 6.0 * n + float(attn)}

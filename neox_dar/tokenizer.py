@@ -1,11 +1,15 @@
 """The model's tokenizer: which file, its special tokens, and encoding text without added special tokens.
 
-Every neox-dar model uses ``<|endoftext|>`` as bos, eos and unk, and as the rolling-window prefix (as
-lm-evaluation-harness does for GPT-NeoX tokenizers).
+A ``tokenizer.json`` with a ``tokenizer_config.json`` beside it (a Hugging Face folder, or a model imported with
+``convert from-hf``) has that file's ``bos_token``/``eos_token``/``unk_token`` (Llama-3: ``<|begin_of_text|>`` and
+``<|end_of_text|>``; OLMo-2: ``<|endoftext|>``; Qwen: no bos). A bare ``tokenizer.json`` (Pythia's, shipped in
+``data/``) has Pythia's convention: ``<|endoftext|>`` is bos, eos and unk. The rolling-window prefix is the token
+lm-evaluation-harness would use: bos when the tokenizer has one, else eos.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -51,30 +55,58 @@ def load_tokenizer(cfg: ModelConfig | None = None, path: str | Path | None = Non
     return Tokenizer.from_file(str(tokenizer_file(cfg, path, model_dir)))
 
 
-def special_token_id(path: str | Path) -> int:
-    """Id of ``<|endoftext|>`` (bos = eos = unk = the rolling-window prefix) in the tokenizer file ``path``."""
-    token_id = Tokenizer.from_file(str(path)).token_to_id(PREFIX_TOKEN)
-    if token_id is None:
-        raise ValueError(f"tokenizer {path} has no '{PREFIX_TOKEN}' token, which the models use as bos, eos and "
-                         "document prefix")
-    return token_id
+def special_tokens(path: str | Path) -> dict[str, str | None]:
+    """``{"bos_token", "eos_token", "unk_token"}`` of the tokenizer file ``path``: from the ``tokenizer_config.json``
+    beside it when there is one (a token may be None), else Pythia's :data:`SPECIAL_TOKENS`."""
+    config = Path(path).parent / "tokenizer_config.json"
+    if not config.is_file():
+        return dict(SPECIAL_TOKENS)
+    try:
+        data = json.loads(config.read_text())
+    except ValueError as e:
+        raise ValueError(f"{config} is not valid JSON ({e})") from None
+    out = {}
+    for name in SPECIAL_TOKENS:
+        token = data.get(name)
+        out[name] = token.get("content") if isinstance(token, dict) else token
+    return out
+
+
+def special_token_ids(path: str | Path) -> dict[str, int | None]:
+    """``{"bos", "eos"}`` ids of :func:`special_tokens` in the tokenizer file ``path`` (None: the tokenizer has
+    no such token); a named token that is not in the vocabulary is an error."""
+    tokenizer = Tokenizer.from_file(str(path))
+    names = special_tokens(path)
+    if names["bos_token"] is None and names["eos_token"] is None:
+        raise ValueError(f"tokenizer {path} has neither a bos nor an eos token")
+    ids = {}
+    for key in ("bos", "eos"):
+        name = names[f"{key}_token"]
+        ids[key] = None if name is None else tokenizer.token_to_id(name)
+        if name is not None and ids[key] is None:
+            raise ValueError(f"tokenizer {path}: its {key}_token {name!r} is not in the vocabulary")
+    return ids
 
 
 def hf_tokenizer(path: str | Path):
-    """``path`` (a ``tokenizer.json``) as a ``transformers`` fast tokenizer with :data:`SPECIAL_TOKENS`
-    (an error when the vocabulary lacks ``<|endoftext|>``)."""
+    """``path`` (a ``tokenizer.json``) as a ``transformers`` fast tokenizer with its :func:`special_tokens`."""
     from transformers import PreTrainedTokenizerFast
 
-    special_token_id(path)
-    return PreTrainedTokenizerFast(tokenizer_file=str(path), clean_up_tokenization_spaces=False, **SPECIAL_TOKENS)
+    special_token_ids(path)
+    tokens = {k: v for k, v in special_tokens(path).items() if v is not None}
+    return PreTrainedTokenizerFast(tokenizer_file=str(path), clean_up_tokenization_spaces=False, **tokens)
 
 
-def prefix_token_id(tokenizer: Tokenizer, token: str = PREFIX_TOKEN) -> int:
-    """Id of the rolling-window prefix token (lm-eval uses the tokenizer's end-of-text token)."""
-    token_id = tokenizer.token_to_id(token)
-    if token_id is None:
-        raise ValueError(f"the tokenizer has no '{token}' token; pass --prefix-token")
-    return token_id
+def prefix_token_id(path: str | Path, token: str | None = None) -> int:
+    """Id of the rolling-window prefix for the tokenizer file ``path``: ``token`` when given, else the one
+    lm-evaluation-harness uses (``HFLM.prefix_token_id``: bos when the tokenizer has one, else eos)."""
+    if token is not None:
+        token_id = Tokenizer.from_file(str(path)).token_to_id(token)
+        if token_id is None:
+            raise ValueError(f"tokenizer {path} has no {token!r} token")
+        return token_id
+    ids = special_token_ids(path)
+    return ids["bos"] if ids["bos"] is not None else ids["eos"]
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str], chunk: int = 1024) -> list[np.ndarray]:

@@ -104,7 +104,7 @@ step_commands() {
       echo "$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $WHEELS/*.whl"
       echo "PYTHONPATH=$SITE $PY -m pip check  # versions the wheels need, against the machine's packages" ;;
     kernel-tests)
-      echo "$PY -m pytest tests/test_kernels.py -q -p no:cacheprovider $XDIST -k 'not long_sequence'" ;;
+      echo "$PY -m pytest tests/test_kernels.py tests/test_attention_linear.py -q -p no:cacheprovider $XDIST -k 'not long_sequence'" ;;
     identities)
       echo "$PY -m pytest tests/test_kernels.py -q -p no:cacheprovider -n 5 -k long_sequence" ;;
     bench-attention)

@@ -20,9 +20,11 @@ SAMPLE=${GPU_SAMPLE:-runs/gpu_sample}
 LIMIT_MIB=64
 
 # Wheels published for cp312 manylinux x86_64 (or pure Python), pinned: the closure of DeepSpeed, megatron-core,
-# lm-eval and wandb minus what the GPU machine has (GPU_HAS below), resolved on 2026-11-23 with
+# lm-eval, wandb and fla-core (linear attention's CUDA kernels) minus what the GPU machine has (GPU_HAS below),
+# resolved on 2026-11-23 with
 # `pip install --dry-run --report` for --python-version 3.12 against that machine's package list.
 BINARY="
+fla-core==0.6.0
 megatron-core==0.16.1
 lm-eval==0.4.13
 wandb==0.31.0
@@ -69,7 +71,7 @@ deepspeed==0.19.8
 sqlitedict==2.1.0
 word2number==1.1
 "
-ROOTS="deepspeed megatron-core lm-eval wandb"
+ROOTS="deepspeed megatron-core lm-eval wandb fla-core"
 PLATFORM="--python-version 3.12 --implementation cp --only-binary=:all:
   --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
@@ -184,7 +186,8 @@ EOF
   echo "== what travels to the GPU machine (limit $LIMIT_MIB MiB)"
   [ -f "$SAMPLE/c4_sample.bin" ] || die "$SAMPLE/c4_sample.bin missing: run bash scripts/gpu_wheels.sh"
   local tree wheels sample total
-  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null \
+  # (a file deleted but not yet committed is listed and not there: stat skips it)
+  tree=$( (git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null || true) \
          | awk '{s += $1} END {print s + 0}')
   wheels=$(du -sb "$WHEELS" | cut -f1)
   sample=$(du -sb "$SAMPLE" | cut -f1)

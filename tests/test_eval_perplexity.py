@@ -52,7 +52,7 @@ def test_nll_equals_lm_eval_hflm(tiny, docs, tmp_path):
     for path in (root, hf_dir):   # our checkpoint, and the exported Hugging Face folder through from_hf
         loaded = load_for_eval(path)
         tok = load_tokenizer(loaded.cfg, model_dir=loaded.model_dir)
-        ours = score_corpus(loaded.model, tok, docs, SEQ, prefix_token_id(tok), batch_size=5, progress=False,
+        ours = score_corpus(loaded.model, tok, docs, SEQ, prefix_token_id(DEFAULT_TOKENIZER), batch_size=5, progress=False,
                             per_document=True)
         for ll, row in zip(reference, ours["per_document"]):
             assert row["tokens"] > SEQ

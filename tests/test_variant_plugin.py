@@ -150,11 +150,12 @@ def test_train_sweep_evaluation_and_report(tokenized_sample, tmp_path):
     assert (tmp_path / "report" / "toy_toy_scale_now_heatmap.png") in files
 
 
-def test_plan_lists_the_variants_summary(capsys, tmp_path):
+def test_plan_lists_the_variants_summary(capsys, tmp_path, tokenized_sample):
     from neox_dar.sweep.__main__ import main as sweep_main
 
     path = tmp_path / "toy.yml"
-    path.write_text(yaml.safe_dump({"name": "toy", "configs": [TOY[0]], "set": {"attention_type": "toy"},
+    path.write_text(yaml.safe_dump({"name": "toy", "configs": [TOY[0]],
+                                    "set": {"attention_type": "toy", "data_path": tokenized_sample},
                                     "grid": {"toy_scale": [0.5, 3.0]}, "eval": False}))
     assert sweep_main([str(path), "plan", "--out", str(tmp_path / "runs")]) == 0
     text = capsys.readouterr().out

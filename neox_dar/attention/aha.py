@@ -94,7 +94,6 @@ class AHAAttention(Attention):
                           "full attention (vanilla attention plus a router and its L1 term); a later config file or "
                           "key may have replaced the model config's window", stacklevel=6)
 
-
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:
         return f"{cls.name} w={cfg.attention.window_size} l1={cfg.attention.aha_l1_coef:g}"
@@ -118,10 +117,11 @@ class AHAAttention(Attention):
     def routed(self, q, k, v, gate: torch.Tensor) -> torch.Tensor:
         """Each row through its gate's path on this module's ``attention_impl``; gate (B, H, T) bool."""
         impl = self.resolved_impl(q.device)
+        if impl == "triton":  # reads the H_kv key/value heads directly
+            return triton_kernel("aha_attention", q.device)(q, k, v, gate.contiguous(), self.window)
+        k, v = self.expand_kv(k, v)
         if impl == "reference":
             return aha_reference(q, k, v, gate, self.window)
-        if impl == "triton":
-            return triton_kernel("aha_attention", q.device)(q, k, v, gate.contiguous(), self.window)
         return aha_sdpa(q, k, v, gate, self.window)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
@@ -151,10 +151,10 @@ class AHAAttention(Attention):
 
     def kv_cache_per_token(self, context: int) -> float:
         """Every key is kept: any token may route a head to full attention."""
-        return 2.0 * self.hidden_size
+        return 2.0 * self.num_kv_heads * self.head_dim
 
     def flop_notes(self, context: int) -> list[str]:
-        local = 6 * 2 * self.hidden_size * super().attended_keys(context)
+        local = 6 * 2 * self.num_heads * self.head_dim * super().attended_keys(context)
         return [f"AHA is counted as if every gate were open (upper bound); with every gate closed a layer's "
                 f"attention term is {local:.4g}; with a full-attention share mu_f: mu_f * upper + (1 - mu_f) * lower"]
 

@@ -2,8 +2,11 @@
 
 Per layer two bias-free linears, ``dar_down`` (d -> d_down) and ``dar_up`` (d_down -> d), give the
 bottlenecked input ``h' = dar_up(dar_down(a))``. The local keys/values come from ``a`` and the global ones
-from ``h'``, both through the layer's own ``query_key_value`` (bias included); rotary applies to ``q``,
-``k_loc`` and ``k_glob`` at their own positions. Pair ``(i, j)`` uses ``k_loc[j], v_loc[j]`` when
+from ``h'``, both through the layer's own key and value weights (GPT-NeoX's ``query_key_value`` rows, or
+``k_proj``/``v_proj``; bias included) and, in the families that have one, its key norm (OLMo-2, Qwen3: ``k_glob``
+is normalised exactly like ``k``, so the global keys live on the scale the queries were trained against); rotary
+applies to ``q``, ``k_loc`` and ``k_glob`` at their own positions. With grouped-query attention the bottleneck
+feeds the ``H_kv`` key/value heads, and query head ``h`` reads key/value head ``h // (H / H_kv)`` of both sets. Pair ``(i, j)`` uses ``k_loc[j], v_loc[j]`` when
 ``i - j < w`` and ``k_glob[j], v_glob[j]`` otherwise, under one softmax over all ``j <= i``.
 """
 
@@ -18,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config.fields import Key
-from .base import Attention, apply_rotary
+from .base import Attention
 from .masks import window_mask
 from .triton_bridge import triton_kernel
 
@@ -114,27 +117,18 @@ class DARAttention(Attention):
         self.dar_up = nn.Linear(self.d_down, cfg.hidden_size, bias=False)
 
     def global_kv(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``k_glob`` (rotary applied) and ``v_glob``, each (B, H, T, d_h), from ``h' = dar_up(dar_down(a))``.
-
-        Only the key and value rows of ``query_key_value`` are applied (the global query is never used).
-        """
-        B, T, _ = a.shape
-        H, D = self.num_heads, self.head_dim
-        h2 = self.dar_up(self.dar_down(a))
-        # HF fused layout: output rows grouped per head as [q (D), k (D), v (D)]
-        w = self.query_key_value.weight.view(H, 3, D, self.hidden_size)[:, 1:].reshape(2 * H * D, self.hidden_size)
-        b = self.query_key_value.bias.view(H, 3, D)[:, 1:].reshape(2 * H * D)
-        kv = F.linear(h2, w, b).view(B, T, H, 2 * D).transpose(1, 2)
-        k_glob, v_glob = kv.chunk(2, dim=-1)
-        return apply_rotary(k_glob, cos, sin), v_glob
+        """``k_glob`` (rotary applied) and ``v_glob``, each (B, H_kv, T, d_h), from ``h' = dar_up(dar_down(a))``
+        through the layer's own key and value weights, bias and key norm (the global query is never used)."""
+        return self.key_value(self.dar_up(self.dar_down(a)), cos, sin)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         k_glob, v_glob = self.global_kv(a, cos, sin)
         impl = self.resolved_impl(q.device)
+        if impl == "triton":  # reads the H_kv key/value heads directly
+            return triton_kernel("dar_attention", q.device)(q, k, v, k_glob, v_glob, self.window)
+        k, v, k_glob, v_glob = self.expand_kv(k, v, k_glob, v_glob)
         if impl == "reference":
             return dar_reference(q, k, v, k_glob, v_glob, self.window)
-        if impl == "triton":
-            return triton_kernel("dar_attention", q.device)(q, k, v, k_glob, v_glob, self.window)
         return dar_sdpa(q, k, v, k_glob, v_glob, self.window)
 
     def head_windows(self) -> list[int | None]:
@@ -145,19 +139,20 @@ class DARAttention(Attention):
         return (seq_len + 1) / 2
 
     def extra_flops_per_token(self) -> float:
-        """The second pass through ``query_key_value`` for ``k_glob, v_glob``: a (2d x d) product, 2 FLOPs per
-        multiply-add, ``4 d^2`` forward, ``x3`` for forward + backward = ``12 d^2``. (``dar_down``/``dar_up``
-        are used once per token and are already in ``6 N``; each (i, j) pair is scored once, so the attention
-        term is vanilla's.)"""
-        return 3.0 * 2.0 * (2 * self.hidden_size) * self.hidden_size
+        """The second pass through the key and value weights for ``k_glob, v_glob``: a (2 H_kv d_h x d) product,
+        2 FLOPs per multiply-add, ``x3`` for forward + backward (``12 d^2`` without grouped-query attention).
+        (``dar_down``/``dar_up`` are used once per token and are already in ``6 N``; each (i, j) pair is scored
+        once, so the attention term is vanilla's.)"""
+        return 3.0 * 2.0 * (2 * self.num_kv_heads * self.head_dim) * self.hidden_size
 
     def kv_cache_per_token(self, context: int) -> float:
         """DAR paper Sec. 5: every token keeps ``dar_down(h)`` (``d_down`` numbers), the last ``w`` also
         ``k_loc, v_loc`` (``2 d``); ``k_glob, v_glob`` are recomputed from ``dar_down(h)`` on demand."""
-        return self.d_down + 2.0 * self.hidden_size * min(self.window, context) / context
+        return self.d_down + 2.0 * self.num_kv_heads * self.head_dim * min(self.window, context) / context
 
     def cache_notes(self, context: int) -> list[str]:
-        local = f" + 2d={2 * self.hidden_size} for the last {min(self.window, context)}" if self.window else ""
+        kv = 2 * self.num_kv_heads * self.head_dim
+        local = f" + {kv} (k_loc, v_loc) for the last {min(self.window, context)}" if self.window else ""
         return [f"per layer: d_down={self.d_down} numbers for every token{local}"]
 
 

@@ -157,12 +157,13 @@ class MSWAAttention(Attention):
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         impl = self.resolved_impl(q.device)
         T = q.shape[-2]
+        if impl == "triton":  # reads the H_kv key/value heads directly
+            windows = torch.tensor(self.windows)  # on the CPU: the kernel reads it without a device sync
+            return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
+        k, v = self.expand_kv(k, v)
         if impl == "reference":
             allowed = torch.stack([window_mask(T, w, q.device) for w in self.windows])  # (H, T, T)
             return masked_attention(q, k, v, allowed)
-        if impl == "triton":
-            windows = torch.tensor(self.windows)  # on the CPU: the kernel reads it without a device sync
-            return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
         out = torch.empty_like(q)
         for w in sorted(set(self.windows)):
             heads = torch.tensor([h for h, hw in enumerate(self.windows) if hw == w], device=q.device)

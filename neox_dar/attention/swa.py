@@ -36,7 +36,6 @@ class SWAAttention(Attention):
                           "attention; a later config file or key may have replaced the model config's window",
                           stacklevel=6)
 
-
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:
         return f"{cls.name} w={cfg.attention.window_size}"
@@ -51,11 +50,12 @@ class SWAAttention(Attention):
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         impl = self.resolved_impl(q.device)
-        if impl == "reference":
-            return masked_attention(q, k, v, window_mask(q.shape[-2], self.window, q.device))
-        if impl == "triton":
+        if impl == "triton":  # reads the H_kv key/value heads directly
             windows = torch.full((self.num_heads,), self.window)  # on the CPU: read without a device sync
             return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
+        k, v = self.expand_kv(k, v)
+        if impl == "reference":
+            return masked_attention(q, k, v, window_mask(q.shape[-2], self.window, q.device))
         return windowed_sdpa(q, k, v, self.window)
 
     def head_windows(self) -> list[int | None]:

@@ -21,5 +21,5 @@ class VanillaAttention(Attention):
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         if self.resolved_impl(q.device) == "reference":
-            return masked_attention(q, k, v, window_mask(q.shape[-2], None, q.device))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return masked_attention(q, *self.expand_kv(k, v), window_mask(q.shape[-2], None, q.device))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_groups > 1)

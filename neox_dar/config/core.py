@@ -146,11 +146,12 @@ def _build_model(data: dict, origins: dict) -> ModelConfig:
 
 
 def _finish_model(model: ModelConfig, origins: dict) -> None:
-    """Resolve the per-layer attention types and each variant in use's model-dependent defaults, check every model
-    and attention rule, and warn about attention keys no variant in use reads."""
+    """Resolve the model's derived sizes and the per-layer attention types, each variant in use's model-dependent
+    defaults, check every model and attention rule, and warn about attention keys no variant in use reads."""
     from ..attention.layers import layer_types
     from ..attention.registry import variant, variants
 
+    _resolve_model(model)
     _validated(origins, _check_model, model)
     _validated(origins, lambda m: _resolve_layers(m, explicit_type="attention_type" in origins), model)
     for name in dict.fromkeys(layer_types(model)):
@@ -211,6 +212,15 @@ def _validated(origins: dict, rules, section) -> None:
         raise ConfigError(f"invalid value for '{e.key}'{where}: {e.value!r} ({e.rule})") from None
 
 
+def _resolve_model(m: ModelConfig) -> None:
+    if m.num_kv_heads is None:
+        m.num_kv_heads = m.num_attention_heads
+    if m.head_dim is None and m.num_attention_heads >= 1:
+        m.head_dim = m.hidden_size // m.num_attention_heads
+    if m.intermediate_size is None:
+        m.intermediate_size = 4 * m.hidden_size
+
+
 def _resolve_training(t: TrainingConfig) -> None:
     if t.lr_decay_iters is None:
         t.lr_decay_iters = t.train_iters
@@ -228,16 +238,34 @@ def _at_least_one(section: Any, keys: tuple[str, ...]) -> None:
 
 
 def _check_model(m: ModelConfig) -> None:
-    _at_least_one(m, ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "max_position_embeddings",
-                      "vocab_size", "make_vocab_size_divisible_by", "rotary_emb_base"))
-    check(m.hidden_size % m.num_attention_heads == 0, "hidden_size",
-          f"must be divisible by num_attention_heads={m.num_attention_heads}", m.hidden_size)
+    _at_least_one(m, ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                      "intermediate_size", "seq_length", "max_position_embeddings", "vocab_size",
+                      "make_vocab_size_divisible_by", "rotary_emb_base"))
+    if m.fused_qkv:
+        check(m.hidden_size % m.num_attention_heads == 0, "hidden_size",
+              f"must be divisible by num_attention_heads={m.num_attention_heads}", m.hidden_size)
+    if m.head_dim * m.num_attention_heads != m.hidden_size:
+        check(m.fused_qkv is False, "head_dim", f"head_dim * num_attention_heads must equal hidden_size="
+              f"{m.hidden_size} with fused_qkv (GPT-NeoX's layout); set fused_qkv: false for other widths",
+              m.head_dim)
+    check(m.num_attention_heads % m.num_kv_heads == 0, "num_kv_heads",
+          f"must divide num_attention_heads={m.num_attention_heads}", m.num_kv_heads)
+    check(not m.fused_qkv or m.num_kv_heads == m.num_attention_heads, "num_kv_heads",
+          "grouped-query attention needs fused_qkv: false (GPT-NeoX's fused layout has one key/value head per "
+          "query head)", m.num_kv_heads)
     check(m.seq_length <= m.max_position_embeddings, "seq_length",
           f"must be <= max_position_embeddings={m.max_position_embeddings}", m.seq_length)
     check(0.0 <= m.rotary_pct <= 1.0, "rotary_pct", "must be in [0, 1]", m.rotary_pct)
     check(m.rotary_ndims % 2 == 0, "rotary_pct", f"head_dim * rotary_pct = {m.rotary_ndims} must be even",
           m.rotary_pct)
     check(m.layernorm_epsilon > 0, "layernorm_epsilon", "must be > 0", m.layernorm_epsilon)
+    check(m.rms_norm_epsilon > 0, "rms_norm_epsilon", "must be > 0", m.rms_norm_epsilon)
+    check(not (m.gpt_j_residual and m.norm_position == "post"), "norm_position",
+          "'post' (a norm after each sub-layer) needs gpt_j_residual: false (sequential sub-layers)", m.norm_position)
+    if m.rope_scaling is not None:
+        r = m.rope_scaling
+        check(r.factor > 0 and r.low_freq_factor > 0 and r.high_freq_factor > r.low_freq_factor, "rope_scaling",
+              "factor and low_freq_factor must be > 0 and high_freq_factor > low_freq_factor", r)
     check(0.0 <= m.hidden_dropout < 1.0, "hidden_dropout", "must be in [0, 1)", m.hidden_dropout)
     check(m.attention_dropout == 0.0, "attention_dropout", "only 0 is supported (no attention path applies dropout)",
           m.attention_dropout)

@@ -56,21 +56,62 @@ def attention_config_class() -> type:
 
 
 @dataclass
-class ModelConfig:
-    """The architecture and its attention: everything a model is built from (a checkpoint stores this alone)."""
+class RopeScaling:
+    """Llama-3's rotary scaling of the low frequencies (Hugging Face ``rope_type: llama3``)."""
 
+    rope_type: Literal["llama3"] = setting("llama3", "Only Llama-3's scaling is implemented.")
+    factor: float = setting(8.0, "Wavelengths beyond original_max_position_embeddings / low_freq_factor are divided "
+                                 "by this.")
+    low_freq_factor: float = setting(1.0, "Llama-3's low_freq_factor.")
+    high_freq_factor: float = setting(4.0, "Llama-3's high_freq_factor.")
+    original_max_position_embeddings: int = setting(8192, "The context the base frequencies were trained for.")
+
+
+@dataclass
+class ModelConfig:
+    """The architecture and its attention: everything a model is built from (a checkpoint stores this alone).
+
+    The block's components are keys; ``configs/`` holds presets for the published shapes of each family."""
+
+    model_family: Literal["gpt_neox", "llama", "olmo2", "qwen2", "qwen3"] = setting(
+        "gpt_neox", "Parameter names and the Hugging Face class of imports and exports: gpt_neox (GPTNeoXForCausalLM: "
+        "gpt_neox.*, embed_out) or llama, olmo2, qwen2, qwen3 (their *ForCausalLM: model.*, lm_head).")
     num_layers: int = setting(6, "Transformer layers.")
     hidden_size: int = setting(512, "Model width d.")
-    num_attention_heads: int = setting(8, "Attention heads H; head dim is hidden_size / H.")
+    num_attention_heads: int = setting(8, "Attention (query) heads H.")
+    num_kv_heads: Optional[int] = setting(None, "Key/value heads for grouped-query attention, dividing "
+                                                "num_attention_heads (unset: num_attention_heads).")
+    head_dim: Optional[int] = setting(None, "Dims per head (unset: hidden_size / num_attention_heads; Qwen3 sets "
+                                            "it).")
+    intermediate_size: Optional[int] = setting(None, "MLP inner width (unset: 4 * hidden_size).")
     seq_length: int = setting(2048, "Training sequence length (and the default evaluation window).", arch=False)
     max_position_embeddings: int = setting(2048, "Longest position the model supports (>= seq_length).")
-    rotary_pct: float = setting(0.25, "Fraction of each head's dims that get rotary embeddings.")
-    rotary_emb_base: int = setting(10000, "Rotary base.")
-    gpt_j_residual: bool = setting(True, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)).")
-    norm: Literal["layernorm"] = setting("layernorm", "Normalization layer.")
+    rotary_pct: float = setting(0.25, "Fraction of each head's dims that get rotary embeddings (Pythia 0.25, the "
+                                      "other families 1.0).")
+    rotary_emb_base: int = setting(10000, "Rotary base (Hugging Face rope_theta).")
+    rope_scaling: Optional[RopeScaling] = setting(None, "Llama-3 rotary scaling (rope_type, factor, low_freq_factor, "
+                                                        "high_freq_factor, original_max_position_embeddings).")
+    gpt_j_residual: bool = setting(True, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX); false: "
+                                         "sequential.")
+    norm: Literal["layernorm", "rmsnorm"] = setting("layernorm", "Normalization layer.")
     layernorm_epsilon: float = setting(1e-5, "LayerNorm epsilon.")
-    activation: Literal["gelu"] = setting("gelu", "MLP activation (exact erf GeLU).")
-    no_weight_tying: bool = setting(True, "Untied input and output embeddings (Pythia: true).")
+    rms_norm_epsilon: float = setting(1e-6, "RMSNorm epsilon.")
+    norm_position: Literal["pre", "post"] = setting(
+        "pre", "pre: x + f(norm(x)) (GPT-NeoX, Llama, Qwen); post: x + norm(f(x)), a norm after each sub-layer "
+        "(OLMo-2).")
+    qk_norm: Literal["none", "projection", "head"] = setting(
+        "none", "RMSNorm of queries and keys before rotary: over the whole projection (OLMo-2) or per head "
+        "(Qwen3).")
+    activation: Literal["gelu", "swiglu"] = setting(
+        "gelu", "MLP: gelu (dense_h_to_4h, exact erf GeLU, dense_4h_to_h) or swiglu (gate_proj, up_proj, down_proj "
+        "with SiLU).")
+    fused_qkv: bool = setting(True, "One query_key_value projection in GPT-NeoX's per-head layout (and dense); "
+                                    "false: q_proj, k_proj, v_proj (and o_proj).")
+    qkv_bias: bool = setting(True, "Bias on the query/key/value projections (GPT-NeoX, Qwen2: true).")
+    attention_out_bias: bool = setting(True, "Bias on the attention output projection (GPT-NeoX: true).")
+    mlp_bias: bool = setting(True, "Biases in the MLP (GPT-NeoX: true).")
+    no_weight_tying: bool = setting(True, "Untied input and output embeddings (Pythia: true; some Llama-3.2 and "
+                                          "Qwen models tie them).")
     vocab_size: int = setting(50277, "Tokenizer vocabulary size before padding (Pythia tokenizer: 50277).")
     make_vocab_size_divisible_by: int = setting(128, "Pad the vocabulary to a multiple of this.")
     init_method: Literal["small_init", "normal"] = setting(
@@ -86,8 +127,9 @@ class ModelConfig:
     attention: Any = field(default=None, metadata={"section": True})
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def kv_groups(self) -> int:
+        """Query heads per key/value head."""
+        return self.num_attention_heads // self.num_kv_heads
 
     @property
     def rotary_ndims(self) -> int:

@@ -123,7 +123,10 @@ def consolidated_fp32_state(engine) -> dict[str, torch.Tensor]:
     from deepspeed.utils import safe_get_full_fp32_param
 
     out = {}
+    tied = engine.module.tied_keys
     for name, t in engine.module.state_dict(keep_vars=True).items():
+        if name in tied:
+            continue
         full = safe_get_full_fp32_param(t) if isinstance(t, torch.nn.Parameter) else None
         out[name] = (t.detach() if full is None else full).to("cpu", torch.float32).contiguous().clone()
     return out

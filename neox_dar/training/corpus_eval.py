@@ -19,11 +19,11 @@ import torch.distributed as dist
 
 from ..config import Config
 from ..evaluation.corpora import manifest_hash
-from ..evaluation.metrics import corpus_metrics, count_bytes, count_words
+from ..evaluation.metrics import corpus_metrics, count_bytes, count_chars, count_words
 from ..evaluation.perplexity import SWEEP_MANIFEST, pinned_corpora
 from ..evaluation.scoring import overall_means, score_documents
 from ..rundir import EVAL_DIR, RUN_META, write_text_atomic
-from ..tokenizer import encode_texts, load_tokenizer, prefix_token_id
+from ..tokenizer import encode_texts, load_tokenizer, prefix_token_id, tokenizer_file
 from .distributed import DistInfo
 
 def _reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -49,10 +49,11 @@ class CorpusEvaluator:
             docs, entries = pinned_corpora(manifest, list(e.corpora), e.source, None, {}, max_docs)
             tokenizer = load_tokenizer(cfg.model)
             shared[0] = {
-                "prefix": prefix_token_id(tokenizer),
+                "prefix": prefix_token_id(tokenizer_file(cfg.model)),
                 "corpora": {name: {"ids": encode_texts(tokenizer, [d.text for d in docs[name]]),
                                    "words": sum(count_words(d.count_text) for d in docs[name]),
                                    "bytes": sum(count_bytes(d.count_text) for d in docs[name]),
+                                   "chars": sum(count_chars(d.count_text) for d in docs[name]),
                                    "documents": len(docs[name]), "manifest_sha256": entries[name]["sha256"],
                                    "source": entries[name]["source"]} for name in e.corpora},
                 "manifest_hash": manifest_hash(entries),
@@ -75,7 +76,7 @@ class CorpusEvaluator:
                                          progress=False, rank=info.rank, world_size=info.world_size,
                                          reduce_sum=lambda t: _reduce_sum(t, info.device))
                 result = corpus_metrics(float(sum(scores.nll)), int(sum(scores.tokens)), c["words"], c["bytes"],
-                                        c["documents"])
+                                        c["documents"], c["chars"])
                 result.update(manifest_sha256=c["manifest_sha256"], source=c["source"], seconds=scores.seconds)
                 if scores.attention_stats:
                     result["attention_stats"] = scores.attention_stats

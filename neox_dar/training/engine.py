@@ -52,7 +52,7 @@ def checkpoint_blocks(model: CausalLM) -> None:
     evaluation, without gradients, blocks run as usual). ``state_dict`` names are unchanged by the wrapper."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
 
-    layers = model.gpt_neox.layers
+    layers = model.decoder.layers
     for i, block in enumerate(layers):
         layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
