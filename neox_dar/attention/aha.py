@@ -80,6 +80,12 @@ class AHAAttention(Attention):
                        "selected path>) or difference (<dL/do, Full - Local>; one extra attention forward per layer "
                        "in training).", arch=False),
     }
+        "aha_router_init": Key(Literal["zeros", "random"], "zeros",
+                               "How the router starts when AHA is added to a pretrained model (finetune): zeros "
+                               "(s = 1/2 for every token and head, so at aha_threshold 0.5 every head starts on its "
+                               "local window: step 0 is the SWA model, and with aha_threshold < 0.5 every head "
+                               "starts on full attention: step 0 is the pretrained model exactly) or random "
+                               "(init_method).", arch=False),
     reads = ("window_size",)
     stats = {"mu_f": "full-attention usage: the share of (token, head) pairs routed to full attention (AHA Eq. 8)"}
 
@@ -112,9 +118,16 @@ class AHAAttention(Attention):
         self.l1_coef = a.aha_l1_coef
         self.ste = a.aha_ste
         self.num_layers = cfg.num_layers
+        self.router_init = a.aha_router_init
         self.router = nn.Linear(cfg.hidden_size, cfg.num_attention_heads, bias=False)
 
     def routed(self, q, k, v, gate: torch.Tensor) -> torch.Tensor:
+    def init_new_parameters(self, inputs: torch.Tensor | None) -> None:
+        """``aha_router_init: zeros``: the router starts at 0 (see the key's help for what step 0 then is)."""
+        if self.router_init == "zeros":
+            with torch.no_grad():
+                self.router.weight.zero_()
+
         """Each row through its gate's path on this module's ``attention_impl``; gate (B, H, T) bool."""
         impl = self.resolved_impl(q.device)
         if impl == "triton":  # reads the H_kv key/value heads directly

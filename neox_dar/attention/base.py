@@ -187,6 +187,16 @@ class Attention(nn.Module, abc.ABC):
     def split_heads(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``h`` (B, T, d) -> rotary-applied ``q`` (B, H, T, d_h) and ``k``, ``v`` (B, H_kv, T, d_h)."""
         q, k, v = self.project(h)
+    def wants_calibration(self) -> bool:
+        """Whether :meth:`init_new_parameters` needs this layer's attention inputs on calibration data."""
+        return False
+
+    def init_new_parameters(self, inputs: torch.Tensor | None) -> None:
+        """Called when this variant is added to a pretrained model (``finetune`` from a checkpoint that lacks this
+        module's variant parameters), after they got ``init_method``: a variant may choose another start (DAR's
+        PCA bottleneck, AHA's zero router). ``inputs``: this layer's attention inputs ``a`` (N, d) on calibration
+        sequences when :meth:`wants_calibration`, else None. Default: keep ``init_method``."""
+
         return apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
 
     def key_value(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +78,14 @@ class DARAttention(Attention):
     keys = {"dar_d_down": Key(Optional[int], None, "DAR/uniform bottleneck width, 1..hidden_size (default "
                                                    "hidden_size // 4).", label="d",
                               rule=lambda v, m: None if 1 <= v <= m.hidden_size else
-                              f"must be in 1..hidden_size={m.hidden_size}")}
+                              f"must be in 1..hidden_size={m.hidden_size}"),
+            "dar_init": Key(Literal["random", "pca"], "random",
+                            "How the bottleneck starts when DAR is added to a pretrained model (finetune): random "
+                            "(init_method) or pca (dar_down = the top dar_d_down principal directions of the layer's "
+                            "attention input on dar_init_samples training sequences, dar_up its transpose: the best "
+                            "rank-d_down reconstruction at step 0).", arch=False),
+            "dar_init_samples": Key(int, 16, "Training sequences the pca bottleneck start is computed on.",
+                                    arch=False, rule=lambda v, m: None if v >= 1 else "must be >= 1")}
     reads = ("window_size",)
 
     @classmethod
@@ -114,9 +121,28 @@ class DARAttention(Attention):
         self.window = self.window_of(cfg)
         self.d_down = cfg.attention.dar_d_down
         self.dar_down = nn.Linear(cfg.hidden_size, self.d_down, bias=False)
+        self.init = cfg.attention.dar_init
         self.dar_up = nn.Linear(self.d_down, cfg.hidden_size, bias=False)
 
     def global_kv(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def wants_calibration(self) -> bool:
+        return self.init == "pca"
+
+    def init_new_parameters(self, inputs: torch.Tensor | None) -> None:
+        """``dar_init: pca``: with ``inputs`` (N, d) = this layer's attention inputs on the calibration sequences and
+        ``V`` (d, d_down) the top eigenvectors of their uncentered second moment ``inputs^T inputs`` (float64),
+        ``dar_down = V^T`` and ``dar_up = V``: ``dar_up(dar_down(a))`` is the orthogonal projection of ``a`` on
+        the top ``d_down`` principal directions, the best rank-``d_down`` linear reconstruction of the inputs
+        (its squared error is the sum of the other eigenvalues). ``random`` keeps ``init_method``."""
+        if self.init != "pca":
+            return
+        x = inputs.double()
+        _, vectors = torch.linalg.eigh(x.T @ x)  # ascending eigenvalues
+        top = vectors[:, -self.d_down:].flip(-1)  # (d, d_down), largest first
+        with torch.no_grad():
+            self.dar_down.weight.copy_(top.T.to(self.dar_down.weight.dtype))
+            self.dar_up.weight.copy_(top.to(self.dar_up.weight.dtype))
+
         """``k_glob`` (rotary applied) and ``v_glob``, each (B, H_kv, T, d_h), from ``h' = dar_up(dar_down(a))``
         through the layer's own key and value weights, bias and key norm (the global query is never used)."""
         return self.key_value(self.dar_up(self.dar_down(a)), cos, sin)

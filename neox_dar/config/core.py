@@ -133,6 +133,7 @@ def _load(layers: list[tuple[str, dict]]) -> Config:
     _validated(origins, _check_data, cfg.data)
     _validated(origins, _check_run, cfg.run)
     _finish_model(cfg.model, origins)
+    _validated(origins, _check_training_model, cfg)
     return cfg
 
 
@@ -207,7 +208,7 @@ def _validated(origins: dict, rules, section) -> None:
     try:
         rules(section)
     except InvalidValue as e:
-        where = origins.get(e.key)
+        where = origins.get(e.key) or origins.get(e.key.split(".")[0])
         where = f" in {where}" if where else ""
         raise ConfigError(f"invalid value for '{e.key}'{where}: {e.value!r} ({e.rule})") from None
 
@@ -348,6 +349,33 @@ def _check_data(d: DataConfig) -> None:
                   "must be non-negative with a positive sum", weights)
     check(split_shares(d.split) is not None, "split",
           "must be 1 to 3 non-negative numbers 'train,valid,test' with a positive sum; missing shares are 0", d.split)
+    for part in ("train", "valid"):
+        labels, paths = getattr(d, f"{part}_label_data_paths"), getattr(d, f"{part}_data_paths")
+        if labels is not None:
+            check(paths is not None and len(labels) == len(paths), f"{part}_label_data_paths",
+                  f"needs one label dataset per entry of {part}_data_paths", labels)
+            check(getattr(d, f"{part}_data_weights") is None, f"{part}_label_data_paths",
+                  f"conversations are pooled, not blended: unset {part}_data_weights", labels)
+    check(d.valid_label_data_paths is None or d.train_label_data_paths is not None, "valid_label_data_paths",
+          "needs train_label_data_paths (labels in validation only are not supported)", d.valid_label_data_paths)
+    if d.train_label_data_paths is not None and d.valid_data_paths:
+        check(d.valid_label_data_paths is not None, "valid_label_data_paths",
+              "needs to be set with train_label_data_paths and valid_data_paths (chat validation data has labels)",
+              d.valid_label_data_paths)
+
+
+def _check_training_model(cfg: Config) -> None:
+    """Rules that need the model's parameter names (built on the meta device): ``trainable_params``, LoRA."""
+    if cfg.training.trainable_params is None and cfg.training.lora is None:
+        return
+    import torch
+
+    from ..model import build_model
+    from ..training.finetune import check_trainable
+
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    check_trainable(cfg, model)
 
 
 def _check_run(r: RunConfig) -> None:

@@ -169,8 +169,18 @@ class ZeroConfig:
 
 
 @dataclass
+class LoraConfig:
+    r: int = setting(8, "LoRA rank.")
+    alpha: float = setting(16.0, "LoRA alpha (the update is scaled by alpha / r).")
+    dropout: float = setting(0.0, "Dropout on the LoRA path's input.")
+    target_modules: list[str] = setting(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "Names of the linear layers that get adapters (peft's "
+        "target_modules: a suffix of the module name; GPT-NeoX: query_key_value, dense).")
+
+
+@dataclass
 class TrainingConfig:
-    """Batch, schedule, optimizer, precision and ZeRO."""
+    """Batch, schedule, optimizer, precision, ZeRO, and what trains (trainable_params, lora)."""
 
     train_batch_size: Optional[int] = setting(None, "Global batch in sequences = micro * grad_accum * data-parallel "
                                                     "size.", label="bs")
@@ -190,6 +200,13 @@ class TrainingConfig:
                                                                                      "CPU.")
     seed: int = setting(1234, "Random seed, 0..2**32-1 (numpy's RandomState range).", label="seed")
     checkpoint_activations: bool = setting(False, "Recompute each layer in backward to save memory.")
+    trainable_params: Optional[list[str]] = setting(
+        None, "fnmatch patterns over parameter names selecting what trains, e.g. ['*.dar_down.*', '*.dar_up.*'] "
+        "(unset: everything; with lora: the adapters plus these). Frozen parameters get no gradient and no optimizer "
+        "state; a pattern matching no parameter is an error.")
+    lora: Optional[LoraConfig] = setting(
+        None, "LoRA adapters (peft) on target_modules: r, alpha, dropout, target_modules; the base weights freeze "
+        "(trainable_params adds more), checkpoints' model.safetensors hold the merged weights.")
     torch_compile: bool = setting(False, "Compile the model with torch.compile.")
 
     @property
@@ -236,6 +253,11 @@ class DataConfig:
     valid_data_paths: Optional[list[str]] = setting(None, "Prefixes of validation datasets (blend).")
     valid_data_weights: Optional[list[float]] = setting(None, "Blend weights for valid_data_paths (unset: equal, as "
                                                               "GPT-NeoX).")
+    train_label_data_paths: Optional[list[str]] = setting(
+        None, "Label datasets of train_data_paths, one per path (data_prep.chat's PREFIX_label: the token where the "
+        "loss is on, -100 where off). With labels every sample is one conversation, padded per micro-batch and "
+        "grouped by length, never packed with another.")
+    valid_label_data_paths: Optional[list[str]] = setting(None, "Label datasets of valid_data_paths, one per path.")
     split: str = setting("969,30,1", "train,valid,test shares of data_path's documents (',' or '/'; missing shares "
                                      "are 0).")
     data_shuffle: bool = setting(True, "Shuffle documents and samples (seeded); false reads samples in file order "
@@ -271,6 +293,10 @@ class RunConfig:
     save: Optional[str] = setting(None, "Run directory: checkpoints, metrics.jsonl, resolved config.")
     load: Optional[str] = setting(None, "Checkpoint directory to start from when save holds none (run dir, its "
                                         "checkpoints/ or one step dir).")
+    finetune: bool = setting(
+        False, "Start from load='s weights only (a from-hf import or another run's checkpoint; parameters it lacks, "
+        "such as a variant's, are new and initialised by the variant's *_init keys) with a fresh optimizer, LR "
+        "schedule and step count (GPT-NeoX's finetune). A stage of a multi-stage recipe.")
     resume: Literal["auto", "never"] = setting(
         "auto", "auto: continue this run from the newest complete checkpoint in save (else start from load's); "
         "never: start fresh.")

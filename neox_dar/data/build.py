@@ -1,4 +1,4 @@
-"""``build_datasets(cfg, train_samples, valid_samples)``: the training and validation datasets of a config.
+"""``build_datasets(cfg, train_samples, valid_samples, world_size)``: the training and validation datasets of a config.
 
 GPT-NeoX's ``build_train_valid_test_data_loaders`` rules:
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from ..config import Config, ConfigError, split_shares
 from .blended import BlendedDataset
+from .conversations import ConversationDataset, open_pair
 from .gpt_dataset import GPTDataset
 from .indexed import IndexedDataset
 
@@ -89,14 +90,37 @@ def _at_least(ds, samples: int):
     return cyclic
 
 
-def build_datasets(cfg: Config, train_samples: int, valid_samples: int):
-    """(train_ds, valid_ds or None); ``len(train_ds) >= train_samples``, ``ds[i]`` is ``int64[seq_length + 1]``.
+def _conversations(cfg: Config, train_samples: int, valid_samples: int, world_size: int):
+    """Chat SFT data (label paths set): :class:`ConversationDataset` over every train (and valid) pair, grouped by
+    length in global micro-batches of ``world_size`` ranks."""
+    group = cfg.training.train_micro_batch_size_per_gpu * world_size
+
+    def build(name: str, paths: list[str], labels: list[str], samples: int) -> ConversationDataset:
+        ds = ConversationDataset([open_pair(p, q) for p, q in zip(paths, labels)], samples, cfg.model.seq_length,
+                                 cfg.training.seed, group, shuffle=cfg.data.data_shuffle)
+        total = int(ds._offsets[-1])
+        log.info("%s data: %d conversations, %d samples read (%.2f epochs)", name, total, samples, samples / total)
+        return ds
+
+    d = cfg.data
+    train = build("train", d.train_data_paths, d.train_label_data_paths, train_samples)
+    valid = None
+    if d.valid_data_paths and valid_samples > 0:
+        valid = build("valid", d.valid_data_paths, d.valid_label_data_paths, valid_samples)
+    return train, valid
+
+
+def build_datasets(cfg: Config, train_samples: int, valid_samples: int, world_size: int = 1):
+    """(train_ds, valid_ds or None); ``len(train_ds) >= train_samples``, ``ds[i]`` is ``int64[seq_length + 1]``
+    (with label datasets: a conversation and its labels, :mod:`.conversations`).
 
     valid_ds is None when ``valid_samples`` is 0, when no validation data is configured, or
     when ``split`` gives validation no documents (a warning when its share is not 0).
     """
     if train_samples < 1:
         raise ValueError(f"train_samples must be >= 1, got {train_samples}")
+    if cfg.data.train_label_data_paths:
+        return _conversations(cfg, train_samples, valid_samples, world_size)
     if cfg.data.train_data_paths:
         train = _at_least(_blend("train", cfg.data.train_data_paths, cfg.data.train_data_weights, train_samples, cfg),
                           train_samples)

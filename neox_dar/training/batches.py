@@ -1,4 +1,8 @@
-"""Micro-batches from the data module, and the language-modelling loss."""
+"""Micro-batches from the data module, and the language-modelling loss.
+
+A micro-batch is ``tokens`` (B, T + 1) of packed samples, or ``(tokens, labels)`` (B, L) of right-padded
+conversations (:mod:`neox_dar.data.conversations`): the loss is then on the labelled tokens only (GPT-NeoX's
+label convention, -100 where it is off)."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from torch.utils.data import DataLoader
 
 from ..config import Config
 from ..data import DataParallelSampler
+from ..data.conversations import IGNORE, ConversationDataset, pad_collate
 from .distributed import DistInfo
 
 
@@ -22,16 +27,24 @@ def micro_batches(ds, cfg: Config, info: DistInfo, total_samples: int, consumed_
     ``consumed_samples`` global samples."""
     sampler = DataParallelSampler(total_samples, consumed_samples, cfg.training.train_micro_batch_size_per_gpu,
                                   info.rank, info.world_size)
-    return DataLoader(ds, batch_sampler=sampler, num_workers=cfg.data.num_workers, collate_fn=_stack,
+    collate = pad_collate if isinstance(ds, ConversationDataset) else _stack
+    return DataLoader(ds, batch_sampler=sampler, num_workers=cfg.data.num_workers, collate_fn=collate,
                       pin_memory=info.device.type == "cuda")
 
 
-def inputs_and_targets(tokens: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T + 1) tokens -> inputs (B, T) and next-token targets (B, T) on ``device``."""
-    tokens = tokens.to(device, non_blocking=True)
+def inputs_and_targets(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed tokens (B, T + 1), or conversations ``(tokens, labels)`` (B, L) -> inputs (B, T) and next-token
+    targets (B, T) on ``device`` (-100: no loss there)."""
+    if isinstance(batch, (tuple, list)):
+        tokens, labels = (t.to(device, non_blocking=True) for t in batch)
+        return tokens[:, :-1], labels[:, 1:]
+    tokens = batch.to(device, non_blocking=True)
     return tokens[:, :-1], tokens[:, 1:]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in float32: ``logits`` (B, T, V), ``targets`` (B, T) -> scalar."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    """Mean next-token cross-entropy in float32 over the targets that are not -100: ``logits`` (B, T, V),
+    ``targets`` (B, T) -> scalar (0 when no target counts)."""
+    flat = targets.reshape(-1)
+    total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE, reduction="sum")
+    return total / (flat != IGNORE).sum().clamp(min=1)

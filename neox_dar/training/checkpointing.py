@@ -31,6 +31,7 @@ from ..provenance import code_version
 from ..rundir import (CONFIG, MODEL_CONFIG, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune, publish,
                       read_state, step_dir_name, write_manifest)
 from .distributed import DistInfo, any_rank, barrier
+from .finetune import merge_lora
 
 
 @dataclass
@@ -114,12 +115,14 @@ def use_safe_loading(engine) -> None:
 # consolidated weights
 
 
-def consolidated_fp32_state(engine) -> dict[str, torch.Tensor]:
+def consolidated_fp32_state(engine, lora_scale: float | None = None) -> dict[str, torch.Tensor]:
     """Full fp32 weights on CPU by their ``state_dict`` names, gathered from every rank's partition (collective:
-    call on all ranks).
+    call on all ranks); with ``lora_scale``, peft's LoRA layers merged into plain weights (:func:`merge_lora`).
 
-    The fp32 master copy where DeepSpeed keeps one (ZeRO 1/2/3, bf16), else the parameter itself (fp32 at
-    ZeRO 0); exact for fp32 training."""
+    The fp32 master copy where DeepSpeed keeps one (ZeRO 1/2/3, bf16), else the parameter itself: exact for fp32
+    training, and for a frozen parameter (which has no master copy) its value in the training dtype (gathered
+    from its ZeRO-3 partitions)."""
+    from deepspeed import zero
     from deepspeed.utils import safe_get_full_fp32_param
 
     out = {}
@@ -127,9 +130,12 @@ def consolidated_fp32_state(engine) -> dict[str, torch.Tensor]:
     for name, t in engine.module.state_dict(keep_vars=True).items():
         if name in tied:
             continue
-        full = safe_get_full_fp32_param(t) if isinstance(t, torch.nn.Parameter) else None
+        full = safe_get_full_fp32_param(t) if isinstance(t, torch.nn.Parameter) and t.requires_grad else None
+        if full is None and hasattr(t, "ds_id"):  # a frozen ZeRO-3 parameter: gather its partitions
+            with zero.GatheredParameters([t]):
+                full = t.detach().to("cpu", torch.float32).clone()
         out[name] = (t.detach() if full is None else full).to("cpu", torch.float32).contiguous().clone()
-    return out
+    return merge_lora(out, lora_scale) if lora_scale is not None else out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -155,7 +161,8 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
         torch.save(capture_rng(), tmp / rng_file(info.rank))
     except Exception as e:  # OSError from a full disk, or torch's RuntimeError wrapping one
         error = e
-    weights = consolidated_fp32_state(engine)
+    lora = cfg.training.lora
+    weights = consolidated_fp32_state(engine, lora.alpha / lora.r if lora is not None else None)
     if any_rank(error is not None, info.device):
         _abandon(tmp, info, error)
     barrier()

@@ -6,6 +6,8 @@ JIT-compile C++ for about a minute), and a config dict with the batch, clipping,
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..config import Config
@@ -57,16 +59,21 @@ def checkpoint_blocks(model: CausalLM) -> None:
         layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
-def build_engine(cfg: Config, info: DistInfo):
-    """Seeded model (identical on every rank), optimizer, LR schedule and the DeepSpeed engine.
+def build_engine(cfg: Config, info: DistInfo, prepare: Callable[[CausalLM], None] | None = None):
+    """Seeded model (identical on every rank), ``prepare(model)`` (pretrained weights, LoRA, freezing:
+    :func:`.finetune.prepare_model`), optimizer over the parameters that train, LR schedule and the DeepSpeed
+    engine.
 
     Returns ``(engine, model, flops)``: ``model`` is the bare :class:`CausalLM` (``engine.module``), ``flops``
-    its training FLOPs per token (counted before ZeRO-3 partitions the parameters)."""
+    its training FLOPs per token (counted before ZeRO-3 partitions the parameters, on the model without
+    adapters)."""
     import deepspeed
 
     torch.manual_seed(cfg.training.seed)
     model: CausalLM = build_model(cfg.model).to(info.device)
     flops = flops_per_token(model, cfg.model.seq_length)["total"]
+    if prepare is not None:
+        prepare(model)
     if cfg.training.checkpoint_activations:
         checkpoint_blocks(model)
     optimizer = build_optimizer(model, cfg, info.device)

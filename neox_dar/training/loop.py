@@ -21,13 +21,14 @@ from ..config import Config, load_config
 from ..data import build_datasets
 from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, checkpoints_dir,
-                      clean_leftovers, lock_run_dir, newest_checkpoint, remove_tree, resolve_checkpoint, step_dirs,
-                      write_status)
+                      clean_leftovers, lock_run_dir, newest_checkpoint, read_state, remove_tree, resolve_checkpoint,
+                      step_dirs, write_status)
 from .batches import inputs_and_targets, lm_loss, micro_batches
 from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
 from .corpus_eval import CorpusEvaluator
 from .distributed import DistInfo, all_reduce_mean, any_rank
 from .engine import build_engine
+from .finetune import finetune_mismatch, prepare_model
 from .logging_sinks import RunLogger
 from .metrics import attention_stat_metrics, memory_gb, peak_flops, throughput
 from .signals import EXIT_INTERRUPTED, StopRequest
@@ -95,15 +96,19 @@ def _choose_start(cfg: Config) -> Path | None:
         _discard_run(save)
     if cfg.run.load and cfg.run.resume != "never":
         found = resolve_checkpoint(cfg.run.load)
-        mismatch = model_mismatch(found, cfg)
+        mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
         if mismatch:
             raise CheckpointError(f"load={cfg.run.load}: {mismatch}")
+        if not cfg.run.finetune and read_state(found).get("world_size") is None:
+            raise CheckpointError(f"load={cfg.run.load} holds weights only (an import or an export), no training "
+                                  "state to continue: set finetune=true to start a new run from its weights")
         return found
     return None
 
 
 def _start_point(cfg: Config, info: DistInfo) -> Path | None:
-    """The checkpoint to continue or start from, decided by rank 0 and shared with every rank (collective)."""
+    """The checkpoint to continue (or, finetuning, take the weights of), decided by rank 0 and shared with every
+    rank (collective)."""
     decision: list = [None]
     if info.is_main:
         try:
@@ -115,6 +120,23 @@ def _start_point(cfg: Config, info: DistInfo) -> Path | None:
     if kind == "error":
         raise value
     return value
+
+
+def _is_own(step_dir: Path, save: Path) -> bool:
+    """Whether ``step_dir`` is one of ``save``'s own checkpoints (a run continuing) rather than ``load``'s."""
+    return step_dir.resolve().parent == checkpoints_dir(save).resolve()
+
+
+def calibration_sequences(train_ds, cfg: Config) -> list[torch.Tensor]:
+    """The first ``dar_init_samples`` training samples' tokens (the same on every rank), for variants whose new
+    parameters start from the data (DAR's ``dar_init: pca``)."""
+    n = min(len(train_ds), getattr(cfg.model.attention, "dar_init_samples", 16))
+    out = []
+    for i in range(n):
+        item = train_ds[i]
+        tokens = item[0] if isinstance(item, tuple) else item  # a conversation: (tokens, labels)
+        out.append(torch.as_tensor(np.asarray(tokens[:cfg.model.seq_length], dtype=np.int64)))
+    return out
 
 
 def _averaged_stats(model, info: DistInfo) -> dict:
@@ -158,25 +180,34 @@ def train(cfg: Config, info: DistInfo) -> int:
     logger = None
     try:
         start_dir = _start_point(cfg, info)
-        engine, model, flops = build_engine(cfg, info)
-        world, micro = info.world_size, cfg.training.train_micro_batch_size_per_gpu
-        grad_accum = engine.gradient_accumulation_steps()
-        global_batch = micro * grad_accum * world
+        # finetune: a new run from load='s weights (its own checkpoints, once it has some, are resumed as usual)
+        pretrained = start_dir if cfg.run.finetune and start_dir is not None and not _is_own(start_dir, save) else None
+        world = info.world_size
+        global_batch = cfg.training.global_batch_for(world)
+        train_samples = cfg.training.train_iters * global_batch
+        train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world), world)
+        prepared: list[str] = []
 
-        if start_dir is not None:
+        def prepare(model) -> None:
+            calibration = calibration_sequences(train_ds, cfg) if pretrained is not None else []
+            prepared.extend(prepare_model(model, cfg, pretrained, calibration))
+
+        engine, model, flops = build_engine(cfg, info, prepare)
+        grad_accum = engine.gradient_accumulation_steps()
+
+        if start_dir is not None and pretrained is None:
             state = load_checkpoint(engine, cfg, info, start_dir)
         else:
             _seed_rank(cfg, info.rank)
-
-        train_samples = cfg.training.train_iters * global_batch
-        train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world))
         batches = iter(micro_batches(train_ds, cfg, info, max(train_samples, state.consumed_samples),
                                      state.consumed_samples))
 
         logger = RunLogger(cfg, info.is_main, state.step)
+        for line in prepared:
+            logger.message(line)
         if cfg.run.eval_interval and valid_ds is None:
             logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
-        if start_dir is not None:
+        if start_dir is not None and pretrained is None:
             logger.message(f"resumed from {start_dir} at step {state.step} ({state.consumed_samples} samples)")
         corpus_eval = CorpusEvaluator(cfg, info) if cfg.run.eval_perplexity.interval else None
         if info.is_main:

@@ -24,12 +24,14 @@ from ..config import Config
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices/embeddings with ``weight_decay``, biases and norm weights (ndim < 2) without."""
+    """Up to two groups of the parameters that train: matrices/embeddings with ``weight_decay``, biases and norm
+    weights (ndim < 2) without (an empty group is left out: DeepSpeed's ZeRO optimizers drop them)."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 def build_optimizer(model: nn.Module, cfg: Config, device: torch.device) -> torch.optim.Optimizer:

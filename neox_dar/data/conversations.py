@@ -1,0 +1,93 @@
+"""Chat SFT samples: one conversation per sample, with its labels, never packed with another conversation.
+
+``data_prep.chat`` writes a token dataset ``PREFIX`` and a label dataset ``PREFIX_label`` (GPT-NeoX's convention:
+the label is the token itself where the loss is on, -100 where it is off), one document per conversation.
+:class:`ConversationDataset` serves ``(tokens int64[n], labels int64[n])`` with ``n <= seq_length + 1`` (longer
+conversations are cut there); :func:`pad_collate` right-pads a micro-batch to its longest conversation (tokens with
+0, labels with -100), so a conversation's loss does not depend on the others in its batch: causal attention never
+reads the padding that follows a token.
+
+Order: the conversations of every path form one pool; each epoch is a seeded permutation of it, and within each
+chunk of ``LENGTH_GROUP_CHUNK`` global micro-batches the conversations are sorted by length, cut into global
+micro-batches and those shuffled (seeded), so a micro-batch holds conversations of similar length (little padding)
+while its lengths still vary from step to step. Sample ``i`` depends only on the files, the seed and the global
+micro-batch size, so a resumed run reads exactly what an uninterrupted one reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .indexed import IndexedDataset, IndexedDatasetError
+
+IGNORE = -100
+LENGTH_GROUP_CHUNK = 64  # global micro-batches sorted by length together
+
+
+def label_prefix(prefix: str) -> str:
+    """The label dataset ``data_prep.chat`` writes beside ``prefix``."""
+    return f"{prefix}_label"
+
+
+def open_pair(tokens_prefix: str, labels_prefix: str) -> tuple[IndexedDataset, IndexedDataset]:
+    """The token and label datasets, checked to describe the same conversations (count and every length)."""
+    tokens, labels = IndexedDataset(tokens_prefix), IndexedDataset(labels_prefix)
+    if len(tokens) != len(labels) or not np.array_equal(tokens.sizes, labels.sizes):
+        raise IndexedDatasetError(f"{labels_prefix} does not match {tokens_prefix}: {len(labels)} vs {len(tokens)} "
+                                  "conversations, or different lengths (written by different data_prep.chat runs?)")
+    if labels.dtype.kind != "i":
+        raise IndexedDatasetError(f"{labels_prefix}: labels must be a signed dtype (they hold -100), not "
+                                  f"{labels.dtype}")
+    return tokens, labels
+
+
+class ConversationDataset:
+    """``num_samples`` conversations of the datasets ``pairs`` (token, label), in the length-grouped seeded
+    order described in the module docstring; ``ds[i]`` = ``(tokens int64[n], labels int64[n])``."""
+
+    def __init__(self, pairs: list[tuple[IndexedDataset, IndexedDataset]], num_samples: int, seq_length: int,
+                 seed: int, global_micro_batch: int, shuffle: bool = True):
+        self.pairs = pairs
+        self.seq_length = seq_length
+        offsets = np.cumsum([0] + [len(t) for t, _ in pairs])
+        self._offsets = offsets
+        total = int(offsets[-1])
+        if total == 0:
+            raise IndexedDatasetError("the conversation datasets hold no conversation")
+        lengths = np.minimum(np.concatenate([t.sizes for t, _ in pairs]).astype(np.int64), seq_length + 1)
+        rng = np.random.RandomState(seed)
+        epochs = -(-num_samples // total)
+        order = np.concatenate([rng.permutation(total) if shuffle else np.arange(total) for _ in range(epochs)])
+        chunk = LENGTH_GROUP_CHUNK * global_micro_batch
+        for start in range(0, len(order), chunk):
+            part = order[start:start + chunk]
+            part = part[np.argsort(-lengths[part], kind="stable")]
+            groups = [part[i:i + global_micro_batch] for i in range(0, len(part), global_micro_batch)]
+            if shuffle:
+                groups = [groups[i] for i in rng.permutation(len(groups))]
+            order[start:start + chunk] = np.concatenate(groups)
+        self.order = order[:num_samples]
+        self.epochs = epochs
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        doc = int(self.order[i])
+        which = int(np.searchsorted(self._offsets, doc, side="right")) - 1
+        tokens, labels = self.pairs[which]
+        local = doc - int(self._offsets[which])
+        n = min(int(tokens.sizes[local]), self.seq_length + 1)
+        return tokens.get(local, 0, n).astype(np.int64), labels.get(local, 0, n).astype(np.int64)
+
+
+def pad_collate(samples: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad a micro-batch of conversations to its longest: tokens (B, L) with 0, labels (B, L) with -100."""
+    width = max(len(t) for t, _ in samples)
+    tokens = np.zeros((len(samples), width), dtype=np.int64)
+    labels = np.full((len(samples), width), IGNORE, dtype=np.int64)
+    for row, (t, lab) in enumerate(samples):
+        tokens[row, :len(t)] = t
+        labels[row, :len(lab)] = lab
+    return torch.from_numpy(tokens), torch.from_numpy(labels)

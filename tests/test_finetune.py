@@ -1,0 +1,227 @@
+"""Continued training from pretrained models: finetune from load='s weights, new variant parameters (DAR's PCA
+bottleneck, AHA's router), trainable_params and LoRA, through train.py and DeepSpeed."""
+
+from __future__ import annotations
+
+import glob
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from builders import ROOT, config, hf_folder
+from safetensors.torch import load_file
+from trainrun import losses, rows, train
+
+from neox_dar.checkpoint import load_model
+from neox_dar.config import ConfigError
+from neox_dar.model import build_model
+from neox_dar.rundir import step_dir_name
+from neox_dar.training.checkpointing import safe_torch_load
+from neox_dar.training.finetune import add_lora, attention_inputs, initialise_new, merge_lora
+
+BOTTLENECK = 'trainable_params=["*.dar_down.*","*.dar_up.*"]'
+
+
+@pytest.fixture(scope="module")
+def olmo(tmp_path_factory) -> Path:
+    """A tiny random OLMo-2 made by transformers (Pythia-sized vocabulary, so it trains on the tokenized sample),
+    imported with ``from-hf``: our checkpoint folder, with its ``model.yml``."""
+    root = tmp_path_factory.mktemp("olmo")
+    hf_folder(root / "hf", "olmo2", vocab=50304, shard="2MB")
+    out = subprocess.run([sys.executable, "-m", "neox_dar.convert", "from-hf", root / "hf", root / "ours"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return root / "ours"
+
+
+def _stage(olmo: Path, *extra: str) -> list[str]:
+    return [str(olmo / "model.yml"), "configs/attention/dar.yml", f"load={olmo}", "finetune=true", "window_size=8",
+            *extra]
+
+
+def _optimizer_numel(step_dir: Path) -> int:
+    """Elements the ZeRO optimizer holds fp32 state for, over every rank's file (padding excluded)."""
+    total = 0
+    for path in glob.glob(str(step_dir / "*optim_states.pt")):
+        state = safe_torch_load(path)["optimizer_state_dict"]
+        groups = state["single_partition_of_fp32_groups"]
+        for flat, pad in zip(groups, state["group_paddings"]):
+            total += flat.numel() - pad
+        adam = state["base_optimizer_state"]["state"]
+        assert sorted(adam) == list(range(len(groups)))  # Adam moments for exactly these flat groups
+        for i, flat in enumerate(groups):
+            assert adam[i]["exp_avg"].numel() == adam[i]["exp_avg_sq"].numel() == flat.numel()
+    return total
+
+
+def _start(olmo: Path, *files: str, **keys) -> dict[str, torch.Tensor]:
+    """The weights a finetune run of ``olmo`` starts from, built as the trainer builds them (seeded model, the
+    import's weights loaded, new parameters initialised; no calibration)."""
+    from neox_dar.training.finetune import load_pretrained
+
+    cfg = config("configs/tiny.yml", olmo / "model.yml", *files, **keys)
+    torch.manual_seed(cfg.training.seed)
+    model = build_model(cfg.model)
+    initialise_new(model, load_pretrained(model, cfg, olmo), [])
+    return {k: v.detach().clone() for k, v in model.weights().items()}
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stage_one_trains_only_the_bottleneck(olmo, tokenized_sample, tmp_path, stage):
+    """DAR stage 1 on an imported model, 20 steps under ZeRO-``stage``: every parameter outside the patterns is
+    bit-identical to the import, every bottleneck parameter changed, and the optimizer holds state for the
+    bottleneck only."""
+    save = tmp_path / "stage1"
+    out = train(save, tokenized_sample, *_stage(olmo, BOTTLENECK, "train_iters=20", "eval_interval=0",
+                                                "checkpoint_factor=20", f"zero_optimization.stage={stage}",
+                                                "optimizer.params.lr=3e-2"))
+    assert "training 4,096 of 6,504,960 parameters" in out.stdout
+    imported = load_file(str(olmo / "model.safetensors"))
+    start = _start(olmo, "configs/attention/dar.yml", window_size=8)
+    step_dir = save / "checkpoints" / step_dir_name(20)
+    end = load_file(str(step_dir / "model.safetensors"))
+    bottleneck = sorted(k for k in end if ".dar_" in k)
+    assert len(bottleneck) == 4 and set(end) == set(imported) | set(bottleneck)
+    for name, tensor in imported.items():
+        assert torch.equal(end[name], tensor), name
+    for name in bottleneck:
+        assert (end[name] != start[name]).all(), name
+    assert _optimizer_numel(step_dir) == sum(end[k].numel() for k in bottleneck) == 4096
+
+
+def test_stage_two_resets_step_schedule_optimizer_and_resumes_exactly(olmo, tokenized_sample, tmp_path):
+    """Stage 2 (everything trains) from stage 1's final checkpoint: a new run at step 1 with a fresh schedule and
+    Adam state (step count = its own steps); stopped after step 3 and run again, it repeats the uninterrupted
+    run's losses bit for bit."""
+    stage1 = tmp_path / "stage1"
+    train(stage1, tokenized_sample, *_stage(olmo, BOTTLENECK, "train_iters=4", "eval_interval=0"))
+    keys = [*_stage(olmo), f"load={stage1}", "train_iters=6", "optimizer.params.lr=1e-3", "eval_interval=0",
+            "zero_optimization.stage=1"]
+    full, resumed = tmp_path / "stage2", tmp_path / "stage2-resumed"
+    train(full, tokenized_sample, *keys)
+    log = rows(full)
+    assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    from neox_dar.config import load_config
+    from neox_dar.training.optim import lr_at
+
+    assert log[0]["lr"] == pytest.approx(lr_at(load_config(full / "config.yml"), 0))  # the schedule's first step
+    adam = safe_torch_load(glob.glob(str(full / "checkpoints" / step_dir_name(6) / "*optim_states.pt"))[0])
+    steps = {int(s["step"]) for s in adam["optimizer_state_dict"]["base_optimizer_state"]["state"].values()}
+    assert steps == {6}
+    out = train(resumed, tokenized_sample, *keys, "exit_interval=3", expect=3)
+    assert "finetuning from" in out.stdout
+    out = train(resumed, tokenized_sample, *keys, "exit_interval=3")
+    assert "resumed from" in out.stdout and "finetuning from" not in out.stdout
+    assert losses(resumed) == losses(full)
+
+
+def test_a_weights_only_load_needs_finetune(olmo, tokenized_sample, tmp_path):
+    out = train(tmp_path / "x", tokenized_sample, str(olmo / "model.yml"), f"load={olmo}", expect=2)
+    assert "set finetune=true" in out.stderr
+
+
+def test_finetune_refuses_another_base_model(olmo, tokenized_sample, tmp_path):
+    out = train(tmp_path / "x", tokenized_sample, *_stage(olmo, "intermediate_size=64"), expect=2)
+    assert "another base model" in out.stderr and "intermediate_size" in out.stderr
+
+
+def test_trainable_pattern_matching_nothing_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"'trainable_params' in the command line: '\*\.dar_dwon\.\*'"):
+        config("configs/tiny.yml", "configs/attention/dar.yml", trainable_params=["*.dar_dwon.*"])
+    with pytest.raises(ConfigError, match="query_key_value"):
+        config("configs/tiny.yml", **{"lora.target_modules": ["query_key_value"]})
+
+
+# ----------------------------------------------------------------------------------------------
+# new parameters
+
+
+def _imported(olmo: Path, **keys):
+    """The import with ``keys`` (a variant) on top: (model with the import's weights, new parameter names)."""
+    from neox_dar.training.finetune import load_pretrained
+
+    cfg = config("configs/tiny.yml", olmo / "model.yml", **keys)
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    return model, load_pretrained(model, cfg, olmo), cfg
+
+
+def test_pca_bottleneck_is_the_best_rank_d_down_reconstruction(olmo):
+    """dar_init: pca: at step 0 each layer's ``dar_up(dar_down(a))`` on the calibration sequences has the squared
+    error of the rank-d_down SVD bound (the sum of the discarded eigenvalues), within 1e-4."""
+    model, new, _ = _imported(olmo, attention_type="dar", window_size=8, dar_d_down=12, dar_init="pca")
+    calibration = [torch.randint(0, 50277, (32,), generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    lines = initialise_new(model, new, calibration)
+    assert len(lines) == 2 and "calibrated on 192 tokens" in lines[1]
+    for module in model.attention_modules():
+        a = attention_inputs(model, module, calibration).double()
+        with torch.no_grad():
+            recon = module.dar_up(module.dar_down(a.float())).double()
+        error = (a - recon).square().sum()
+        bound = torch.linalg.eigvalsh(a.T @ a)[:-12].clamp(min=0).sum()
+        assert error.item() == pytest.approx(bound.item(), rel=1e-4)
+
+
+def test_aha_router_start_is_pinned(olmo):
+    """aha_router_init: zeros gives s = 1/2: at aha_threshold 0.5 step 0 is the SWA model with the same window, at
+    aha_threshold 0.49 the imported (vanilla) model itself."""
+    x = torch.randint(0, 50277, (2, 40), generator=torch.Generator().manual_seed(1))
+    swa, _, _ = _imported(olmo, attention_type="swa", window_size=6)
+    vanilla, _, _ = _imported(olmo)
+    for threshold, reference in ((0.5, swa), (0.49, vanilla)):
+        aha, new, _ = _imported(olmo, attention_type="aha", window_size=6, aha_threshold=threshold)
+        assert {n.rsplit(".", 2)[-2] for n in new} == {"router"}
+        initialise_new(aha, new, [])
+        with torch.no_grad():
+            torch.testing.assert_close(aha(x), reference(x), atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRA
+
+
+def test_lora_merge_equals_the_adapted_model():
+    """peft's adapters on q/k/v/o of a Llama-family model: merging them into plain weights (what checkpoints save)
+    gives the adapted model's logits."""
+    cfg = config("configs/llama-3.2-1b.yml", **{"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+                                                "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 96,
+                                                "vocab_size": 512, "seq_length": 32, "lora.r": 4})
+    torch.manual_seed(0)
+    model = build_model(cfg.model).eval()
+    add_lora(model, cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    x = torch.randint(0, 512, (2, 16))
+    with torch.no_grad():
+        adapted = model(x)
+    merged = merge_lora({k: v for k, v in model.state_dict().items()}, cfg.training.lora.alpha / cfg.training.lora.r)
+    plain = build_model(cfg.model).eval()
+    plain.load_weights(merged)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x), adapted, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_run_trains_adapters_and_saves_merged_weights(tokenized_sample, tmp_path):
+    """A Llama-family run with LoRA on q/k/v/o plus the norms (MSWA Sec. 5.2's recipe shape): the optimizer holds
+    the adapters and norms only, the checkpoint's model.safetensors has the plain names (loadable anywhere), and
+    only the adapted and trainable weights moved."""
+    keys = ["configs/llama-3.2-1b.yml", "num_layers=2", "hidden_size=64", "num_attention_heads=4", "num_kv_heads=2",
+            "head_dim=16", "intermediate_size=96", "vocab_size=50277", "max_position_embeddings=2048",
+            "lora.r=4", 'trainable_params=["*norm*"]', "optimizer.params.lr=1e-2", "zero_optimization.stage=2",
+            "eval_interval=0", "checkpoint_factor=3"]
+    save = tmp_path / "lora"
+    train(save, tokenized_sample, *keys)
+    first = load_file(str(save / "checkpoints" / step_dir_name(3) / "model.safetensors"))
+    last = load_file(str(save / "checkpoints" / step_dir_name(6) / "model.safetensors"))
+    assert not any("lora" in k or "base_layer" in k for k in last)
+    model, _ = load_model(save)  # plain names: evaluation, conversion and generation read it as any checkpoint
+    assert set(model.weights()) == set(last)
+    moved = {k.rsplit(".", 2)[-2] for k in last if not torch.equal(first[k], last[k])}
+    assert moved == {"q_proj", "k_proj", "v_proj", "o_proj", "input_layernorm", "post_attention_layernorm", "norm"}
+    # per layer: q and o adapters (64 -> 64) 2 * 4 * (64 + 64), k and v (64 -> 32) 2 * 4 * (64 + 32); norms 2 * 64
+    lora, norms = 2 * (2 * 4 * 128 + 2 * 4 * 96), 2 * 2 * 64 + 64
+    assert _optimizer_numel(save / "checkpoints" / step_dir_name(6)) == lora + norms
