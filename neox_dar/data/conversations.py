@@ -8,8 +8,8 @@ conversations are cut there); :func:`pad_collate` right-pads a micro-batch to it
 reads the padding that follows a token.
 
 Order: the conversations of every path form one pool; each epoch is a seeded permutation of it, and within each
-chunk of ``LENGTH_GROUP_CHUNK`` global micro-batches the conversations are sorted by length, cut into global
-micro-batches and those shuffled (seeded), so a micro-batch holds conversations of similar length (little padding)
+chunk of ``LENGTH_GROUP_CHUNK`` global micro-batches of an epoch the conversations are sorted by length, cut into
+global micro-batches and those shuffled (seeded), so a micro-batch holds conversations of similar length (little padding)
 while its lengths still vary from step to step. Sample ``i`` depends only on the files, the seed and the global
 micro-batch size, so a resumed run reads exactly what an uninterrupted one reads.
 """
@@ -58,15 +58,18 @@ class ConversationDataset:
         lengths = np.minimum(np.concatenate([t.sizes for t, _ in pairs]).astype(np.int64), seq_length + 1)
         rng = np.random.RandomState(seed)
         epochs = -(-num_samples // total)
-        order = np.concatenate([rng.permutation(total) if shuffle else np.arange(total) for _ in range(epochs)])
         chunk = LENGTH_GROUP_CHUNK * global_micro_batch
-        for start in range(0, len(order), chunk):
-            part = order[start:start + chunk]
-            part = part[np.argsort(-lengths[part], kind="stable")]
-            groups = [part[i:i + global_micro_batch] for i in range(0, len(part), global_micro_batch)]
-            if shuffle:
-                groups = [groups[i] for i in rng.permutation(len(groups))]
-            order[start:start + chunk] = np.concatenate(groups)
+        order = []
+        for _ in range(epochs):  # grouped within each epoch: every conversation once per epoch
+            epoch = rng.permutation(total) if shuffle else np.arange(total)
+            for start in range(0, total, chunk):
+                part = epoch[start:start + chunk]
+                part = part[np.argsort(-lengths[part], kind="stable")]
+                groups = [part[i:i + global_micro_batch] for i in range(0, len(part), global_micro_batch)]
+                if shuffle:
+                    groups = [groups[i] for i in rng.permutation(len(groups))]
+                order.extend(groups)
+        order = np.concatenate(order)
         self.order = order[:num_samples]
         self.epochs = epochs
 

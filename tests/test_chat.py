@@ -1,0 +1,159 @@
+"""Chat SFT data: rendering with the model's chat template, assistant-only labels, conversation batches and the
+masked loss."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from builders import ROOT, config, tiny_model
+
+from data_prep.chat import load_chat_tokenizer, main, run
+from neox_dar.data.conversations import IGNORE, ConversationDataset, open_pair, pad_collate
+from neox_dar.data.indexed import IndexedDataset
+from neox_dar.training.batches import inputs_and_targets, lm_loss
+
+SAMPLE = ROOT / "data" / "sample" / "chat_sample.jsonl"
+TEMPLATE = ROOT / "data" / "chat" / "tulu.jinja"
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory) -> Path:
+    """A model folder as ``convert from-hf`` leaves it: tokenizer.json with a tokenizer_config.json holding the
+    special tokens and the chat template (the Tülu 3 / OLMo-2 SFT template over the Pythia vocabulary)."""
+    folder = tmp_path_factory.mktemp("tok")
+    (folder / "tokenizer.json").write_bytes((ROOT / "data" / "20B_tokenizer.json").read_bytes())
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+        "chat_template": TEMPLATE.read_text()}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def prepared(tokenizer_dir, tmp_path_factory) -> tuple[Path, dict]:
+    prefix = tmp_path_factory.mktemp("chat") / "sample"
+    manifest = run([str(SAMPLE), "--tokenizer", str(tokenizer_dir), "--out", str(prefix), "--workers", "1",
+                    "--no-progress"])
+    return prefix, manifest
+
+
+def conversations() -> list[list[dict]]:
+    return [json.loads(line)["messages"] for line in SAMPLE.read_text().splitlines()]
+
+
+def test_ids_are_apply_chat_template_and_labels_cover_assistant_turns(prepared, tokenizer_dir):
+    prefix, manifest = prepared
+    tok = load_chat_tokenizer(str(tokenizer_dir))
+    ids, labels = IndexedDataset(prefix), IndexedDataset(f"{prefix}_label")
+    assert manifest["conversations"]["written"] == len(ids) == 8 and labels.dtype == np.int32
+    by_ids = {tuple(ids[i].tolist()): labels[i].tolist() for i in range(len(ids))}
+    for messages in conversations():
+        expected = tok.apply_chat_template(messages, tokenize=True, return_dict=False)
+        assert tuple(expected) in by_ids  # exactly transformers' rendering
+        lab = by_ids[tuple(expected)]
+        kept = tok.decode([t for t in lab if t != IGNORE])
+        wanted = "".join(m["content"] + "<|endoftext|>" for m in messages if m["role"] == "assistant")
+        assert kept.replace("\n", "") == wanted.replace("\n", "")  # assistant text and end-of-turn, nothing else
+        assert all(t == IGNORE or t == i for t, i in zip(lab, expected))
+    assert manifest["assistant_tokens"] == sum(int((labels[i] != IGNORE).sum()) for i in range(len(labels)))
+
+
+def test_overlong_bad_records_and_the_manifest(tokenizer_dir, tmp_path, capsys):
+    source = tmp_path / "mixed.jsonl"
+    lines = SAMPLE.read_text().splitlines()
+    source.write_text("\n".join([lines[0], '{"messages": [{"role": "user", "content": "hi"}]}', "{not json",
+                                 lines[5]]) + "\n")
+    out = tmp_path / "x"
+    manifest = run([str(source), "--tokenizer", str(tokenizer_dir), "--out", str(out), "--max-length", "60",
+                    "--workers", "1", "--no-progress"])
+    c = manifest["conversations"]
+    assert (c["read"], c["written"], c["truncated"], c["bad"]) == (4, 2, 1, 2)
+    assert sorted(IndexedDataset(out).sizes) == [48, 60]
+    reasons = [r for _, r in manifest["bad_records"]]
+    assert reasons[0] == "no assistant message" and reasons[1].startswith("malformed JSON")
+    manifest = run([str(source), "--tokenizer", str(tokenizer_dir), "--out", str(out), "--max-length", "60",
+                    "--overlong", "drop", "--workers", "1", "--no-progress"])
+    assert manifest["conversations"]["written"] == 1 and manifest["conversations"]["dropped: overlong"] == 1
+    assert main([str(source), "--tokenizer", str(ROOT / "data" / "20B_tokenizer.json"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no chat template" in err
+    assert main([str(source), "--tokenizer", str(tokenizer_dir), "--out", str(out), "--strict", "--workers",
+                 "1", "--no-progress"]) == 2
+    assert f"{source}:2: no assistant message" in capsys.readouterr().err
+
+
+def test_workers_give_the_same_files(prepared, tokenizer_dir, tmp_path):
+    prefix, _ = prepared
+    run([str(SAMPLE), "--tokenizer", str(tokenizer_dir), "--out", str(tmp_path / "w2"), "--workers", "2",
+         "--no-progress"])
+    for suffix in (".bin", ".idx", "_label.bin", "_label.idx"):
+        assert Path(f"{prefix}{suffix}").read_bytes() == (tmp_path / f"w2{suffix}").read_bytes()
+
+
+def _dataset(prefix: Path, micro: int = 4) -> ConversationDataset:
+    return ConversationDataset([open_pair(str(prefix), f"{prefix}_label")], 8, 128, 1234, micro)
+
+
+def test_loss_is_cross_entropy_over_assistant_tokens_only(prepared):
+    """The training loss of a padded micro-batch equals the cross-entropy over the assistant tokens, computed by
+    hand conversation by conversation from each one's own forward."""
+    prefix, _ = prepared
+    model, _ = tiny_model(seed=3, seq_length=128)
+    ds = _dataset(prefix)
+    batch = pad_collate([ds[i] for i in range(4)])
+    x, y = inputs_and_targets(batch, torch.device("cpu"))
+    with torch.no_grad():
+        loss = lm_loss(model(x), y)
+    total, count = 0.0, 0
+    for i in range(4):
+        tokens, labels = ds[i]
+        with torch.no_grad():
+            logp = F.log_softmax(model(torch.from_numpy(tokens[None, :-1]))[0].double(), dim=-1)
+        for t in range(len(tokens) - 1):
+            if labels[t + 1] != IGNORE:
+                assert labels[t + 1] == tokens[t + 1]
+                total -= logp[t, tokens[t + 1]].item()
+                count += 1
+    assert count == int((y != IGNORE).sum()) and count < y.numel()
+    assert loss.item() == pytest.approx(total / count, rel=1e-5)
+
+
+def test_padded_batch_equals_one_by_one(prepared):
+    """Each conversation's loss in a padded batch equals its loss alone (no conversation sees another, nor the
+    padding)."""
+    prefix, _ = prepared
+    model, _ = tiny_model(seed=4, seq_length=128)
+    ds = _dataset(prefix)
+    samples = [ds[i] for i in range(8)]
+    assert len({len(t) for t, _ in samples}) > 1
+    x, y = inputs_and_targets(pad_collate(samples), torch.device("cpu"))
+    with torch.no_grad():
+        logits = model(x)
+    for row, sample in enumerate(samples):
+        xi, yi = inputs_and_targets(pad_collate([sample]), torch.device("cpu"))
+        with torch.no_grad():
+            alone = lm_loss(model(xi), yi)
+        n = xi.shape[1]
+        assert lm_loss(logits[row:row + 1, :n], y[row:row + 1, :n]).item() == pytest.approx(alone.item(), rel=1e-5)
+
+
+def test_length_grouped_order_is_seeded_and_complete(prepared):
+    """Every conversation once per epoch, micro-batches of similar lengths, the same order for the same seed."""
+    prefix, _ = prepared
+    pair = open_pair(str(prefix), f"{prefix}_label")
+    ds = ConversationDataset([pair], 16, 128, 1234, 2)
+    again = ConversationDataset([pair], 16, 128, 1234, 2)
+    assert np.array_equal(ds.order, again.order)
+    assert sorted(ds.order[:8].tolist()) == sorted(ds.order[8:].tolist()) == list(range(8))
+    lengths = pair[0].sizes[ds.order[:8]]
+    spread = [abs(int(lengths[i]) - int(lengths[i + 1])) for i in range(0, 8, 2)]
+    assert max(spread) <= int(lengths.max() - lengths.min())
+
+
+def test_label_paths_must_pair_with_data_paths():
+    with pytest.raises(Exception, match="train_label_data_paths"):
+        config("configs/tiny.yml", train_data_paths=["a", "b"], train_label_data_paths=["a_label"])
