@@ -6,7 +6,9 @@
 #   slurm/local_cluster.sh env DIR            # prints `export SLURM_CONF=DIR/slurm.conf`
 #
 # Needs Debian's slurm-wlm and munge (apt-get install -y slurm-wlm munge) and root (slurmd runs jobs as
-# their submitting user). The node is named by `hostname`; ProctrackType=proctrack/linuxproc and
+# their submitting user). The node is named by `hostname` and has CPUS CPUs (default: nproc; more than the
+# machine has is allowed, SlurmdParameters=config_overrides, to run more small jobs at once than there are
+# cores); ProctrackType=proctrack/linuxproc and
 # TaskPlugin=task/none need no cgroups; no accounting database. Clients (sbatch, squeue, scontrol)
 # find the cluster through SLURM_CONF.
 set -euo pipefail
@@ -80,6 +82,7 @@ MpiDefault=none
 ReturnToService=2
 SchedulerParameters=sched_interval=1
 MinJobAge=600
+SlurmdParameters=config_overrides
 KillWait=10
 SlurmctldTimeout=30
 SlurmdTimeout=30

@@ -1,8 +1,9 @@
 """Acceptance: a real one-node SLURM cluster on localhost runs a sweep of tiny CPU trainings.
 
-`neox_dar.sweep submit` sends a two-run job array; one job gets SIGUSR1 mid-run (as SLURM sends it
-before a time limit), checkpoints, requeues itself and finishes from its checkpoint; then the runs are
-evaluated, their metrics checked and the report built. The cluster (munged, slurmctld, slurmd) is
+`neox_dar.sweep submit` sends a three-run job array; one task gets SIGUSR1 mid-run (as SLURM sends it
+before a time limit), checkpoints, requeues itself and finishes from its checkpoint while the others are left
+alone; another is `scancel`led and stays stopped; then the runs are evaluated, their metrics checked and the
+report built. The cluster (munged, slurmctld, slurmd) is
 started by slurm/local_cluster.sh in a temporary directory and stopped by its pid files.
 
 Needs Debian's slurm-wlm and munge (`apt-get install -y slurm-wlm munge`) and root; skipped only when
@@ -22,7 +23,7 @@ import yaml
 
 from neox_dar.report.__main__ import main as report_main
 from neox_dar.sweep.__main__ import main as sweep_main
-from neox_dar.sweep.rundir import job_ids, read_metrics, read_status
+from neox_dar.rundir import job_ids, newest_checkpoint, read_metrics, read_status
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "slurm" / "local_cluster.sh"
@@ -36,7 +37,8 @@ STEPS = 30
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("slurm")
-    proc = subprocess.run(["bash", str(CLUSTER), "start", str(state), "2"], capture_output=True, text=True,
+    # three CPUs on this 2-core machine: the three tiny trainings of the sweep run at once (oversubscribed)
+    proc = subprocess.run(["bash", str(CLUSTER), "start", str(state), "3"], capture_output=True, text=True,
                           timeout=120)
     if proc.returncode != 0:
         subprocess.run(["bash", str(CLUSTER), "stop", str(state)], timeout=120)
@@ -63,7 +65,25 @@ def _train_steps(run_dir: Path) -> list[int]:
     return [r["step"] for r in read_metrics(run_dir) if "loss" in r]
 
 
+def _watch(run_dir: Path):
+    """A predicate helper: raises at once (with the run's job log) when the run failed, instead of waiting."""
+    def failed() -> None:
+        status = read_status(run_dir) or {}
+        if status.get("state") == "failed":
+            log = run_dir / "logs" / "job.log"
+            raise AssertionError(f"{run_dir.name} failed: {status.get('reason')}\n"
+                                 f"{log.read_text() if log.is_file() else ''}")
+    return failed
+
+
+def _job_field(job: str, field: str) -> str:
+    text = _slurm("scontrol", "show", "job", job)
+    return next((w.split("=", 1)[1] for w in text.split() if w.startswith(field + "=")), "")
+
+
 def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
+    """Issue 21, items 1 and 2 on a real cluster: a task that requeues itself on the time-limit USR1 leaves every
+    other task of its array untouched, and `scancel` (or `sweep cancel`) stops a running task for good."""
     from data_prep.tokenize import run as tokenize
 
     monkeypatch.chdir(ROOT)
@@ -79,50 +99,64 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
         "set": {"data_path": str(tmp_path / "c4"), "seq_length": 32, "train_iters": STEPS, "train_batch_size": 8,
                 "train_micro_batch_size_per_gpu": 4, "log_interval": 1, "eval_interval": 10, "eval_iters": 2,
                 "checkpoint_factor": 10, "precision": "fp32"},
+        # DAR is the array's last task: its SLURM_JOB_ID is the array's own id, which names every task (requeueing
+        # it requeued the whole array)
         "grid": {"attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
+                               "swa": {"configs": ["configs/attention/swa.yml"], "set": {"window_size": 8}},
                                "dar": {"configs": ["configs/attention/dar.yml"],
                                        "set": {"window_size": 8, "dar_d_down": 16}}}},
         "eval": {"source": "local", "corpora": ["c4"], "max_docs": 1},
         "slurm": {"gpus_per_node": 0, "nproc_per_node": 1, "cpus_per_task": 1, "time": "00:10:00",
-                  "concurrency": 2},
+                  "concurrency": 3},
         "report": {"baseline": {"attention_type": "vanilla"}},
     }
     sweep_file = tmp_path / "sweep.yml"
-    sweep_file.write_text(yaml.safe_dump(sweep))
+    sweep_file.write_text(yaml.safe_dump(sweep, sort_keys=False))  # grid order = array order
     out = tmp_path / "runs"
     assert sweep_main([str(sweep_file), "submit", "--out", str(out)]) == 0
-    runs = {name: out / name for name in ("vanilla", "dar")}
+    runs = {name: out / name for name in ("vanilla", "dar", "swa")}
     jobs = {name: job_ids(d)[-1] for name, d in runs.items()}
     assert all("_" in j for j in jobs.values())  # one job array, a task per run
+    failed = {name: _watch(d) for name, d in runs.items()}
 
-    # SIGUSR1 to the DAR job's batch script once it is training; it must checkpoint and requeue
-    target = runs["dar"]
+    def trained(name: str, n: int):
+        failed[name]()
+        return len(_train_steps(runs[name])) >= n
+
     # generous: a cold DeepSpeed op cache (~/.cache/torch_extensions) costs minutes before step 1
-    _wait("the DAR run to train a few steps", lambda: len(_train_steps(target)) >= 3, 480, 0.5)
+    _wait("the DAR and SWA runs to train a few steps", lambda: trained("dar", 3) and trained("swa", 3), 480, 0.5)
+    # the DAR task gets the time-limit warning (USR1 to its batch script); the SWA task is scancel-led
     subprocess.run(["scancel", "--signal=USR1", "--batch", jobs["dar"]], check=True, timeout=30)
+    subprocess.run(["scancel", jobs["swa"]], check=True, timeout=30)
     _wait("the DAR run to stop at a checkpoint",
-          lambda: (read_status(target) or {}).get("state") == "interrupted", 90, 0.5)
-    stopped_at = read_status(target)["step"]
+          lambda: (read_status(runs["dar"]) or {}).get("state") == "interrupted", 90, 0.5)
+    stopped_at = read_status(runs["dar"])["step"]
     assert stopped_at < STEPS
 
     # SLURM holds a requeued batch job ~120 s before it is eligible again; the test releases it early, but only
     # once the old batch script has exited: a job released while its previous instance is still finishing is
     # killed by slurmctld ("Job credential revoked") instead of restarting.
-    _wait("the DAR job to requeue itself", lambda: "requeueing" in (target / "logs" / "job.log").read_text(), 60, 0.5)
+    dar_log = runs["dar"] / "logs" / "job.log"
+    _wait("the DAR job to requeue itself", lambda: "requeueing" in dar_log.read_text(), 60, 0.5)
     _wait("the requeued DAR job to be pending",
           lambda: _slurm("squeue", "-h", "-j", jobs["dar"], "-o", "%T").strip() == "PENDING", 60, 0.5)
+    capsys.readouterr()
+    assert sweep_main([str(out), "status"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("dar "))
+    assert line.split()[1] == "queued" and f"{jobs['dar']} PENDING" in line, line
     time.sleep(5)
     subprocess.run(["scontrol", "update", f"JobId={jobs['dar']}", "StartTime=now"], check=True, capture_output=True,
                    timeout=30)
-    _wait("the DAR job to restart", lambda: "restart 1]" in (target / "logs" / "job.log").read_text(), 120, 1.0)
+    _wait("the DAR job to restart", lambda: "restart 1]" in dar_log.read_text(), 120, 1.0)
 
     def finished():
-        pending = [j for j in jobs.values() if _slurm("squeue", "-h", "-j", j, "-o", "%T").strip()]
-        return not pending
+        failed["vanilla"](), failed["dar"]()
+        return not any(_slurm("squeue", "-h", "-j", j, "-o", "%T").strip() for j in jobs.values())
 
-    _wait("both jobs to finish", finished, 180, 2.0)
+    _wait("every job to finish", finished, 180, 2.0)
 
-    for name, d in runs.items():
+    for name in ("vanilla", "dar"):
+        d = runs[name]
         status = read_status(d)
         log = (d / "logs" / "job.log").read_text()
         assert status == {**status, "state": "done", "step": STEPS}, (name, status, log)
@@ -130,21 +164,46 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
         assert sorted(set(steps)) == list(range(1, STEPS + 1)), (name, steps)
         assert (d / "eval" / "perplexity.json").is_file(), log
         assert any("valid_loss" in r for r in read_metrics(d))
-    log = (target / "logs" / "job.log").read_text()
+    log = dar_log.read_text()
     assert "requeueing" in log and "restart 1" in log
-    steps = _train_steps(target)
+    steps = _train_steps(runs["dar"])
     # resumed from the checkpoint: step 1 trained once, steps after the checkpoint continue, not restart
     assert steps.count(1) == 1 and steps.index(stopped_at) < len(steps) - 1
-    assert "Restarts=1" in _slurm("scontrol", "show", "job", jobs["dar"])
+    assert _job_field(jobs["dar"], "Restarts") == "1"
     assert steps.count(stopped_at + 1) == 1
+    # item 1: the other tasks of the array are untouched by the DAR task's requeue
+    vanilla_log = (runs["vanilla"] / "logs" / "job.log").read_text()
+    assert _job_field(jobs["vanilla"], "Restarts") == "0" and "restart 1" not in vanilla_log
+    assert "requeue" not in vanilla_log and _train_steps(runs["vanilla"]) == list(range(1, STEPS + 1))
+    # item 2: the scancel-led task ended for good, at a checkpoint
+    swa = runs["swa"]
+    assert _job_field(jobs["swa"], "JobState") == "CANCELLED" and _job_field(jobs["swa"], "Restarts") == "0"
+    status = read_status(swa)
+    assert status["state"] == "interrupted" and status["step"] < STEPS, status
+    assert newest_checkpoint(swa) is not None and "requeueing" not in (swa / "logs" / "job.log").read_text()
 
     capsys.readouterr()
     assert sweep_main([str(out), "status"]) == 0
-    assert "2 done" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "2 done" in text and "1 interrupted" in text
+    # submitted again, only the SWA run goes (the others are done); `sweep cancel` stops it
+    assert sweep_main([str(out), "submit"]) == 0
+    assert "swa: interrupted, resumes from step" in capsys.readouterr().out
+    assert sweep_main([str(out), "cancel"]) == 0
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("cancel: ") and "2 of 3 run(s) had no live job" in summary, summary
+    second = job_ids(swa)[-1]
+    _wait("the cancelled SWA job to leave the queue",
+          lambda: not _slurm("squeue", "-h", "-j", second, "-o", "%T").strip(), 90, 1.0)
+    assert read_status(swa)["state"] in ("interrupted", "pending") and _job_field(second, "Restarts") == "0"
+
     assert report_main([str(out), "--out", str(tmp_path / "report")]) == 0
     table = json.loads((tmp_path / "report" / "table.json").read_text())
     c4 = table["columns"].index("C4")
     for row in table["rows"]:
+        if row[0] == "swa":
+            assert row[c4] is None  # not evaluated: missing, not zero
+            continue
         result = json.loads((out / row[0] / "eval" / "perplexity.json").read_text())
         assert row[c4] == pytest.approx(result["corpora"]["c4"]["token_perplexity"])
         assert row[table["columns"].index("FineWeb-Edu")] is None  # not evaluated: missing, not zero

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -463,3 +464,78 @@ def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, caps
     assert json.loads((out / "b" / "eval" / "perplexity.json").read_text())["step"] == 6
     assert sweep_main([str(out), "status"]) == 0
     assert "2 done" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the README's walkthrough, as written
+
+
+def _readme_experiments() -> tuple[dict[str, str], list[list[str]]]:
+    """The README's "Experiments" section: its sweep files (a yaml block after a line naming the file) and the
+    commands of each bash block, in order (comments cut)."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("\n## Experiments\n") + 1:]
+    section = section[:section.index("\n## ")]
+    files, blocks = {}, []
+    for name, lang, body in re.findall(r"(?:`([\w.-]+)`:\n\n)?```(\w+)\n(.*?)```", section, re.S):
+        if lang == "yaml":
+            files[name] = body
+        else:
+            blocks.append([line.split("  #")[0].strip() for line in body.splitlines() if line.strip()])
+    return files, blocks
+
+
+def _shell(commands: list[str], cwd: Path, env: dict) -> list[str]:
+    outputs = []
+    for command in commands:
+        proc = subprocess.run(command, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        outputs.append(proc.stdout)
+    return outputs
+
+
+def test_readme_experiments_walkthrough(tmp_path):
+    """Every command of the README's Experiments section, as written, in fresh directories (the repository's
+    configs and data linked in): tokenize, plan, run, status, report in one; the SLURM commands, which the README
+    gives in place of `run --local`, after the same `plan` in another, with fake sbatch/squeue/scancel."""
+    from trainrun import train_env
+
+    files, blocks = _readme_experiments()
+    slurm = [b for b in blocks if any(" submit" in c for c in b)]
+    local = [c for b in blocks if b not in slurm for c in b]
+    assert list(files) == ["my-sweep.yml"] and len(slurm) == 1 and len(local) >= 5
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    _executable(bin_dir / "sbatch", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/sbatch.log\necho 42\n")
+    _executable(bin_dir / "squeue", "#!/bin/bash\n[[ $4 == 42_* ]] && echo \"$4 PENDING\"\nexit 0\n")
+    _executable(bin_dir / "scancel", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/scancel.log\n")
+    env = train_env(PATH=f"{bin_dir}:{os.environ['PATH']}")
+    here, cluster = tmp_path / "here", tmp_path / "cluster"
+    for d in (here, cluster):
+        d.mkdir()
+        for name, body in files.items():
+            (d / name).write_text(body)
+        for link in ("configs", "data"):
+            (d / link).symlink_to(ROOT / link)
+
+    outputs = dict(zip(local, _shell(local, here, env)))
+    out = here / "runs" / "my-sweep"
+    table = json.loads((out / "report" / "table.json").read_text())
+    assert [row[0] for row in table["rows"]] == ["vanilla", "dar", "swa"]
+    rel = table["columns"].index("Rel. (%)")
+    assert all(isinstance(row[rel], float) for row in table["rows"]) and table["rows"][0][rel] == 100.0
+    for figure in ("relative_ppl_vs_step.png", "loss_curves.png", "cost_vs_perplexity.png"):
+        assert (out / "report" / figure).is_file()
+    assert "3 done" in next(o for c, o in outputs.items() if c.endswith(" status"))
+
+    (cluster / "runs").mkdir()
+    (cluster / "runs" / "data").symlink_to(here / "runs" / "data")
+    plan_command = next(c for c in local if " plan " in c)
+    outputs = _shell([plan_command, *slurm[0]], cluster, env)
+    script = cluster / "runs" / "my-sweep" / "slurm" / "my-sweep.sbatch"
+    assert script.is_file() and "#SBATCH --array=0-2" in script.read_text()
+    assert (tmp_path / "sbatch.log").read_text().split()[-1] == str(script)  # submitted once, after the dry run
+    assert sorted((tmp_path / "scancel.log").read_text().splitlines()) == ["42_0", "42_1", "42_2"]
+    assert "3 queued" in next(o for c, o in zip(slurm[0], outputs[1:]) if c.endswith(" status"))
+    assert outputs[-1].strip().splitlines()[-1].startswith("cancel: 3 waiting job(s) cancelled")
