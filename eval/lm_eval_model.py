@@ -162,6 +162,20 @@ class NeoxDarLM(HFLM):
             out[b, :r.numel()] = r
         return out
 
+    def reset_attention_stats(self) -> None:
+        """Start counting the attention statistics afresh (e.g. per task)."""
+        self._stats = AttentionStatsMean(self._lm)
+
+    def window_size(self) -> int:
+        """The checkpoint's ``window_size`` (the downstream suites' short-context filter)."""
+        return int(self._lm.cfg.attention.window_size)
+
+    def describe(self) -> dict:
+        """What was evaluated: the checkpoint's model config (flat) and step."""
+        from neox_dar.config import model_flat
+
+        return {"config": model_flat(self._lm.cfg), **self._info}
+
     def attention_stats(self) -> dict:
         """Means over this run's real positions of the model's attention statistics, and each statistic's overall
         mean over layers and heads (e.g. AHA's ``mu_f``)."""

@@ -1,0 +1,312 @@
+"""The papers' downstream evaluations as named suites, run through lm-evaluation-harness on a checkpoint.
+
+    python -m eval.downstream run CHECKPOINT --suite aha-table1 [--limit N] [--min-context N] --out results.json
+    python -m eval.downstream table base.json aha-w64.json ... [--base base.json]      # the paper's table
+    python -m eval.downstream list                                                     # the suites
+
+A suite is a list of (lm-eval task, few-shot count, metric) as the paper ran it (:data:`SUITES`); ``--suite-file
+FILE.yml`` adds one (``{name: {paper, tasks: [[task, shots, metric], ...], min_context: window|null,
+relative: label}}``, with ``--include-path DIR`` for local task YAMLs). Each task runs through the project's
+lm-eval model (:mod:`eval.lm_eval_model`: the checkpoint's own attention, caches and tokenizer), with lm-eval's
+few-shot seed (1234).
+
+DAR's and AHA's filter: "we exclude samples whose input context is shorter than the window size" — a suite with
+``min_context: window`` drops, per task, every document whose prompt (few-shot examples included, as the model
+receives it) has fewer tokens than the checkpoint's ``window_size`` (``--min-context N`` sets it, e.g. to the
+variant's window when evaluating the base model, and ``--min-context 0`` turns the filter off). The prompts are
+built once, the short documents' requests removed, and lm-eval scores the rest, so the kept documents see exactly
+the few-shot examples they would have seen.
+
+The result file holds each task's score (the paper's metric), its standard error, the documents scored and
+dropped, and the attention statistics over the scored tokens (AHA's full-attention usage ``mu_f`` per layer and
+head, overall and per task). ``table`` prints each run's scores, their average and the relative score (DAR's
+"Rel. (%)", AHA's "Retain %": the mean over tasks of 100 x score / the base run's score).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+
+@dataclass(frozen=True)
+class SuiteTask:
+    task: str  # lm-eval task or group name
+    shots: int
+    metric: str  # lm-eval's result key, e.g. "acc_norm,none"
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Suite:
+    paper: str
+    tasks: tuple[SuiteTask, ...]
+    min_context: str | None = None  # "window": drop documents whose prompt is shorter than the model's window
+    relative: str = "Rel. (%)"
+    notes: str = ""
+
+
+def _tasks(*rows: tuple) -> tuple[SuiteTask, ...]:
+    return tuple(SuiteTask(*row) for row in rows)
+
+
+_DAR_AHA = (("mmlu", 5, "acc,none", "MMLU"), ("hellaswag", 5, "acc_norm,none", "HellaSwag"),
+            ("commonsense_qa", 5, "acc,none", "CSQA"), ("gsm8k", 5, "exact_match,flexible-extract", "GSM8K"))
+_COMMONSENSE = (("piqa", "PIQA"), ("openbookqa", "OBQA"), ("winogrande", "WinoGrande"), ("hellaswag", "HellaSwag"),
+                ("boolq", "BoolQ"), ("copa", "COPA"), ("arc_easy", "ARC-e"), ("arc_challenge", "ARC-c"))
+SUITES: dict[str, Suite] = {
+    "dar-table4": Suite(
+        "DAR Table 4 (Sec. 3.4)",
+        _tasks(*_DAR_AHA, ("mbpp", 3, "pass_at_1,none", "MBPP"),
+               ("longbench_multi_news", 0, "rouge_score,none", "Multi-News")),
+        "window", "Rel. (%)", "relative to the no-bottleneck run (d_down = d); samples shorter than the window "
+                              "dropped"),
+    "aha-table1": Suite(
+        "AHA Table 1 (Sec. 3.2)",
+        _tasks(*_DAR_AHA, ("mbpp", 0, "pass_at_1,none", "MBPP"),
+               ("longbench_multi_news", 0, "rouge_score,none", "MultiNews")),
+        "window", "Retain %", "relative to the base model (OLMo-2-0425-1B-SFT); samples shorter than the window "
+                              "dropped"),
+    "mswa-table4": Suite("MSWA Table 4, 3-shot (Sec. 5.2)",
+                         _tasks(*((t, 3, "acc,none", label) for t, label in _COMMONSENSE))),
+    "mswa-table4-5shot": Suite("MSWA Table 4, 5-shot (Sec. 5.2)",
+                               _tasks(*((t, 5, "acc,none", label) for t, label in _COMMONSENSE))),
+    "dimpo-table2": Suite(
+        "DimPO Tables 2-3 (Sec. 4)",
+        _tasks(("arc_challenge", 0, "acc_norm,none", "ARC-c"), ("hellaswag", 0, "acc_norm,none", "HellaSwag"),
+               ("truthfulqa_mc2", 0, "acc,none", "TruthfulQA-mc2"), ("mmlu", 0, "acc,none", "MMLU"),
+               ("winogrande", 0, "acc,none", "WinoGrande")),
+        None, "Retain %", "relative to the unprojected model"),
+}
+CODE_TASKS = {"mbpp"}  # their metric runs model-written code
+
+
+class SuiteError(ValueError):
+    """A bad suite, suite file or result file (one line)."""
+
+
+def load_suites(path: str | None) -> dict[str, Suite]:
+    """:data:`SUITES` plus the suites of a YAML file."""
+    suites = dict(SUITES)
+    if path is None:
+        return suites
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        for name, spec in data.items():
+            rows = [SuiteTask(str(t), int(s), str(m), str(t)) for t, s, m in spec["tasks"]]
+            if not rows:
+                raise ValueError("no tasks")
+            suites[name] = Suite(spec.get("paper", name), tuple(rows), spec.get("min_context"),
+                                 spec.get("relative", "Rel. (%)"), spec.get("notes", ""))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise SuiteError(f"{path}: not a suite file ({type(e).__name__}: {e}); expected "
+                         "{name: {tasks: [[task, shots, metric], ...]}}") from None
+    return suites
+
+
+# ----------------------------------------------------------------------------------------------
+# running
+
+
+def _prompt_lengths(task, lm, limit: int | None) -> dict[int, int]:
+    """Build the task's requests (few-shot contexts included) once; ``doc_id -> prompt tokens``."""
+    task.build_all_requests(limit=limit, rank=0, world_size=1)
+    lengths: dict[int, int] = {}
+    for inst in task.instances:
+        lengths[inst.doc_id] = max(lengths.get(inst.doc_id, 0), len(lm.tok_encode(inst.args[0])))
+    return lengths
+
+
+def run_task(lm, spec: SuiteTask, task_manager, limit: int | None, min_context: int, allow_code: bool) -> dict:
+    """Score one suite task: lm-eval's requests built once, documents whose prompt is shorter than
+    ``min_context`` tokens removed, the rest scored by lm-eval's evaluator. Returns the task's result entry."""
+    from lm_eval.evaluator import evaluate
+    from lm_eval.tasks import get_task_dict
+
+    with warnings.catch_warnings():  # its replacement, TaskManager.load, returns another structure in 0.4.13
+        warnings.simplefilter("ignore", DeprecationWarning)
+        task_dict = get_task_dict([spec.task], task_manager)
+
+    def walk(d):  # (name, task) of every leaf task; a group (mmlu) maps to a dict of its subtasks
+        for key, value in d.items():
+            if isinstance(value, dict):
+                yield from walk(value)
+            else:
+                yield key, value
+
+    samples, kept, dropped = {}, 0, 0
+    for name, task in walk(task_dict):
+        task.set_config(key="num_fewshot", value=spec.shots)
+        task.set_fewshot_seed(seed=1234)
+        lengths = _prompt_lengths(task, lm, limit)
+        keep = sorted(d for d, n in lengths.items() if n >= min_context)
+        position = {doc: i for i, doc in enumerate(keep)}  # lm-eval numbers selected documents 0, 1, ...
+        task._instances = [inst for inst in task.instances if inst.doc_id in position]
+        for inst in task._instances:
+            inst.doc_id = position[inst.doc_id]
+        task.build_all_requests = lambda **_: None  # evaluate() scores the requests built (and filtered) above
+        samples[name] = keep
+        kept, dropped = kept + len(keep), dropped + len(lengths) - len(keep)
+    if kept == 0:
+        return {"task": spec.task, "shots": spec.shots, "metric": spec.metric, "score": None, "docs": 0,
+                "dropped_short": dropped, "note": f"no document has a prompt of >= {min_context} tokens"}
+    lm.reset_attention_stats()
+    out = evaluate(lm, task_dict, samples=samples, log_samples=False, confirm_run_unsafe_code=allow_code,
+                   verbosity="WARNING")
+    results = out["results"].get(spec.task) or next(iter(out["results"].values()))
+    if spec.metric not in results:
+        have = ", ".join(k for k in results if "," in k)
+        raise SuiteError(f"task {spec.task} reported no {spec.metric!r} (it has {have})")
+    stderr = results.get(spec.metric.replace(",", "_stderr,", 1))
+    return {"task": spec.task, "label": spec.label, "shots": spec.shots, "metric": spec.metric,
+            "score": float(results[spec.metric]), "stderr": float(stderr) if isinstance(stderr, float) else None,
+            "docs": kept, "dropped_short": dropped, **lm.attention_stats()}
+
+
+def run_suite(checkpoint: str, suite_name: str, suites: dict[str, Suite], *, limit: int | None = None,
+              min_context: int | None = None, include_path: str | None = None, batch_size: int | str = 8,
+              device: str | None = None, dtype: str = "float32", allow_code: bool = False,
+              max_length: int | None = None) -> dict:
+    """Every task of ``suite_name`` on ``checkpoint``: the result dict written by ``run``."""
+    from lm_eval import __version__ as lm_eval_version
+    from lm_eval.tasks import TaskManager
+
+    from .lm_eval_model import NeoxDarLM
+
+    suite = suites[suite_name]
+    code = sorted({t.task for t in suite.tasks} & CODE_TASKS)
+    if code and not allow_code:
+        raise SuiteError(f"suite {suite_name} runs {', '.join(code)}, whose metric executes model-written code: "
+                         "pass --allow-code-execution (in a sandbox) or use --suite-file without it")
+    t0 = time.time()
+    lm = NeoxDarLM(checkpoint=checkpoint, device=device, dtype=dtype, batch_size=batch_size, max_length=max_length)
+    if min_context is None:
+        min_context = lm.window_size() if suite.min_context == "window" else 0
+    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
+    rows = []
+    for spec in suite.tasks:
+        rows.append(run_task(lm, spec, manager, limit, min_context, allow_code))
+        print(f"{spec.task}: {rows[-1]['score']} ({rows[-1]['docs']} documents, {rows[-1]['dropped_short']} "
+              f"shorter than {min_context} tokens dropped)", file=sys.stderr)
+    lm.reset_attention_stats()
+    return {"checkpoint": str(checkpoint), "suite": suite_name, "paper": suite.paper, "min_context": min_context,
+            "limit": limit, "tasks": rows, "lm_eval_version": lm_eval_version, "model": lm.describe(),
+            "seconds": round(time.time() - t0, 1)}
+
+
+# ----------------------------------------------------------------------------------------------
+# tables
+
+
+def _scores(result: dict) -> dict[str, float | None]:
+    return {row["task"]: row["score"] for row in result["tasks"]}
+
+
+def table(results: list[dict], base: dict | None, suites: dict[str, Suite]) -> str:
+    """Markdown: one row per result file (its tasks' scores in percent, their average, the relative score
+    against ``base`` and AHA's overall ``mu_f`` when measured)."""
+    names = {r["suite"] for r in results} | ({base["suite"]} if base else set())
+    if len(names) != 1:
+        raise SuiteError(f"the result files are of different suites: {', '.join(sorted(names))}")
+    suite = suites.get(next(iter(names)))
+    tasks = [row["task"] for row in results[0]["tasks"]]
+    labels = {row["task"]: row.get("label") or row["task"] for row in results[0]["tasks"]}
+    header = ["run", *(labels[t] for t in tasks), "Avg."]
+    if base is not None:
+        header.append(suite.relative if suite else "Rel. (%)")
+    with_mu = any("mu_f" in row for r in results for row in r["tasks"])
+    if with_mu:
+        header.append("mu_f")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    ref = _scores(base) if base is not None else None
+    for r in results:
+        s = _scores(r)
+        if [row["task"] for row in r["tasks"]] != tasks:
+            raise SuiteError(f"{r['checkpoint']}: its tasks differ from the first result file's")
+        have = [s[t] for t in tasks if s[t] is not None]
+        cells = [Path(r["checkpoint"]).name or r["checkpoint"],
+                 *("-" if s[t] is None else f"{100 * s[t]:.2f}" for t in tasks),
+                 f"{100 * sum(have) / len(have):.2f}" if have else "-"]
+        if ref is not None:
+            pairs = [(s[t], ref[t]) for t in tasks if s[t] is not None and ref.get(t)]
+            cells.append(f"{sum(100 * a / b for a, b in pairs) / len(pairs):.2f}" if pairs else "-")
+        if with_mu:
+            mus = [row["mu_f"] for row in r["tasks"] if "mu_f" in row]
+            cells.append(f"{sum(mus) / len(mus):.3f}" if mus else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    title = f"{suite.paper if suite else next(iter(names))}" + (f" ({suite.notes})" if suite and suite.notes else "")
+    return f"{title}\n\n" + "\n".join(lines) + "\n"
+
+
+def _read(path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+        data["tasks"], data["suite"]  # noqa: B018 - the keys a result file must have
+        return data
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SuiteError(f"{path}: not a result file of eval.downstream run ({type(e).__name__}: {e})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eval.downstream", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run a suite on a checkpoint")
+    r.add_argument("checkpoint", help="run dir, checkpoints dir, step dir, or a Hugging Face folder")
+    r.add_argument("--suite", required=True)
+    r.add_argument("--suite-file", default=None, help="YAML with more suites")
+    r.add_argument("--include-path", default=None, help="directory of local lm-eval task YAMLs")
+    r.add_argument("--limit", type=int, default=None, help="documents per task (before the context filter)")
+    r.add_argument("--min-context", type=int, default=None,
+                   help="drop documents whose prompt has fewer tokens (default: the suite's rule)")
+    r.add_argument("--batch-size", default="8")
+    r.add_argument("--device", default=None)
+    r.add_argument("--dtype", default="float32")
+    r.add_argument("--max-length", type=int, default=None, help="context length (default: the model's seq_length)")
+    r.add_argument("--allow-code-execution", action="store_true", help="let code tasks (MBPP) run model code")
+    r.add_argument("--out", default=None, help="write the results JSON here (default: print it)")
+    t = sub.add_parser("table", help="the paper's table from result files")
+    t.add_argument("results", nargs="+")
+    t.add_argument("--base", default=None, help="result file of the reference run (relative scores)")
+    t.add_argument("--suite-file", default=None)
+    ls = sub.add_parser("list", help="the suites")
+    ls.add_argument("--suite-file", default=None)
+    args = p.parse_args(argv)
+    try:
+        suites = load_suites(args.suite_file)
+        if args.command == "list":
+            for name, s in suites.items():
+                tasks = ", ".join(f"{t.task} ({t.shots}-shot, {t.metric})" for t in s.tasks)
+                print(f"{name}: {s.paper}: {tasks}" + (" [samples shorter than the window dropped]"
+                                                         if s.min_context == "window" else ""))
+            return 0
+        if args.command == "table":
+            print(table([_read(x) for x in args.results], _read(args.base) if args.base else None, suites), end="")
+            return 0
+        if args.suite not in suites:
+            raise SuiteError(f"unknown suite {args.suite!r} (known: {', '.join(suites)})")
+        batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
+        result = run_suite(args.checkpoint, args.suite, suites, limit=args.limit, min_context=args.min_context,
+                           include_path=args.include_path, batch_size=batch, device=args.device, dtype=args.dtype,
+                           allow_code=args.allow_code_execution, max_length=args.max_length)
+    except (SuiteError, FileNotFoundError, ValueError) as e:
+        print(f"eval.downstream: error: {e}", file=sys.stderr)
+        return 2
+    text = json.dumps(result, indent=2) + "\n"
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The papers' downstream suites (eval.downstream): tasks and metrics by lm-eval's names, the short-context filter
+on the prompts the model receives, per-task mu_f, relative-score tables, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from builders import saved_run
+
+from eval.downstream import SUITES, load_suites, main, run_suite, table
+from neox_dar.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
+
+QUESTIONS = ["Is 3 smaller than 5?", "Is ice colder than steam, given that both are made of water at normal air "
+             "pressure and the steam is hot?", "Is a cat a mammal?", "Do fish breathe with gills, unlike the "
+             "mammals and the birds that live on land and breathe air with lungs?", "Is 7 even?",
+             "Is the sun a star, and is it the closest star to the Earth, nearer than any star of the night sky?"]
+
+
+def _task_folder(root: Path) -> Path:
+    """A local 1-shot multiple-choice lm-eval task over questions of mixed lengths, and a suite file for it."""
+    rows = [{"question": q, "choices": ["no", "yes"], "label": 1} for q in QUESTIONS]
+    (root / "yesno.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "yesno.yaml").write_text(
+        f"task: neox_dar_yesno\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {root / 'yesno.jsonl'}\n"
+        "test_split: test\nfewshot_split: test\nfewshot_config:\n  sampler: first_n\noutput_type: multiple_choice\n"
+        'doc_to_text: "Q: {{question}}\\nA:"\ndoc_to_choice: "{{choices}}"\ndoc_to_target: "{{label}}"\n'
+        "metric_list:\n  - metric: acc\n")
+    (root / "suites.yml").write_text(
+        "yesno:\n  paper: a test suite\n  min_context: window\n  relative: Retain %\n"
+        "  tasks:\n    - [neox_dar_yesno, 1, 'acc,none']\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def aha(tmp_path_factory):
+    root = tmp_path_factory.mktemp("aha")
+    saved_run(root / "run", "attention_type=aha", "window_size=30", seed=5)
+    return root / "run", _task_folder(root)
+
+
+def _prompt_tokens(shot_index: int, index: int) -> int:
+    """Tokens of the 1-shot prompt of document ``index`` (first_n: the first other document is the example)."""
+    tok = load_tokenizer(path=DEFAULT_TOKENIZER)
+    example = f"Q: {QUESTIONS[shot_index]}\nA: yes\n\n"
+    return len(tok.encode(example + f"Q: {QUESTIONS[index]}\nA:", add_special_tokens=False).ids)
+
+
+def test_short_prompts_are_dropped_and_the_rest_scored_as_lm_eval_scores_them(aha):
+    """min_context = the model's window (30): documents whose 1-shot prompt is shorter are dropped; the others
+    get exactly lm-eval's own scores for them (same few-shot example), and mu_f is over the scored tokens."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    run, folder = aha
+    suites = load_suites(str(folder / "suites.yml"))
+    result = run_suite(str(run), "yesno", suites, include_path=str(folder), batch_size=2, device="cpu")
+    lengths = [_prompt_tokens(1 if i == 0 else 0, i) for i in range(len(QUESTIONS))]
+    keep = [i for i, n in enumerate(lengths) if n >= 30]
+    assert 0 < len(keep) < len(QUESTIONS) and result["min_context"] == 30
+    (row,) = result["tasks"]
+    assert (row["docs"], row["dropped_short"]) == (len(keep), len(QUESTIONS) - len(keep))
+    assert 0.0 <= row["mu_f"] <= 1.0 and sorted(row["attention_stats"]) == ["layer0/mu_f", "layer1/mu_f"]
+    theirs = simple_evaluate(model="neox_dar", model_args=f"checkpoint={run}", tasks=["neox_dar_yesno"],
+                             num_fewshot=1, samples={"neox_dar_yesno": keep}, device="cpu", batch_size=2,
+                             task_manager=TaskManager(include_path=str(folder), include_defaults=False))
+    assert row["score"] == pytest.approx(theirs["results"]["neox_dar_yesno"]["acc,none"])
+    again = run_suite(str(run), "yesno", suites, include_path=str(folder), min_context=0, batch_size=2,
+                      device="cpu")
+    assert again["tasks"][0]["docs"] == len(QUESTIONS) and again["tasks"][0]["dropped_short"] == 0
+
+
+def test_table_prints_scores_average_relative_and_mu_f(tmp_path):
+    def result(name, scores, mu=None):
+        rows = [{"task": t, "label": t.upper(), "score": s, **({"mu_f": mu} if mu is not None else {})}
+                for t, s in scores.items()]
+        return {"checkpoint": f"runs/{name}", "suite": "aha-table1", "tasks": rows}
+
+    base = result("base", {"a": 0.5, "b": 0.8})
+    text = table([base, result("aha-w64", {"a": 0.45, "b": 0.8}, mu=0.25)], base, SUITES)
+    lines = text.splitlines()
+    assert lines[0].startswith("AHA Table 1") and "| run | A | B | Avg. | Retain % | mu_f |" in text
+    assert "| aha-w64 | 45.00 | 80.00 | 62.50 | 95.00 | 0.250 |" in text  # (90 + 100) / 2
+    assert "| base | 50.00 | 80.00 | 65.00 | 100.00 | - |" in text
+
+
+def test_suites_name_lm_evals_tasks():
+    """Every task of every built-in suite is one lm-eval 0.4 knows (a task or a group)."""
+    from lm_eval.tasks import TaskManager
+
+    known = set(TaskManager().all_tasks)
+    for name, suite in SUITES.items():
+        missing = [t.task for t in suite.tasks if t.task not in known]
+        assert not missing, (name, missing)
+    assert [t.shots for t in SUITES["dar-table4"].tasks] == [5, 5, 5, 5, 3, 0]
+    assert [t.shots for t in SUITES["aha-table1"].tasks] == [5, 5, 5, 5, 0, 0]
+
+
+def test_bad_input_is_one_line(aha, tmp_path, capsys):
+    run, folder = aha
+    assert main(["run", str(run), "--suite", "dar-table4"]) == 2
+    assert "--allow-code-execution" in capsys.readouterr().err
+    assert main(["run", str(run), "--suite", "nope"]) == 2
+    assert "unknown suite 'nope'" in capsys.readouterr().err
+    (tmp_path / "bad.yml").write_text("x: {tasks: 3}\n")
+    assert main(["list", "--suite-file", str(tmp_path / "bad.yml")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a suite file" in err
+    assert main(["list"]) == 0 and "dar-table4: DAR Table 4" in capsys.readouterr().out
