@@ -74,7 +74,8 @@ def local_task(folder):
     rows = [{"question": f"Is {i} smaller than {i + 3}?", "choices": ["no", "yes"], "label": 1} for i in range(4)]
     (folder / "dimpo_smoke.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "dimpo_smoke.yaml").write_text(
-        f"task: dimpo_smoke\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {folder / 'dimpo_smoke.jsonl'}\n"
+        "task: dimpo_smoke\ndataset_path: json\ndataset_kwargs:\n  data_files:\n"
+        f"    test: {folder / 'dimpo_smoke.jsonl'}\n"
         'test_split: test\noutput_type: multiple_choice\ndoc_to_text: "{{question}}"\ndoc_to_choice: "{{choices}}"\n'
         'doc_to_target: "{{label}}"\nmetric_list:\n  - metric: acc\n')
 
@@ -95,6 +96,7 @@ def test_task_grid_runs_lm_eval_and_reads_its_results(tmp_path, capsys):
     assert main(args + ["--layers", "0,1,2"]) == 0
     listing = capsys.readouterr().out
     assert "l=1 d'=4 saving 18.75%" in listing and "l=2 d'=4 saving 37.50%" in listing and "dimpo_layers=2" in listing
+    assert listing.count("--num_fewshot 0") == 6
     assert main(args + ["--layers", "0,1", "--run"]) == 2
     assert "only --layers 0 can be run" in capsys.readouterr().err
     assert main(args + ["--layers", "0", "--run"]) == 0

@@ -7,7 +7,8 @@ model (``python -m eval.lm_eval_cli --model neox_dar``, a separate process: the 
 not the reverse), each into ``OUT/l{l}-d{d'}/`` (``OUT/l0/`` for the unprojected model); :func:`cell_scores`
 reads lm-eval's results files back.
 
-The tasks are DimPO's Table 2 (zero-shot, lm-eval's names and the paper's metrics): :data:`PAPER_TASKS`.
+The tasks are DimPO's Table 2 (lm-eval's names and the paper's metrics): :data:`PAPER_TASKS`, zero-shot as in the
+paper (``--num_fewshot 0``; options in ``lm_eval_args`` come after it and win).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def plan_grid(checkpoint: str, projections: list[tuple[str, Projections]], layer
                 "kv_cache_saving": kv_cache_saving(l, shape["num_layers"], proj.d_proj, shape["head_dim"]),
                 "projection": path if l else None, "output": str(cell_dir(out, l, proj.d_proj)),
                 "command": [sys.executable, "-m", "eval.lm_eval_cli", "--model", "neox_dar", "--model_args",
-                            model_args, "--tasks", ",".join(tasks), "--output_path",
+                            model_args, "--tasks", ",".join(tasks), "--num_fewshot", "0", "--output_path",
                             str(cell_dir(out, l, proj.d_proj)), *lm_eval_args]})
     grid = {"format": FORMAT, "checkpoint": checkpoint, "shape": shape, "method": projections[0][1].method,
             "tasks": tasks, "cells": cells}
