@@ -21,6 +21,8 @@ embeddings. Parameter names are each Hugging Face class's own, so checkpoints co
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,7 @@ from torch import nn
 
 from .attention import Attention, RotaryEmbedding, build_attention
 from .config import ModelConfig
+from .hf_remote.inference import Layout
 from .norms import RMSNorm, build_norm
 
 
@@ -79,13 +82,30 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg) if cfg.activation == "swiglu" else GeluMLP(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
+    @property
+    def attn(self) -> Attention:
+        """The layer's attention module (``attention`` or ``self_attn``)."""
+        return getattr(self, self.attn_name)
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        attention = getattr(self, self.attn_name)
+        attention = self.attn
+        return self.residual(x, lambda a: attention(a, cos, sin))
+
+    def prefill(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` on prompts, filling ``rows`` of the layer's ``cache`` (:meth:`Attention.prefill`)."""
+        return self.residual(x, lambda a: self.attn.prefill(a, cos, sin, cache, rows))
+
+    def decode(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The next tokens (B, T, d) of every row against the layer's ``cache`` (:meth:`Attention.decode`)."""
+        return self.residual(x, lambda a: self.attn.decode(a, cache, cos, sin))
+
+    def residual(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """The block around ``attend`` (the attention input (B, T, d) -> its output)."""
         norm1, norm2 = (getattr(self, n) for n in self.norm_names)
         if self.post_norm:
-            y = x + self.dropout(norm1(attention(x, cos, sin)))
+            y = x + self.dropout(norm1(attend(x)))
             return y + self.dropout(norm2(self.mlp(y)))
-        attn = self.dropout(attention(norm1(x), cos, sin))
+        attn = self.dropout(attend(norm1(x)))
         if self.parallel:
             return x + attn + self.dropout(self.mlp(norm2(x)))
         y = x + attn
@@ -117,6 +137,42 @@ class Decoder(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         return getattr(self, self.norm_name)(x)
+
+    def prefill(self, input_ids: torch.Tensor, cache: ModelCache, rows: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` on prompts of one length (n, T), filling ``rows`` of every layer's cache -> (n, T, d)."""
+        x = self.dropout(self.embed(input_ids))
+        cos, sin = self.rotary_emb(input_ids.shape[1], x.dtype, x.device)
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer.prefill(x, cos, sin, layer_cache, rows)
+        return getattr(self, self.norm_name)(x)
+
+    def decode(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        """The next ``T`` tokens of every row (B, T), each at its row's next position, through the caches (which
+        store them) -> (B, T, d)."""
+        layout = cache.layout
+        T = input_ids.shape[1]
+        if layout.capacity is not None and layout.length + T > layout.capacity:
+            raise ValueError(f"the cache holds {layout.capacity} tokens per row; {layout.length} are used and "
+                             f"{T} more were given")
+        x = self.dropout(self.embed(input_ids))
+        cos, sin = layout.rotary(layout.length, T)  # (B or 1, T, r): each row's positions
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer.decode(x, layer_cache, cos[:, None], sin[:, None])
+        layout.advance(T)
+        return getattr(self, self.norm_name)(x)
+
+
+@dataclass
+class ModelCache:
+    """The inference caches of one batch: where each row's tokens are (``layout``) and each layer's cache, whose
+    class its attention variant chooses (:meth:`Attention.new_cache`)."""
+
+    layout: Layout
+    layers: list
+
+    def nbytes(self) -> int:
+        """Bytes the caches hold for the whole batch (the per-sequence state: not the layers' weights)."""
+        return sum(c.nbytes() for c in self.layers)
 
 
 class CausalLM(nn.Module):
@@ -153,6 +209,46 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.decoder(input_ids))
+
+    # ---- inference with caches (docs/inference.md) -----------------------------------------------------------
+    def new_cache(self, prompt_lengths: Sequence[int], max_new_tokens: int, device: torch.device | None = None,
+                  dtype: torch.dtype | None = None) -> ModelCache:
+        """Empty caches for a batch of prompts of these lengths, each to be continued by up to ``max_new_tokens``
+        tokens. Prompts sit right-aligned in ``max(prompt_lengths) + max_new_tokens`` cache columns (left padding,
+        never read); each row's positions start at 0 at its first token."""
+        device = device or self.head.weight.device
+        dtype = dtype or self.head.weight.dtype
+        longest = max(prompt_lengths)
+        layout = Layout([longest - n for n in prompt_lengths], longest + max_new_tokens,
+                        lambda n: self.decoder.rotary_emb(n, dtype, device), device)
+        return ModelCache(layout, [m.new_cache(layout, device, dtype) for m in self.attention_modules()])
+
+    def prefill(self, prompts: Sequence[torch.Tensor], cache: ModelCache,
+                on_group: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Run the prompts (1-D token ids, in the order of :meth:`new_cache`'s lengths) through the training forward
+        (``attention_impl``'s path), prompts of equal length together and without padding, filling the caches ->
+        the logits of each prompt's last token (B, V). ``on_group(rows)`` is called after each group's forward
+        (while the attention modules hold its statistics)."""
+        layout = cache.layout
+        longest = max(p.numel() for p in prompts)
+        if layout.length or [longest - p.numel() for p in prompts] != layout.starts:
+            raise ValueError("prefill needs the empty cache that new_cache made for these prompts' lengths")
+        logits = self.head.weight.new_empty(len(prompts), self.head.out_features)
+        by_length: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            by_length.setdefault(p.numel(), []).append(i)
+        for rows in by_length.values():
+            ids = torch.stack([prompts[i] for i in rows]).to(self.head.weight.device)
+            index = torch.tensor(rows, device=layout.device)
+            logits[index] = self.head(self.decoder.prefill(ids, cache, index)[:, -1])
+            if on_group is not None:
+                on_group(index)
+        layout.advance(longest)
+        return logits
+
+    def decode(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        """The next tokens (B, T) of every row through the caches -> logits (B, T, V)."""
+        return self.head(self.decoder.decode(input_ids, cache))
 
     def attention_modules(self) -> list[Attention]:
         """Each layer's attention module, in layer order (also when the engine wraps the blocks)."""

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config.fields import Key
+from ..hf_remote.inference import LinearState, linear_attention_step, taylor_features
 from .base import Attention, apply_rotary
 
 if TYPE_CHECKING:
@@ -35,13 +36,6 @@ if TYPE_CHECKING:
 
 CHUNK = 64  # query/key block of the PyTorch path: exact for any size; sets its memory and speed
 FLA_MAX_FEATURES = 16  # fused_chunk_based holds the d_f^2 state of a head in registers
-
-
-def taylor_features(x: torch.Tensor) -> torch.Tensor:
-    """``phi(x)`` over the last dim: (..., d_f) -> (..., 1 + d_f + d_f^2)."""
-    d_f = x.shape[-1]
-    outer = (x[..., :, None] * x[..., None, :]).flatten(-2)
-    return torch.cat([torch.ones_like(x[..., :1]), x / d_f ** 0.25, outer / math.sqrt(2 * d_f)], dim=-1)
 
 
 def taylor_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -112,7 +106,7 @@ def feature_rotary(cos: torch.Tensor, sin: torch.Tensor, d_f: int) -> tuple[torc
     if 2 * half == r:
         return cos, sin
     idx = torch.cat([torch.arange(half), r // 2 + torch.arange(half)]).to(cos.device)
-    return cos[:, idx], sin[:, idx]
+    return cos[..., idx], sin[..., idx]
 
 
 class LinearAttention(Attention):
@@ -147,7 +141,7 @@ class LinearAttention(Attention):
         self.feature_k = nn.Linear(self.head_dim, self.feature_dim, bias=False)
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.split_heads(a, cos[:, :0], sin[:, :0])  # rotary goes on the features (attend)
+        q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])  # rotary goes on the features (attend)
         return self.merge_heads(self.attend(q, k, v, a, cos, sin))
 
     def features(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -164,21 +158,33 @@ class LinearAttention(Attention):
         return taylor_linear_attention(fq, fk, v)
 
     def step(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             state: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """One decoding step: the token ``a`` (B, 1, d) at the position whose rotary rows ``cos``, ``sin`` (1, r)
-        are given, and the running sums of the tokens before it (None at the start) -> the layer's output
-        (B, 1, d) and the new state ``(S (B, H_kv, D, d_h), z (B, H_kv, D))``, float32, ``D = 1 + d_f + d_f^2``
-        (one state per key/value head: its query heads read the same sums)."""
-        q, k, v = self.split_heads(a, cos[:, :0], sin[:, :0])
+             state: tuple[torch.Tensor, torch.Tensor] | None = None, valid: torch.Tensor | None = None):
+        """Decoding: the next tokens ``a`` (B, T, d) (usually T = 1) at the positions whose rotary rows ``cos``,
+        ``sin`` are given ((T, r), or (B, 1, T, r) per row), and the running sums of the tokens before them (None at
+        the start) -> the layer's output (B, T, d) and the new state ``(S (B, H_kv, D, d_h), z (B, H_kv, D))``,
+        float32, ``D = 1 + d_f + d_f^2`` (one state per key/value head: its query heads read the same sums).
+        ``valid`` (B, T): tokens that count (padding: False). The math: :func:`linear_attention_step`."""
+        q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])
         fq, fk = self.features(q, k, cos, sin)
-        pq, pk = taylor_features(fq[:, :, 0].float()), taylor_features(fk[:, :, 0].float())  # (B, H | H_kv, D)
-        S, z = state if state is not None else (pk.new_zeros(*pk.shape, v.shape[-1]), pk.new_zeros(pk.shape))
-        S = S + pk[..., :, None] * v[:, :, 0, None, :].float()
-        z = z + pk
-        B, H, D = pq.shape
-        pq = pq.view(B, z.shape[1], H // z.shape[1], D)  # query heads grouped by their key/value head
-        o = (pq @ S) / (pq @ z[..., None])               # (B, H_kv, groups, d_h)
-        return self.merge_heads(o.reshape(B, H, 1, -1).to(a.dtype)), (S, z)
+        out, state = linear_attention_step(taylor_features(fq.float()), taylor_features(fk.float()), v.float(),
+                                           state, valid)
+        return self.merge_heads(out.to(a.dtype)), state
+
+    # ---- inference cache: the fixed state (S, z) ---------------------------------------------------------------
+    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> LinearState:
+        return LinearState(layout, self.num_kv_heads, self.feature_count(), self.head_dim, device)
+
+    def prefill(self, a, cos, sin, cache: LinearState, rows: torch.Tensor) -> torch.Tensor:
+        """The training forward on prompts, whose sums ``S``, ``z`` start ``rows``' states."""
+        q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])
+        out = self.merge_heads(self.attend(q, k, v, a, cos, sin))
+        cache.write(taylor_features(self.features(q, k, cos, sin)[1].float()), v, rows)
+        return out
+
+    def decode(self, a, cache: LinearState, cos, sin) -> torch.Tensor:
+        layout = cache.layout
+        out, cache.state = self.step(a, cos, sin, cache.state, layout.valid(layout.length, a.shape[1]))
+        return out
 
     # ---- costs ----------------------------------------------------------------------------------------------
     def state_numbers(self) -> int:

@@ -1,0 +1,320 @@
+"""Generate text with a checkpoint of any attention variant and model family, through each variant's inference cache.
+
+    python -m neox_dar.generate runs/dar-70m --prompt "The capital of France is" --max-new-tokens 32
+    python -m neox_dar.generate runs/aha-70m --prompts prompts.jsonl --max-new-tokens 64 --temperature 0.8 \\
+        --top-p 0.95 --seed 1 --batch-size 16 --out completions.jsonl
+
+``RUN_OR_CHECKPOINT`` is a run directory (its newest complete checkpoint, verified), a checkpoint step directory, a
+folder written by ``convert from-hf``, or a Hugging Face folder. A prompt file has one JSON object per line with a
+``"prompt"`` string (other fields are copied to the output) or one JSON string. ``--temperature 0`` (the default) is
+greedy decoding. ``--out`` writes one JSON line per prompt (``prompt``, ``completion``, ``token_ids``: the generated
+ids, an ending eos included, ``finish_reason``: ``eos`` or ``length``) as each batch finishes; without it a single
+``--prompt`` streams its completion to stdout and a prompt file prints the JSON lines there.
+
+How it runs (docs/inference.md): the prompts of a batch are prefilled with the training forward (``attention_impl``'s
+path; prompts of equal length together, no padding), then every row is decoded one token per step through its
+layers' caches (:meth:`neox_dar.model.CausalLM.decode`), each row at its own positions. Sampling uses one random
+generator per prompt, seeded with ``--seed`` plus the prompt's index, so a completion does not depend on the batch
+it ran in. Ids of the vocabulary's padding rows are never produced. AHA models report ``mu_f``, the share of open
+gates over the generated tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
+                                                    TopPLogitsWarper)
+
+from .config import ConfigError
+from .evaluation.loading import DTYPES, is_hf_folder, load_for_eval
+from .evaluation.scoring import AttentionStatsMean, overall_means
+from .model import CausalLM
+from .progress import progress_bar
+from .rundir import CheckpointError
+from .tokenizer import hf_tokenizer, special_token_ids, tokenizer_file
+
+
+class GenerationError(ValueError):
+    """A user mistake (a prompt, a setting, a checkpoint without a tokenizer): one line, exit 2 on the command line."""
+
+
+@dataclass
+class Sampling:
+    """``temperature`` 0: greedy (the highest logit); otherwise softmax sampling at that temperature, restricted to
+    the ``top_k`` most likely tokens and the smallest set holding ``top_p`` of the probability (transformers'
+    warpers)."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise GenerationError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and self.top_k < 1:
+            raise GenerationError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.greedy and (self.top_k is not None or self.top_p is not None):
+            raise GenerationError("top_k/top_p have no effect with temperature 0 (greedy); set a temperature > 0")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def warpers(self) -> LogitsProcessorList:
+        out = LogitsProcessorList([TemperatureLogitsWarper(self.temperature)])
+        if self.top_k is not None:
+            out.append(TopKLogitsWarper(self.top_k))
+        if self.top_p is not None and self.top_p < 1.0:
+            out.append(TopPLogitsWarper(self.top_p))
+        return out
+
+
+@dataclass
+class Completion:
+    token_ids: list[int] = field(default_factory=list)  # the generated ids (an ending eos included)
+    finish_reason: str = "length"                       # "eos", "stop" (a stop rule) or "length"
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_positions: int) -> None:
+    """GenerationError for an empty prompt or one that leaves no position for a new token."""
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise GenerationError(f"prompt {i} is empty (it encodes to no tokens)")
+        if len(p) >= max_positions:
+            raise GenerationError(f"prompt {i} has {len(p)} tokens; max_position_embeddings={max_positions} leaves "
+                                  "no position for a new token")
+
+
+@torch.inference_mode()
+def generate(model: CausalLM, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int,
+             eos_id: int | None = None, sampling: Sampling | None = None, seeds: Sequence[int] | None = None,
+             on_token: Callable[[int, int], None] | None = None,
+             stop: Callable[[int, list[int]], bool] | None = None,
+             stats: AttentionStatsMean | None = None,
+             prompt_stats: AttentionStatsMean | None = None) -> list[Completion]:
+    """Continue each prompt (token ids) by up to ``max_new_tokens`` tokens, stopping a row at ``eos_id``, when
+    ``stop(row, generated ids)`` is true, or at ``max_position_embeddings``.
+
+    The prompts are prefilled with the training forward, then all rows decode together through the caches, one
+    token per step. ``seeds`` (one per prompt) seed a random generator per row for sampling (None: torch's global
+    generator). ``on_token(row, id)`` is called for each new token as it is chosen. ``stats`` accumulates the
+    variants' per-token statistics (AHA's gates) of the generated tokens as they are processed (every generated
+    token but a row's last, which no step reads), ``prompt_stats`` those of the prompts' tokens. Ids ``>= cfg.vocab_size`` (the padding rows of the vocabulary) are never chosen."""
+    cfg = model.cfg
+    sampling = sampling or Sampling()
+    if max_new_tokens < 1:
+        raise GenerationError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = model.head.weight.device
+    prompts = [torch.as_tensor(p, dtype=torch.long, device=device).reshape(-1) for p in prompts]
+    check_prompts(prompts, cfg.max_position_embeddings)
+    B = len(prompts)
+    limits = [min(max_new_tokens, cfg.max_position_embeddings - p.numel()) for p in prompts]
+    cache = model.new_cache([p.numel() for p in prompts], max(limits))
+    generators = None
+    if not sampling.greedy and seeds is not None:
+        generators = [torch.Generator(device).manual_seed(int(s)) for s in seeds]
+    warpers = None if sampling.greedy else sampling.warpers()
+    on_group = None if prompt_stats is None else (lambda rows: prompt_stats.add())
+    logits = model.prefill(prompts, cache, on_group=on_group).float()
+    out = [Completion() for _ in range(B)]
+    active = [True] * B
+    for _ in range(max(limits)):
+        logits[:, cfg.vocab_size:] = float("-inf")
+        if sampling.greedy:
+            chosen = logits.argmax(-1)
+        else:
+            probs = torch.softmax(warpers(None, logits), -1)
+            chosen = (torch.multinomial(probs, 1)[:, 0] if generators is None else
+                      torch.cat([torch.multinomial(probs[b], 1, generator=generators[b]) for b in range(B)]))
+        chosen_ids = chosen.tolist()
+        for b in range(B):
+            if not active[b]:
+                continue
+            token = chosen_ids[b]
+            out[b].token_ids.append(token)
+            if on_token is not None:
+                on_token(b, token)
+            if eos_id is not None and token == eos_id:
+                out[b].finish_reason, active[b] = "eos", False
+            elif stop is not None and stop(b, out[b].token_ids):
+                out[b].finish_reason, active[b] = "stop", False
+            elif len(out[b].token_ids) >= limits[b]:
+                active[b] = False
+        if not any(active):
+            break
+        logits = model.decode(chosen[:, None], cache)[:, -1].float()
+        if stats is not None:
+            stats.add(torch.tensor(active)[:, None])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# loading a checkpoint with its tokenizer
+
+
+@dataclass
+class Generator:
+    """A model in eval mode with its tokenizer (a transformers fast tokenizer) and eos id."""
+
+    model: CausalLM
+    tokenizer: object
+    eos_id: int | None
+    info: dict
+
+    def encode(self, text: str) -> list[int]:
+        """The prompt's ids with the tokenizer's own post-processor (Llama-3 prepends its bos; Pythia, OLMo-2 and
+        Qwen add nothing), as data preparation encodes documents."""
+        return self.tokenizer(text)["input_ids"]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def load(path: str | Path, device: str | None = None, dtype: str = "float32", attention_impl: str | None = None,
+         tokenizer: str | Path | None = None) -> Generator:
+    """The model at ``path`` (as :func:`neox_dar.evaluation.loading.load_for_eval` loads it: a verified checkpoint or
+    a Hugging Face folder) with its tokenizer: ``tokenizer`` if given, else the ``tokenizer.json`` beside the
+    weights, else the config's ``vocab_file``, else (GPT-NeoX models only) the bundled Pythia tokenizer. Its eos is
+    the ``tokenizer_config.json``'s beside it, else Pythia's ``<|endoftext|>``."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = load_for_eval(path, device, dtype, attention_impl)
+    cfg = loaded.cfg
+    own = (Path(loaded.model_dir) / "tokenizer.json").is_file() or bool(cfg.vocab_file)
+    if tokenizer is None and not own and (is_hf_folder(path) or cfg.model_family != "gpt_neox"):
+        raise GenerationError(f"{path} has no tokenizer (no tokenizer.json beside the weights, no vocab_file in its "
+                              "config); pass --tokenizer PATH/tokenizer.json")
+    file = tokenizer_file(cfg, tokenizer, loaded.model_dir)
+    tok = hf_tokenizer(file)
+    if len(tok) > cfg.padded_vocab_size:
+        raise GenerationError(f"tokenizer {file} has {len(tok)} tokens, more than the model's "
+                              f"{cfg.padded_vocab_size} embedding rows: it is not this model's tokenizer")
+    return Generator(loaded.model, tok, special_token_ids(file)["eos"], {**loaded.info, "tokenizer": str(file)})
+
+
+# ----------------------------------------------------------------------------------------------
+# command line
+
+
+def read_prompts(path: Path) -> list[dict]:
+    """The prompt file's records (``{"prompt": str, ...}``); a line may also be a bare JSON string."""
+    if not path.is_file():
+        raise GenerationError(f"prompt file not found: {path}")
+    records = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as e:
+            raise GenerationError(f"{path}:{n}: not valid JSON ({e})") from None
+        if isinstance(item, str):
+            item = {"prompt": item}
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
+            raise GenerationError(f"{path}:{n}: expected a JSON string or an object with a \"prompt\" string")
+        records.append(item)
+    if not records:
+        raise GenerationError(f"{path} holds no prompts")
+    return records
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m neox_dar.generate", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkpoint", metavar="RUN_OR_CHECKPOINT")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="one prompt")
+    source.add_argument("--prompts", type=Path, metavar="FILE.jsonl", help="one JSON prompt per line")
+    ap.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
+    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--top-p", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (prompt i: seed + i)")
+    ap.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (default 8)")
+    ap.add_argument("--out", type=Path, default=None, metavar="FILE.jsonl", help="write one JSON line per prompt")
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--attention-impl", default=None, choices=["reference", "sdpa", "triton"],
+                    help="the prefill's attention path (default: the checkpoint's)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the checkpoint's)")
+    return ap
+
+
+def _check_args(args) -> Sampling:
+    if args.max_new_tokens < 1:
+        raise GenerationError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.batch_size < 1:
+        raise GenerationError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if args.prompt is not None and args.prompt == "":
+        raise GenerationError("--prompt is empty")
+    return Sampling(args.temperature, args.top_k, args.top_p)
+
+
+def run(args) -> None:
+    sampling = _check_args(args)
+    records = [{"prompt": args.prompt}] if args.prompt is not None else read_prompts(args.prompts)
+    for i, r in enumerate(records):
+        if r["prompt"] == "":
+            raise GenerationError(f"prompt {i} is empty")
+    gen = load(args.checkpoint, args.device, args.dtype, args.attention_impl, args.tokenizer)
+    prompts = [gen.encode(r["prompt"]) for r in records]
+    check_prompts(prompts, gen.model.cfg.max_position_embeddings)
+    room = min(gen.model.cfg.max_position_embeddings - len(p) for p in prompts)
+    if room < args.max_new_tokens:
+        print(f"note: a prompt leaves room for only {room} new tokens before max_position_embeddings="
+              f"{gen.model.cfg.max_position_embeddings}; its completion stops there", file=sys.stderr)
+    streamer = None
+    if args.prompt is not None and args.out is None:
+        from transformers import TextStreamer
+
+        streamer = TextStreamer(gen.tokenizer, skip_special_tokens=True)
+    stats = AttentionStatsMean(gen.model)
+    sink = args.out.open("w", encoding="utf-8") if args.out is not None else sys.stdout
+    try:
+        with progress_bar(total=len(records), desc="generating", unit="prompt",
+                          disable=len(records) == 1 or not args.out) as bar:
+            for lo in range(0, len(records), args.batch_size):
+                batch = range(lo, min(lo + args.batch_size, len(records)))
+                done = generate(gen.model, [prompts[i] for i in batch], args.max_new_tokens, gen.eos_id, sampling,
+                                seeds=[args.seed + i for i in batch],
+                                on_token=None if streamer is None else
+                                (lambda b, t: streamer.put(torch.tensor([t]))), stats=stats)
+                if streamer is not None:
+                    streamer.end()
+                    continue
+                for i, c in zip(batch, done):
+                    line = {**records[i], "completion": gen.decode(c.token_ids), "token_ids": c.token_ids,
+                            "finish_reason": c.finish_reason}
+                    sink.write(json.dumps(line, ensure_ascii=False) + "\n")
+                sink.flush()
+                bar.update(len(batch))
+    finally:
+        if sink is not sys.stdout:
+            sink.close()
+    for name, value in overall_means(stats.result()).items():
+        print(f"{name} = {value:.4f} over the generated tokens (mean over layers and heads; Eq. 8 of the AHA paper)",
+              file=sys.stderr)
+    if args.out is not None:
+        print(f"wrote {len(records)} completions to {args.out}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run(args)
+    except (GenerationError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Incremental decoding (``neox_dar.generate``, each variant's cache): logits equal the full forward for every
+variant and family, greedy generation equals re-running the full forward, batched equals one-by-one, cache sizes
+equal ``describe``'s formulas, AHA's local heads read only their window, and the command line's outputs and
+one-line errors."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config, saved_model, saved_run
+
+from neox_dar.describe import kv_cache_numbers_per_token
+from neox_dar.generate import GenerationError, Sampling, generate
+from neox_dar.model import build_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops: one thread is several times faster on a shared CPU
+
+W = 4  # base window: MSWA's windows are 1..8, so contexts of 20+ tokens are longer than every window
+VARIANTS = {
+    "vanilla": {},
+    "swa": {"window_size": W},
+    "mswa": {"window_size": W},
+    "aha": {"window_size": W},
+    "dar": {"window_size": W, "dar_d_down": 16},
+    "uniform": {"dar_d_down": 16},
+    "linear": {"linear_feature_dim": 8},
+    "mixed": {"num_layers": 4, "attention_config": [[["linear", "mswa", "dar", "aha"], 1]], "window_size": W,
+              "dar_d_down": 16, "linear_feature_dim": 8},
+}
+
+
+def family_model(family: str, variant: str | None, seed: int = 0, **keys):
+    """A tiny random model of the family's preset (GQA where the family has it) with the variant (None: ``keys`` say
+    the attention), every parameter moved by 0.05 standard deviations so that norms, biases and the bottleneck all
+    matter; eval mode, float32."""
+    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, **VARIANTS.get(variant, {}), **keys}
+    if variant not in ("mixed", None):
+        keys["attention_type"] = variant
+    if family == "gpt_neox":
+        keys["num_kv_heads"] = 4  # GPT-NeoX's fused layout has one key/value head per query head
+    cfg = config(FAMILY_PRESETS[family], **keys).model
+    torch.manual_seed(seed)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def incremental_logits(model, seqs: list[torch.Tensor], prompt_lengths: list[int]) -> torch.Tensor:
+    """Prefill each row's prompt, then feed its next tokens one per step: logits (B, N, V) predicting tokens
+    ``prompt_length .. prompt_length + N - 1`` of each row."""
+    N = seqs[0].numel() - prompt_lengths[0]
+    with torch.inference_mode():
+        cache = model.new_cache(prompt_lengths, N)
+        out = [model.prefill([s[:n] for s, n in zip(seqs, prompt_lengths)], cache)[:, None]]
+        for t in range(N - 1):
+            out.append(model.decode(torch.stack([s[n + t] for s, n in zip(seqs, prompt_lengths)])[:, None], cache))
+    return torch.cat(out, 1)
+
+
+def check_decoding(model, lengths: list[int], N: int, seed: int) -> None:
+    """Random sequences of ``lengths[b] + N`` tokens: the incremental logits after each prompt equal the full
+    forward's on each whole sequence."""
+    g = torch.Generator().manual_seed(seed)
+    seqs = [torch.randint(0, model.cfg.vocab_size, (n + N,), generator=g) for n in lengths]
+    got = incremental_logits(model, seqs, lengths)
+    with torch.inference_mode():
+        for b, (s, n) in enumerate(zip(seqs, lengths)):
+            assert_logits_close(got[b], model(s[None])[0, n - 1:n + N - 1])
+
+
+def assert_logits_close(got: torch.Tensor, full: torch.Tensor) -> None:
+    """float32, 1e-4 relative (to the largest logit: near-zero logits have no meaningful relative error)."""
+    torch.testing.assert_close(got, full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("family", list(FAMILY_PRESETS))
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_incremental_logits_equal_the_full_forward(family, variant):
+    """Prompts of 5, 11 and 17 tokens in one batch (padded columns in the caches), 24 decoded tokens each: the
+    contexts (up to 41) are longer than every window (MSWA's largest is 2w = 8)."""
+    model = family_model(family, variant)
+    lengths, N = [11, 5, 17], 24
+    check_decoding(model, lengths, N, seed=1)
+
+
+def test_hybrid_stack_decodes_like_the_full_forward():
+    """The MSWA paper's Sec. 4.4 stack (``hybrid: mswa_linear``, 12 layers: [linear, mswa, mswa] x 4)."""
+    model = family_model("gpt_neox", None, num_layers=12, hybrid="mswa_linear", window_size=W)
+    lengths, N = [9, 14], 20
+    check_decoding(model, lengths, N, seed=2)
+
+
+@pytest.mark.parametrize("keys", [{"rotary_pct": 0.5, "qk_norm": "projection"}, {"rotary_pct": 0.5, "qk_norm": "head"},
+                                  {"rotary_pct": 0.5, "qkv_bias": True}],
+                         ids=["partial-rotary-projection-norm", "partial-rotary-head-norm", "partial-rotary-bias"])
+def test_dar_cache_with_key_norms_and_partial_rotary(keys):
+    """The DAR cache's two ways to a far key's score: under a key norm the whole key is rebuilt from ``c`` (the
+    norm needs every dim); without one the rotated dims are rebuilt and the others absorbed into the query (with the
+    key bias). Each on a Llama-shaped model with half the head dims rotated and GQA."""
+    model = family_model("llama", "dar", **keys)
+    lengths, N = [7, 13], 20
+    check_decoding(model, lengths, N, seed=3)
+
+
+def greedy_by_full_forward(model, prompt: torch.Tensor, n: int) -> list[int]:
+    """``n`` greedy tokens, each from a full forward over everything so far (padding ids excluded)."""
+    seq = prompt.clone()
+    with torch.inference_mode():
+        for _ in range(n):
+            logits = model(seq[None])[0, -1]
+            logits[model.cfg.vocab_size:] = float("-inf")
+            seq = torch.cat([seq, logits.argmax()[None]])
+    return seq[prompt.numel():].tolist()
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "qwen3"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_greedy_generation_equals_rerunning_the_full_forward(family, variant):
+    """64 greedy tokens through the caches are the tokens of 64 full forwards; the batch of unequal prompts gives
+    each prompt's one-by-one result."""
+    model = family_model(family, variant, seed=4)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, model.cfg.vocab_size, (n,), generator=g) for n in (6, 13, 3)]
+    batched = generate(model, prompts, 64)
+    assert [c.finish_reason for c in batched] == ["length"] * 3
+    assert batched[0].token_ids == greedy_by_full_forward(model, prompts[0], 64)
+    for p, c in zip(prompts, batched):
+        assert generate(model, [p], 64)[0].token_ids == c.token_ids
+
+
+@pytest.mark.parametrize("variant", ["dar", "aha", "mswa"])
+def test_sampling_is_reproducible_and_independent_of_the_batch(variant):
+    """With one generator per prompt (seed + index), a sampled completion is the same alone or in a batch."""
+    model = family_model("llama", variant, seed=6)
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, model.cfg.vocab_size, (n,), generator=g) for n in (4, 9)]
+    sampling = Sampling(temperature=1.5, top_k=50, top_p=0.9)
+    together = generate(model, prompts, 16, sampling=sampling, seeds=[10, 11])
+    alone = [generate(model, [p], 16, sampling=sampling, seeds=[s])[0] for p, s in zip(prompts, (10, 11))]
+    assert [c.token_ids for c in together] == [c.token_ids for c in alone]
+    assert together[0].token_ids != generate(model, prompts[:1], 16, sampling=sampling, seeds=[12])[0].token_ids
+
+
+def test_generation_stops_at_eos_and_at_a_stop_rule():
+    model = family_model("qwen2", "swa", seed=8)
+    prompt = torch.arange(5, 12)
+    free = generate(model, [prompt], 10)[0].token_ids
+    eos = free[3]
+    first = free.index(eos)
+    at_eos = generate(model, [prompt, prompt], 10, eos_id=eos)
+    assert [c.token_ids for c in at_eos] == [free[:first + 1]] * 2 and at_eos[0].finish_reason == "eos"
+    stopped = generate(model, [prompt], 10, stop=lambda row, ids: len(ids) == 2)[0]
+    assert stopped.token_ids == free[:2] and stopped.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("variant", ["vanilla", "swa", "mswa", "aha", "dar", "uniform", "linear", "mixed"])
+@pytest.mark.parametrize("context", [3, 40])
+def test_cache_bytes_equal_the_describe_formula(variant, context):
+    """A full cache of one sequence holds exactly what ``describe`` prints per layer (numbers per token times the
+    context; float32): at a context shorter and longer than the windows, with GQA (a key/value head shared by MSWA
+    query heads of different windows keeps the widest)."""
+    model = family_model("olmo2", variant)
+    cache = model.new_cache([context - 1], 1)
+    expected = sum(kv_cache_numbers_per_token(SimpleNamespace(model=model.cfg), context)) * context * 4
+    assert cache.nbytes() == pytest.approx(expected, rel=1e-12)
+
+
+def test_mswa_key_value_heads_keep_the_widest_window_of_their_query_heads():
+    model = family_model("llama", "mswa", mswa_windows=[[1, 2, 4, 8], [2, 2, 3, 16]])
+    cache = model.new_cache([3], 30)
+    per_layer = [[(g.window, g.ring.slots, g.ring.data["k"].shape[1]) for g in c.groups] for c in cache.layers]
+    assert per_layer == [[(2, 2, 1), (8, 8, 1)], [(2, 2, 1), (16, 16, 1)]]
+
+
+def test_aha_local_heads_read_only_their_window():
+    """With every gate closed, poisoning the cached keys older than the window changes nothing (they are never
+    read); with every gate open the model is vanilla attention."""
+    model = family_model("qwen3", "aha", seed=9)
+    prompt = torch.arange(3, 23)
+    with torch.inference_mode():
+        for m in model.attention_modules():
+            m.router.weight.fill_(0.0)
+            m.threshold = 0.9  # s = 0.5 everywhere: closed
+        reference = generate(model, [prompt], 8)[0].token_ids
+        cache = model.new_cache([prompt.numel()], 8)
+        logits = model.prefill([prompt], cache)
+        for layer in cache.layers:
+            for t in layer.groups[0].ring.data.values():
+                t[:, :, :prompt.numel() - W] = float("nan")
+        ids = []
+        for _ in range(8):
+            ids.append(int(logits[0, :model.cfg.vocab_size].argmax()))
+            logits = model.decode(torch.tensor([[ids[-1]]]), cache)[:, -1]
+        assert ids == reference and torch.isfinite(logits).all()
+        for m in model.attention_modules():
+            m.threshold = 0.1  # open: full attention
+        vanilla = family_model("qwen3", "vanilla", seed=9)
+        vanilla.load_state_dict({k: v for k, v in model.state_dict().items() if "router" not in k})
+        assert generate(model, [prompt], 8)[0].token_ids == generate(vanilla, [prompt], 8)[0].token_ids
+
+
+def test_aha_mu_f_counts_the_generated_tokens():
+    """``stats`` holds the gates of the generated tokens processed (all but each row's last), real rows only."""
+    from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means
+
+    model = family_model("llama", "aha", seed=10)
+    stats, prompt_stats = AttentionStatsMean(model), AttentionStatsMean(model)
+    generate(model, [torch.arange(4, 9), torch.arange(4, 7)], 6, stats=stats, prompt_stats=prompt_stats)
+    assert {float(c) for c in stats.counts.values()} == {2 * 5}
+    assert {float(c) for c in prompt_stats.counts.values()} == {5 + 3}
+    assert 0.0 < overall_means(stats.result())["mu_f"] < 1.0
+
+
+def test_prompts_longer_than_the_positions_and_empty_prompts_are_errors():
+    model = family_model("gpt_neox", "dar", max_position_embeddings=24, seq_length=24)
+    with pytest.raises(GenerationError, match="prompt 1 has 24 tokens; max_position_embeddings=24"):
+        generate(model, [torch.arange(3), torch.arange(24)], 4)
+    with pytest.raises(GenerationError, match="prompt 0 is empty"):
+        generate(model, [[]], 4)
+    with pytest.raises(GenerationError, match="max_new_tokens must be >= 1"):
+        generate(model, [[1, 2]], 0)
+    near = generate(model, [torch.arange(20), torch.arange(3)], 10)  # the first row stops at position 23
+    assert [len(c.token_ids) for c in near] == [4, 10] and near[0].finish_reason == "length"
+
+
+# ----------------------------------------------------------------------------------------------
+# command line
+
+
+def _cli(capsys, *args):
+    """``python -m neox_dar.generate ARGS`` in this process: (exit code, stdout, stderr)."""
+    from neox_dar.generate import main
+
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="module")
+def dar_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dar_run")
+    saved_run(root, "attention_type=dar", "window_size=4", "dar_d_down=16", "max_position_embeddings=40", seed=11)
+    return root
+
+
+def test_cli_writes_one_line_per_prompt_equal_to_the_library(dar_run, tmp_path, capsys):
+    from neox_dar.generate import load
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "The capital of France is", "id": "a"}) + "\n\n"
+                       + json.dumps("Water boils at") + "\n" + json.dumps({"prompt": "One"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    code, _, err = _cli(capsys, dar_run, "--prompts", prompts, "--max-new-tokens", 7, "--batch-size", 2, "--out", out)
+    assert code == 0, err
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["prompt"] for x in lines] == ["The capital of France is", "Water boils at", "One"]
+    assert lines[0]["id"] == "a" and all(x["finish_reason"] == "length" for x in lines)
+    gen = load(dar_run, "cpu")
+    for x in lines:
+        ids = generate(gen.model, [gen.encode(x["prompt"])], 7, gen.eos_id)[0].token_ids
+        assert x["token_ids"] == ids and x["completion"] == gen.decode(ids)
+    code, streamed, _ = _cli(capsys, dar_run, "--prompt", "The capital of France is", "--max-new-tokens", 7)
+    assert code == 0 and streamed.strip() == lines[0]["completion"].strip()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prompt", "word " * 45, "--max-new-tokens", "3"], "prompt 0 has 46 tokens; max_position_embeddings=40 leaves no position"),
+    (["--prompt", "", "--max-new-tokens", "3"], "--prompt is empty"),
+    (["--prompt", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--prompt", "hi", "--max-new-tokens", "2", "--top-k", "5"], "top_k/top_p have no effect with temperature 0"),
+    (["--prompts", "missing.jsonl", "--max-new-tokens", "2"], "prompt file not found"),
+], ids=["too-long", "empty", "zero-new-tokens", "top-k-greedy", "missing-file"])
+def test_cli_bad_input_is_a_one_line_error(dar_run, args, message, capsys):
+    code, _, err = _cli(capsys, dar_run, *args)
+    assert code == 2 and message in err and err.count("\n") == 1 and err.startswith("error: "), err
+
+
+def test_cli_empty_prompt_in_a_file_and_a_checkpoint_without_a_tokenizer(dar_run, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps("fine") + "\n" + json.dumps({"prompt": ""}) + "\n")
+    assert _cli(capsys, dar_run, "--prompts", prompts, "--max-new-tokens", 2) == (2, "", "error: prompt 1 is empty\n")
+    saved_model(tmp_path / "llama", "model_family=llama", "norm=rmsnorm", "activation=swiglu", "fused_qkv=false",
+                "rotary_pct=1.0", "gpt_j_residual=false", "vocab_file=null")
+    code, _, err = _cli(capsys, tmp_path / "llama", "--prompt", "hi", "--max-new-tokens", 2)
+    assert code == 2 and "has no tokenizer" in err and err.count("\n") == 1, err
+    saved_model(tmp_path / "missing", "vocab_file=nowhere/tokenizer.json")
+    code, _, err = _cli(capsys, tmp_path / "missing", "--prompt", "hi", "--max-new-tokens", 2)
+    assert code == 2 and "vocab_file was not found" in err and err.count("\n") == 1, err
