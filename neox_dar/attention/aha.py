@@ -24,7 +24,6 @@ import torch
 from torch import nn
 
 from ..config.fields import Key
-from ..hf_remote.inference import WindowedKV, aha_attention
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .triton_bridge import triton_kernel
@@ -80,13 +79,13 @@ class AHAAttention(Attention):
                        "AHA straight-through dL/ds: selected (the paper's Eq. 3-4 read literally: signed <dL/do, "
                        "selected path>) or difference (<dL/do, Full - Local>; one extra attention forward per layer "
                        "in training).", arch=False),
-    }
         "aha_router_init": Key(Literal["zeros", "random"], "zeros",
                                "How the router starts when AHA is added to a pretrained model (finetune): zeros "
                                "(s = 1/2 for every token and head, so at aha_threshold 0.5 every head starts on its "
                                "local window: step 0 is the SWA model, and with aha_threshold < 0.5 every head "
                                "starts on full attention: step 0 is the pretrained model exactly) or random "
                                "(init_method).", arch=False),
+    }
     reads = ("window_size",)
     stats = {"mu_f": "full-attention usage: the share of (token, head) pairs routed to full attention (AHA Eq. 8)"}
 
@@ -118,17 +117,17 @@ class AHAAttention(Attention):
         self.threshold = a.aha_threshold
         self.l1_coef = a.aha_l1_coef
         self.ste = a.aha_ste
-        self.num_layers = cfg.num_layers
         self.router_init = a.aha_router_init
+        self.num_layers = cfg.num_layers
         self.router = nn.Linear(cfg.hidden_size, cfg.num_attention_heads, bias=False)
 
-    def routed(self, q, k, v, gate: torch.Tensor) -> torch.Tensor:
     def init_new_parameters(self, inputs: torch.Tensor | None) -> None:
         """``aha_router_init: zeros``: the router starts at 0 (see the key's help for what step 0 then is)."""
         if self.router_init == "zeros":
             with torch.no_grad():
                 self.router.weight.zero_()
 
+    def routed(self, q, k, v, gate: torch.Tensor) -> torch.Tensor:
         """Each row through its gate's path on this module's ``attention_impl``; gate (B, H, T) bool."""
         impl = self.resolved_impl(q.device)
         if impl == "triton":  # reads the H_kv key/value heads directly
@@ -154,21 +153,6 @@ class AHAAttention(Attention):
         self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
         self.token_stats = {"mu_f": g.detach()}
         return o
-
-    # ---- inference cache: every key (any later token may route a head to full attention) ------------------------
-    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> WindowedKV:
-        return WindowedKV(layout, [None] * self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim, device,
-                          dtype)
-
-    def decode(self, a, cache: WindowedKV, cos, sin) -> torch.Tensor:
-        """The router runs on each new token; a head routed local reads its last ``window`` keys, a routed one the
-        whole cache (:func:`~neox_dar.hf_remote.inference.aha_attention`). ``token_stats["mu_f"]``: the gates
-        (B, T, H)."""
-        q, k, v = self.split_heads(a, cos, sin)
-        g = torch.sigmoid(self.router(a).float()) > self.threshold  # (B, T, H)
-        self.stats = {"mu_f": g.float().mean(dim=(0, 1))}
-        self.token_stats = {"mu_f": g}
-        return self.merge_heads(aha_attention(q, cache, k, v, g.transpose(1, 2), self.window, self.head_dim ** -0.5))
 
     def head_windows(self) -> list[int | None]:
         """The local path's window (the full path is extra: see :meth:`attended_keys`)."""
