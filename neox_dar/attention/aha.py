@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..config.fields import Key
+from ..hf_remote.inference import WindowedKV, aha_attention
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .triton_bridge import triton_kernel
@@ -153,6 +154,21 @@ class AHAAttention(Attention):
         self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
         self.token_stats = {"mu_f": g.detach()}
         return o
+
+    # ---- inference cache: every key (any later token may route a head to full attention) ------------------------
+    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> WindowedKV:
+        return WindowedKV(layout, [None] * self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim, device,
+                          dtype)
+
+    def decode(self, a, cache: WindowedKV, cos, sin) -> torch.Tensor:
+        """The router runs on each new token; a head routed local reads its last ``window`` keys, a routed one the
+        whole cache (:func:`~neox_dar.hf_remote.inference.aha_attention`). ``token_stats["mu_f"]``: the gates
+        (B, T, H)."""
+        q, k, v = self.split_heads(a, cos, sin)
+        g = torch.sigmoid(self.router(a).float()) > self.threshold  # (B, T, H)
+        self.stats = {"mu_f": g.float().mean(dim=(0, 1))}
+        self.token_stats = {"mu_f": g}
+        return self.merge_heads(aha_attention(q, cache, k, v, g.transpose(1, 2), self.window, self.head_dim ** -0.5))
 
     def head_windows(self) -> list[int | None]:
         """The local path's window (the full path is extra: see :meth:`attended_keys`)."""

@@ -9,7 +9,6 @@ Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`
 from __future__ import annotations
 
 import abc
-import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -17,41 +16,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config.fields import Key, check
+from ..hf_remote.inference import Layout, WindowedKV, apply_rotary, rotary_table
 from ..norms import build_norm
 from .windowed import mean_attended_keys
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """GPT-NeoX "rotate half": ``[x1, x2] -> [-x2, x1]`` over the last dim."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``cos.shape[-1]`` dims of ``x`` (B, H, T, d_h); ``cos``/``sin`` are (T, r)."""
-    r = cos.shape[-1]
-    if r == 0:
-        return x
-    x_rot, x_pass = x[..., :r], x[..., r:]
-    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
-
-
-def llama3_inv_freq(inv_freq: torch.Tensor, scaling) -> torch.Tensor:
-    """Llama-3's rotary scaling (Hugging Face ``rope_type: llama3``): wavelengths longer than
-    ``original_max_position_embeddings / low_freq_factor`` are divided by ``factor``, those shorter than
-    ``... / high_freq_factor`` kept, and the ones between interpolated smoothly."""
-    low_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
-    high_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-    smooth = ((scaling.original_max_position_embeddings / wavelen - scaling.low_freq_factor)
-              / (scaling.high_freq_factor - scaling.low_freq_factor))
-    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)
 
 
 class RotaryEmbedding(nn.Module):
@@ -69,13 +39,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, seq_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Return ``(cos, sin)``, each (T, rotary_ndims), for positions 0..T-1."""
-        r = self.rotary_ndims
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, r, 2, dtype=torch.float, device=device) / r))
-        if self.scaling is not None:
-            inv_freq = llama3_inv_freq(inv_freq, self.scaling)
-        freqs = torch.arange(seq_len, device=device, dtype=torch.float)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len, dtype, device)
 
 
 class Attention(nn.Module, abc.ABC):
@@ -141,6 +105,7 @@ class Attention(nn.Module, abc.ABC):
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
         self.kv_groups = cfg.kv_groups
         self.hidden_size = cfg.hidden_size
+        self.rotary_ndims = cfg.rotary_ndims
         self.impl = cfg.attention.attention_impl
         self.fused = cfg.fused_qkv
         self.qk_norm = cfg.qk_norm
@@ -178,11 +143,30 @@ class Attention(nn.Module, abc.ABC):
             q = self.q_proj(h).view(B, T, H, D) if query else None
             k, v = self.k_proj(h).view(B, T, G, D), self.v_proj(h).view(B, T, G, D)
         if self.qk_norm == "head":
-            q, k = (self.q_norm(q) if query else None), self.k_norm(k)
+            q = self.q_norm(q) if query else None
         elif self.qk_norm == "projection":
             q = self.q_norm(q.reshape(B, T, H * D)).view(B, T, H, D) if query else None
-            k = self.k_norm(k.reshape(B, T, G * D)).view(B, T, G, D)
-        return q, k, v
+        return q, self.normalize_keys(k), v
+
+    def normalize_keys(self, k: torch.Tensor) -> torch.Tensor:
+        """The family's key norm (before rotary) of ``k`` (B, T, H_kv, d_h): per head (Qwen3), over the whole
+        projection (OLMo-2), or none."""
+        if self.qk_norm == "head":
+            return self.k_norm(k)
+        if self.qk_norm == "projection":
+            return self.k_norm(k.flatten(-2)).view(k.shape)
+        return k
+
+    def key_value_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(W_k, b_k, W_v, b_v)``: the key and value projections as (H_kv d_h, d) matrices and (H_kv d_h,) biases
+        (None without), GPT-NeoX's rows of ``query_key_value`` or ``k_proj``/``v_proj``."""
+        if not self.fused:
+            return self.k_proj.weight, self.k_proj.bias, self.v_proj.weight, self.v_proj.bias
+        H, D = self.num_heads, self.head_dim
+        w = self.query_key_value.weight.view(H, 3, D, -1)
+        b = None if self.query_key_value.bias is None else self.query_key_value.bias.view(H, 3, D)
+        rows = [(w[:, i].reshape(H * D, -1), None if b is None else b[:, i].reshape(H * D)) for i in (1, 2)]
+        return (*rows[0], *rows[1])
 
     def split_heads(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """``h`` (B, T, d) -> rotary-applied ``q`` (B, H, T, d_h) and ``k``, ``v`` (B, H_kv, T, d_h)."""
@@ -226,6 +210,36 @@ class Attention(nn.Module, abc.ABC):
     @abc.abstractmethod
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         """Per-head attention output (B, H, T, d_h). ``a`` is the attention input (B, T, d)."""
+
+    # ---- inference: the variant's cache (docs/adding_a_variant.md, "The inference cache") ---------------------
+    # The defaults are softmax attention in which query head h reads the keys of its window head_windows()[h]
+    # (None: every earlier key), cached by key/value head for the widest window of its query heads: right for
+    # vanilla, SWA and MSWA. A variant whose attention differs overrides new_cache and decode (and remember or
+    # prefill when its cache keeps more than keys and values).
+    def new_cache(self, layout: Layout, device: torch.device, dtype: torch.dtype):
+        """An empty cache of this layer for the batch of ``layout``
+        (:class:`neox_dar.hf_remote.inference.Layout`), tensors on ``device`` in ``dtype``."""
+        return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.head_dim, self.head_dim, device, dtype)
+
+    def prefill(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, rows: torch.Tensor) -> torch.Tensor:
+        """The training forward on prompts of equal length (``a`` (n, T, d), positions 0..T-1, ``attention_impl``'s
+        path), storing what the cache keeps of them in ``rows`` (n,) of ``cache``, at columns
+        ``layout.starts[row] ..``. -> (n, T, d)."""
+        q, k, v = self.split_heads(a, cos, sin)
+        out = self.merge_heads(self.attend(q, k, v, a, cos, sin))
+        self.remember(cache, rows, k, v, a)
+        return out
+
+    def remember(self, cache, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor) -> None:
+        """Store a prompt's rotated keys and values (n, H_kv, T, d_h) (and anything else from its attention input
+        ``a`` (n, T, d)) in ``rows`` of ``cache``."""
+        cache.write(k, v, cache.layout.starts[int(rows[0])], rows)
+
+    def decode(self, a: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The next ``T`` tokens of every row (``a`` (B, T, d); usually T = 1) against the cache, which stores them:
+        -> (B, T, d). ``cos``, ``sin`` (B or 1, 1, T, r): the rotary rows of each row's positions."""
+        q, k, v = self.split_heads(a, cos, sin)
+        return self.merge_heads(cache.attend(q, k, v, self.head_dim ** -0.5))
 
     def resolved_impl(self, device: torch.device) -> str:
         """``attention_impl`` with ``auto`` resolved: ``triton`` on CUDA, ``sdpa`` elsewhere."""

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config.fields import Key
+from ..hf_remote.inference import DARCache
 from .base import Attention
 from .masks import window_mask
 from .triton_bridge import triton_kernel
@@ -156,6 +157,19 @@ class DARAttention(Attention):
         if impl == "reference":
             return dar_reference(q, k, v, k_glob, v_glob, self.window)
         return dar_sdpa(q, k, v, k_glob, v_glob, self.window)
+
+    # ---- inference cache (paper Sec. 5): k_loc, v_loc of the last w tokens, dar_down(h) of every token --------
+    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> DARCache:
+        w_k, b_k, w_v, b_v = self.key_value_weights()
+        return DARCache(layout, self.window, self.d_down, self.num_kv_heads, self.head_dim, self.rotary_ndims,
+                        w_k, b_k, w_v, b_v, self.dar_up.weight, self.qk_norm != "none", device, dtype)
+
+    def remember(self, cache: DARCache, rows, k, v, a) -> None:
+        cache.write(k, v, self.dar_down(a), cache.layout.starts[int(rows[0])], rows)
+
+    def decode(self, a, cache: DARCache, cos, sin) -> torch.Tensor:
+        q, k, v = self.split_heads(a, cos, sin)
+        return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5, self.normalize_keys))
 
     def head_windows(self) -> list[int | None]:
         return [self.window] * self.num_heads
