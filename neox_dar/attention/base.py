@@ -12,11 +12,10 @@ import abc
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..config.fields import Key, check
-from ..hf_remote.inference import Layout, WindowedKV, apply_rotary, rotary_table
+from ..hf_remote.inference import HeadProjections, Layout, WindowedKV, apply_rotary, rotary_table
 from ..norms import build_norm
 from .windowed import mean_attended_keys
 
@@ -42,7 +41,7 @@ class RotaryEmbedding(nn.Module):
         return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len, dtype, device)
 
 
-class Attention(nn.Module, abc.ABC):
+class Attention(HeadProjections, nn.Module, abc.ABC):
     """Base of every variant: ``forward(a[B,T,d], cos, sin) -> out[B,T,d]``.
 
     A variant subclasses this in its own module, implements :meth:`attend` over per-head ``q, k, v`` of shape
@@ -102,76 +101,16 @@ class Attention(nn.Module, abc.ABC):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim
+        self.build_projections(cfg.hidden_size, cfg.num_attention_heads, cfg.num_kv_heads, cfg.head_dim,
+                               cfg.fused_qkv, cfg.qkv_bias, cfg.attention_out_bias, cfg.qk_norm,
+                               lambda width: build_norm(cfg, width, rms=True))
         self.kv_groups = cfg.kv_groups
         self.hidden_size = cfg.hidden_size
         self.rotary_ndims = cfg.rotary_ndims
         self.impl = cfg.attention.attention_impl
-        self.fused = cfg.fused_qkv
-        self.qk_norm = cfg.qk_norm
-        width, kv_width = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        if self.fused:  # GPT-NeoX: one projection, output rows per head as [q (d_h), k (d_h), v (d_h)]
-            self.query_key_value = nn.Linear(cfg.hidden_size, 3 * width, bias=cfg.qkv_bias)
-            self.dense = nn.Linear(width, cfg.hidden_size, bias=cfg.attention_out_bias)
-        else:
-            self.q_proj = nn.Linear(cfg.hidden_size, width, bias=cfg.qkv_bias)
-            self.k_proj = nn.Linear(cfg.hidden_size, kv_width, bias=cfg.qkv_bias)
-            self.v_proj = nn.Linear(cfg.hidden_size, kv_width, bias=cfg.qkv_bias)
-            self.o_proj = nn.Linear(width, cfg.hidden_size, bias=cfg.attention_out_bias)
-        if self.qk_norm != "none":  # over the whole projection (OLMo-2) or each head (Qwen3)
-            per_head = self.qk_norm == "head"
-            self.q_norm = build_norm(cfg, self.head_dim if per_head else width, rms=True)
-            self.k_norm = build_norm(cfg, self.head_dim if per_head else kv_width, rms=True)
         self.aux_loss: torch.Tensor | None = None
         self.stats: dict[str, torch.Tensor] = {}
         self.token_stats: dict[str, torch.Tensor] = {}
-
-    def project(self, h: torch.Tensor, query: bool = True):
-        """``h`` (B, T, d) -> ``q`` (B, T, H, d_h) (None without ``query``), ``k``, ``v`` (B, T, H_kv, d_h), with the
-        family's query/key norms applied (before rotary). Without ``query`` only the key and value weights are
-        applied (DAR's bottlenecked keys and values)."""
-        B, T, _ = h.shape
-        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.fused:
-            weight, bias = self.query_key_value.weight, self.query_key_value.bias
-            if not query:
-                weight = weight.view(H, 3, D, -1)[:, 1:].reshape(2 * H * D, -1)
-                bias = None if bias is None else bias.view(H, 3, D)[:, 1:].reshape(2 * H * D)
-            parts = F.linear(h, weight, bias).view(B, T, H, -1).split(D, dim=-1)
-            q, (k, v) = (parts[0], parts[1:]) if query else (None, parts)
-        else:
-            q = self.q_proj(h).view(B, T, H, D) if query else None
-            k, v = self.k_proj(h).view(B, T, G, D), self.v_proj(h).view(B, T, G, D)
-        if self.qk_norm == "head":
-            q = self.q_norm(q) if query else None
-        elif self.qk_norm == "projection":
-            q = self.q_norm(q.reshape(B, T, H * D)).view(B, T, H, D) if query else None
-        return q, self.normalize_keys(k), v
-
-    def normalize_keys(self, k: torch.Tensor) -> torch.Tensor:
-        """The family's key norm (before rotary) of ``k`` (B, T, H_kv, d_h): per head (Qwen3), over the whole
-        projection (OLMo-2), or none."""
-        if self.qk_norm == "head":
-            return self.k_norm(k)
-        if self.qk_norm == "projection":
-            return self.k_norm(k.flatten(-2)).view(k.shape)
-        return k
-
-    def key_value_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
-        """``(W_k, b_k, W_v, b_v)``: the key and value projections as (H_kv d_h, d) matrices and (H_kv d_h,) biases
-        (None without), GPT-NeoX's rows of ``query_key_value`` or ``k_proj``/``v_proj``."""
-        if not self.fused:
-            return self.k_proj.weight, self.k_proj.bias, self.v_proj.weight, self.v_proj.bias
-        H, D = self.num_heads, self.head_dim
-        w = self.query_key_value.weight.view(H, 3, D, -1)
-        b = None if self.query_key_value.bias is None else self.query_key_value.bias.view(H, 3, D)
-        rows = [(w[:, i].reshape(H * D, -1), None if b is None else b[:, i].reshape(H * D)) for i in (1, 2)]
-        return (*rows[0], *rows[1])
-
-    def split_heads(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """``h`` (B, T, d) -> rotary-applied ``q`` (B, H, T, d_h) and ``k``, ``v`` (B, H_kv, T, d_h)."""
-        q, k, v = self.project(h)
-        return apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
 
     def key_value(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotary-applied ``k`` and ``v``, each (B, H_kv, T, d_h), of ``h`` (B, T, d) through the key and value
@@ -196,12 +135,6 @@ class Attention(nn.Module, abc.ABC):
         module's variant parameters), after they got ``init_method``: a variant may choose another start (DAR's
         PCA bottleneck, AHA's zero router). ``inputs``: this layer's attention inputs ``a`` (N, d) on calibration
         sequences when :meth:`wants_calibration`, else None. Default: keep ``init_method``."""
-
-    def merge_heads(self, o: torch.Tensor) -> torch.Tensor:
-        """(B, H, T, d_h) -> the output projection of (B, T, H d_h)."""
-        B, H, T, D = o.shape
-        out = o.transpose(1, 2).reshape(B, T, H * D)
-        return self.dense(out) if self.fused else self.o_proj(out)
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos, sin)

@@ -94,6 +94,90 @@ def taylor_features(x: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------------------------
+# the attention projections of the model families
+
+
+class HeadProjections:
+    """Query/key/value and output projections of the model families, mixed into a ``torch.nn.Module``: GPT-NeoX's
+    fused ``query_key_value`` (each head's rows ``[q, k, v]``) and ``dense``, or ``q_proj``, ``k_proj``, ``v_proj``,
+    ``o_proj``; the optional query/key RMSNorms before rotary (over the whole projection: OLMo-2; per head: Qwen3);
+    grouped-query attention (``H_kv`` key/value heads). neox_dar's attention modules and the exported model both
+    use it, so they name and compute their projections alike."""
+
+    def build_projections(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, fused: bool,
+                          qkv_bias: bool, out_bias: bool, qk_norm: str, rms_norm: Callable[[int], torch.nn.Module]):
+        """Create the projection modules; ``rms_norm(width)`` makes the family's query/key norm."""
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.fused, self.qk_norm = fused, qk_norm
+        width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
+        if fused:  # GPT-NeoX: one projection, output rows per head as [q (d_h), k (d_h), v (d_h)]
+            self.query_key_value = torch.nn.Linear(hidden_size, 3 * width, bias=qkv_bias)
+            self.dense = torch.nn.Linear(width, hidden_size, bias=out_bias)
+        else:
+            self.q_proj = torch.nn.Linear(hidden_size, width, bias=qkv_bias)
+            self.k_proj = torch.nn.Linear(hidden_size, kv_width, bias=qkv_bias)
+            self.v_proj = torch.nn.Linear(hidden_size, kv_width, bias=qkv_bias)
+            self.o_proj = torch.nn.Linear(width, hidden_size, bias=out_bias)
+        if qk_norm != "none":  # over the whole projection (OLMo-2) or each head (Qwen3)
+            per_head = qk_norm == "head"
+            self.q_norm = rms_norm(head_dim if per_head else width)
+            self.k_norm = rms_norm(head_dim if per_head else kv_width)
+
+    def project(self, h: torch.Tensor, query: bool = True):
+        """``h`` (B, T, d) -> ``q`` (B, T, H, d_h) (None without ``query``), ``k``, ``v`` (B, T, H_kv, d_h), with the
+        family's query/key norms applied (before rotary). Without ``query`` only the key and value weights are
+        applied (DAR's bottlenecked keys and values)."""
+        B, T, _ = h.shape
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.fused:
+            weight, bias = self.query_key_value.weight, self.query_key_value.bias
+            if not query:
+                weight = weight.view(H, 3, D, -1)[:, 1:].reshape(2 * H * D, -1)
+                bias = None if bias is None else bias.view(H, 3, D)[:, 1:].reshape(2 * H * D)
+            parts = F.linear(h, weight, bias).view(B, T, H, -1).split(D, dim=-1)
+            q, (k, v) = (parts[0], parts[1:]) if query else (None, parts)
+        else:
+            q = self.q_proj(h).view(B, T, H, D) if query else None
+            k, v = self.k_proj(h).view(B, T, G, D), self.v_proj(h).view(B, T, G, D)
+        if self.qk_norm == "head":
+            q = self.q_norm(q) if query else None
+        elif self.qk_norm == "projection":
+            q = self.q_norm(q.reshape(B, T, H * D)).view(B, T, H, D) if query else None
+        return q, self.normalize_keys(k), v
+
+    def normalize_keys(self, k: torch.Tensor) -> torch.Tensor:
+        """The family's key norm (before rotary) of ``k`` (B, T, H_kv, d_h): per head (Qwen3), over the whole
+        projection (OLMo-2), or none."""
+        if self.qk_norm == "head":
+            return self.k_norm(k)
+        if self.qk_norm == "projection":
+            return self.k_norm(k.flatten(-2)).view(k.shape)
+        return k
+
+    def key_value_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(W_k, b_k, W_v, b_v)``: the key and value projections as (H_kv d_h, d) matrices and (H_kv d_h,) biases
+        (None without), GPT-NeoX's rows of ``query_key_value`` or ``k_proj``/``v_proj``."""
+        if not self.fused:
+            return self.k_proj.weight, self.k_proj.bias, self.v_proj.weight, self.v_proj.bias
+        H, D = self.num_heads, self.head_dim
+        w = self.query_key_value.weight.view(H, 3, D, -1)
+        b = None if self.query_key_value.bias is None else self.query_key_value.bias.view(H, 3, D)
+        rows = [(w[:, i].reshape(H * D, -1), None if b is None else b[:, i].reshape(H * D)) for i in (1, 2)]
+        return (*rows[0], *rows[1])
+
+    def split_heads(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``h`` (B, T, d) -> rotary-applied ``q`` (B, H, T, d_h) and ``k``, ``v`` (B, H_kv, T, d_h)."""
+        q, k, v = self.project(h)
+        return apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+    def merge_heads(self, o: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, d_h) -> the output projection of (B, T, H d_h)."""
+        B, H, T, D = o.shape
+        out = o.transpose(1, 2).reshape(B, T, H * D)
+        return self.dense(out) if self.fused else self.o_proj(out)
+
+
+# ----------------------------------------------------------------------------------------------
 # where the tokens are
 
 
