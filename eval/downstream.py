@@ -35,6 +35,8 @@ from pathlib import Path
 
 import yaml
 
+from neox_dar.dimpo.tasks import PAPER_TASKS, TASK_TITLES
+
 
 @dataclass(frozen=True)
 class SuiteTask:
@@ -80,9 +82,7 @@ SUITES: dict[str, Suite] = {
                                _tasks(*((t, 5, "acc,none", label) for t, label in _COMMONSENSE))),
     "dimpo-table2": Suite(
         "DimPO Tables 2-3 (Sec. 4)",
-        _tasks(("arc_challenge", 0, "acc_norm,none", "ARC-c"), ("hellaswag", 0, "acc_norm,none", "HellaSwag"),
-               ("truthfulqa_mc2", 0, "acc,none", "TruthfulQA-mc2"), ("mmlu", 0, "acc,none", "MMLU"),
-               ("winogrande", 0, "acc,none", "WinoGrande")),
+        _tasks(*((t, 0, f"{metric},none", TASK_TITLES[t]) for t, metric in PAPER_TASKS.items())),
         None, "Retain %", "relative to the unprojected model"),
 }
 CODE_TASKS = {"mbpp"}  # their metric runs model-written code

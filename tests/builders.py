@@ -10,6 +10,7 @@ import torch
 
 from neox_dar.config import Config, ModelConfig, load_config
 from neox_dar.model import CausalLM, build_model
+from neox_dar.tiny import tiny_hf_model as hf_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yml"
@@ -83,7 +84,7 @@ def published_checkpoint(root: Path, step: int, weights: bytes = b"w" * 64) -> P
 
 
 # ----------------------------------------------------------------------------------------------
-# tiny Hugging Face models of each family (transformers' own classes, random weights)
+# tiny Hugging Face models of each family (transformers' own classes, random weights: neox_dar.tiny)
 
 FAMILY_PRESETS = {"gpt_neox": "configs/pythia-14m.yml", "llama": "configs/llama-3.2-1b.yml",
                   "olmo2": "configs/olmo-2-0425-1b.yml", "qwen2": "configs/qwen2.5-0.5b.yml",
@@ -92,42 +93,6 @@ FAMILY_PRESETS = {"gpt_neox": "configs/pythia-14m.yml", "llama": "configs/llama-
 TINY_FAMILY_KEYS = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2, "head_dim": 16,
                     "intermediate_size": 96, "vocab_size": 50277, "seq_length": 32, "max_position_embeddings": 2048}
 TINY_FAMILY = [f"{k}={v}" for k, v in TINY_FAMILY_KEYS.items()]
-
-
-def hf_tiny(family: str, seed: int = 0, tie: bool = False, vocab: int = 96, max_pos: int = 512, **extra):
-    """A tiny ``*ForCausalLM`` of ``family`` built by transformers (eval mode, float32): 2 layers, d 64, 4 query
-    heads over 2 key/value heads (GPT-NeoX: 4/4), OLMo-2's and Qwen3's q/k norms, Qwen2's q/k/v bias, Llama-3
-    rope scaling for Llama, Qwen3 with head_dim 32 != d / H; every parameter drawn at random (norm weights
-    around 1, biases around 0) so that each one matters to the logits."""
-    import transformers
-
-    common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=max_pos, tie_word_embeddings=tie, attn_implementation="eager",
-                  bos_token_id=1, eos_token_id=2, pad_token_id=None)
-    if family == "gpt_neox":
-        hf_cfg = transformers.GPTNeoXConfig(intermediate_size=256, rotary_pct=0.25, use_parallel_residual=True,
-                                            **common, **extra)
-    else:
-        common.update(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-6)
-        if family == "llama":
-            common["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-        if family == "qwen3":
-            common["head_dim"] = 32
-        cls = {"llama": transformers.LlamaConfig, "olmo2": transformers.Olmo2Config,
-               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
-        hf_cfg = cls(**common, **extra)
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(hf_cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1.0 + 0.3 * torch.randn_like(p))
-            elif name.endswith("bias"):
-                p.copy_(0.1 * torch.randn_like(p))
-            else:
-                p.copy_(0.1 * torch.randn_like(p))
-    return model
 
 
 def hf_folder(out: Path, family: str, shard: str = "60KB", **kwargs):

@@ -225,3 +225,58 @@ def test_lora_run_trains_adapters_and_saves_merged_weights(tokenized_sample, tmp
     # per layer: q and o adapters (64 -> 64) 2 * 4 * (64 + 64), k and v (64 -> 32) 2 * 4 * (64 + 32); norms 2 * 64
     lora, norms = 2 * (2 * 4 * 128 + 2 * 4 * 96), 2 * 2 * 64 + 64
     assert _optimizer_numel(save / "checkpoints" / step_dir_name(6)) == lora + norms
+
+
+# ----------------------------------------------------------------------------------------------
+# the papers' recipes and their sweeps
+
+
+def test_recipes_hold_the_papers_hyperparameters():
+    stage1 = config("configs/olmo-2-0425-1b.yml", "configs/finetune/dar-sft-stage1.yml")
+    t = stage1.training
+    assert (t.optimizer.params.lr, t.train_batch_size, t.warmup, t.lr_decay_style, stage1.model.seq_length) == \
+        (3e-4, 512, 0.03, "linear", 2048)
+    assert t.trainable_params == ["*.dar_down.*", "*.dar_up.*"] and stage1.run.finetune
+    assert (stage1.model.attention.window_size, stage1.model.attention.dar_d_down) == (128, 512)
+    stage2 = config("configs/olmo-2-0425-1b.yml", "configs/finetune/dar-sft-stage1.yml",
+                    "configs/finetune/dar-sft-stage2.yml")
+    assert stage2.training.optimizer.params.lr == 3e-5 and stage2.training.trainable_params is None
+    control = config("configs/olmo-2-0425-1b.yml", "configs/finetune/dar-sft-stage1.yml",
+                     "configs/finetune/dar-sft-control.yml")
+    assert control.model.attention.dar_d_down == control.model.hidden_size == 2048
+    aha = config("configs/olmo-2-0425-1b.yml", "configs/finetune/aha-sft.yml")
+    a, t = aha.model.attention, aha.training
+    assert (a.aha_threshold, a.aha_l1_coef, t.optimizer.params.lr, tuple(t.optimizer.params.betas),
+            t.train_batch_size, t.warmup) == (0.5, 3e-4, 3e-5, (0.9, 0.95), 128, 0.03)
+    mswa = config("configs/llama-2-7b.yml", "configs/finetune/mswa-lora.yml")
+    t = mswa.training
+    assert (t.lora.r, t.lora.alpha, t.train_iters, t.train_batch_size, mswa.model.seq_length, t.warmup_iters,
+            t.lr_decay_style, t.optimizer.params.lr) == (8, 16.0, 2000, 32, 4096, 20, "constant", 2e-5)
+    assert mswa.model.attention.window_size == mswa.model.seq_length // 4
+
+
+def test_recipe_sweeps_plan(tmp_path):
+    """Every sweep of configs/finetune/sweeps plans (every run checked for its world size and data) with the user's
+    paths given on the command line."""
+    import numpy as np
+
+    from data_prep.chat import run as chat
+    from neox_dar.data.indexed import IndexedDatasetWriter
+    from neox_dar.sweep.__main__ import main as sweep
+    from neox_dar.tiny import write_tokenizer_files
+
+    write_tokenizer_files(tmp_path)
+    chat([str(ROOT / "data" / "sample" / "chat_sample.jsonl"), "--tokenizer", str(tmp_path), "--out",
+          str(tmp_path / "chat"), "--workers", "1", "--no-progress"])
+    tokens = IndexedDatasetWriter(tmp_path / "redpajama", np.uint16)
+    tokens.add_document(np.arange(20000) % 31999)
+    tokens.finalize()
+    chat_keys = [f"train_data_paths=[{tmp_path / 'chat'}]", f"train_label_data_paths=[{tmp_path / 'chat_label'}]",
+                 "load=ckpt/olmo2-sft"]
+    for name, keys, runs in (("dar-sft-stage1", chat_keys, 6), ("dar-sft-stage2", chat_keys[:2], 6),
+                             ("aha-sft", chat_keys, 5), ("aha-sft-l1", chat_keys, 4),
+                             ("mswa-lora", [f"data_path={tmp_path / 'redpajama'}", "load=ckpt/llama2-7b"], 2)):
+        out = tmp_path / "sweeps" / name
+        assert sweep([str(ROOT / "configs" / "finetune" / "sweeps" / f"{name}.yml"), "plan", "--out", str(out),
+                      *keys]) == 0, name
+        assert len([p for p in out.iterdir() if (p / "config.yml").is_file()]) == runs, name

@@ -6,6 +6,8 @@ For each ``.bin/.idx`` prefix (``data_path``, or ``train_data_paths`` + ``valid_
   against sizes, ``.bin`` size against the index) and holds tokens of an integer dtype;
 * the directory the index maps go to (``data_cache_path`` or the data's own) is writable;
 * with ``data_fixed_length: true``, every document holds ``seq_length + 1`` tokens;
+* a label dataset (``train_label_data_paths``, ``valid_label_data_paths``) describes the same conversations as its
+  token dataset, in a signed dtype;
 * token ids lie in ``[0, vocab_size)`` (``data_token_check``): ``full`` scans the whole ``.bin``
   (chunked min/max over the memory map, a progress bar after 2 s) and caches the result in
   ``{prefix}_token_range.json`` next to the index maps, keyed by the sizes and mtimes of both
@@ -27,6 +29,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..config import Config
+from .conversations import open_pair
 from .gpt_dataset import file_lock
 from .indexed import IndexedDataset, IndexedDatasetError
 
@@ -159,6 +162,11 @@ def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> None:
 
 
 def check_data_files(cfg: Config, progress: bool = True) -> None:
-    """:func:`check_data_file` for every prefix the config reads."""
+    """:func:`check_data_file` for every prefix the config reads, and each label dataset against its token
+    dataset (:func:`~neox_dar.data.conversations.open_pair`: same conversations, signed dtype)."""
     for prefix in data_prefixes(cfg):
         check_data_file(prefix, cfg, progress)
+    d = cfg.data
+    for paths, labels in ((d.train_data_paths, d.train_label_data_paths), (d.valid_data_paths, d.valid_label_data_paths)):
+        for prefix, label in zip(paths or (), labels or ()):
+            open_pair(prefix, label)

@@ -1,0 +1,91 @@
+"""Tiny random Hugging Face models of each family, built by transformers' own classes: stand-ins for pretrained
+checkpoints (OLMo-2-0425-1B-SFT, Llama, Qwen) when trying the import, fine-tuning and evaluation pipeline on a
+laptop, and the models the tests convert.
+
+    python -m neox_dar.tiny olmo2 runs/demo/olmo2-hf     # config.json, sharded safetensors, tokenizer, chat template
+
+The folder holds a 2-layer, d = 64 model (4 query heads over 2 key/value heads; OLMo-2's and Qwen3's q/k norms,
+Qwen2's q/k/v biases, Llama-3's rope scaling, Qwen3's head_dim 32 != d / H) with every parameter random (norm
+weights around 1, biases around 0, so each one matters to the logits), saved with ``save_pretrained`` in several
+shards, plus the Pythia tokenizer (vocabulary 50,304 by default, so the shipped tokenized samples fit) with a
+``tokenizer_config.json`` naming its special tokens and the Tülu-format chat template (``data/chat/tulu.jinja``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAMILIES = ("gpt_neox", "llama", "olmo2", "qwen2", "qwen3")
+
+
+def tiny_hf_model(family: str, seed: int = 0, tie: bool = False, vocab: int = 96, max_pos: int = 512, **extra):
+    """The tiny ``*ForCausalLM`` of ``family`` (eval mode, float32) described in the module docstring;
+    ``extra``: more config keys of the family's config class."""
+    import transformers
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r} (choose from {', '.join(FAMILIES)})")
+    common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  max_position_embeddings=max_pos, tie_word_embeddings=tie, attn_implementation="eager",
+                  bos_token_id=1, eos_token_id=2, pad_token_id=None)
+    if family == "gpt_neox":
+        hf_cfg = transformers.GPTNeoXConfig(intermediate_size=256, rotary_pct=0.25, use_parallel_residual=True,
+                                            **common, **extra)
+    else:
+        common.update(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-6)
+        if family == "llama":
+            common["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        if family == "qwen3":
+            common["head_dim"] = 32
+        cls = {"llama": transformers.LlamaConfig, "olmo2": transformers.Olmo2Config,
+               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
+        hf_cfg = cls(**common, **extra)
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+    return model
+
+
+def write_tokenizer_files(out: Path, chat_template: Path | None = REPO_ROOT / "data" / "chat" / "tulu.jinja") -> None:
+    """The Pythia tokenizer with a ``tokenizer_config.json``: bos = eos = ``<|endoftext|>`` and ``chat_template``."""
+    shutil.copyfile(REPO_ROOT / "data" / "20B_tokenizer.json", out / "tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
+              "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "clean_up_tokenization_spaces": False}
+    if chat_template is not None:
+        config["chat_template"] = Path(chat_template).read_text()
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m neox_dar.tiny", description=__doc__.split("\n\n")[0])
+    p.add_argument("family", choices=FAMILIES)
+    p.add_argument("out")
+    p.add_argument("--vocab", type=int, default=50304, help="vocabulary (default 50304: the Pythia tokenizer's ids)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tie", action="store_true", help="tie the input and output embeddings")
+    p.add_argument("--shard", default="2MB", help="max size of one safetensors shard (default 2MB)")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tiny_hf_model(args.family, seed=args.seed, tie=args.tie, vocab=args.vocab).save_pretrained(
+        out, max_shard_size=args.shard)
+    write_tokenizer_files(out)
+    print(f"wrote a tiny random {args.family} model and its tokenizer to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
