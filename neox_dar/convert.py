@@ -15,9 +15,11 @@ dtype), and copies the folder's tokenizer files. ``key=value`` overrides add a v
 ``to-hf`` writes a complete folder: ``config.json``, ``model.safetensors``, the run's tokenizer (the tokenizer
 files beside the checkpoint, else the config's ``vocab_file``, else the bundled Pythia tokenizer), the tokenizer's
 ``tokenizer_config.json``/``special_tokens_map.json`` (imported ones are kept; otherwise bos = eos = unk =
-``<|endoftext|>``) and ``generation_config.json``. Variant models export their extra weights (under ``attention.``)
-and their model config under ``neox_dar_config`` in ``config.json``; plain transformers ignores both, so only vanilla
-models are equivalent to the family's class.
+``<|endoftext|>``) and ``generation_config.json`` (which suppresses the vocabulary's padding ids). A vanilla model
+exports as the family's class; a model with any other attention layer as ``NeoxDarForCausalLM``, whose code
+(:mod:`neox_dar.hf_remote`: ``modeling_neox_dar.py``, ``configuration_neox_dar.py``, ``inference.py``) is copied into
+the folder and named by ``auto_map`` in ``config.json``, for ``from_pretrained(..., trust_remote_code=True)``
+(docs/inference.md). Both carry the model config under ``neox_dar_config``, which ``from-hf`` reads back.
 """
 
 from __future__ import annotations
@@ -156,6 +158,67 @@ def export_problems(cfg: ModelConfig) -> list[str]:
     return problems
 
 
+REMOTE_CODE = Path(__file__).resolve().parent / "hf_remote"
+REMOTE_FILES = ("configuration_neox_dar.py", "modeling_neox_dar.py", "inference.py")
+
+
+def remote_layer(module) -> dict:
+    """One layer's attention as the exported modeling code reads it (an entry of ``neox_dar_layers``)."""
+    if module.name in ("vanilla", "swa", "mswa"):
+        return {"type": "windowed", "windows": module.head_windows()}
+    if module.name == "aha":
+        return {"type": "aha", "window": module.window, "threshold": module.threshold}
+    if module.name in ("dar", "uniform"):
+        return {"type": "dar", "window": module.window, "d_down": module.d_down}
+    if module.name == "linear":
+        return {"type": "linear", "feature_dim": module.feature_dim}
+    raise ConfigError(f"attention_type '{module.name}' has no Hugging Face export (the exported modeling code runs "
+                      "vanilla, swa, mswa, aha, dar, uniform and linear layers)")
+
+
+def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
+    """The ``config.json`` keys of every export: sizes, tying, the tokenizer's bos/eos ids, dtype, and our model
+    config (``neox_dar_config``, which ``from-hf`` reads back)."""
+    return {
+        "vocab_size": cfg.padded_vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": not cfg.no_weight_tying,
+        "initializer_range": cfg.init_method_std,
+        "bos_token_id": special_ids["bos"],
+        "eos_token_id": special_ids["eos"],
+        "torch_dtype": "float32",
+        "neox_dar_config": model_flat(cfg),
+    }
+
+
+def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[str, int | None]) -> dict:
+    """The ``config.json`` of ``NeoxDarForCausalLM`` (:mod:`neox_dar.hf_remote`) for ``cfg`` and its layers'
+    :func:`remote_layer` descriptions."""
+    scaling = None if cfg.rope_scaling is None else dataclasses.asdict(cfg.rope_scaling)
+    rms = cfg.norm == "rmsnorm"
+    return {
+        "architectures": ["NeoxDarForCausalLM"],
+        "model_type": "neox_dar",
+        "auto_map": {"AutoConfig": "configuration_neox_dar.NeoxDarConfig",
+                     "AutoModelForCausalLM": "modeling_neox_dar.NeoxDarForCausalLM"},
+        **shape_keys(cfg, special_ids),
+        "neox_dar_block": {
+            "family": cfg.model_family, "norm": cfg.norm,
+            "norm_eps": cfg.rms_norm_epsilon if rms else cfg.layernorm_epsilon, "norm_position": cfg.norm_position,
+            "parallel_residual": cfg.gpt_j_residual, "qk_norm": cfg.qk_norm, "activation": cfg.activation,
+            "fused_qkv": cfg.fused_qkv, "qkv_bias": cfg.qkv_bias, "attention_out_bias": cfg.attention_out_bias,
+            "mlp_bias": cfg.mlp_bias, "rotary_ndims": cfg.rotary_ndims, "rope_theta": cfg.rotary_emb_base,
+            "rope_scaling": scaling},
+        "neox_dar_layers": layers,
+    }
+
+
 def hf_config_dict(cfg: ModelConfig, special_ids: dict[str, int | None] | None = None) -> dict:
     """The ``config.json`` of the family's Hugging Face class equal to ``cfg``'s vanilla model; ``special_ids``:
     the tokenizer's ``{"bos", "eos"}`` ids (default: ``<|endoftext|>`` = 0 of the Pythia tokenizer)."""
@@ -167,25 +230,12 @@ def hf_config_dict(cfg: ModelConfig, special_ids: dict[str, int | None] | None =
     out = {
         "architectures": [CLASSES[family]],
         "model_type": family,
-        "vocab_size": cfg.padded_vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.intermediate_size,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "tie_word_embeddings": not cfg.no_weight_tying,
+        **shape_keys(cfg, special_ids),
         "attention_dropout": cfg.attention_dropout,
-        "initializer_range": cfg.init_method_std,
-        "bos_token_id": special_ids["bos"],
-        "eos_token_id": special_ids["eos"],
-        "torch_dtype": "float32",
         # transformers 4 reads rope_theta / rope_scaling, transformers 5 rope_parameters
         "rope_theta": float(cfg.rotary_emb_base),
         "rope_scaling": rope if cfg.rope_scaling is not None else None,
         "rope_parameters": rope,
-        "neox_dar_config": model_flat(cfg),
     }
     if family == "gpt_neox":
         out["rope_parameters"] = {**rope, "partial_rotary_factor": cfg.rotary_pct}
@@ -207,7 +257,7 @@ def hf_config_dict(cfg: ModelConfig, special_ids: dict[str, int | None] | None =
 def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> dict[str, int | None]:
     """Copy ``tokenizer_json`` to ``out/tokenizer.json``, with its folder's ``tokenizer_config.json`` and
     ``special_tokens_map.json`` when present (an imported model's), else Pythia's special tokens (bos = eos = unk =
-    ``<|endoftext|>``); write ``generation_config.json``; returns the ``{"bos", "eos"}`` ids for ``config.json``.
+    ``<|endoftext|>``); write ``generation_config.json`` (bos, eos, the padding ids suppressed); returns the ``{"bos", "eos"}`` ids for ``config.json``.
 
     The tokenizer file is the run's own, unchanged, so every ``tokenizers`` version that read it reads it;
     ``PreTrainedTokenizerFast`` is the class name that transformers 4 and 5 both load from it."""
@@ -223,7 +273,9 @@ def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> 
                   "model_max_length": cfg.max_position_embeddings, "clean_up_tokenization_spaces": False}
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
         (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
-    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"]).save_pretrained(out)
+    padding = list(range(cfg.vocab_size, cfg.padded_vocab_size))  # embedding rows no token uses
+    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+                     suppress_tokens=padding or None).save_pretrained(out)
     return ids
 
 
@@ -242,16 +294,23 @@ def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
 
 def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
     """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
-    writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`)."""
-    problems = export_problems(cfg)
-    if problems:
+    writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
+    model with non-vanilla layers also the modeling code of :mod:`neox_dar.hf_remote` (``auto_map``)."""
+    modules = model.attention_modules()
+    layers = None
+    if any(m.name != "vanilla" for m in modules):
+        layers = [remote_layer(m) for m in modules]
+    elif problems := export_problems(cfg):
         raise ConfigError(f"{CLASSES[cfg.model_family]} cannot express this model: {'; '.join(problems)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, out)
     tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.weights().items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, special_ids), indent=2) + "\n")
+    config = hf_config_dict(cfg, special_ids) if layers is None else remote_config_dict(cfg, layers, special_ids)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in REMOTE_FILES if layers is not None else ():
+        shutil.copyfile(REMOTE_CODE / name, out / name)
     return out
 
 

@@ -21,42 +21,15 @@ embeddings. Parameter names are each Hugging Face class's own, so checkpoints co
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import Attention, RotaryEmbedding, build_attention
 from .config import ModelConfig
-from .hf_remote.inference import Layout
+from .hf_remote.inference import GeluMLP, Layout, ModelCache, SwiGLU, residual_block
 from .norms import RMSNorm, build_norm
-
-
-class GeluMLP(nn.Module):
-    """``dense_4h_to_h(gelu(dense_h_to_4h(m)))`` with exact (erf) GeLU; (B, T, d) -> (B, T, d)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.dense_h_to_4h = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.dense_4h_to_h = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-
-    def forward(self, m: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(m)))
-
-
-class SwiGLU(nn.Module):
-    """``down_proj(silu(gate_proj(m)) * up_proj(m))`` (Llama, OLMo-2, Qwen); (B, T, d) -> (B, T, d)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-
-    def forward(self, m: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
 
 
 class Block(nn.Module):
@@ -102,14 +75,7 @@ class Block(nn.Module):
     def residual(self, x: torch.Tensor, attend) -> torch.Tensor:
         """The block around ``attend`` (the attention input (B, T, d) -> its output)."""
         norm1, norm2 = (getattr(self, n) for n in self.norm_names)
-        if self.post_norm:
-            y = x + self.dropout(norm1(attend(x)))
-            return y + self.dropout(norm2(self.mlp(y)))
-        attn = self.dropout(attend(norm1(x)))
-        if self.parallel:
-            return x + attn + self.dropout(self.mlp(norm2(x)))
-        y = x + attn
-        return y + self.dropout(self.mlp(norm2(y)))
+        return residual_block(x, attend, self.mlp, norm1, norm2, self.post_norm, self.parallel, self.dropout)
 
 
 class Decoder(nn.Module):
@@ -160,19 +126,6 @@ class Decoder(nn.Module):
             x = layer.decode(x, layer_cache, cos[:, None], sin[:, None])
         layout.advance(T)
         return getattr(self, self.norm_name)(x)
-
-
-@dataclass
-class ModelCache:
-    """The inference caches of one batch: where each row's tokens are (``layout``) and each layer's cache, whose
-    class its attention variant chooses (:meth:`Attention.new_cache`)."""
-
-    layout: Layout
-    layers: list
-
-    def nbytes(self) -> int:
-        """Bytes the caches hold for the whole batch (the per-sequence state: not the layers' weights)."""
-        return sum(c.nbytes() for c in self.layers)
 
 
 class CausalLM(nn.Module):

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config.fields import Key
-from ..hf_remote.inference import LinearState, linear_attention_step, taylor_features
+from ..hf_remote.inference import LinearState, feature_rotary, linear_attention_step, taylor_features
 from .base import Attention, apply_rotary
 
 if TYPE_CHECKING:
@@ -96,17 +96,6 @@ def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
                            f"(pip install fla-core, see requirements.txt): {e}") from e
     o = fused_chunk_based(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=d_f ** -0.5)
     return o.transpose(1, 2)
-
-
-def feature_rotary(cos: torch.Tensor, sin: torch.Tensor, d_f: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's rotary tables (T, r) cut to the features: the ``min(r, d_f)`` (even) dims that hold the highest
-    frequencies, so rotate-half on ``d_f`` features pairs each dim with the one of the same frequency."""
-    r = cos.shape[-1]
-    half = min(r, d_f - d_f % 2) // 2
-    if 2 * half == r:
-        return cos, sin
-    idx = torch.cat([torch.arange(half), r // 2 + torch.arange(half)]).to(cos.device)
-    return cos[..., idx], sin[..., idx]
 
 
 class LinearAttention(Attention):

@@ -177,6 +177,17 @@ class HeadProjections:
         return self.dense(out) if self.fused else self.o_proj(out)
 
 
+def feature_rotary(cos: torch.Tensor, sin: torch.Tensor, d_f: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's rotary tables (T, r) cut to the features: the ``min(r, d_f)`` (even) dims that hold the highest
+    frequencies, so rotate-half on ``d_f`` features pairs each dim with the one of the same frequency."""
+    r = cos.shape[-1]
+    half = min(r, d_f - d_f % 2) // 2
+    if 2 * half == r:
+        return cos, sin
+    idx = torch.cat([torch.arange(half), r // 2 + torch.arange(half)]).to(cos.device)
+    return cos[..., idx], sin[..., idx]
+
+
 # ----------------------------------------------------------------------------------------------
 # where the tokens are
 
@@ -335,6 +346,71 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed
 
 def _pick(x: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
     return x if heads is None else x.index_select(1, heads)
+
+
+# ----------------------------------------------------------------------------------------------
+# the rest of a decoder layer
+
+
+class GeluMLP(torch.nn.Module):
+    """``dense_4h_to_h(gelu(dense_h_to_4h(m)))`` with exact (erf) GeLU (GPT-NeoX); (B, T, d) -> (B, T, d). ``cfg``:
+    anything with ``hidden_size``, ``intermediate_size``, ``mlp_bias``."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.dense_h_to_4h = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.dense_4h_to_h = torch.nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(m)))
+
+
+class SwiGLU(torch.nn.Module):
+    """``down_proj(silu(gate_proj(m)) * up_proj(m))`` (Llama, OLMo-2, Qwen); (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = torch.nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
+
+
+def residual_block(x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor], mlp: torch.nn.Module,
+                   norm1: torch.nn.Module, norm2: torch.nn.Module, post_norm: bool, parallel: bool,
+                   dropout: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+    """One decoder layer around ``attend`` (attention input (B, T, d) -> output):
+
+    * pre-norm, parallel (GPT-NeoX): ``x + Attn(N1(x)) + MLP(N2(x))``
+    * pre-norm, sequential (Llama, Qwen): ``y = x + Attn(N1(x)); y + MLP(N2(y))``
+    * post-norm (OLMo-2): ``y = x + N1(Attn(x)); y + N2(MLP(y))``"""
+    if post_norm:
+        y = x + dropout(norm1(attend(x)))
+        return y + dropout(norm2(mlp(y)))
+    attn = dropout(attend(norm1(x)))
+    if parallel:
+        return x + attn + dropout(mlp(norm2(x)))
+    y = x + attn
+    return y + dropout(mlp(norm2(y)))
+
+
+@dataclass
+class ModelCache:
+    """The inference caches of one batch: where each row's tokens are (``layout``) and each layer's cache (the
+    class its attention variant chooses)."""
+
+    layout: Layout
+    layers: list
+
+    def nbytes(self) -> int:
+        """Bytes the caches hold for the whole batch (the per-sequence state, not the layers' weights)."""
+        return sum(c.nbytes() for c in self.layers)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Columns every row holds (transformers' name for it)."""
+        return self.layout.length
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,219 @@
+"""neox-dar models in transformers (``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)``): the
+GPT-NeoX, Llama, OLMo-2, Qwen2 and Qwen3 blocks with neox-dar's attention variants (DAR, uniform, SWA, MSWA, AHA,
+linear attention; one type per layer), for inference.
+
+``python -m neox_dar.convert to-hf`` writes this file beside ``config.json`` (whose ``auto_map`` names the classes
+here), ``configuration_neox_dar.py`` and ``inference.py``; it needs torch and transformers only. Parameter names are
+neox-dar's: each family's Hugging Face names plus the variants' ``dar_down``, ``dar_up``, ``router``, ``feature_q``,
+``feature_k``.
+
+Every forward runs through the variants' inference caches (``inference.py``, the code ``neox_dar.generate`` decodes
+with): a prompt is written into empty caches and attended in one chunk (explicit masks: O(T^2) scores for T prompt
+tokens), and ``generate()`` then feeds one token per step, each layer reading only what its cache keeps (DAR: the
+window's keys and values and ``dar_down(h)`` of every token; SWA and MSWA: each key/value head's window; AHA: the
+window, and the whole cache for the heads the router sends to full attention; linear attention: its fixed state).
+Batches must be left-padded (``attention_mask`` zeros on the left, transformers' padding for decoder-only
+generation). Beam search is not supported (the caches do not reorder rows). Training belongs to neox-dar.
+"""
+
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+from .configuration_neox_dar import NeoxDarConfig
+from .inference import (DARCache, GeluMLP, HeadProjections, Layout, LinearState, ModelCache, SwiGLU, WindowedKV,
+                        aha_attention, apply_rotary, feature_rotary, linear_attention_step, residual_block,
+                        rotary_table, taylor_features)
+
+
+def _norm(block: dict, width: int, rms: bool = False) -> nn.Module:
+    """The family's norm over ``width`` features (``rms``: the query/key norms, RMSNorms in every family); OLMo-2's
+    RMSNorm multiplies by its weight in float32, the others after casting back (neox-dar's ``RMSNorm``)."""
+    if rms or block["norm"] == "rmsnorm":
+        return (Olmo2RMSNorm if block["family"] == "olmo2" else LlamaRMSNorm)(width, eps=block["norm_eps"])
+    return nn.LayerNorm(width, eps=block["norm_eps"])
+
+
+class NeoxDarAttention(HeadProjections, nn.Module):
+    """One layer's attention: the family's projections and the layer's variant (``spec``, an entry of
+    ``config.neox_dar_layers``), reading and writing the layer's cache."""
+
+    def __init__(self, config: NeoxDarConfig, spec: dict):
+        super().__init__()
+        block, d = config.neox_dar_block, config.hidden_size
+        self.build_projections(d, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
+                               block["fused_qkv"], block["qkv_bias"], block["attention_out_bias"], block["qk_norm"],
+                               lambda width: _norm(block, width, rms=True))
+        self.spec, self.kind = spec, spec["type"]
+        self.rotary_ndims = block["rotary_ndims"]
+        if self.kind == "dar":
+            self.dar_down = nn.Linear(d, spec["d_down"], bias=False)
+            self.dar_up = nn.Linear(spec["d_down"], d, bias=False)
+        elif self.kind == "aha":
+            self.router = nn.Linear(d, config.num_attention_heads, bias=False)
+        elif self.kind == "linear":
+            self.feature_q = nn.Linear(config.head_dim, spec["feature_dim"], bias=False)
+            self.feature_k = nn.Linear(config.head_dim, spec["feature_dim"], bias=False)
+        elif self.kind != "windowed":
+            raise ValueError(f"neox_dar_layers: unknown attention type {self.kind!r}")
+
+    def new_cache(self, layout: Layout, device: torch.device, dtype: torch.dtype):
+        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.kind == "dar":
+            return DARCache(layout, self.spec["window"], self.spec["d_down"], Hk, D, self.rotary_ndims,
+                            *self.key_value_weights(), self.dar_up.weight, self.qk_norm != "none", device, dtype)
+        if self.kind == "linear":
+            f = self.spec["feature_dim"]
+            return LinearState(layout, Hk, 1 + f + f * f, D, device)
+        windows = [None] * H if self.kind == "aha" else self.spec["windows"]
+        return WindowedKV(layout, windows, Hk, D, D, device, dtype)
+
+    def forward(self, a: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The next ``T`` tokens of every row (``a`` (B, T, d)) against the cache, which stores them -> (B, T, d)."""
+        scale = self.head_dim ** -0.5
+        if self.kind == "linear":  # rotary on the features (neox-dar's LinearAttention.step)
+            q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])
+            cos_f, sin_f = feature_rotary(cos, sin, self.spec["feature_dim"])
+            fq, fk = (apply_rotary(proj(x), cos_f, sin_f) for proj, x in ((self.feature_q, q), (self.feature_k, k)))
+            layout = cache.layout
+            out, cache.state = linear_attention_step(taylor_features(fq.float()), taylor_features(fk.float()),
+                                                     v.float(), cache.state, layout.valid(layout.length, a.shape[1]))
+            return self.merge_heads(out.to(a.dtype))
+        q, k, v = self.split_heads(a, cos, sin)
+        if self.kind == "dar":
+            return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), scale, self.normalize_keys))
+        if self.kind == "aha":
+            gate = torch.sigmoid(self.router(a).float()) > self.spec["threshold"]
+            return self.merge_heads(aha_attention(q, cache, k, v, gate.transpose(1, 2), self.spec["window"], scale))
+        return self.merge_heads(cache.attend(q, k, v, scale))
+
+
+class NeoxDarBlock(nn.Module):
+    """One decoder layer, named as the family's Hugging Face class names it."""
+
+    def __init__(self, config: NeoxDarConfig, spec: dict):
+        super().__init__()
+        block = config.neox_dar_block
+        self.parallel, self.post_norm = block["parallel_residual"], block["norm_position"] == "post"
+        self.norm_names = (("post_attention_layernorm", "post_feedforward_layernorm") if self.post_norm
+                           else ("input_layernorm", "post_attention_layernorm"))
+        for name in self.norm_names:
+            self.add_module(name, _norm(block, config.hidden_size))
+        self.attn_name = "attention" if block["family"] == "gpt_neox" else "self_attn"
+        self.add_module(self.attn_name, NeoxDarAttention(config, spec))
+        shape = SimpleNamespace(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                                mlp_bias=block["mlp_bias"])
+        self.mlp = SwiGLU(shape) if block["activation"] == "swiglu" else GeluMLP(shape)
+
+    def forward(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        attention = getattr(self, self.attn_name)
+        norm1, norm2 = (getattr(self, n) for n in self.norm_names)
+        return residual_block(x, lambda a: attention(a, cache, cos, sin), self.mlp, norm1, norm2, self.post_norm,
+                              self.parallel)
+
+
+class NeoxDarModel(nn.Module):
+    """Embedding, layers and final norm (``embed_in``/``final_layer_norm`` in GPT-NeoX, ``embed_tokens``/``norm``
+    elsewhere): the next ``T`` tokens of every row (B, T) through the caches -> hidden states (B, T, d)."""
+
+    def __init__(self, config: NeoxDarConfig):
+        super().__init__()
+        block = config.neox_dar_block
+        neox = block["family"] == "gpt_neox"
+        self.embed_name, self.norm_name = ("embed_in", "final_layer_norm") if neox else ("embed_tokens", "norm")
+        self.add_module(self.embed_name, nn.Embedding(config.vocab_size, config.hidden_size))
+        self.layers = nn.ModuleList(NeoxDarBlock(config, spec) for spec in config.neox_dar_layers)
+        self.add_module(self.norm_name, _norm(block, config.hidden_size))
+
+    def forward(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
+        layout = cache.layout
+        x = getattr(self, self.embed_name)(input_ids)
+        cos, sin = layout.rotary(layout.length, input_ids.shape[1])
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer(x, layer_cache, cos[:, None], sin[:, None])
+        layout.advance(input_ids.shape[1])
+        return getattr(self, self.norm_name)(x)
+
+
+class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
+    """``forward(input_ids, attention_mask=None, past_key_values=None)`` -> logits of the new tokens, and the caches
+    (``past_key_values``, a :class:`ModelCache` that ``generate()`` hands back at every step)."""
+
+    config_class = NeoxDarConfig
+    base_model_prefix = "neox_dar"
+    _no_split_modules = ["NeoxDarBlock"]
+
+    def __init__(self, config: NeoxDarConfig):
+        super().__init__(config)
+        neox = config.neox_dar_block["family"] == "gpt_neox"
+        self.decoder_name, self.head_name = ("gpt_neox", "embed_out") if neox else ("model", "lm_head")
+        self.add_module(self.decoder_name, NeoxDarModel(config))
+        self.add_module(self.head_name, nn.Linear(config.hidden_size, config.vocab_size, bias=False))
+        if config.tie_word_embeddings:
+            decoder = getattr(self, self.decoder_name)
+            self._tied_weights_keys = {f"{self.head_name}.weight": f"{self.decoder_name}.{decoder.embed_name}.weight"}
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # the variants' own caches (inference.py), made by forward
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        decoder = getattr(self, self.decoder_name)
+        return getattr(decoder, decoder.embed_name)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return getattr(self, self.head_name)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=getattr(self.config, "initializer_range", 0.02))
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def new_cache(self, attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> ModelCache:
+        """Empty caches for the rows of ``input_ids`` (B, T), left-padded as ``attention_mask`` says."""
+        B, T = input_ids.shape
+        device, dtype = input_ids.device, self.get_output_embeddings().weight.dtype
+        starts = [0] * B
+        if attention_mask is not None:
+            mask = attention_mask[:, -T:].bool()
+            starts = (T - mask.sum(1)).tolist()
+            left_padded = torch.arange(T, device=device)[None] >= torch.tensor(starts, device=device)[:, None]
+            if not torch.equal(mask, left_padded):
+                raise ValueError("neox_dar models take left-padded batches: attention_mask zeros on the left only "
+                                 "(tokenizer.padding_side = 'left')")
+        block = self.config.neox_dar_block
+        scaling = None if block["rope_scaling"] is None else SimpleNamespace(**block["rope_scaling"])
+        layout = Layout(starts, None, lambda n: rotary_table(block["rotary_ndims"], block["rope_theta"], scaling, n,
+                                                             dtype, device), device)
+        decoder = getattr(self, self.decoder_name)
+        return ModelCache(layout, [getattr(layer, layer.attn_name).new_cache(layout, device, dtype)
+                                   for layer in decoder.layers])
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                past_key_values: ModelCache | None = None, use_cache: bool | None = None,
+                labels: torch.Tensor | None = None, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+        """Logits (B, T, V) of ``input_ids`` (B, T), the tokens after those in ``past_key_values`` (none: a new
+        batch, left-padded per ``attention_mask``); ``labels``: the mean next-token cross-entropy (-100 ignored)."""
+        cache = past_key_values if past_key_values is not None else self.new_cache(attention_mask, input_ids)
+        logits = self.get_output_embeddings()(getattr(self, self.decoder_name)(input_ids, cache))
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        use_cache = getattr(self.config, "use_cache", True) if use_cache is None else use_cache
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache if use_cache else None)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, past_key_values: ModelCache | None = None,
+                                      attention_mask: torch.Tensor | None = None, **kwargs) -> dict:
+        """The tokens the caches do not hold yet (all of them at the first step)."""
+        if past_key_values is not None:
+            input_ids = input_ids[:, past_key_values.layout.length:]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "past_key_values": past_key_values,
+                "use_cache": True}

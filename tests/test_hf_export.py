@@ -1,0 +1,125 @@
+"""``to-hf`` of variant models: a folder that ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
+loads (the code of ``neox_dar/hf_remote`` copied beside the weights, ``auto_map`` in config.json), with our logits,
+our greedy generations (``generate()`` on the variant's own cache, batches left-padded), also in a fresh process that
+cannot import neox_dar; vanilla models keep exporting the family's class; ``from-hf`` reads an export back."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from test_generate import family_model
+from transformers import AutoModelForCausalLM
+
+from neox_dar.convert import REMOTE_FILES, from_hf, main as convert_main, to_hf
+from neox_dar.generate import generate
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CASES = [("gpt_neox", "dar"), ("qwen3", "uniform"), ("llama", "swa"), ("qwen2", "mswa"), ("olmo2", "aha"),
+         ("llama", "linear"), ("qwen3", "mixed"), ("olmo2", "dar")]
+
+
+def export(tmp_path, family, variant, seed=0):
+    model = family_model(family, variant, seed=seed)
+    return model, to_hf(model, model.cfg, tmp_path / f"{family}-{variant}")
+
+
+def load_remote(folder):
+    return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+
+
+@pytest.mark.parametrize("family, variant", CASES, ids=[f"{f}-{v}" for f, v in CASES])
+def test_export_loads_with_our_logits_and_generations(tmp_path, family, variant):
+    model, folder = export(tmp_path, family, variant)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["NeoxDarForCausalLM"] and set(config["auto_map"]) == {
+        "AutoConfig", "AutoModelForCausalLM"}
+    assert all((folder / name).is_file() for name in REMOTE_FILES)
+    hf = load_remote(folder)
+    assert type(hf).__name__ == "NeoxDarForCausalLM"
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (2, 30), generator=g)
+    with torch.inference_mode():
+        ours, theirs = model(ids), hf(ids).logits
+    torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4 * ours.abs().max().item())
+    # greedy generate() of a left-padded batch of unequal prompts: our tokens, row by row
+    prompts = [ids[0, :11], ids[1, :4]]
+    mine = [c.token_ids for c in generate(model, prompts, 24)]
+    batch = torch.zeros(2, 11, dtype=torch.long)
+    mask = torch.zeros(2, 11, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        batch[b, 11 - p.numel():], mask[b, 11 - p.numel():] = p, 1
+    out = hf.generate(batch, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
+                      pad_token_id=0, return_dict_in_generate=True)
+    assert out.sequences[:, 11:].tolist() == mine
+    # the variant's own caches (classes of the folder's copy of inference.py), not a DynamicCache
+    with torch.inference_mode():
+        ours = model.new_cache([11, 4], 24)
+    assert type(out.past_key_values).__name__ == "ModelCache"
+    assert [type(c).__name__ for c in out.past_key_values.layers] == [type(c).__name__ for c in ours.layers]
+
+
+def test_dar_export_decodes_through_the_compressed_cache(tmp_path):
+    """generate() of the export keeps DAR's cache: k_loc, v_loc of the window and dar_down(h) per token, the
+    bytes ``neox_dar.generate`` keeps for the same tokens."""
+    model, folder = export(tmp_path, "llama", "dar")
+    hf = load_remote(folder)
+    prompt = torch.arange(10, 30)[None]
+    out = hf.generate(prompt, max_new_tokens=9, do_sample=False, eos_token_id=None, return_dict_in_generate=True)
+    caches = out.past_key_values.layers
+    assert all(type(c).__name__ == "DARCache" for c in caches)
+    columns = out.past_key_values.layout.length  # the last token is never fed back
+    assert columns == 20 + 8
+    ours = model.new_cache([columns - 1], 1)
+    assert [c.near.nbytes() for c in caches] == [c.near.nbytes() for c in ours.layers]
+    assert all(c.far.data["c"].shape[-1] == model.cfg.attention.dar_d_down for c in caches)
+
+
+def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):
+    """The exported DAR folder in a new interpreter where ``import neox_dar`` fails: transformers loads it from
+    the saved files alone and greedy generate() gives our tokens."""
+    model, folder = export(tmp_path, "gpt_neox", "dar", seed=3)
+    prompt = list(range(100, 113))
+    ours = generate(model, [prompt], 32, eos_id=0)[0].token_ids
+    script = textwrap.dedent(f"""
+        import json, sys
+        sys.modules["neox_dar"] = None  # any import of neox_dar fails
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        out = model.generate(torch.tensor([{prompt}]), max_new_tokens=32, do_sample=False)
+        assert not any(name.startswith("neox_dar") for name in sys.modules if sys.modules[name] is not None)
+        print(json.dumps({{"ids": out[0, {len(prompt)}:].tolist(), "class": type(model).__module__}}))
+    """)
+    env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["ids"] == ours and result["class"].startswith("transformers_modules.")
+
+
+def test_vanilla_exports_the_family_class_and_variants_read_back(tmp_path, capsys):
+    """Vanilla: the family's own class, no modeling code. A variant export read by ``from-hf`` is our model again;
+    the command line exports a DAR run."""
+    model, folder = export(tmp_path, "qwen3", "vanilla")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"] and "auto_map" not in config
+    assert not any((folder / name).exists() for name in REMOTE_FILES)
+    model, folder = export(tmp_path, "olmo2", "mixed")
+    back, cfg = from_hf(folder)
+    assert cfg.attention.attention_type == model.cfg.attention.attention_type
+    ids = torch.arange(40)[None]
+    with torch.inference_mode():
+        torch.testing.assert_close(back.eval()(ids), model(ids))
+    from builders import saved_run
+
+    saved_run(tmp_path / "run", "attention_type=dar", "window_size=4")
+    assert convert_main(["to-hf", str(tmp_path / "run"), str(tmp_path / "run_hf")]) == 0
+    assert json.loads((tmp_path / "run_hf" / "config.json").read_text())["neox_dar_layers"][0] == {
+        "type": "dar", "window": 4, "d_down": 16}
+    assert json.loads((tmp_path / "run_hf" / "generation_config.json").read_text())["suppress_tokens"] == list(
+        range(50277, 50304))
