@@ -5,9 +5,10 @@ GPT-NeoX folder, with the Pythia tokenizer, for downstream tasks.
         --tasks hellaswag,mmlu --batch_size 16 --device cuda:0
 
 ``NeoxDarLM`` subclasses lm-eval's ``HFLM``, so request batching, rolling windows, truncation and
-answer post-processing are lm-eval's own; only the forward pass (our ``CausalLM``) and generation (an
-incremental-free loop over our forward, one request at a time so left padding never enters a context) are
-ours. Attention statistics of the model (e.g. AHA's full-attention usage ``mu_f`` per layer and head) are averaged
+answer post-processing are lm-eval's own; only the forward pass (our ``CausalLM``) and generation are ours:
+``generate_until`` decodes a batch of requests through the attention variants' inference caches
+(:func:`neox_dar.generate.generate`: prompts prefilled with the training forward, without padding, then one token
+per step for every row). Attention statistics of the model (e.g. AHA's full-attention usage ``mu_f`` per layer and head) are averaged
 over the real (non-padding) positions of every request's forward and reported in the results' ``config`` section
 beside the scores (``attention_stats`` and ``mu_f``), and logged at the end. ``--device cuda`` (lm-eval's
 default) on a machine without CUDA falls back to the CPU with a warning, as lm-eval's ``hf`` model does.
@@ -24,14 +25,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils_hf import stop_sequences_criteria
 from transformers import AutoConfig, PretrainedConfig
-from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
-                                                    TopPLogitsWarper)
 
 from neox_dar.convert import hf_config_dict
 from neox_dar.model import CausalLM
 
 from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means
+from neox_dar.generate import Sampling, generate
 from neox_dar.tokenizer import hf_tokenizer, special_token_ids, tokenizer_file
 
 
@@ -124,57 +124,34 @@ class NeoxDarLM(HFLM):
     def _model_generate(self, context: torch.Tensor, max_length: int, stop: list[str],
                         **generation_kwargs) -> torch.Tensor:
         """Continue each row of ``context`` (B, T, left-padded; ``attention_mask`` marks real tokens) by up to
-        ``max_length - T`` tokens, stopping a row at any ``stop`` string; greedy unless ``do_sample`` with a
-        positive ``temperature`` (``top_k``, ``top_p`` honoured). Returns (B, T + new) right-padded with eos."""
+        ``max_length - T`` tokens through the inference caches, stopping a row at the eos token or at any ``stop``
+        string (lm-eval's own criteria); greedy unless ``do_sample`` with a positive ``temperature`` (``top_k``,
+        ``top_p`` honoured; torch's global generator, as HFLM). The attention statistics count each prompt
+        position once and each generated token as it is fed back. Returns (B, T + new) right-padded with eos."""
         mask = generation_kwargs.pop("attention_mask", None)
         temperature = float(generation_kwargs.get("temperature", 0.0) or 0.0)
-        sample = bool(generation_kwargs.get("do_sample", False)) and temperature > 0.0
-        warpers = LogitsProcessorList()
-        if sample:
-            warpers.append(TemperatureLogitsWarper(temperature))
-            if generation_kwargs.get("top_k"):
-                warpers.append(TopKLogitsWarper(int(generation_kwargs["top_k"])))
-            if generation_kwargs.get("top_p") is not None and float(generation_kwargs["top_p"]) < 1.0:
-                warpers.append(TopPLogitsWarper(float(generation_kwargs["top_p"])))
-        new_tokens = max_length - context.shape[1]
-        rows = []
-        for b in range(context.shape[0]):
-            prompt = context[b] if mask is None else context[b][mask[b].bool()]
-            tokens = prompt[None]
-            criteria = stop_sequences_criteria(self.tokenizer, stop, prompt.numel(), 1)
-            for step in range(new_tokens):
-                window = tokens[:, -self.max_length:]
-                logits = self._forward(window)[:, -1, :].float()
-                # each position's routing counted once, as with a KV cache: the prompt, then one new token a step
-                self._stats.add(None if step == 0 else torch.arange(window.shape[1])[None] == window.shape[1] - 1)
-                if sample:
-                    probs = torch.softmax(warpers(tokens, logits), dim=-1)
-                    nxt = torch.multinomial(probs, 1)
-                else:
-                    nxt = logits.argmax(dim=-1, keepdim=True)
-                tokens = torch.cat([tokens, nxt], dim=1)
-                if bool(criteria(tokens, None).all()):
-                    break
-            rows.append(torch.cat([context[b], tokens[0, prompt.numel():]]))
+        sampling = Sampling()
+        if bool(generation_kwargs.get("do_sample", False)) and temperature > 0.0:
+            top_k, top_p = generation_kwargs.get("top_k"), generation_kwargs.get("top_p")
+            sampling = Sampling(temperature, int(top_k) if top_k else None,
+                                float(top_p) if top_p is not None and float(top_p) < 1.0 else None)
+        prompts = [context[b] if mask is None else context[b][mask[b].bool()] for b in range(context.shape[0])]
+        criteria = [stop_sequences_criteria(self.tokenizer, stop, p.numel(), 1) for p in prompts]
+
+        def stopped(row: int, ids: list[int]) -> bool:
+            tokens = torch.cat([prompts[row], torch.tensor(ids, device=prompts[row].device)])[None]
+            return bool(criteria[row](tokens, None).all())
+
+        done = generate(self._lm, prompts, max_length - context.shape[1], eos_id=self.eot_token_id,
+                        sampling=sampling, stop=stopped if stop else None, stats=self._stats,
+                        prompt_stats=self._stats)
+        rows = [torch.cat([context[b], torch.tensor(c.token_ids, dtype=context.dtype, device=context.device)])
+                for b, c in enumerate(done)]
         width = max(r.numel() for r in rows)
         out = torch.full((len(rows), width), self.eot_token_id, dtype=context.dtype, device=context.device)
         for b, r in enumerate(rows):
             out[b, :r.numel()] = r
         return out
-
-    def reset_attention_stats(self) -> None:
-        """Start counting the attention statistics afresh (e.g. per task)."""
-        self._stats = AttentionStatsMean(self._lm)
-
-    def window_size(self) -> int:
-        """The checkpoint's ``window_size`` (the downstream suites' short-context filter)."""
-        return int(self._lm.cfg.attention.window_size)
-
-    def describe(self) -> dict:
-        """What was evaluated: the checkpoint's model config (flat) and step."""
-        from neox_dar.config import model_flat
-
-        return {"config": model_flat(self._lm.cfg), **self._info}
 
     def attention_stats(self) -> dict:
         """Means over this run's real positions of the model's attention statistics, and each statistic's overall
