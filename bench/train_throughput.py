@@ -21,7 +21,6 @@ Writes JSON (device, driver, CUDA/torch/Triton versions, git commit, command, UT
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import tempfile
@@ -37,19 +36,8 @@ sys.path.insert(0, str(ROOT))
 from kernels.runtime import device_report  # noqa: E402
 from neox_dar.config import Config, load_config, split_args  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
-from neox_dar.provenance import provenance, write_result  # noqa: E402
+from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
 from neox_dar.training.metrics import peak_flops  # noqa: E402
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
 
 
 def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
@@ -73,11 +61,11 @@ def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
 
     for _ in range(warmup):
         step()
-    _sync(info.device)
+    synchronize(info.device)
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
-    _sync(info.device)
+    synchronize(info.device)
     seconds = (time.perf_counter() - t0) / steps
     tokens_per_sec = grad_accum * micro * cfg.model.seq_length / seconds
     peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
@@ -115,14 +103,14 @@ def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) 
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
 
         def step(model=model, opt=opt, logits_of=logits_of) -> float:
-            _sync(device)
+            synchronize(device)
             t0 = clock()
             logits = logits_of(model)
             loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            _sync(device)
+            synchronize(device)
             return clock() - t0
 
         runs[name] = step

@@ -16,6 +16,7 @@ default) on a machine without CUDA falls back to the CPU with a warning, as lm-e
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import warnings
 from types import SimpleNamespace
@@ -73,13 +74,22 @@ def resolve_device(device: str | None) -> str:
 @register_model("neox_dar")
 class NeoxDarLM(HFLM):
     """lm-eval model over a neox-dar checkpoint; ``--model_args checkpoint=PATH[,dtype=..,attention_impl=..,
-    tokenizer=PATH,max_length=N]``. ``max_length`` defaults to the checkpoint's ``seq_length``."""
+    tokenizer=PATH,max_length=N,dimpo=FILE,dimpo_layers=l]``. ``max_length`` defaults to the checkpoint's
+    ``seq_length``; ``dimpo``/``dimpo_layers``: the last ``l`` layers attend with the projections of a DimPO
+    projection file (:func:`neox_dar.dimpo.apply.apply_projections`; recorded in the results' config)."""
 
     def __init__(self, checkpoint: str, device: str | None = None, dtype: str = "float32",
                  attention_impl: str | None = None, tokenizer: str | None = None, max_length: int | None = None,
-                 **kwargs):
+                 dimpo: str | None = None, dimpo_layers: int | str = 0, **kwargs):
         device = resolve_device(device)
         loaded = load_for_eval(checkpoint, device, dtype, attention_impl)
+        if dimpo is not None:
+            from neox_dar.dimpo.apply import apply_projections
+
+            model, cfg, info = apply_projections(loaded.model, loaded.cfg, dimpo, int(dimpo_layers))
+            loaded = dataclasses.replace(loaded, model=model, cfg=cfg, info={**loaded.info, "dimpo": info})
+        elif int(dimpo_layers):
+            raise ValueError("dimpo_layers needs dimpo=FILE (a projection file)")
         path = tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir)
         tok = hf_tokenizer(path)
         config = hf_config_dict(loaded.cfg, special_token_ids(path))
@@ -152,6 +162,20 @@ class NeoxDarLM(HFLM):
         for b, r in enumerate(rows):
             out[b, :r.numel()] = r
         return out
+
+    def reset_attention_stats(self) -> None:
+        """Start counting the attention statistics afresh (e.g. per task)."""
+        self._stats = AttentionStatsMean(self._lm)
+
+    def window_size(self) -> int:
+        """The checkpoint's ``window_size`` (the downstream suites' short-context filter)."""
+        return int(self._lm.cfg.attention.window_size)
+
+    def describe(self) -> dict:
+        """What was evaluated: the checkpoint's model config (flat) and step."""
+        from neox_dar.config import model_flat
+
+        return {"config": model_flat(self._lm.cfg), **self._info}
 
     def attention_stats(self) -> dict:
         """Means over this run's real positions of the model's attention statistics, and each statistic's overall

@@ -169,11 +169,13 @@ def remote_layer(module) -> dict:
     if module.name == "aha":
         return {"type": "aha", "window": module.window, "threshold": module.threshold}
     if module.name in ("dar", "uniform"):
-        return {"type": "dar", "window": module.window, "d_down": module.d_down}
+        return {"type": "dar", "window": module.window, "d_down": module.d_down, "cache": module.cache_mode}
     if module.name == "linear":
         return {"type": "linear", "feature_dim": module.feature_dim}
+    if module.name == "dimpo":
+        return {"type": "dimpo", "d_proj": module.d_proj}
     raise ConfigError(f"attention_type '{module.name}' has no Hugging Face export (the exported modeling code runs "
-                      "vanilla, swa, mswa, aha, dar, uniform and linear layers)")
+                      "vanilla, swa, mswa, aha, dar, uniform, linear and dimpo layers)")
 
 
 def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:

@@ -43,3 +43,22 @@ def write_result(report: dict, path: str | Path) -> Path:
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
     return out
+
+
+def device_name(device) -> str:
+    """What a benchmark ran on: the CUDA device's name, or the CPU and torch's thread count."""
+    import platform
+
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (CUDA) before reading a clock; nothing on the CPU."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -28,7 +28,7 @@
 #   train-smoke       train.py, bf16: 200 steps of Pythia-14M on the tokenized sample, stopped with a checkpoint
 #                     at step 100 and resumed; the loss must fall and the resumed run continue from step 101 (the
 #                     kernels train in the throughput step)
-#   decode            bench/decode.py, once it exists (skipped with a note while it does not)
+#   decode            bench/decode.py in bfloat16 (--quick: 2 timed steps per point)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -70,8 +70,8 @@ done
 # Time limit of each step, seconds: --quick sums (with install) to under 10 minutes; --full is split by --steps.
 # They are estimates made without a GPU: the summary's measured seconds say how to rebalance them.
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
-declare -A LIMIT_QUICK=([install]=40 [kernel-tests]=140 [identities]=110 [bench-attention]=130
-                        [train-throughput]=90 [train-smoke]=40 [decode]=10)
+declare -A LIMIT_QUICK=([install]=40 [kernel-tests]=130 [identities]=100 [bench-attention]=130
+                        [train-throughput]=90 [train-smoke]=40 [decode]=40)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
                        [train-throughput]=1500 [train-smoke]=120 [decode]=300)
 limit() {  # GPU_CHECK_LIMIT_<step> (dashes as underscores) overrides a step's limit
@@ -128,9 +128,10 @@ step_commands() {
       common="$common eval_interval=100 eval_iters=2 exit_interval=100"
       echo "$PY train.py $common  # twice: stops at step 100 with a checkpoint (exit 3), then resumes to 200 (exit 0)"
       echo "(then: the logged loss falls, and the resumed run logs steps 101..200, status done)" ;;
-    decode)
-      if [ -f bench/decode.py ]; then echo "$PY bench/decode.py --out $LOG_DIR/decode.json"
-      else echo "(bench/decode.py does not exist yet: skipped)"; fi ;;
+    decode)  # GPU_CHECK_DECODE_ARGS: more bench/decode.py options (the last of a repeated option wins)
+      local fewer=""
+      [ "$MODE" = quick ] && fewer="--steps 2 --warmup 1"
+      echo "$PY bench/decode.py --dtype bfloat16 $fewer ${GPU_CHECK_DECODE_ARGS:-} --out $LOG_DIR/decode.json" ;;
   esac
 }
 
@@ -255,7 +256,6 @@ EOF
 }
 
 do_decode() {
-  if [ ! -f bench/decode.py ]; then echo "bench/decode.py does not exist yet: skipped"; return 0; fi
   eval "$(step_commands decode)"
 }
 
@@ -265,7 +265,6 @@ summary() {
     echo "|---|---|---|---|"
     for s in install $STEPS; do
       local st=${STATUS[$s]:-not run}
-      [ "$s" = decode ] && [ ! -f bench/decode.py ] && st="skipped (bench/decode.py absent)"
       echo "| $s | $st | ${SECONDS_TAKEN[$s]:--} | $(limit "$s") |"
     done
   } > "$LOG_DIR/summary.md"

@@ -27,11 +27,21 @@ def cfg(variant, *overrides):
     ("vanilla", 2 * 512),
     ("aha", 2 * 512),  # every key is kept
     ("swa", 2 * 512 * 128 / 2048),
-    ("dar", 128 + 2 * 512 * 128 / 2048),  # DAR paper Sec. 5: T d_down + w 2d numbers per layer
-    ("uniform", 128),
+    # d_down + the far keys' rotated dims (8 heads x 16 of 64: rotary_pct 0.25) per token, + w 2d for the window
+    ("dar", 128 + 8 * 16 + 2 * 512 * 128 / 2048),
+    ("uniform", 128 + 8 * 16),
 ])
 def test_kv_cache_numbers_per_token(variant, per_layer):
     assert kv_cache_numbers_per_token(cfg(variant), 2048) == [pytest.approx(per_layer)] * 6
+
+
+@pytest.mark.parametrize("variant,per_layer", [
+    ("dar", 128 + 2 * 512 * 128 / 2048),  # DAR paper Sec. 5: T d_down + w 2d numbers per layer
+    ("uniform", 128),
+])
+def test_latent_dar_cache_keeps_the_papers_d_down_per_token(variant, per_layer):
+    c = cfg(variant, "dar_inference_cache=latent")
+    assert kv_cache_numbers_per_token(c, 2048) == [pytest.approx(per_layer)] * 6
 
 
 def test_kv_cache_mswa_sums_each_heads_window():
@@ -54,7 +64,7 @@ def test_command_line_report(capsys):
     assert main([str(ROOT / "configs/pythia-70m.yml"), str(ROOT / "configs/attention/dar.yml")]) == 0
     out = capsys.readouterr().out
     assert "extra parameters: 786,432 (131,072 per layer" in out
-    assert "2,304.0 bytes per token" in out  # 6 layers x (128 + 64) numbers x 2 bytes
+    assert "3,840.0 bytes per token" in out  # 6 layers x (128 + 128 + 64) numbers x 2 bytes
     assert main([str(ROOT / "configs/pythia-70m.yml"), "attention_type=bogus"]) == 2
 
 
@@ -64,4 +74,4 @@ def test_the_old_command_name_still_works():
 
     out = subprocess.run([sys.executable, "-m", "neox_dar.attention.describe", "configs/pythia-70m.yml",
                           "configs/attention/dar.yml"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0 and "2,304.0 bytes per token" in out.stdout, out.stderr
+    assert out.returncode == 0 and "3,840.0 bytes per token" in out.stdout, out.stderr

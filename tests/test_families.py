@@ -214,18 +214,18 @@ def test_override_that_breaks_the_import_is_a_config_error(folders):
 
 
 RSS_SCRIPT = """
-import resource, sys, torch
+import sys, torch
 from neox_dar.convert import from_hf
-def rss_kb():
+def status_kb(field):  # this process's own memory; ru_maxrss would count the parent's pages from before exec
     with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
 from_hf(sys.argv[2])  # a tiny import first: the libraries it pages in are not the checkpoint's memory
-before = rss_kb()
+before = status_kb("VmRSS")
 model, cfg = from_hf(sys.argv[1])
 with torch.no_grad():
     for p in model.parameters():
         p.sum()  # every weight page touched: what a forward pass holds
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = status_kb("VmHWM")
 print((peak - before) * 1024, sum(p.numel() * p.element_size() for p in model.parameters()))
 """
 

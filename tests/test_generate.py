@@ -25,6 +25,7 @@ VARIANTS = {
     "dar": {"window_size": W, "dar_d_down": 16},
     "uniform": {"dar_d_down": 16},
     "linear": {"linear_feature_dim": 8},
+    "dimpo": {"dimpo_d_proj": 6},
     "mixed": {"num_layers": 4, "attention_config": [[["linear", "mswa", "dar", "aha"], 1]], "window_size": W,
               "dar_d_down": 16, "linear_feature_dim": 8},
 }
@@ -96,11 +97,13 @@ def test_hybrid_stack_decodes_like_the_full_forward():
 @pytest.mark.parametrize("keys", [{"rotary_pct": 0.5, "qk_norm": "projection"}, {"rotary_pct": 0.5, "qk_norm": "head"},
                                   {"rotary_pct": 0.5, "qkv_bias": True}],
                          ids=["partial-rotary-projection-norm", "partial-rotary-head-norm", "partial-rotary-bias"])
-def test_dar_cache_with_key_norms_and_partial_rotary(keys):
-    """The DAR cache's two ways to a far key's score: under a key norm the whole key is rebuilt from ``c`` (the
-    norm needs every dim); without one the rotated dims are rebuilt and the others absorbed into the query (with the
-    key bias). Each on a Llama-shaped model with half the head dims rotated and GQA."""
-    model = family_model("llama", "dar", **keys)
+@pytest.mark.parametrize("mode", ["keys", "latent"])
+def test_dar_cache_with_key_norms_and_partial_rotary(keys, mode):
+    """The DAR cache's two ways to a far key's score: under a key norm the whole key comes from ``c`` (the norm
+    needs every dim); without one the rotated dims do and the others are absorbed into the query (with the key
+    bias). Those dims cached once per token (``keys``) or rebuilt at every step (``latent``). Each on a
+    Llama-shaped model with half the head dims rotated and GQA."""
+    model = family_model("llama", "dar", dar_inference_cache=mode, **keys)
     lengths, N = [7, 13], 20
     check_decoding(model, lengths, N, seed=3)
 
@@ -156,13 +159,17 @@ def test_generation_stops_at_eos_and_at_a_stop_rule():
     assert stopped.token_ids == free[:2] and stopped.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("variant", ["vanilla", "swa", "mswa", "aha", "dar", "uniform", "linear", "mixed"])
+@pytest.mark.parametrize("variant", ["vanilla", "swa", "mswa", "aha", "dar", "dar-latent", "uniform", "linear",
+                                     "dimpo", "mixed"])
+@pytest.mark.parametrize("family", ["olmo2", "gpt_neox"])
 @pytest.mark.parametrize("context", [3, 40])
-def test_cache_bytes_equal_the_describe_formula(variant, context):
+def test_cache_bytes_equal_the_describe_formula(variant, family, context):
     """A full cache of one sequence holds exactly what ``describe`` prints per layer (numbers per token times the
     context; float32): at a context shorter and longer than the windows, with GQA (a key/value head shared by MSWA
-    query heads of different windows keeps the widest)."""
-    model = family_model("olmo2", variant)
+    query heads of different windows keeps the widest), with a key norm (OLMo-2: DAR caches whole far keys) and
+    partial rotary (GPT-NeoX: DAR caches the rotated quarter)."""
+    latent = variant == "dar-latent"
+    model = family_model(family, "dar" if latent else variant, **({"dar_inference_cache": "latent"} if latent else {}))
     cache = model.new_cache([context - 1], 1)
     expected = sum(kv_cache_numbers_per_token(SimpleNamespace(model=model.cfg), context)) * context * 4
     assert cache.nbytes() == pytest.approx(expected, rel=1e-12)

@@ -4,6 +4,7 @@ must install for the GPU machine's Python 3.12 with every dependency there)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -38,8 +39,7 @@ def test_dry_run_prints_the_quick_plan_inside_one_command():
     assert "train_batch_size=64" in throughput[0]  # two of the config's 32-sample micro-batches
     assert "-k long_sequence" in res.stdout and "-k 'not long_sequence'" in res.stdout
     assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
-    if not (ROOT / "bench" / "decode.py").exists():
-        assert "bench/decode.py does not exist yet: skipped" in res.stdout
+    assert "bench/decode.py --dtype bfloat16 --steps 2 --warmup 1" in res.stdout
 
 
 def test_full_plan_covers_the_throughput_grid_and_steps_run_in_plan_order():
@@ -73,12 +73,13 @@ def test_steps_are_timed_logged_and_summarized_past_a_failure_and_a_time_limit(t
     script goes on, writes its log and summary under $OUT and exits 1."""
     (tmp_path / "no_wheels").mkdir()
     res = run("gpu_check.sh", "--steps", "kernel-tests,decode", OUT=str(tmp_path / "out"),
-              GPU_WHEELS=str(tmp_path / "no_wheels"), GPU_CHECK_LIMIT_kernel_tests="2", TMPDIR=str(tmp_path))
+              GPU_WHEELS=str(tmp_path / "no_wheels"), GPU_CHECK_LIMIT_kernel_tests="2", TMPDIR=str(tmp_path),
+              GPU_CHECK_DECODE_ARGS="--contexts 64 --batches 1 --steps 1 --warmup 0 --dtype float32")
     assert res.returncode == 1, res.stdout + res.stderr
     summary = (tmp_path / "out" / "summary.md").read_text()
     rows = {r.split("|")[1].strip(): r.split("|")[2].strip() for r in summary.splitlines()[2:]}
     assert rows["install"] == "FAILED (1)" and rows["kernel-tests"] == "TIMEOUT"
-    assert rows["decode"] in ("ok", "skipped (bench/decode.py absent)")
+    assert rows["decode"] == "ok" and len(json.loads((tmp_path / "out" / "decode.json").read_text())["results"]) == 9
     log = (tmp_path / "out" / "gpu_check.log").read_text()
     assert "no wheels in" in log and "=================== kernel-tests: TIMEOUT" in log
 

@@ -19,11 +19,11 @@ from neox_dar.generate import generate
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CASES = [("gpt_neox", "dar"), ("qwen3", "uniform"), ("llama", "swa"), ("qwen2", "mswa"), ("olmo2", "aha"),
-         ("llama", "linear"), ("qwen3", "mixed"), ("olmo2", "dar")]
+         ("llama", "linear"), ("qwen3", "mixed"), ("olmo2", "dar"), ("qwen2", "dimpo")]
 
 
-def export(tmp_path, family, variant, seed=0):
-    model = family_model(family, variant, seed=seed)
+def export(tmp_path, family, variant, seed=0, **keys):
+    model = family_model(family, variant, seed=seed, **keys)
     return model, to_hf(model, model.cfg, tmp_path / f"{family}-{variant}")
 
 
@@ -62,10 +62,12 @@ def test_export_loads_with_our_logits_and_generations(tmp_path, family, variant)
     assert [type(c).__name__ for c in out.past_key_values.layers] == [type(c).__name__ for c in ours.layers]
 
 
-def test_dar_export_decodes_through_the_compressed_cache(tmp_path):
-    """generate() of the export keeps DAR's cache: k_loc, v_loc of the window and dar_down(h) per token, the
-    bytes ``neox_dar.generate`` keeps for the same tokens."""
-    model, folder = export(tmp_path, "llama", "dar")
+@pytest.mark.parametrize("mode", ["keys", "latent"])
+def test_dar_export_decodes_through_the_compressed_cache(tmp_path, mode):
+    """generate() of the export keeps DAR's cache: k_loc, v_loc of the window and dar_down(h) per token (and the
+    far keys' rotated dims unless ``dar_inference_cache: latent``), the bytes ``neox_dar.generate`` keeps for the
+    same tokens."""
+    model, folder = export(tmp_path, "llama", "dar", dar_inference_cache=mode)
     hf = load_remote(folder)
     prompt = torch.arange(10, 30)[None]
     out = hf.generate(prompt, max_new_tokens=9, do_sample=False, eos_token_id=None, return_dict_in_generate=True)
@@ -76,6 +78,7 @@ def test_dar_export_decodes_through_the_compressed_cache(tmp_path):
     ours = model.new_cache([columns - 1], 1)
     assert [c.near.nbytes() for c in caches] == [c.near.nbytes() for c in ours.layers]
     assert all(c.far.data["c"].shape[-1] == model.cfg.attention.dar_d_down for c in caches)
+    assert all(set(c.far.data) == ({"c", "k"} if mode == "keys" else {"c"}) for c in caches)
 
 
 def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):
@@ -120,6 +123,6 @@ def test_vanilla_exports_the_family_class_and_variants_read_back(tmp_path, capsy
     saved_run(tmp_path / "run", "attention_type=dar", "window_size=4")
     assert convert_main(["to-hf", str(tmp_path / "run"), str(tmp_path / "run_hf")]) == 0
     assert json.loads((tmp_path / "run_hf" / "config.json").read_text())["neox_dar_layers"][0] == {
-        "type": "dar", "window": 4, "d_down": 16}
+        "type": "dar", "window": 4, "d_down": 16, "cache": "keys"}
     assert json.loads((tmp_path / "run_hf" / "generation_config.json").read_text())["suppress_tokens"] == list(
         range(50277, 50304))

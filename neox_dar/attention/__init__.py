@@ -14,6 +14,7 @@ from . import registry
 from .aha import AHAAttention
 from .base import Attention, RotaryEmbedding, apply_rotary
 from .dar import DARAttention, UniformAttention
+from .dimpo import DimPOAttention
 from .layers import layer_types, mixed_variant
 from .linear import LinearAttention
 from .mswa import MSWAAttention, mswa_window_table
@@ -31,6 +32,7 @@ register(SWAAttention)
 register(MSWAAttention)
 register(AHAAttention)
 register(LinearAttention)
+register(DimPOAttention)
 
 
 def variant(name: str) -> type[Attention]:

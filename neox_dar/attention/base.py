@@ -145,13 +145,18 @@ class Attention(HeadProjections, nn.Module, abc.ABC):
         """Per-head attention output (B, H, T, d_h). ``a`` is the attention input (B, T, d)."""
 
     # ---- inference: the variant's cache (docs/adding_a_variant.md, "The inference cache") ---------------------
-    # The defaults are softmax attention in which query head h reads the keys of its window head_windows()[h]
-    # (None: every earlier key), cached by key/value head for the widest window of its query heads: right for
-    # vanilla, SWA and MSWA. A variant whose attention differs overrides new_cache and decode (and remember or
-    # prefill when its cache keeps more than keys and values).
+    # The default cache keeps each key/value head's keys and values for the widest window of its query heads
+    # (head_windows(); None: every earlier key). The default decode is plain softmax attention over those windows,
+    # used only by variants that declare windowed_softmax (vanilla, SWA, MSWA); any other variant implements
+    # decode (and new_cache, remember or prefill when its cache keeps something else).
+    windowed_softmax: ClassVar[bool] = False  # attention = softmax over the keys of head_windows(), nothing more
+
     def new_cache(self, layout: Layout, device: torch.device, dtype: torch.dtype):
         """An empty cache of this layer for the batch of ``layout``
         (:class:`neox_dar.hf_remote.inference.Layout`), tensors on ``device`` in ``dtype``."""
+        if type(self).decode is Attention.decode and not self.windowed_softmax:
+            raise NotImplementedError(f"attention_type '{self.name}' has no incremental decoding: its module must "
+                                      "implement decode (or declare windowed_softmax); see docs/adding_a_variant.md")
         return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.head_dim, self.head_dim, device, dtype)
 
     def prefill(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, rows: torch.Tensor) -> torch.Tensor:

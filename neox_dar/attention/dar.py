@@ -85,6 +85,12 @@ class DARAttention(Attention):
                             "(init_method) or pca (dar_down = the top dar_d_down principal directions of the layer's "
                             "attention input on dar_init_samples training sequences, dar_up its transpose: the best "
                             "rank-d_down reconstruction at step 0).", arch=False),
+            "dar_inference_cache": Key(Literal["keys", "latent"], "keys",
+                                       "What DAR's inference cache keeps per far token (docs/inference.md): keys = "
+                                       "c = dar_down(h) plus the far key's rotated dims (H_kv x rotary dims; all "
+                                       "head dims with a key norm), computed once, so a decode step does vanilla's "
+                                       "arithmetic; latent = c only (the paper's d_down per token), those dims "
+                                       "rebuilt from c at every step.", arch=False),
             "dar_init_samples": Key(int, 16, "Training sequences the pca bottleneck start is computed on.",
                                     arch=False, rule=lambda v, m: None if v >= 1 else "must be >= 1")}
     reads = ("window_size",)
@@ -122,6 +128,7 @@ class DARAttention(Attention):
         self.window = self.window_of(cfg)
         self.d_down = cfg.attention.dar_d_down
         self.init = cfg.attention.dar_init
+        self.cache_mode = cfg.attention.dar_inference_cache
         self.dar_down = nn.Linear(cfg.hidden_size, self.d_down, bias=False)
         self.dar_up = nn.Linear(self.d_down, cfg.hidden_size, bias=False)
 
@@ -162,14 +169,15 @@ class DARAttention(Attention):
     def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> DARCache:
         w_k, b_k, w_v, b_v = self.key_value_weights()
         return DARCache(layout, self.window, self.d_down, self.num_kv_heads, self.head_dim, self.rotary_ndims,
-                        w_k, b_k, w_v, b_v, self.dar_up.weight, self.qk_norm != "none", device, dtype)
+                        w_k, b_k, w_v, b_v, self.dar_up.weight, self.normalize_keys if self.qk_norm != "none" else None,
+                        device, dtype, far_keys=self.cache_mode == "keys")
 
     def remember(self, cache: DARCache, rows, k, v, a) -> None:
         cache.write(k, v, self.dar_down(a), cache.layout.starts[int(rows[0])], rows)
 
     def decode(self, a, cache: DARCache, cos, sin) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos, sin)
-        return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5, self.normalize_keys))
+        return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5))
 
     def head_windows(self) -> list[int | None]:
         return [self.window] * self.num_heads
@@ -185,15 +193,25 @@ class DARAttention(Attention):
         once, so the attention term is vanilla's.)"""
         return 3.0 * 2.0 * (2 * self.num_kv_heads * self.head_dim) * self.hidden_size
 
+    def far_key_width(self) -> int:
+        """Numbers per token of the far keys' cached dims (``dar_inference_cache: keys``): ``H_kv`` x the rotary
+        dims, or x ``d_h`` when the family normalises keys; 0 for ``latent``."""
+        if self.cache_mode != "keys":
+            return 0
+        return self.num_kv_heads * (self.head_dim if self.qk_norm != "none" else self.rotary_ndims)
+
     def kv_cache_per_token(self, context: int) -> float:
-        """DAR paper Sec. 5: every token keeps ``dar_down(h)`` (``d_down`` numbers), the last ``w`` also
-        ``k_loc, v_loc`` (``2 d``); ``k_glob, v_glob`` are recomputed from ``dar_down(h)`` on demand."""
-        return self.d_down + 2.0 * self.num_kv_heads * self.head_dim * min(self.window, context) / context
+        """DAR paper Sec. 5: every token keeps ``dar_down(h)`` (``d_down`` numbers) and (``keys``) its far key's
+        rotated dims, the last ``w`` also ``k_loc, v_loc`` (``2 H_kv d_h``); the rest of ``k_glob`` and all of
+        ``v_glob`` are absorbed into the query and output sides."""
+        return (self.d_down + self.far_key_width()
+                + 2.0 * self.num_kv_heads * self.head_dim * min(self.window, context) / context)
 
     def cache_notes(self, context: int) -> list[str]:
         kv = 2 * self.num_kv_heads * self.head_dim
         local = f" + {kv} (k_loc, v_loc) for the last {min(self.window, context)}" if self.window else ""
-        return [f"per layer: d_down={self.d_down} numbers for every token{local}"]
+        keys = f" + {self.far_key_width()} (far keys' rotated dims)" if self.far_key_width() else ""
+        return [f"per layer: d_down={self.d_down}{keys} numbers for every token{local}"]
 
 
 class UniformAttention(DARAttention):

@@ -102,6 +102,7 @@ class MSWAAttention(Attention):
     """
 
     name = "mswa"
+    windowed_softmax = True  # decoded by the base class's windowed cache
     keys = {
         "mswa_variant": Key(Literal["full", "heads", "layers"], "full", "MSWA: vary windows over heads and layers, "
                             "heads only, or layers only.", label="mswa-"),

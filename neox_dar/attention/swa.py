@@ -23,6 +23,7 @@ class SWAAttention(Attention):
     """
 
     name = "swa"
+    windowed_softmax = True  # decoded by the base class's windowed cache
     reads = ("window_size",)
 
     @classmethod

@@ -18,6 +18,7 @@ class VanillaAttention(Attention):
     """
 
     name = "vanilla"
+    windowed_softmax = True  # decoded by the base class's windowed cache
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         if self.resolved_impl(q.device) == "reference":

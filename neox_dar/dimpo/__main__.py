@@ -6,6 +6,8 @@
     python -m neox_dar.dimpo tasks CHECKPOINT --projections runs/dimpo-70m/projections/dimpo-d{16,4,1}.safetensors \\
         --out runs/dimpo-70m/tasks --run
     python -m neox_dar.dimpo table runs/dimpo-70m/tasks --per-task
+    python -m neox_dar.dimpo apply CHECKPOINT --projections runs/dimpo-70m/projections/dimpo-d16.safetensors \
+        --layers 12 --out runs/dimpo-70m/applied-l12-d16
 
 User errors (bad data, a projection file for another model, impossible options) print one ``error:`` line and
 exit 2.
@@ -18,6 +20,7 @@ import dataclasses
 import shlex
 import sys
 
+from ..config import ConfigError
 from ..data import IndexedDatasetError
 from ..report.tables import to_latex, to_markdown
 from ..rundir import CheckpointError
@@ -87,7 +90,25 @@ def build_parser() -> argparse.ArgumentParser:
     tasks.add_argument("--lm-eval-args", default="", help="more lm-eval options, one string "
                        "(e.g. '--batch_size 16 --device cuda:0')")
     tasks.add_argument("--run", action="store_true", help="run lm-eval for the cells without results")
+    apply = sub.add_parser("apply", help="write a checkpoint whose last l layers attend with a projection file")
+    apply.add_argument("checkpoint")
+    apply.add_argument("--projections", required=True, help="a projection file (fit's projections/<method>-d<d'>)")
+    apply.add_argument("--layers", type=int, required=True, help="the number l of last layers to project")
+    apply.add_argument("--out", required=True, help="the new checkpoint folder")
     return parser
+
+
+def cmd_apply(args) -> int:
+    from pathlib import Path
+
+    from .apply import apply_checkpoint
+
+    if Path(args.out).exists() and any(Path(args.out).iterdir()):
+        raise DimPOError(f"{args.out} exists and is not empty: choose a new --out")
+    info = apply_checkpoint(args.checkpoint, args.projections, args.layers, args.out)
+    print(f"wrote {args.out}: {info['method']} d'={info['d_proj']} on layers {info['layers']} "
+          f"(KV-cache saving {100 * info['kv_cache_saving']:.2f}%, the paper's accounting)")
+    return 0
 
 
 def read_config(path: str):
@@ -211,8 +232,8 @@ def cmd_tasks(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"fit": cmd_fit, "table": cmd_table, "tasks": cmd_tasks}[args.command](args)
-    except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError) as e:
+        return {"fit": cmd_fit, "table": cmd_table, "tasks": cmd_tasks, "apply": cmd_apply}[args.command](args)
+    except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

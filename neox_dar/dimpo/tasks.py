@@ -98,22 +98,12 @@ def cell_scores(cell: dict, tasks: dict[str, str]) -> dict[str, float | None]:
     return {t: results.get(t, {}).get(f"{metric},none") for t, metric in tasks.items()}
 
 
-def projection_applies() -> bool:
-    """Whether models can attend with projected keys yet (the ``dimpo`` attention variant is registered)."""
-    from ..attention import variants
-
-    return "dimpo" in variants()
-
-
 def run_grid(grid: dict) -> list[str]:
     """Run lm-eval for every cell whose folder holds no results (each folder once); returns the folders run."""
     todo = {}
     for cell in grid["cells"]:
         if results_file(cell["output"]) is None:
             todo.setdefault(cell["output"], cell)
-    if any(c["layers"] for c in todo.values()) and not projection_applies():
-        raise DimPOError("models cannot attend with DimPO projections yet (no 'dimpo' attention variant; "
-                         "docs/dimpo.md, 'Applying projections'): only --layers 0 can be run")
     for output, cell in todo.items():
         print(f"dimpo: l={cell['layers']} d'={cell['d_proj']}: {shlex.join(cell['command'])}", file=sys.stderr)
         done = subprocess.run(cell["command"])

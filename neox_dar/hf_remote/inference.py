@@ -17,9 +17,10 @@ inside the window ``w`` of query ``i`` when ``0 <= i - j < w``.
 * AHA: a :class:`WindowedKV` of every column (a later token may route any head to full attention), read by
   :func:`aha_attention`: the last ``w`` columns for every head, the whole cache only for the (row, key/value head)
   pairs with an open gate.
-* :class:`DARCache` (DAR; uniform is DAR with ``w = 0``): ``k_loc, v_loc`` of the last ``w`` columns and
-  ``c = dar_down(h)`` of every column: ``2 H_kv d_h min(w, C) + d_down C``. A far key's score and value come from
-  ``c`` (see :meth:`DARCache.far_scores`).
+* :class:`DARCache` (DAR; uniform is DAR with ``w = 0``): ``k_loc, v_loc`` of the last ``w`` columns,
+  ``c = dar_down(h)`` of every column and (``dar_inference_cache: keys``, the default) each far key's rotated dims
+  (``H_kv r``; ``H_kv d_h`` under a key norm): ``2 H_kv d_h min(w, C) + (d_down + H_kv r) C``. A far key's other
+  dims and its value are absorbed into the query and output sides (see :class:`DARCache`).
 * :class:`LinearState` (linear attention): the running sums ``S``, ``z`` in float32, ``H_kv (1 + d_f + d_f^2)(d_h + 1)``
   numbers whatever the context.
 """
@@ -508,40 +509,67 @@ def aha_attention(q: torch.Tensor, kv: WindowedKV, k: torch.Tensor, v: torch.Ten
 
 class DARCache:
     """DAR's cache (paper Sec. 5): ``k_loc, v_loc`` (rotated, ``H_kv`` heads) of the last ``window`` columns and
-    ``c = dar_down(h)`` (``d_down`` numbers) of every column; nothing else is kept per token.
+    ``c = dar_down(h)`` (``d_down`` numbers) of every column, plus (``far_keys``) the dims of each far key that
+    cannot be absorbed, computed once when the column is written.
 
     A far key (distance ``>= window``) is ``k_glob = norm(W_k W_up c + b_k)`` rotated at its position, its value
     ``v_glob = W_v W_up c + b_v``. The products ``A_k = W_k W_up`` and ``A_v = W_v W_up`` (each ``H_kv d_h x d_down``)
     are formed once per cache from the layer's weights (``w_k``, ``w_v``: (H_kv d_h, d); ``w_up``: (d, d_down)).
     Values are absorbed into the output side: ``sum_j p_j v_glob_j = A_v (sum_j p_j c_j) + b_v sum_j p_j``.
-    Keys: see :meth:`far_scores`. ``key_norm``: the family normalises keys (OLMo-2, Qwen3), which
-    :meth:`attend` receives as a function."""
+    Keys: rotary turns each key by its own position, so no fixed matrix carries the first ``r`` (rotated) dims into
+    the query; the other ``d_h - r`` dims are absorbed into it:
+    ``q_pass . (A_pass c + b_pass) = (A_pass^T q_pass) . c + q_pass . b_pass``. The rotated dims (all ``d_h`` dims
+    when the family normalises keys, ``key_norm``: the norm divides by the root mean square of the whole key) are
+    ``H_kv r`` numbers per column: with ``far_keys`` (``dar_inference_cache: keys``) they are cached beside ``c``,
+    rotated, so a step reads ``d_down + H_kv r`` numbers per far column and does vanilla's arithmetic; without
+    (``latent``) only ``c`` is kept (the paper's ``d_down`` per token) and a step rebuilds them for every far column
+    (``H_kv r d_down`` multiply-adds per column)."""
 
     def __init__(self, layout: Layout, window: int, d_down: int, num_kv_heads: int, head_dim: int,
                  rotary_ndims: int, w_k: torch.Tensor, b_k: torch.Tensor | None, w_v: torch.Tensor,
-                 b_v: torch.Tensor | None, w_up: torch.Tensor, key_norm: bool, device: torch.device | str,
-                 dtype: torch.dtype):
+                 b_v: torch.Tensor | None, w_up: torch.Tensor, key_norm: Callable[[torch.Tensor], torch.Tensor] | None,
+                 device: torch.device | str, dtype: torch.dtype, far_keys: bool = True):
         Hk, D, r = num_kv_heads, head_dim, rotary_ndims
         self.layout, self.window, self.rotary_ndims, self.key_norm = layout, window, r, key_norm
+        width = D if key_norm is not None else r  # the dims of a far key that are not absorbed into the query
         self.near = RingBuffer(layout, {"k": (Hk, D), "v": (Hk, D)}, window, device, dtype) if window else None
-        self.far = RingBuffer(layout, {"c": (1, d_down)}, None, device, dtype)
+        self.far = RingBuffer(layout, {"c": (1, d_down), **({"k": (Hk, width)} if far_keys and width else {})},
+                              None, device, dtype)
         with torch.no_grad():
             up = w_up.float()
             a_k, a_v = (w_k.float() @ up).to(device, dtype), (w_v.float() @ up).to(device, dtype)  # (Hk D, d_down)
             b_k = None if b_k is None else b_k.to(device, dtype).view(Hk, D)
         self.a_v = a_v.view(Hk, D, d_down).transpose(1, 2).contiguous()  # (Hk, d_down, D)
         self.b_v = None if b_v is None else b_v.to(device, dtype).view(Hk, 1, D)
-        if key_norm:  # the norm needs every dim of a key: rebuild whole keys
-            self.k_w, self.k_b = a_k, None if b_k is None else b_k.reshape(-1)
-        else:  # rebuild the rotated dims, absorb the others into the query
-            a_k = a_k.view(Hk, D, d_down)
-            self.k_w = a_k[:, :r].reshape(Hk * r, d_down)
-            self.k_b = None if b_k is None else b_k[:, :r].reshape(-1)
-            self.q_w = a_k[:, r:].contiguous()                                 # (Hk, D - r, d_down)
-            self.q_b = None if b_k is None else b_k[:, r:, None].contiguous()  # (Hk, D - r, 1)
+        a_k = a_k.view(Hk, D, d_down)
+        self.k_w = a_k[:, :width].reshape(Hk * width, d_down).T.contiguous()       # (d_down, Hk width)
+        self.k_b = None if b_k is None else b_k[:, :width].contiguous()            # (Hk, width)
+        self.q_w = a_k[:, width:].contiguous()                                     # (Hk, D - width, d_down)
+        self.q_b = None if b_k is None else b_k[:, width:, None].contiguous()      # (Hk, D - width, 1)
 
     def nbytes(self) -> int:
         return self.far.nbytes() + (self.near.nbytes() if self.near is not None else 0)
+
+    def far_keys(self, c: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The not-absorbed dims of the far keys of ``c`` (b, T, d_down) at the positions of ``cos``, ``sin``
+        (b or 1, T, r): normalised (``key_norm``) and rotated -> (b, H_kv, T, width)."""
+        b, T = c.shape[:2]
+        k = (c @ self.k_w).view(b, T, -1, self.k_w.shape[1] // self.a_v.shape[0])  # (b, T, H_kv, width)
+        if self.k_b is not None:
+            k = k + self.k_b
+        if self.key_norm is not None:
+            k = self.key_norm(k)
+        return apply_rotary(k.transpose(1, 2), cos[:, None], sin[:, None])
+
+    def _far(self, c: torch.Tensor, first: int, rows: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """What the far ring keeps of the columns ``first ..`` of ``rows`` whose ``c`` (b, T, d_down) is given."""
+        out = {"c": c[:, None]}
+        if "k" in self.far.data:
+            cos, sin = self.layout.rotary(first, c.shape[1])
+            if cos.shape[0] > 1 and rows is not None:
+                cos, sin = cos[rows], sin[rows]
+            out["k"] = self.far_keys(c, cos, sin)
+        return out
 
     def write(self, k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, first: int,
               rows: torch.Tensor | None = None) -> None:
@@ -549,37 +577,30 @@ class DARCache:
         ``first ..`` of ``rows``."""
         if self.near is not None:
             self.near.write({"k": k, "v": v}, first, rows)
-        self.far.write({"c": c[:, None]}, first, rows)
+        self.far.write(self._far(c, first, rows), first, rows)
 
-    def far_scores(self, qg: torch.Tensor, c: torch.Tensor,
-                   key_norm: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+    def far_scores(self, qg: torch.Tensor, far: dict[str, torch.Tensor]) -> torch.Tensor:
         """``q . k_glob`` (unscaled) of the grouped queries ``qg`` (B, H_kv, R, d_h) against the columns
-        ``0 .. F-1`` whose ``c`` is given, (B, F, d_down) -> (B, H_kv, R, F). Rotary turns each key by its own
-        position, so no fixed matrix can carry the rotated dims into the query: they are rebuilt from ``c``
-        (``H_kv r`` numbers per key) and rotated. The other ``d_h - r`` dims are absorbed:
-        ``q_pass . (A_pass c + b_pass) = (A_pass^T q_pass) . c + q_pass . b_pass``. With a key norm every dim is
-        rebuilt (the norm divides by the root mean square of the whole key, per head or over the projection)."""
+        ``0 .. F-1`` whose cached ``far`` tensors are given (``c``: (B, 1, F, d_down); ``k``: (B, H_kv, F, width)
+        when cached) -> (B, H_kv, R, F)."""
+        c = far["c"][:, 0]
         B, Hk, R, D = qg.shape
-        F_, r = c.shape[1], self.rotary_ndims
-        cos, sin = self.layout.rotary(0, F_)
-        width = D if self.key_norm else r
-        k = F.linear(c, self.k_w, self.k_b).view(B, F_, Hk, width)
-        if self.key_norm:
-            k = key_norm(k)
-        k = apply_rotary(k.transpose(1, 2), cos[:, None], sin[:, None])  # (B, Hk, F, width)
-        scores = qg[..., :width] @ k.transpose(-1, -2)
+        width = self.k_w.shape[1] // Hk
+        k = far.get("k")
+        if k is None and width:  # latent: rebuild the rotated dims of every far column
+            k = self.far_keys(c, *self.layout.rotary(0, c.shape[1]))
+        scores = qg[..., :width] @ k.transpose(-1, -2) if width else 0
         if width < D:
-            q_pass = qg[..., r:]
-            scores = scores + (q_pass @ self.q_w) @ c.transpose(1, 2)[:, None]
+            q_pass = qg[..., width:]
+            qc = (q_pass @ self.q_w).reshape(B, Hk * R, -1)  # (B, H_kv R, d_down): one batched product with c
+            scores = scores + torch.bmm(qc, c.transpose(1, 2)).view(B, Hk, R, -1)
             if self.q_b is not None:
                 scores = scores + q_pass @ self.q_b
         return scores
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, scale: float,
-               key_norm: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, scale: float) -> torch.Tensor:
         """The ``T`` new columns: rotated ``q`` (B, H, T, d_h), their rotated ``k_loc``, ``v_loc`` (B, H_kv, T, d_h)
-        and ``c`` (B, T, d_down) -> (B, H, T, d_h) (stores them). Near and far scores share one softmax (float32);
-        ``key_norm`` maps keys (B, F, H_kv, d_h) to normalised ones when the family has a key norm."""
+        and ``c`` (B, T, d_down) -> (B, H, T, d_h) (stores them). Near and far scores share one softmax (float32)."""
         layout = self.layout
         n, T = layout.length, q.shape[2]
         B, H, _, D = q.shape
@@ -593,16 +614,17 @@ class DARCache:
             near_v = keys["v"]
             scores.append((qg @ keys["k"].transpose(-1, -2)).float().masked_fill(~_group_rows(allowed, H, Hk),
                                                                                  float("-inf")))
-        self.far.write({"c": c[:, None]}, n)
+        self.far.write(self._far(c, n, None), n)
         far = n + T - self.window  # columns beyond the window of the last new query
-        cf = self.far.data["c"][:, 0, :far] if far > 0 else None
-        if cf is not None:
+        cached = {name: t[:, :, :far] for name, t in self.far.data.items()} if far > 0 else None
+        cf = cached["c"][:, 0] if cached is not None else None
+        if cached is not None:
             kcols = layout.columns(0, far)
             dist = qcols[:, None] - kcols[None, :]
             allowed = (dist >= self.window)[None, None]
             ok = layout.key_ok(qcols, kcols)
             allowed = allowed if ok is None else allowed & ok[:, None]
-            scores.append(self.far_scores(qg, cf, key_norm).float().masked_fill(~_group_rows(allowed, H, Hk),
+            scores.append(self.far_scores(qg, cached).float().masked_fill(~_group_rows(allowed, H, Hk),
                                                                                float("-inf")))
         probs = torch.softmax(torch.cat(scores, -1) * scale, -1).to(q.dtype)
         out = 0
@@ -610,7 +632,7 @@ class DARCache:
             out = probs[..., :near_v.shape[2]] @ near_v
         if cf is not None:
             p = probs[..., probs.shape[-1] - far:]
-            o = (p @ cf[:, None]) @ self.a_v  # (B, Hk, R, d_down) -> (B, Hk, R, D)
+            o = torch.bmm(p.reshape(B, -1, far), cf).view(B, Hk, -1, cf.shape[-1]) @ self.a_v  # -> (B, Hk, R, D)
             out = out + (o if self.b_v is None else o + p.sum(-1, keepdim=True) * self.b_v)
         return out.reshape(B, H, T, D)
 

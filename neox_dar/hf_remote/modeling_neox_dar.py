@@ -60,6 +60,8 @@ class NeoxDarAttention(HeadProjections, nn.Module):
         elif self.kind == "linear":
             self.feature_q = nn.Linear(config.head_dim, spec["feature_dim"], bias=False)
             self.feature_k = nn.Linear(config.head_dim, spec["feature_dim"], bias=False)
+        elif self.kind == "dimpo":  # DimPO: scores F(q) F(k)^T / sqrt(d'), F(x) = x W^T after rotary
+            self.dimpo_proj = nn.Parameter(torch.eye(spec["d_proj"], config.head_dim))
         elif self.kind != "windowed":
             raise ValueError(f"neox_dar_layers: unknown attention type {self.kind!r}")
 
@@ -67,10 +69,14 @@ class NeoxDarAttention(HeadProjections, nn.Module):
         H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
         if self.kind == "dar":
             return DARCache(layout, self.spec["window"], self.spec["d_down"], Hk, D, self.rotary_ndims,
-                            *self.key_value_weights(), self.dar_up.weight, self.qk_norm != "none", device, dtype)
+                            *self.key_value_weights(), self.dar_up.weight,
+                            self.normalize_keys if self.qk_norm != "none" else None, device, dtype,
+                            far_keys=self.spec.get("cache", "keys") == "keys")
         if self.kind == "linear":
             f = self.spec["feature_dim"]
             return LinearState(layout, Hk, 1 + f + f * f, D, device)
+        if self.kind == "dimpo":
+            return WindowedKV(layout, [None] * H, Hk, self.spec["d_proj"], D, device, dtype)
         windows = [None] * H if self.kind == "aha" else self.spec["windows"]
         return WindowedKV(layout, windows, Hk, D, D, device, dtype)
 
@@ -87,10 +93,13 @@ class NeoxDarAttention(HeadProjections, nn.Module):
             return self.merge_heads(out.to(a.dtype))
         q, k, v = self.split_heads(a, cos, sin)
         if self.kind == "dar":
-            return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), scale, self.normalize_keys))
+            return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), scale))
         if self.kind == "aha":
             gate = torch.sigmoid(self.router(a).float()) > self.spec["threshold"]
             return self.merge_heads(aha_attention(q, cache, k, v, gate.transpose(1, 2), self.spec["window"], scale))
+        if self.kind == "dimpo":
+            w = self.dimpo_proj.to(q.dtype)
+            return self.merge_heads(cache.attend(q @ w.T, k @ w.T, v, self.spec["d_proj"] ** -0.5))
         return self.merge_heads(cache.attend(q, k, v, scale))
 
 

@@ -1,0 +1,231 @@
+"""Decoding cost of each attention variant against vanilla on the same model: cache bytes per sequence, cache bytes
+read per generated token, and decode tokens/s, at several contexts and batch sizes.
+
+    python bench/decode.py [CONFIG ...] [key=value ...] [--variants vanilla,swa,mswa,aha,dar,uniform,linear]
+        [--contexts 2048,8192,32768] [--batches 1,16] [--steps 4] [--warmup 1] [--device cpu|cuda]
+        [--dtype float32|bfloat16] [--aha-mu-f 0.1] [--threads N] [--out bench/results/decode_<device>.json]
+        [--markdown]
+
+Default model: ``configs/pythia-14m.yml`` with 4 layers (d 128, 4 heads of 32: MSWA's 4 x 4 window table is the
+paper's), ``window_size: 128``, DAR/uniform ``d_down = d/4`` (``dar-latent``: DAR with ``dar_inference_cache: latent``),
+linear ``d_f = 16``, ``dimpo``: the last half of the layers DimPO-projected (keys at ``d' = d_h / 4``); random weights.
+
+Per variant, context ``C`` and batch ``B``: the model's caches are made for ``C`` tokens per row
+(``CausalLM.new_cache``) and their first ``C - warmup - steps`` columns are taken as written (zeros: the decode cost
+does not depend on the values, and the prefill is not timed), then ``warmup`` + ``steps`` decode steps run
+(``CausalLM.decode``, one token per row), so the timed steps see contexts just below ``C``. Variants alternate
+step by step, so they share the machine's load; a step's time is wall time (CUDA synchronised); tokens/s is
+``B / median step time``. ``cache_bytes_per_sequence`` is what the caches hold (``ModelCache.nbytes() / B``), next to
+the figure ``python -m neox_dar.describe`` prints (``kv_cache_per_token(C) x C`` summed over layers).
+``kv_bytes_read_per_token`` counts what one decode step of the implementation reads from the caches per row: the
+whole cache, except AHA (the last ``w`` columns of every head, and every column for the (row, head) pairs whose gate
+is open). AHA's router is replaced by a fixed gate pattern opening a ``--aha-mu-f`` share of the (layer, row, head)
+triples (random routers open about half); the realised share is recorded.
+
+Writes JSON (device, versions, git commit, command, UTC date, the model, every number) to ``--out`` and prints a
+table (``--markdown``: the Markdown table of docs/inference.md). Runs on a GPU as is (``--device cuda --dtype
+bfloat16``). On the CPU it uses one thread unless ``--threads`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from neox_dar.config import ConfigError, load_config, split_args  # noqa: E402
+from neox_dar.describe import kv_cache_numbers_per_token  # noqa: E402
+from neox_dar.model import build_model  # noqa: E402
+from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
+
+DEFAULT_CONFIG = ["configs/pythia-14m.yml", "num_layers=4", "window_size=128", "seq_length=2048",
+                  "max_position_embeddings=65536"]
+VARIANTS = {"vanilla": [], "swa": [], "mswa": [], "aha": [], "dar": [],
+            "dar-latent": ["attention_type=dar", "dar_inference_cache=latent"], "uniform": [], "linear": [],
+            "dimpo": None}  # the last half of the layers DimPO-projected to d' = d_h / 4 (set in build)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class FixedGate(nn.Module):
+    """Stands in for AHA's router: logits (B, T, H) of +20 for the open (row, head) pairs, -20 for the others."""
+
+    def __init__(self, open_pairs: torch.Tensor):
+        super().__init__()
+        self.open_pairs = open_pairs  # (B, H) bool
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        logits = torch.where(self.open_pairs, 20.0, -20.0).to(a.device, torch.float32)
+        return logits[:, None].expand(a.shape[0], a.shape[1], -1)
+
+
+def aha_gates(layers: int, batch: int, heads: int, mu_f: float) -> torch.Tensor:
+    """(L, B, H) bool: every ``round(1 / mu_f)``-th (layer, row, head) triple open."""
+    every = max(1, round(1 / mu_f))
+    return (torch.arange(layers * batch * heads) % every == 0).view(layers, batch, heads)
+
+
+def kv_bytes_read(model, cache, gates: torch.Tensor | None, context: int) -> float:
+    """Bytes one decode step reads from the caches per row: the caches' bytes, except AHA's (see the module
+    docstring)."""
+    B = cache.layout.batch
+    total = 0.0
+    for layer, (module, layer_cache) in enumerate(zip(model.attention_modules(), cache.layers)):
+        if module.name != "aha":
+            total += layer_cache.nbytes() / B
+            continue
+        ring = layer_cache.groups[0].ring
+        per_column = ring.nbytes() / (B * ring.slots)  # k and v of every key/value head
+        opened = gates[layer].view(B, module.num_kv_heads, -1).any(-1).sum().item()  # (row, kv head) pairs
+        total += per_column * min(module.window, context) + opened * per_column / module.num_kv_heads * context / B
+    return total
+
+
+def build(args, variant: str, device: torch.device, dtype: torch.dtype):
+    files, overrides = split_args(args.config)
+    extra = VARIANTS[variant] or [f"attention_type={variant}"]
+    if variant == "dimpo":
+        base = load_config(*files, overrides=overrides).model
+        L = base.num_layers
+        extra = [f'attention_config=[[["vanilla"], {L - L // 2}], [["dimpo"], {L // 2}]]',
+                 f"dimpo_d_proj={max(1, base.head_dim // 4)}"]
+    cfg = load_config(*files, overrides=[*overrides, *extra]).model
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device=device, dtype=dtype).eval()
+    return model
+
+
+def run(args) -> dict:
+    device = torch.device(args.device)
+    dtype = DTYPES[args.dtype]
+    rows = []
+    models = {v: build(args, v, device, dtype) for v in args.variants}
+    for C in args.contexts:
+        for B in args.batches:
+            states = {}
+            for v, model in models.items():
+                gates = None
+                if v == "aha":
+                    mods = model.attention_modules()
+                    gates = aha_gates(len(mods), B, mods[0].num_heads, args.aha_mu_f)
+                    for m, g in zip(mods, gates):
+                        m.router = FixedGate(g.to(device))
+                cache = model.new_cache([C - args.warmup - args.steps] * B, args.warmup + args.steps,
+                                        device=device, dtype=dtype)
+                cache.layout.advance(C - args.warmup - args.steps)
+                states[v] = (cache, gates, [])
+            tokens = torch.zeros(B, 1, dtype=torch.long, device=device)
+            with torch.inference_mode():
+                for step in range(args.warmup + args.steps):
+                    for v, model in models.items():
+                        cache, _, times = states[v]
+                        synchronize(device)
+                        t0 = time.perf_counter()
+                        model.decode(tokens, cache)
+                        synchronize(device)
+                        if step >= args.warmup:
+                            times.append(time.perf_counter() - t0)
+            for v, model in models.items():
+                cache, gates, times = states[v]
+                formula = sum(kv_cache_numbers_per_token(_Cfg(model.cfg), C)) * C * torch.finfo(dtype).bits / 8
+                step_s = statistics.median(times)
+                rows.append({"variant": v, "context": C, "batch": B,
+                             "cache_bytes_per_sequence": cache.nbytes() / B,
+                             "describe_bytes_per_sequence": formula,
+                             "kv_bytes_read_per_token": kv_bytes_read(model, cache, gates, C),
+                             "step_ms_median": 1e3 * step_s, "step_ms_all": [1e3 * t for t in times],
+                             "decode_tokens_per_s": B / step_s,
+                             **({"mu_f": gates.float().mean().item()} if gates is not None else {})})
+                print(_line(rows[-1]), flush=True)
+            del states
+    for r in rows:
+        base = next(x for x in rows if x["variant"] == "vanilla" and x["context"] == r["context"]
+                    and x["batch"] == r["batch"]) if "vanilla" in args.variants else None
+        if base is not None:
+            r["cache_vs_vanilla"] = r["cache_bytes_per_sequence"] / base["cache_bytes_per_sequence"]
+            r["read_vs_vanilla"] = r["kv_bytes_read_per_token"] / base["kv_bytes_read_per_token"]
+            r["speed_vs_vanilla"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+    m = next(iter(models.values())).cfg
+    return {"provenance": provenance(), "device": device_name(device), "torch": torch.__version__,
+            "dtype": args.dtype, "threads": torch.get_num_threads(),
+            "model": {"config": args.config, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
+                      "num_attention_heads": m.num_attention_heads, "num_kv_heads": m.num_kv_heads,
+                      "head_dim": m.head_dim, "window_size": m.attention.window_size,
+                      "dar_d_down": next((m.cfg.attention.dar_d_down for v, m in models.items()
+                                          if v.startswith("dar")), None)},
+            "steps": args.steps, "warmup": args.warmup, "aha_mu_f_target": args.aha_mu_f, "results": rows}
+
+
+class _Cfg:
+    """What ``kv_cache_numbers_per_token`` reads of a config: its model section."""
+
+    def __init__(self, model_cfg):
+        self.model = model_cfg
+
+
+def _line(r: dict) -> str:
+    return (f"{r['variant']:>8} C={r['context']:>6} B={r['batch']:>3}: cache {r['cache_bytes_per_sequence'] / 2**20:9.2f} "
+            f"MiB/seq (describe {r['describe_bytes_per_sequence'] / 2**20:9.2f}), read "
+            f"{r['kv_bytes_read_per_token'] / 2**20:9.2f} MiB/token, {r['decode_tokens_per_s']:9.1f} tokens/s")
+
+
+def markdown(report: dict) -> str:
+    """The results as the Markdown table of docs/inference.md."""
+    lines = ["| variant | context | batch | cache MiB / seq | x vanilla | read MiB / token | x vanilla | tokens/s "
+             "| x vanilla |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in report["results"]:
+        lines.append(f"| {r['variant']}{' (mu_f %.2f)' % r['mu_f'] if 'mu_f' in r else ''} | {r['context']} | "
+                     f"{r['batch']} | {r['cache_bytes_per_sequence'] / 2**20:.3f} | {r.get('cache_vs_vanilla', 1):.3f} | "
+                     f"{r['kv_bytes_read_per_token'] / 2**20:.3f} | {r.get('read_vs_vanilla', 1):.3f} | "
+                     f"{r['decode_tokens_per_s']:.1f} | {r.get('speed_vs_vanilla', 1):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("config", nargs="*", help="config files and key=value overrides (default: see above)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--contexts", default="2048,8192,32768")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--aha-mu-f", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads (default 1 on the CPU: on a shared machine more threads measure the scheduler)")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--markdown", action="store_true")
+    args = ap.parse_args(argv)
+    args.config = args.config or DEFAULT_CONFIG
+    if args.threads or torch.device(args.device).type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    args.variants = args.variants.split(",")
+    args.contexts = [int(c) for c in args.contexts.split(",")]
+    args.batches = [int(b) for b in args.batches.split(",")]
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown or args.steps < 1 or args.warmup < 0 or not 0 < args.aha_mu_f <= 1:
+        print(f"error: unknown variants {unknown}" if unknown else "error: --steps >= 1, --warmup >= 0 and "
+              "--aha-mu-f in (0, 1]", file=sys.stderr)
+        return 2
+    try:
+        report = run(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = args.out or ROOT / "bench" / "results" / f"decode_{torch.device(args.device).type}.json"
+    write_result(report, out)
+    if args.markdown:
+        print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

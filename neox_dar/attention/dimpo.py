@@ -1,0 +1,94 @@
+"""DimPO-projected attention (DimPO paper Sec. 3-4): vanilla causal attention whose scores use low-dimensional
+query/key projections, ``softmax(F(q) F(k)^T / sqrt(d')) v`` with ``F(x) = x W^T`` and ``W`` (d', d_h) one matrix
+per layer shared by its heads; values are unchanged.
+
+``F`` applies to the queries and keys as the layer produces them: after the family's q/k norm and after rotary
+(the paper does not say where; projecting the rotated vectors keeps the scores a function of the cached keys alone,
+so the cache keeps keys of ``d'`` numbers). With ``W`` the identity at ``d' = d_h`` this is vanilla attention.
+
+The projections are fitted by ``python -m neox_dar.dimpo fit`` and put into a model by
+``python -m neox_dar.dimpo apply`` (:mod:`neox_dar.dimpo.apply`), which makes the last ``l`` layers ``dimpo``
+through ``attention_config`` and copies each layer's ``W`` into ``dimpo_proj``. A ``dimpo`` layer built from a config
+alone starts at ``W`` = the first ``d'`` rows of the identity.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config.fields import Key
+from ..hf_remote.inference import WindowedKV
+from .base import Attention
+from .masks import masked_attention, window_mask
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+
+class DimPOAttention(Attention):
+    """``attention_type: dimpo`` (usually per layer, on the last ``l`` layers): causal attention with scores
+    ``F(q) F(k)^T / sqrt(d')``.
+
+    Parameter beyond vanilla: ``dimpo_proj`` (d', d_h). Paths: ``reference`` (explicit mask, float32); ``sdpa`` and
+    ``triton`` call ``scaled_dot_product_attention(is_causal=True)`` on the projected queries and keys, as vanilla's
+    two do (causal attention needs no custom kernel; SDPA takes values wider than the keys). Inference cache: keys
+    at ``d'``, values at ``d_h``."""
+
+    name = "dimpo"
+    keys = {"dimpo_d_proj": Key(Optional[int], None, "DimPO: width d' of the projected queries and keys, "
+                                                     "1..head_dim (default head_dim).", label="dp",
+                                rule=lambda v, m: None if 1 <= v <= m.head_dim else
+                                f"must be in 1..head_dim={m.head_dim}")}
+
+    @classmethod
+    def resolve(cls, cfg: ModelConfig) -> dict:
+        return {"dimpo_d_proj": cfg.head_dim} if cfg.attention.dimpo_d_proj is None else {}
+
+    @classmethod
+    def summary(cls, cfg: ModelConfig) -> str:
+        return f"{cls.name} d'={cfg.attention.dimpo_d_proj}"
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig) -> list[str]:
+        return [f"scores F(q) F(k)^T / sqrt(d') with d'={cfg.attention.dimpo_d_proj} of head_dim={cfg.head_dim} "
+                "(projected after rotary; values unchanged)"]
+
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__(cfg, layer_idx)
+        self.d_proj = cfg.attention.dimpo_d_proj
+        self.dimpo_proj = nn.Parameter(torch.eye(self.d_proj, self.head_dim))
+
+    def project_qk(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``x W^T`` of each (B, heads, T, d_h) -> (B, heads, T, d')."""
+        w = self.dimpo_proj.to(xs[0].dtype)
+        return tuple(x @ w.T for x in xs)
+
+    def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
+        fq, fk = self.project_qk(q, k)
+        if self.resolved_impl(q.device) == "reference":
+            fk, v = self.expand_kv(fk, v)
+            return masked_attention(fq, fk, v, window_mask(q.shape[-2], None, q.device))  # scale 1/sqrt(d')
+        return F.scaled_dot_product_attention(fq, fk, v, is_causal=True, enable_gqa=self.kv_groups > 1)
+
+    # ---- inference: keys cached at d' -----------------------------------------------------------------------
+    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> WindowedKV:
+        return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.d_proj, self.head_dim, device, dtype)
+
+    def remember(self, cache: WindowedKV, rows, k, v, a) -> None:
+        cache.write(*self.project_qk(k), v, cache.layout.starts[int(rows[0])], rows)
+
+    def decode(self, a, cache: WindowedKV, cos, sin) -> torch.Tensor:
+        q, k, v = self.split_heads(a, cos, sin)
+        fq, fk = self.project_qk(q, k)
+        return self.merge_heads(cache.attend(fq, fk, v, self.d_proj ** -0.5))
+
+    def kv_cache_per_token(self, context: int) -> float:
+        """Each key/value head keeps a key of ``d'`` and a value of ``d_h`` numbers for every earlier token."""
+        return float(self.num_kv_heads * (self.d_proj + self.head_dim))
+
+    def cache_notes(self, context: int) -> list[str]:
+        return [f"per layer: keys at d'={self.d_proj} + values at d_h={self.head_dim} per key/value head"]

@@ -1,0 +1,92 @@
+"""Putting fitted projections into a model (DimPO item 4): the last ``l`` layers attend with
+``F(q) F(k)^T / sqrt(d')`` (:class:`neox_dar.attention.dimpo.DimPOAttention`), values unchanged.
+
+    python -m neox_dar.dimpo apply CHECKPOINT --projections FILE --layers l --out NEW
+
+writes ``NEW`` as ``convert from-hf`` writes a checkpoint (``model.safetensors``, ``model.yml``, manifest, the
+tokenizer files), so every tool loads it unchanged: ``eval.perplexity``, lm-eval (``--model neox_dar``), the
+generation command and the decode benchmark (keys of the projected layers cached at ``d'``), ``convert to-hf``.
+lm-eval can also apply a file on the fly: ``--model_args checkpoint=CKPT,dimpo=FILE,dimpo_layers=l``.
+
+Only vanilla layers are projected (the paper projects pretrained full-attention models); the projected layers
+become ``dimpo`` through ``attention_config`` (``[[["vanilla"], L - l], [["dimpo"], l]]``), ``dimpo_d_proj`` is
+the file's ``d'``, and each layer's ``W`` is copied into its ``dimpo_proj``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from ..attention import layer_types
+from ..config import ModelConfig, model_config_from_flat, model_flat
+from ..model import CausalLM, build_model
+from ..tokenizer import tokenizer_file
+from .instances import DimPOError
+from .projections import check_projections, kv_cache_saving, load_projections
+
+
+def projected_config(cfg: ModelConfig, layers: list[int], d_proj: int) -> ModelConfig:
+    """``cfg`` with ``layers`` turned into ``dimpo`` layers of width ``d_proj`` (DimPOError for a layer that is
+    not vanilla)."""
+    types = layer_types(cfg)
+    other = [f"{i} ({types[i]})" for i in layers if types[i] != "vanilla"]
+    if other:
+        raise DimPOError(f"DimPO projects vanilla attention layers; layer(s) {', '.join(other)} are not")
+    new = ["dimpo" if i in layers else t for i, t in enumerate(types)]
+    runs: list[list] = []
+    for t in new:
+        if runs and runs[-1][0] == [t]:
+            runs[-1][1] += 1
+        else:
+            runs.append([[t], 1])
+    flat = {**model_flat(cfg), "attention_config": runs, "dimpo_d_proj": d_proj}
+    flat.pop("attention_type")  # the layers say it
+    return model_config_from_flat(flat, "the projected model")
+
+
+def apply_projections(model: CausalLM, cfg: ModelConfig, path: str | Path,
+                      last: int) -> tuple[CausalLM, ModelConfig, dict]:
+    """``(model, cfg, info)`` with the projections of file ``path`` in the last ``last`` layers: a new model with
+    the same weights (``last = 0``: ``model`` and ``cfg`` themselves); ``info`` names the file, ``d'``, the layers
+    and the paper's KV-cache saving."""
+    proj = load_projections(path)
+    layers = check_projections(proj, cfg, last, path)
+    info = {"projections": str(path), "method": proj.method, "d_proj": proj.d_proj, "layers": layers,
+            "kv_cache_saving": kv_cache_saving(last, cfg.num_layers, proj.d_proj, cfg.head_dim)}
+    if not layers:
+        return model, cfg, info
+    new_cfg = projected_config(cfg, layers, proj.d_proj)
+    param = next(model.parameters())
+    with torch.device("meta"):
+        projected = build_model(new_cfg)
+    state = dict(model.weights())
+    for l in layers:
+        state[f"{_attention_prefix(projected, l)}dimpo_proj"] = proj.weights[l].to(param.device, param.dtype)
+    projected.load_weights(state, assign=True)
+    return projected.train(model.training), new_cfg, info
+
+
+def _attention_prefix(model: CausalLM, layer: int) -> str:
+    """The state-dict prefix of layer ``layer``'s attention module (``gpt_neox.layers.3.attention.``, ...)."""
+    module = model.attention_modules()[layer]
+    return next(name for name, m in model.named_modules() if m is module) + "."
+
+
+def apply_checkpoint(checkpoint: str, path: str | Path, last: int, out: str | Path) -> dict:
+    """Load ``checkpoint`` (a run, a step directory, a from-hf folder or a Hugging Face folder), apply the last
+    ``last`` layers' projections and write the result to ``out`` with the tokenizer files; returns the info."""
+    from ..checkpoint import save_weights
+    from ..convert import copy_tokenizer_files
+    from ..evaluation.loading import load_for_eval
+
+    loaded = load_for_eval(checkpoint)
+    model, cfg, info = apply_projections(loaded.model, loaded.model.cfg, path, last)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if not copy_tokenizer_files(loaded.model_dir, out):  # a training checkpoint: its config's tokenizer
+        shutil.copyfile(tokenizer_file(cfg), out / "tokenizer.json")
+    save_weights(model, cfg, out)
+    return info
