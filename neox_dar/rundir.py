@@ -454,6 +454,14 @@ class RunLock:
     path: Path
     fd: int
 
+    def record(self) -> None:
+        """Write the holder (host, pid, start time) into the lock file, once the run is known to start: a trainer
+        that refuses the directory leaves the file as it found it."""
+        holder = {"host": socket.gethostname(), "pid": os.getpid(),
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, (json.dumps(holder) + "\n").encode(), 0)
+
     def release(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
@@ -469,7 +477,7 @@ def _holder_text(path: Path) -> str:
 
 
 def lock_run_dir(run_dir: str | Path) -> RunLock:
-    """Hold ``{run}/run.lock`` for this process and record the holder (host, pid, start time) in it.
+    """Hold ``{run}/run.lock`` for this process (:meth:`RunLock.record` then writes the holder into it).
 
     RunLockedError when another process holds it: two trainers writing one run directory would interleave their
     checkpoints and metrics. (On a network file system the lock is as good as its ``flock`` support: NFSv4 and
@@ -484,10 +492,6 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
         os.close(fd)
         raise RunLockedError(f"{d} is in use by another trainer ({_holder_text(path)}); wait for it to finish or "
                              "stop it (a run directory takes one trainer at a time)") from None
-    holder = {"host": socket.gethostname(), "pid": os.getpid(),
-              "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
     return RunLock(path, fd)
 
 

@@ -99,8 +99,8 @@ def fake_slurm(tmp_path):
     The fake srun runs its command once per node (SLURM_NODEID = 0..N-1, as one task per node would),
     the fake scontrol expands a comma-separated node list and records `requeue`, and the fake torchrun
     records its arguments and rendezvous environment, then plays the trainer: it writes status.json with
-    the state in FAKE_TRAIN_STATE and exits with FAKE_TRAIN_EXIT. An evaluation step (eval.perplexity) is only
-    recorded, and takes FAKE_EVAL_SECONDS (default 0).
+    the state in FAKE_TRAIN_STATE and exits with FAKE_TRAIN_EXIT. An evaluation step (neox_dar.sweep.evaluate)
+    is only recorded, and takes FAKE_EVAL_SECONDS (default 0).
     """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -110,7 +110,7 @@ def fake_slurm(tmp_path):
 trap '' USR1  # the real srun forwards signals to the step; the fake one just survives them
 echo "srun $*" >> {rec}/srun.log
 while [[ $1 == --* ]]; do shift; done
-if [[ " $* " == *" eval.perplexity "* ]]; then
+if [[ " $* " == *" neox_dar.sweep.evaluate "* ]]; then
     echo "$*" >> {rec}/eval.log
     sleep "${{FAKE_EVAL_SECONDS:-0}}" &
     trap 'kill $!; exit 143' TERM
@@ -288,7 +288,7 @@ def test_a_run_trained_past_its_evaluation_is_evaluated_again(tmp_path, fake_slu
     proc = _one_node_job(script, env, "none", 1)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     evals = (rec / "eval.log").read_text().splitlines()
-    assert len(evals) == 1 and f"eval.perplexity {run_dir}" in evals[0] and "--sweep-manifest" in evals[0]
+    assert len(evals) == 1 and f"neox_dar.sweep.evaluate {run_dir}" in evals[0] and "--sweep-manifest" in evals[0]
     assert "srun --ntasks-per-node=1" not in (rec / "srun.log").read_text()  # no training
     _evaluated_at(run_dir, 20)
     (rec / "eval.log").unlink()

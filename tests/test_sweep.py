@@ -339,6 +339,7 @@ def test_a_second_trainer_on_a_run_directory_exits_with_one_line(tmp_path, token
     save.mkdir()
     (save / "status.json").write_text(json.dumps({"state": "running", "step": 3, "train_iters": 6}))
     lock = lock_run_dir(save)
+    lock.record()
     try:
         proc = subprocess.run(train_command(save, tokenized_sample), cwd=ROOT, env=train_env(), capture_output=True,
                               text=True, timeout=300)
@@ -425,7 +426,10 @@ def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, caps
                     "checkpoint_factor": 2, "precision": "fp32", "use_wandb": True, "wandb_project": "tests",
                     "tensorboard_dir": str(tmp_path / "tb")},
             "runs": [{"name": "a"}, {"name": "b", "set": {"seed": 2}}],
-            "eval": {"source": "local", "corpora": ["c4"], "max_docs": 1}}
+            "eval": {"source": "local", "corpora": ["c4"], "max_docs": 1, "extra": {"notes": str(tmp_path / "n.jsonl")}}}
+    notes = ["A held-out note about attention windows.", "Another note, about sweeps and their reports."]
+    (tmp_path / "n.jsonl").write_text("".join(json.dumps({"title": f"n{i}", "text": t}) + "\n"
+                                              for i, t in enumerate(notes)))
     path, out = _write(tmp_path, spec), tmp_path / "runs"
     for key, value in train_env().items():
         monkeypatch.setenv(key, value)  # the sweep's train.py and eval.perplexity inherit this environment
@@ -433,7 +437,7 @@ def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, caps
     for run in ("a", "b"):  # one TensorBoard directory per run, each with its own steps
         assert list((tmp_path / "tb" / run).glob("events.out.tfevents.*")), run
         result = json.loads((out / run / "eval" / "perplexity.json").read_text())
-        assert result["step"] == 4
+        assert result["step"] == 4 and result["corpora"]["notes"]["documents"] == 2  # the extra corpus beside c4
         log = _wandb_log(out / run)  # the evaluation reached the run's W&B run
         assert b"eval/c4/token_perplexity" in log and json.dumps(result["corpora"]["c4"]["token_perplexity"]).encode() in log
     assert not list((tmp_path / "tb").glob("events.out.tfevents.*"))
@@ -461,9 +465,13 @@ def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, caps
     assert sweep_main([str(out), "run", "--local"]) == 0
     text = capsys.readouterr().out
     assert "a: done, skipped" in text and "b: training" not in text
-    assert json.loads((out / "b" / "eval" / "perplexity.json").read_text())["step"] == 6
+    result = json.loads((out / "b" / "eval" / "perplexity.json").read_text())
+    assert result["step"] == 6 and set(result["corpora"]) == {"c4", "notes"}
     assert sweep_main([str(out), "status"]) == 0
     assert "2 done" in capsys.readouterr().out
+    assert report_main([str(out), "--no-figures"]) == 0
+    header = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| Run "))
+    assert "| C4 |" in header and "| notes |" in header
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from pathlib import Path
 from .local import run_local
 from ..rundir import METRICS, RunFileError
 from .rundir import run_state
-from .slurm import SlurmSettings, cancel_jobs, queued_jobs, submit_runs
+from .slurm import SlurmSettings, cancel_jobs, extra_corpora, queued_jobs, submit_runs
 from .spec import (SWEEP_COPY, SweepError, check_owner, check_report_settings, check_runs, load_sweep, plan,
                    plan_row, with_overrides, write_plan)
 
@@ -164,7 +164,8 @@ def _state(run_dir: Path, sweep):
     """:func:`run_state` with the live SLURM states of the run's recorded jobs."""
     from ..rundir import job_ids
 
-    return run_state(run_dir, want_eval=bool(sweep.eval), queue=queued_jobs(job_ids(run_dir)))
+    return run_state(run_dir, want_eval=bool(sweep.eval), queue=queued_jobs(job_ids(run_dir)),
+                     extra=list(extra_corpora(sweep.eval)))
 
 
 def _eval_cell(st) -> str:

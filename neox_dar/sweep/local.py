@@ -1,28 +1,55 @@
-"""Running a sweep's runs one after another on this machine (`run --local`)."""
+"""Running a sweep's runs one after another on this machine (`run --local`).
+
+SIGTERM or Ctrl-C (SIGINT) to `run --local` is handed to the running command's processes as SIGTERM (a trainer
+writes a checkpoint and exits 3; an evaluation just stops); the sweep then stops too, exit code 3: run the same
+command again to continue. The commands run in their own session, so a terminal's Ctrl-C reaches them only this
+way.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
-from ..rundir import CONFIG, EVAL_DIR, FINAL_EVAL
+from ..rundir import CONFIG
 from .rundir import needs_eval, run_state
-from .slurm import TRAIN_SCRIPT, eval_args
+from .slurm import TRAIN_SCRIPT, eval_args, extra_corpora
+
+
+EXIT_STOPPED = 3  # the trainer's "stopped at a checkpoint"
+_stop: list[int] = []  # the stop signals received while a child ran
 
 
 def _run_logged(cmd: list[str], log: Path) -> int:
-    """Run ``cmd`` here, echoing its output and appending it to ``log``."""
+    """Run ``cmd`` here, echoing its output and appending it to ``log``; a stop signal meanwhile is handed to it as
+    SIGTERM, and the exit code is then :data:`EXIT_STOPPED`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sys.stdout.write(line)
-            f.write(line)
-        return proc.wait()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                start_new_session=True)
+
+        def forward(signum, frame):
+            _stop.append(signum)
+            print(f"[sweep] {signal.Signals(signum).name}: stopping (SIGTERM to the running command's processes; a "
+                  "trainer checkpoints first)", flush=True)
+            os.killpg(proc.pid, signal.SIGTERM)
+
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                sys.stdout.write(line)
+                f.write(line)
+            rc = proc.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        return EXIT_STOPPED if _stop else rc
 
 
 def train_command(run_dir: Path, nproc: int, python: str = sys.executable) -> list[str]:
@@ -39,7 +66,7 @@ def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
     evaluation does not score its newest checkpoint; returns the exit code (3: interrupted)."""
     run_dir = Path(run_dir)
     want_eval = bool(eval_args(ev))
-    st = run_state(run_dir, want_eval)
+    st = run_state(run_dir, want_eval, extra=list(extra_corpora(ev)))
     if st.state == "done":
         print(f"[sweep] {run_dir.name}: done, skipped")
         return 0
@@ -52,9 +79,8 @@ def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
         if rc != 0:
             print(f"[sweep] {run_dir.name}: training exited with {rc}")
             return rc
-    if want_eval and needs_eval(run_dir):
-        out = run_dir / EVAL_DIR / FINAL_EVAL
-        cmd = [sys.executable, "-m", "eval.perplexity", str(run_dir), *eval_args(ev), "--out", str(out)]
+    if want_eval and needs_eval(run_dir, list(extra_corpora(ev))):
+        cmd = [sys.executable, "-m", "neox_dar.sweep.evaluate", str(run_dir), *eval_args(ev)]
         rc = _run_logged(cmd, run_dir / "logs" / "eval-local.log")
         if rc != 0:
             print(f"[sweep] {run_dir.name}: evaluation exited with {rc}")

@@ -13,15 +13,13 @@ themselves and their readers belong to :mod:`neox_dar.rundir`).
 
 A run is *trained* when the trainer said ``done`` at a step >= the config's ``train_iters`` (raising ``train_iters``
 re-opens a finished run: state ``extend``), and *evaluated* when ``eval/perplexity.json`` scored its newest
-checkpoint (a run trained further since is evaluated again).
-
-    python -m neox_dar.sweep.rundir needs-training RUN_DIR   # exit 0: train it, 1: trained (the job script asks)
-    python -m neox_dar.sweep.rundir needs-eval RUN_DIR       # exit 0: evaluate it, 1: evaluated
+checkpoint (a run trained further since is evaluated again) and holds the sweep's extra corpora. The job script
+asks through :mod:`neox_dar.sweep.job`.
 """
 
 from __future__ import annotations
 
-import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,8 +92,15 @@ def _evaluated(eval_step: int | None, checkpoint: int | None) -> bool:
     return eval_step is not None and (checkpoint is None or eval_step == checkpoint)
 
 
-def run_state(run_dir: Path, want_eval: bool = False, queue: dict[str, str] | None = None) -> RunState:
-    """State of a run from its files, its lock and ``queue`` (its job ids -> live SLURM states; None: no SLURM)."""
+def _complete(ev: dict | None, extra: Sequence[str]) -> bool:
+    """The evaluation holds every extra corpus the sweep asks for."""
+    return ev is not None and all(name in (ev.get("corpora") or {}) for name in extra)
+
+
+def run_state(run_dir: Path, want_eval: bool = False, queue: dict[str, str] | None = None,
+              extra: Sequence[str] = ()) -> RunState:
+    """State of a run from its files, its lock and ``queue`` (its job ids -> live SLURM states; None: no SLURM);
+    ``extra``: the sweep's extra corpora, which an evaluation must hold to count."""
     run_dir = Path(run_dir)
     status = read_status(run_dir) or {}
     rows = read_metrics(run_dir)
@@ -111,7 +116,7 @@ def run_state(run_dir: Path, want_eval: bool = False, queue: dict[str, str] | No
     st = RunState(name=run_dir.name, state=status.get("state", "pending"), step=max(steps) if steps else None,
                   train_iters=train_iters, loss=train_rows[-1]["loss"] if train_rows else None,
                   valid_loss=valid_rows[-1]["valid_loss"] if valid_rows else None, checkpoint=checkpoint,
-                  eval_step=ev.get("step") if ev else None, jobs=jobs, holder=holder)
+                  eval_step=ev.get("step") if _complete(ev, extra) else None, jobs=jobs, holder=holder)
     trained = _trained(status, train_iters)
     if trained:
         st.state = "done" if st.evaluated or not want_eval else "trained"
@@ -132,19 +137,6 @@ def needs_training(run_dir: Path) -> bool:
     return not _trained(read_status(run_dir) or {}, planned_iters(run_dir))
 
 
-def needs_eval(run_dir: Path) -> bool:
+def needs_eval(run_dir: Path, extra: Sequence[str] = ()) -> bool:
     ev = final_eval(run_dir)
-    return not _evaluated(ev.get("step") if ev else None, newest_checkpoint_step(run_dir))
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    checks = {"needs-training": needs_training, "needs-eval": needs_eval}
-    if len(args) != 2 or args[0] not in checks:
-        print(f"usage: python -m neox_dar.sweep.rundir {{{','.join(checks)}}} RUN_DIR", file=sys.stderr)
-        return 2
-    return 0 if checks[args[0]](Path(args[1])) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return not (_complete(ev, extra) and _evaluated(ev.get("step"), newest_checkpoint_step(run_dir)))

@@ -115,11 +115,13 @@ def eval_args(ev: dict | None) -> list[str]:
     ``source``: ``hub`` (default: the full corpora's Hub splits) or ``local`` (the files in data/eval, or ``args``'
     ``--corpus-path``); ``corpora``: default all three; ``max_docs``: documents per corpus, an int for every corpus or
     a mapping corpus -> int or null (= all), default :data:`neox_dar.evaluation.corpora.HUB_DEFAULT_DOCS` for the
-    Hub and all documents for local files; ``args``: more eval.perplexity options. Every run scores the documents of
-    the sweep's manifest (``--sweep-manifest``: the first run to be evaluated writes it)."""
+    Hub and all documents for local files; ``args``: more eval.perplexity options; ``extra``: ``{NAME: PATH}`` of
+    JSON-lines corpora scored beside them (:mod:`neox_dar.sweep.evaluate`, which takes these options with
+    ``--extra NAME=PATH``). Every run scores the documents of the sweep's manifest (``--sweep-manifest``: the first
+    run to be evaluated writes it)."""
     if not ev:
         return []
-    allowed = ("args", "corpora", "max_docs", "source")
+    allowed = ("args", "corpora", "extra", "max_docs", "source")
     unknown = set(ev) - set(allowed)
     if unknown:
         raise SweepError(f"unknown eval setting(s) {', '.join(sorted(unknown))} (allowed: {', '.join(allowed)})")
@@ -140,7 +142,21 @@ def eval_args(ev: dict | None) -> list[str]:
         raise SweepError(f"eval max_docs wants an int >= 1 or null per corpus of {', '.join(CORPORA)}, got {bad}")
     args = ["--source", source, "--corpora", ",".join(corpora), "--sweep-manifest"]
     args += [f"--max-docs={name}={'all' if n is None else n}" for name, n in counts.items()]
-    return args + [str(a) for a in ev.get("args") or []]
+    args += [str(a) for a in ev.get("args") or []]
+    return args + [f"--extra={name}={path}" for name, path in extra_corpora(ev).items()]
+
+
+def extra_corpora(ev: dict | None) -> dict[str, str]:
+    """The sweep's extra evaluation corpora, ``{NAME: PATH}`` (SweepError for a bad one)."""
+    from .evaluate import parse_extra
+
+    extra = (ev or {}).get("extra") or {}
+    if not isinstance(extra, dict):
+        raise SweepError(f"eval extra must be a mapping NAME: PATH of JSON-lines files, got {extra!r}")
+    try:
+        return parse_extra(extra)
+    except ValueError as e:
+        raise SweepError(f"eval {e}") from None
 
 
 def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log_dir: Path,
@@ -176,6 +192,7 @@ def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log
         "launcher": shlex.quote(str(LAUNCHER)),
         "train_script": shlex.quote(str(TRAIN_SCRIPT)),
         "eval_args": " ".join(shlex.quote(a) for a in eval_args(ev)),
+        "extra_corpora": " ".join(shlex.quote(a) for a in extra_corpora(ev)),
         "workdir": shlex.quote(str(workdir or Path.cwd())),
         "setup": "\n".join(settings.setup),
     }

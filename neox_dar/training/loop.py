@@ -180,6 +180,8 @@ def train(cfg: Config, info: DistInfo) -> int:
     logger = None
     try:
         start_dir = _start_point(cfg, info)
+        if run_lock is not None:
+            run_lock.record()
         # finetune: a new run from load='s weights (its own checkpoints, once it has some, are resumed as usual)
         pretrained = start_dir if cfg.run.finetune and start_dir is not None and not _is_own(start_dir, save) else None
         world = info.world_size
