@@ -105,8 +105,8 @@ def test_missing_corpus_names_the_path(tmp_path):
 
 @pytest.mark.parametrize("name,content,match", [
     ("c4", b"this is not gzip data at all", "corrupt c4 file"),
-    ("c4", gzip.compress(b'{"text": "ok"}\n{"text": "trunc')[:-9], "corrupt c4 file"),
-    ("c4", gzip.compress(b'{"text": "ok"}\n{not json}\n'), "line 2 is not JSON"),
+    ("c4", gzip.compress(b'{"text": "ok"}\n{"text": "trunc', mtime=0)[:-9], "corrupt c4 file"),
+    ("c4", gzip.compress(b'{"text": "ok"}\n{not json}\n', mtime=0), "line 2 is not JSON"),
     ("fineweb_edu", b'{"body": "no text field"}\n', "no string 'text' field"),
     ("wikitext103", b"\xff\xfe = Bad = \n\x80\x81", "not UTF-8"),
     ("wikitext103", b"plain text without any article heading\n", "no ' = Title = '"),
