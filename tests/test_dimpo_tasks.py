@@ -97,12 +97,20 @@ def test_task_grid_runs_lm_eval_and_reads_its_results(tmp_path, capsys):
     listing = capsys.readouterr().out
     assert "l=1 d'=4 saving 18.75%" in listing and "l=2 d'=4 saving 37.50%" in listing and "dimpo_layers=2" in listing
     assert listing.count("--num_fewshot 0") == 6
-    assert main(args + ["--layers", "0,1", "--run"]) == 0  # the last layer attends with each file's projections
+    assert main(args + ["--layers", "0", "--run"]) == 0  # one lm-eval run: l = 0 is the same model for every d'
     table = table2(str(out))
-    assert table.columns == ["d' / l", "0", "1"] and [r[0] for r in table.rows] == ["8", "4"]
+    assert table.columns == ["d' / l", "0"] and [r[0] for r in table.rows] == ["8", "4"]
     score = float(table.rows[0][1].split(" / ")[0])
     assert 0 <= score <= 100 and table.rows[0][1] == table.rows[1][1] and table.rows[0][1].endswith(" / 0.00%")
-    assert table.rows[0][2].endswith(" / 12.50%") and table.rows[1][2].endswith(" / 18.75%")
+    one = ["tasks", str(run), "--projections", files[1], "--out", str(out), "--tasks", "dimpo_smoke:acc",
+           "--lm-eval-args", lm_eval_args, "--layers", "0,1", "--run"]
+    capsys.readouterr()
+    assert main(one) == 0  # the last layer attends with the d' = 4 projections; l = 0 is not run again
+    ran = capsys.readouterr().err
+    assert "dimpo: l=1 d'=4" in ran and "dimpo: l=0" not in ran
+    table = table2(str(out))
+    assert table.columns == ["d' / l", "0", "1"] and table.rows[0][0] == "4"
+    assert float(table.rows[0][1].split(" / ")[0]) == score and table.rows[0][2].endswith(" / 18.75%")
     (per_task,) = task_tables(str(out))
     assert per_task.title == "dimpo_smoke (acc)" and float(per_task.rows[0][1]) == pytest.approx(score, abs=0.051)
     assert main(["tasks", str(run), "--projections", files[0], "--out", str(out), "--layers", "3"]) == 2
