@@ -16,7 +16,7 @@ does not depend on the values, and the prefill is not timed), then ``warmup`` + 
 (``CausalLM.decode``, one token per row), so the timed steps see contexts just below ``C``. Variants alternate
 step by step, so they share the machine's load; a step's time is wall time (CUDA synchronised); tokens/s is
 ``B / median step time``. ``cache_bytes_per_sequence`` is what the caches hold (``ModelCache.nbytes() / B``), next to
-the figure ``python -m neox_dar.describe`` prints (``kv_cache_per_token(C) x C`` summed over layers).
+the figure ``python -m neox_dar.describe`` prints (each layer's ``kv_cache_per_token(C) x C``, summed).
 ``kv_bytes_read_per_token`` counts what one decode step of the implementation reads from the caches per row: the
 whole cache, except AHA (the last ``w`` columns of every head, and every column for the (row, head) pairs whose gate
 is open). AHA's router is replaced by a fixed gate pattern opening a ``--aha-mu-f`` share of the (layer, row, head)
@@ -42,7 +42,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from neox_dar.config import ConfigError, load_config, split_args  # noqa: E402
-from neox_dar.describe import kv_cache_numbers_per_token  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
 from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
 
@@ -134,7 +133,8 @@ def run(args) -> dict:
                             times.append(time.perf_counter() - t0)
             for v, model in models.items():
                 cache, gates, times = states[v]
-                formula = sum(kv_cache_numbers_per_token(_Cfg(model.cfg), C)) * C * torch.finfo(dtype).bits / 8
+                formula = (sum(m.kv_cache_per_token(C) for m in model.attention_modules()) * C
+                           * torch.finfo(dtype).bits / 8)
                 step_s = statistics.median(times)
                 rows.append({"variant": v, "context": C, "batch": B,
                              "cache_bytes_per_sequence": cache.nbytes() / B,
@@ -161,13 +161,6 @@ def run(args) -> dict:
                       "dar_d_down": next((m.cfg.attention.dar_d_down for v, m in models.items()
                                           if v.startswith("dar")), None)},
             "steps": args.steps, "warmup": args.warmup, "aha_mu_f_target": args.aha_mu_f, "results": rows}
-
-
-class _Cfg:
-    """What ``kv_cache_numbers_per_token`` reads of a config: its model section."""
-
-    def __init__(self, model_cfg):
-        self.model = model_cfg
 
 
 def _line(r: dict) -> str:

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from neox_dar.data.conversations import IGNORE, label_prefix
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
+from neox_dar.rundir import write_text_atomic
 
 from .encode import BadRecord, json_error, sha256_file, tokenizer_path
 from .sources import expand_inputs, iter_records
@@ -266,9 +267,7 @@ def run(argv: list[str] | None = None) -> dict:
         "command": ["python", "-m", "data_prep.chat", *(argv if argv is not None else sys.argv[1:])],
         "seconds": round(time.time() - t0, 3),
     }
-    with open(f"{args.out}.manifest.json", "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
+    write_text_atomic(f"{args.out}.manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

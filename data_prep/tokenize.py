@@ -46,6 +46,7 @@ from typing import Iterator
 import numpy as np
 
 from neox_dar.data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype, bin_path, idx_path
+from neox_dar.rundir import write_text_atomic
 
 from .budget import Budget, Segment
 from .encode import PIECE_BYTES, TokenizerSpec, encode_piece, init_worker, load_tokenizer_spec, sha256_file
@@ -354,9 +355,7 @@ def run(argv: list[str] | None = None) -> dict:
         "command": "python -m data_prep.tokenize " + shlex.join(sys.argv[1:] if argv is None else argv),
         "seconds": round(time.time() - t0, 3),
     }
-    with open(f"{args.out}.manifest.json", "w") as f:
-        json.dump(manifest, f, indent=2)
-        f.write("\n")
+    write_text_atomic(f"{args.out}.manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

@@ -34,6 +34,8 @@ import re
 import sys
 from pathlib import Path
 
+from neox_dar.rundir import write_text_atomic
+
 from .encode import sha256_file
 
 TRAIN_GLOB = "enwiki2015.train.part*.jsonl.zst"
@@ -172,8 +174,9 @@ def pack(wikipedia: Path, wikitext: Path, out: Path, max_mib: float, max_article
         dst.write(first_articles(wt_files["test"], test_articles))
     os.replace(test.with_name(test.name + ".tmp"), test)
 
+    sources = {str(p): sha256_file(p) for p in [*parts, heldout, *wt_files.values()]}
     manifest = {
-        "sources": {str(p): sha256_file(p) for p in [*parts, heldout, *wt_files.values()]},
+        "sources": sources,
         "settings": {"max_mib": max_mib, "max_articles": max_articles, "heldout_articles": heldout_articles,
                      "test_articles": test_articles, "zstd_level": level},
         "train": {"file": train.name, "bytes": train.stat().st_size, "articles_read": read, "articles": kept,
@@ -182,14 +185,14 @@ def pack(wikipedia: Path, wikitext: Path, out: Path, max_mib: float, max_article
         "heldout": {"file": held.name, "bytes": held.stat().st_size, "articles": len(held_rows),
                     "also_wikitext_articles": [r["title"] for r in held_rows if matcher.split_of(r["title"])]},
         "wikitext103_test": {"file": test.name, "bytes": test.stat().st_size,
-                             "source_sha256": sha256_file(wt_files["test"]),
+                             "source_sha256": sources[str(wt_files["test"])],
                              "articles": "all" if test_articles is None else test_articles},
         "wikitext_titles": {split: sum(1 for s in titles.values() if s == split) for split in WIKITEXT_SPLITS},
         "wikitext_titles_unmatchable": matcher.unmatchable,
         "command": " ".join([Path(sys.executable).name, "-m", "data_prep.wikipedia", *sys.argv[1:]]),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    (out / "SOURCES.md").write_text(SOURCES)
+    write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
+    write_text_atomic(out / "SOURCES.md", SOURCES)
     return manifest
 
 

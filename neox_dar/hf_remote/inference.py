@@ -531,7 +531,7 @@ class DARCache:
                  device: torch.device | str, dtype: torch.dtype, far_keys: bool = True):
         Hk, D, r = num_kv_heads, head_dim, rotary_ndims
         self.layout, self.window, self.rotary_ndims, self.key_norm = layout, window, r, key_norm
-        width = D if key_norm is not None else r  # the dims of a far key that are not absorbed into the query
+        self.width = width = D if key_norm is not None else r  # the dims of a far key not absorbed into the query
         self.near = RingBuffer(layout, {"k": (Hk, D), "v": (Hk, D)}, window, device, dtype) if window else None
         self.far = RingBuffer(layout, {"c": (1, d_down), **({"k": (Hk, width)} if far_keys and width else {})},
                               None, device, dtype)
@@ -554,7 +554,7 @@ class DARCache:
         """The not-absorbed dims of the far keys of ``c`` (b, T, d_down) at the positions of ``cos``, ``sin``
         (b or 1, T, r): normalised (``key_norm``) and rotated -> (b, H_kv, T, width)."""
         b, T = c.shape[:2]
-        k = (c @ self.k_w).view(b, T, -1, self.k_w.shape[1] // self.a_v.shape[0])  # (b, T, H_kv, width)
+        k = (c @ self.k_w).view(b, T, -1, self.width)  # (b, T, H_kv, width)
         if self.k_b is not None:
             k = k + self.k_b
         if self.key_norm is not None:
@@ -585,7 +585,7 @@ class DARCache:
         when cached) -> (B, H_kv, R, F)."""
         c = far["c"][:, 0]
         B, Hk, R, D = qg.shape
-        width = self.k_w.shape[1] // Hk
+        width = self.width
         k = far.get("k")
         if k is None and width:  # latent: rebuild the rotated dims of every far column
             k = self.far_keys(c, *self.layout.rotary(0, c.shape[1]))
