@@ -162,22 +162,6 @@ REMOTE_CODE = Path(__file__).resolve().parent / "hf_remote"
 REMOTE_FILES = ("configuration_neox_dar.py", "modeling_neox_dar.py", "inference.py")
 
 
-def remote_layer(module) -> dict:
-    """One layer's attention as the exported modeling code reads it (an entry of ``neox_dar_layers``)."""
-    if module.name in ("vanilla", "swa", "mswa"):
-        return {"type": "windowed", "windows": module.head_windows()}
-    if module.name == "aha":
-        return {"type": "aha", "window": module.window, "threshold": module.threshold}
-    if module.name in ("dar", "uniform"):
-        return {"type": "dar", "window": module.window, "d_down": module.d_down, "cache": module.cache_mode}
-    if module.name == "linear":
-        return {"type": "linear", "feature_dim": module.feature_dim}
-    if module.name == "dimpo":
-        return {"type": "dimpo", "d_proj": module.d_proj}
-    raise ConfigError(f"attention_type '{module.name}' has no Hugging Face export (the exported modeling code runs "
-                      "vanilla, swa, mswa, aha, dar, uniform, linear and dimpo layers)")
-
-
 def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
     """The ``config.json`` keys of every export: sizes, tying, the tokenizer's bos/eos ids, dtype, and our model
     config (``neox_dar_config``, which ``from-hf`` reads back)."""
@@ -201,7 +185,7 @@ def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
 
 def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[str, int | None]) -> dict:
     """The ``config.json`` of ``NeoxDarForCausalLM`` (:mod:`neox_dar.hf_remote`) for ``cfg`` and its layers'
-    :func:`remote_layer` descriptions."""
+    :meth:`~neox_dar.attention.Attention.remote_spec` descriptions."""
     scaling = None if cfg.rope_scaling is None else dataclasses.asdict(cfg.rope_scaling)
     rms = cfg.norm == "rmsnorm"
     return {
@@ -301,7 +285,7 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
     modules = model.attention_modules()
     layers = None
     if any(m.name != "vanilla" for m in modules):
-        layers = [remote_layer(m) for m in modules]
+        layers = [m.remote_spec() for m in modules]
     elif problems := export_problems(cfg):
         raise ConfigError(f"{CLASSES[cfg.model_family]} cannot express this model: {'; '.join(problems)}")
     out = Path(out_dir)

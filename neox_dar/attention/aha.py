@@ -156,6 +156,9 @@ class AHAAttention(Attention):
         return o
 
     # ---- inference cache: every key (any later token may route a head to full attention) ------------------------
+    def remote_spec(self) -> dict:
+        return {"type": "aha", "window": self.window, "threshold": self.threshold}
+
     def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> WindowedKV:
         return WindowedKV(layout, [None] * self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim, device,
                           dtype)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from ..config.fields import Key, check
+from ..config.fields import ConfigError, Key, check
 from ..hf_remote.inference import HeadProjections, Layout, WindowedKV, apply_rotary, rotary_table
 from ..norms import build_norm
 from .windowed import mean_attended_keys
@@ -178,6 +178,15 @@ class Attention(HeadProjections, nn.Module, abc.ABC):
         -> (B, T, d). ``cos``, ``sin`` (B or 1, 1, T, r): the rotary rows of each row's positions."""
         q, k, v = self.split_heads(a, cos, sin)
         return self.merge_heads(cache.attend(q, k, v, self.head_dim ** -0.5))
+
+    def remote_spec(self) -> dict:
+        """This layer as the exported modeling code reads it (an entry of ``neox_dar_layers`` in ``config.json``;
+        :mod:`neox_dar.hf_remote`): a ``windowed`` layer (softmax over ``head_windows()``) for the variants that
+        declare ``windowed_softmax``; any other variant overrides this, or has no Hugging Face export."""
+        if not self.windowed_softmax:
+            raise ConfigError(f"attention_type '{self.name}' has no Hugging Face export: its module must implement "
+                              "remote_spec (and the exported modeling code its layer type)")
+        return {"type": "windowed", "windows": self.head_windows()}
 
     def resolved_impl(self, device: torch.device) -> str:
         """``attention_impl`` with ``auto`` resolved: ``triton`` on CUDA, ``sdpa`` elsewhere."""

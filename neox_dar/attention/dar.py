@@ -166,6 +166,9 @@ class DARAttention(Attention):
         return dar_sdpa(q, k, v, k_glob, v_glob, self.window)
 
     # ---- inference cache (paper Sec. 5): k_loc, v_loc of the last w tokens, dar_down(h) of every token --------
+    def remote_spec(self) -> dict:
+        return {"type": "dar", "window": self.window, "d_down": self.d_down, "cache": self.cache_mode}
+
     def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> DARCache:
         w_k, b_k, w_v, b_v = self.key_value_weights()
         return DARCache(layout, self.window, self.d_down, self.num_kv_heads, self.head_dim, self.rotary_ndims,

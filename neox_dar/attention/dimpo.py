@@ -75,6 +75,9 @@ class DimPOAttention(Attention):
         return F.scaled_dot_product_attention(fq, fk, v, is_causal=True, enable_gqa=self.kv_groups > 1)
 
     # ---- inference: keys cached at d' -----------------------------------------------------------------------
+    def remote_spec(self) -> dict:
+        return {"type": "dimpo", "d_proj": self.d_proj}
+
     def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> WindowedKV:
         return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.d_proj, self.head_dim, device, dtype)
 

@@ -160,6 +160,9 @@ class LinearAttention(Attention):
         return self.merge_heads(out.to(a.dtype)), state
 
     # ---- inference cache: the fixed state (S, z) ---------------------------------------------------------------
+    def remote_spec(self) -> dict:
+        return {"type": "linear", "feature_dim": self.feature_dim}
+
     def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> LinearState:
         return LinearState(layout, self.num_kv_heads, self.feature_count(), self.head_dim, device)
 
