@@ -19,18 +19,23 @@ same lengths) and ``PREFIX.manifest.json`` (counts: read, written, truncated, dr
 assistant tokens; tokenizer and template hashes). Train with ``train_data_paths=[PREFIX]
 train_label_data_paths=[PREFIX_label]``. Conversations longer than ``--max-length`` tokens (use the training
 ``seq_length``) are cut there (``--overlong truncate``, the default) or left out (``drop``); a conversation with no
-assistant token left is left out. Files appear only when complete (written under a temporary name, then renamed).
+assistant token left is left out. A bad record (malformed JSON or messages, a lone surrogate, a conversation the
+template refuses or cannot render prefix by prefix) is skipped and counted with its reason, or stops the run with
+``--strict``. Files appear only when complete (written under a temporary name, then renamed); the temporary files
+a killed run left are removed at the next start.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
+import re
 import sys
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from multiprocessing import get_context
 
 import numpy as np
@@ -40,7 +45,7 @@ from neox_dar.data.conversations import IGNORE, label_prefix
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
 from neox_dar.rundir import write_text_atomic
 
-from .encode import BadRecord, json_error, sha256_file, tokenizer_path
+from .encode import BadRecord, check_unicode, load_json, sha256_file, tokenizer_path
 from .sources import expand_inputs, iter_records
 
 ROLES = ("system", "user", "assistant")
@@ -83,12 +88,7 @@ def parse_messages(kind: str, payload: object, key: str) -> list[dict]:
     if kind == "missing":
         raise BadRecord(f"missing field {key!r}")
     if kind == "json":
-        try:
-            obj = json.loads(payload.decode("utf-8"))
-        except UnicodeDecodeError as e:
-            raise BadRecord(f"invalid UTF-8 at offset {e.start}") from None
-        except json.JSONDecodeError as e:
-            raise BadRecord(f"malformed JSON: {json_error(e)}") from None
+        obj = load_json(payload)
         if not isinstance(obj, dict) or key not in obj:
             raise BadRecord(f"missing field {key!r}")
         payload = obj[key]
@@ -97,6 +97,7 @@ def parse_messages(kind: str, payload: object, key: str) -> list[dict]:
     for i, m in enumerate(payload):
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
             raise BadRecord(f"message {i} must be {{'role': one of {', '.join(ROLES)}, 'content': str}}")
+        check_unicode(m["content"], f"message {i}: ")
     if not any(m["role"] == "assistant" for m in payload):
         raise BadRecord("no assistant message")
     return [{"role": m["role"], "content": m["content"]} for m in payload]
@@ -107,18 +108,24 @@ def render(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     on tokens that start inside an assistant turn's rendered text, -100 elsewhere.
 
     Turn ``i``'s text is the span between the template's rendering of ``messages[:i]`` with the generation prompt
-    and of ``messages[:i + 1]``; each rendering must be a prefix of the whole (a ChatError otherwise)."""
-    text = tok.apply_chat_template(messages, tokenize=False)
-    spans = []
-    for i, m in enumerate(messages):
-        if m["role"] != "assistant":
-            continue
-        start = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-        end = tok.apply_chat_template(messages[:i + 1], tokenize=False)
-        if not (text.startswith(start) and text.startswith(end) and len(start) <= len(end)):
-            raise ChatError("the chat template does not render conversations prefix by prefix, so assistant turns "
-                            "cannot be located")
-        spans.append((len(start), len(end)))
+    and of ``messages[:i + 1]``; each rendering must be a prefix of the whole (a BadRecord otherwise: e.g. two
+    assistant turns in a row), and a template that refuses the conversation (``raise_exception``) is a BadRecord."""
+    from jinja2 import TemplateError
+
+    try:
+        text = tok.apply_chat_template(messages, tokenize=False)
+        spans = []
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            start = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            end = tok.apply_chat_template(messages[:i + 1], tokenize=False)
+            if not (text.startswith(start) and text.startswith(end) and len(start) <= len(end)):
+                raise BadRecord("the chat template does not render this conversation prefix by prefix, so its "
+                                "assistant turns cannot be located")
+            spans.append((len(start), len(end)))
+    except TemplateError as e:
+        raise BadRecord(f"the chat template refuses it ({type(e).__name__}: {e})") from None
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     labels = [t if any(a <= s < b for a, b in spans) else IGNORE for t, (s, _) in zip(ids, enc["offset_mapping"])]
@@ -154,6 +161,41 @@ def _render_chunk(args: tuple[list, str, int, str]) -> list:
             continue
         out.append(("ok", ids, labels, truncated))
     return out
+
+
+def remove_stale_files(prefix: str) -> list[str]:
+    """Remove the temporary files (``PREFIX.tmp-PID.bin/.idx`` and ``PREFIX.tmp-PID_label.bin/.idx``) of earlier
+    runs that ended without cleaning up (SIGKILL, power loss): those whose ids ``.bin`` no live run holds locked
+    (:func:`run` locks its own; a lock also holds across machines sharing the folder, where a PID would not).
+    Returns the removed paths."""
+    folder, base = os.path.split(os.path.abspath(prefix))
+    own = re.compile(re.escape(base) + r"\.tmp-(\d+)(?:_label)?\.(?:bin|idx)")
+    runs = defaultdict(list)
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        if found := own.fullmatch(name):
+            runs[found.group(1)].append(os.path.join(folder, name))
+    removed = []
+    for pid, paths in runs.items():
+        if not _locked(bin_path(os.path.join(folder, f"{base}.tmp-{pid}"))):
+            for path in paths:
+                os.remove(path)
+            removed += paths
+    return removed
+
+
+def _locked(path: str) -> bool:
+    """Whether another open file holds an exclusive ``flock`` on ``path`` (False when it does not exist)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _chunks(records, size: int):
@@ -200,7 +242,12 @@ def run(argv: list[str] | None = None) -> dict:
     vocab = len(tok)
     tmp = f"{args.out}.tmp-{os.getpid()}"
     os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
+    if stale := remove_stale_files(args.out):
+        print(f"data_prep.chat: removed {len(stale)} files of an interrupted data_prep.chat run "
+              f"({os.path.basename(stale[0])}, ...)", file=sys.stderr)
     ids_out = IndexedDatasetWriter(tmp, best_dtype(vocab))
+    lock = os.open(bin_path(tmp), os.O_RDONLY)  # held while this run writes: see remove_stale_files
+    fcntl.flock(lock, fcntl.LOCK_EX)
     labels_out = IndexedDatasetWriter(label_prefix(tmp), np.int32)
     counts: Counter = Counter()
     bad: list = []
@@ -208,11 +255,11 @@ def run(argv: list[str] | None = None) -> dict:
     jobs = ((chunk, args.messages_key, args.max_length, args.overlong)
             for chunk in _chunks(iter_records(sources, args.messages_key, "file"), CHUNK))
     bar = tqdm(unit=" conversations", disable=args.no_progress, desc="data_prep.chat")
+    pool = None
     try:
         if args.workers == 1:
             _WORKER["tok"] = tok
             results = map(_render_chunk, jobs)
-            pool = None
         else:
             pool = get_context("spawn").Pool(args.workers, _init_worker, (args.tokenizer, args.chat_template))
             results = pool.imap(_render_chunk, jobs)
@@ -237,8 +284,12 @@ def run(argv: list[str] | None = None) -> dict:
             bar.update(len(chunk))
         ids_out.finalize()
         labels_out.finalize()
-        if pool is not None:
-            pool.close()
+        if counts["written"] == 0:
+            first = f"; the first: {bad[0][0]}: {bad[0][1]}" if bad else ""
+            raise ChatError(f"no usable conversation in {', '.join(args.inputs)} ({len(bad)} bad records{first})")
+        for src, dst in ((tmp, args.out), (label_prefix(tmp), label_prefix(args.out))):
+            os.replace(bin_path(src), bin_path(dst))
+            os.replace(idx_path(src), idx_path(dst))
     except BaseException:
         for prefix in (tmp, label_prefix(tmp)):
             for path in (bin_path(prefix), idx_path(prefix)):
@@ -247,11 +298,10 @@ def run(argv: list[str] | None = None) -> dict:
         raise
     finally:
         bar.close()
-    if counts["written"] == 0:
-        raise ChatError(f"no usable conversation in {', '.join(args.inputs)} ({len(bad)} bad records)")
-    for src, dst in ((tmp, args.out), (label_prefix(tmp), label_prefix(args.out))):
-        os.replace(bin_path(src), bin_path(dst))
-        os.replace(idx_path(src), idx_path(dst))
+        os.close(lock)
+        if pool is not None:  # also on an error: a pool left running prints tracebacks when it is collected
+            pool.terminate()
+            pool.join()
     template = tok.chat_template
     manifest = {
         "format": "Megatron MMapIndexedDataset (GPT-NeoX): one conversation per document; labels in PREFIX_label "

@@ -141,19 +141,13 @@ def decode_record(kind: str, payload: object, text_key: str) -> str:
     """The document text of a record; :class:`BadRecord` with the reason when it has none."""
     if kind == "missing":
         raise BadRecord(f"missing text field {text_key!r}")
-    if kind in ("json", "text"):
-        try:
-            text = payload.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise BadRecord(f"invalid UTF-8: byte 0x{payload[e.start]:02x} at offset {e.start}") from None
-        if kind == "json":
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise BadRecord(f"malformed JSON: {json_error(e)}") from None
-            if not isinstance(obj, dict) or text_key not in obj:
-                raise BadRecord(f"missing text field {text_key!r}")
-            text = obj[text_key]
+    if kind == "json":
+        obj = load_json(payload)
+        if not isinstance(obj, dict) or text_key not in obj:
+            raise BadRecord(f"missing text field {text_key!r}")
+        text = obj[text_key]
+    elif kind == "text":
+        text = decode_utf8(payload)
     else:
         text = payload
     if text is None:
@@ -162,11 +156,37 @@ def decode_record(kind: str, payload: object, text_key: str) -> str:
         raise BadRecord(f"text field {text_key!r} is a {type(text).__name__}, not a string")
     if not text.strip():
         raise BadRecord("empty document")
+    check_unicode(text)
+    return text
+
+
+def decode_utf8(payload: bytes) -> str:
+    """``payload`` as UTF-8 text; :class:`BadRecord` naming the first invalid byte."""
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRecord(f"invalid UTF-8: byte 0x{payload[e.start]:02x} at offset {e.start}") from None
+
+
+def load_json(payload: bytes) -> object:
+    """The value of one JSON line; :class:`BadRecord` for invalid UTF-8, malformed JSON, or nesting deeper than
+    Python's recursion limit (which ``json`` reports as a RecursionError)."""
+    text = decode_utf8(payload)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadRecord(f"malformed JSON: {json_error(e)}") from None
+    except RecursionError:
+        raise BadRecord("malformed JSON: nested too deeply") from None
+
+
+def check_unicode(text: str, where: str = "") -> None:
+    """:class:`BadRecord` when ``text`` cannot be written as UTF-8: a lone surrogate (JSON's ``"\\ud800"``, or an
+    undecodable byte kept by Python's ``surrogateescape``); ``where`` prefixes the reason."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadRecord("invalid Unicode (lone surrogate escape)") from None
-    return text
+        raise BadRecord(f"{where}invalid Unicode (lone surrogate escape)") from None
 
 
 def json_error(e: json.JSONDecodeError) -> str:

@@ -4,6 +4,8 @@ masked loss."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +159,68 @@ def test_length_grouped_order_is_seeded_and_complete(prepared):
 def test_label_paths_must_pair_with_data_paths():
     with pytest.raises(Exception, match="train_label_data_paths"):
         config("configs/tiny.yml", train_data_paths=["a", "b"], train_label_data_paths=["a_label"])
+
+
+BAD_CONVERSATIONS = {  # a record -> the reason it is skipped
+    '{"messages": [{"role": "user", "content": "\\ud800"}, {"role": "assistant", "content": "x"}]}':
+        "message 0: invalid Unicode (lone surrogate escape)",
+    '{"messages": ' + "[" * 100_000 + "]" * 100_000 + "}": "malformed JSON: nested too deeply",
+    json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                             {"role": "assistant", "content": "c"}]}):
+        "the chat template does not render this conversation prefix by prefix",
+}
+
+
+def _with_bad_conversations(path: Path) -> Path:
+    lines = SAMPLE.read_text().splitlines()
+    path.write_text("\n".join([lines[0], *BAD_CONVERSATIONS, lines[1]]) + "\n")
+    return path
+
+
+def test_every_bad_conversation_is_skipped_and_counted_with_its_reason(tokenizer_dir, tmp_path):
+    """A lone surrogate, JSON nested past Python's recursion limit and two assistant turns in a row (which the
+    template cannot render prefix by prefix) are bad records like any other: skipped, counted, the run goes on."""
+    source = _with_bad_conversations(tmp_path / "bad.jsonl")
+    manifest = run([str(source), "--tokenizer", str(tokenizer_dir), "--out", str(tmp_path / "x"), "--workers", "1",
+                    "--no-progress"])
+    c = manifest["conversations"]
+    assert (c["read"], c["written"], c["bad"]) == (5, 2, 3)
+    for (where, reason), (line, expected) in zip(manifest["bad_records"], enumerate(BAD_CONVERSATIONS.values(), 2)):
+        assert where == f"{source}:{line}" and reason.startswith(expected), reason
+
+
+def test_bad_conversations_with_workers_give_one_line(tokenizer_dir, tmp_path):
+    """With --workers 2 the bad records are skipped as with one; with --strict the first one stops the run in one
+    line: no traceback from the pool (a process of its own, so the pool's shutdown is seen)."""
+    source = _with_bad_conversations(tmp_path / "bad.jsonl")
+    command = [sys.executable, "-m", "data_prep.chat", str(source), "--tokenizer", str(tokenizer_dir), "--out",
+               str(tmp_path / "x"), "--workers", "2", "--no-progress"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "3 bad records skipped" in done.stderr
+    done = subprocess.run(command + ["--strict"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"data_prep.chat: error: {source}:2: message 0: invalid Unicode")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "x.bin", "x.idx", "x.manifest.json",
+                                                          "x_label.bin", "x_label.idx"]
+
+
+def test_files_of_a_killed_run_are_removed_at_the_next_start(tokenizer_dir, tmp_path, capsys):
+    """A SIGKILLed run leaves its PREFIX.tmp-PID files; the next run with that prefix removes them, but never the
+    files of a run still writing (it holds a lock on them)."""
+    import fcntl
+
+    out = tmp_path / "x"
+    killed = [tmp_path / f"x.tmp-4242{suffix}" for suffix in (".bin", ".idx", "_label.bin", "_label.idx")]
+    for path in killed:
+        path.write_bytes(b"partial")
+    live = tmp_path / "x.tmp-4343.bin"
+    live.write_bytes(b"writing")
+    other = tmp_path / "xy.tmp-4242.bin"  # another prefix's
+    other.write_bytes(b"other")
+    with open(live, "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        assert main([str(SAMPLE), "--tokenizer", str(tokenizer_dir), "--out", str(out), "--workers", "1",
+                     "--no-progress"]) == 0
+    assert "removed 4 files of an interrupted data_prep.chat run" in capsys.readouterr().err
+    assert not any(p.exists() for p in killed) and live.exists() and other.exists()
