@@ -81,12 +81,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _explained_errors() -> tuple[type[BaseException], ...]:
-    """Errors that explain themselves in one line (config, data, checkpoint, disk): printed without a traceback."""
+    """Errors that explain themselves in one line (config, data, checkpoint, tokenizer, disk): printed without a
+    traceback."""
     from neox_dar.config import ConfigError
     from neox_dar.data import DataSplitError, IndexedDatasetError
     from neox_dar.rundir import CheckpointError
+    from neox_dar.tokenizer import TokenizerError
 
-    return ConfigError, CheckpointError, IndexedDatasetError, DataSplitError
+    return ConfigError, CheckpointError, IndexedDatasetError, DataSplitError, TokenizerError
 
 
 def _record_failure(cfg, error: BaseException) -> None:

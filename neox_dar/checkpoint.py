@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from .config import ConfigError, ModelConfig, load_config, model_config_from_flat, model_flat
 from .model import CausalLM, build_model
 from .rundir import CONFIG, MODEL_CONFIG, WEIGHTS, CheckpointError, resolve_checkpoint, write_manifest
+from .tokenizer import recorded_tokenizer, tokenizer_sha256
 
 
 def model_yaml(cfg: ModelConfig) -> str:
@@ -42,13 +43,15 @@ def read_model_config(step_dir: str | Path) -> ModelConfig:
 
 def save_weights(model: CausalLM, cfg: ModelConfig, out_dir: str | Path) -> Path:
     """Write ``model.safetensors`` (the tensors' own dtype, contiguous; a tied head once, as the embedding),
-    ``model.yml`` and the manifest into ``out_dir``."""
+    ``model.yml`` and the manifest into ``out_dir`` (with the sha256 of a ``tokenizer.json`` already there: copy
+    the tokenizer files first, so the manifest lists them)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.weights().items()}
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / MODEL_CONFIG).write_text(model_yaml(cfg))
-    write_manifest(out, {"step": None})
+    tokenizer = recorded_tokenizer(out)
+    write_manifest(out, {"step": None, "tokenizer_sha256": tokenizer and tokenizer_sha256(tokenizer)})
     return out
 
 

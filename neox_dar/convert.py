@@ -41,16 +41,13 @@ from .config import ConfigError, ModelConfig, model_config_from_flat, model_flat
 from .config.schema import key_sections
 from .model import CausalLM, build_model, init_weights
 from .rundir import CheckpointError, resolve_checkpoint
-from .tokenizer import SPECIAL_TOKENS, special_token_ids, tokenizer_file
+from .tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, copy_tokenizer, special_token_ids, tokenizer_file
 
 ARCHITECTURES = {"GPTNeoXForCausalLM": "gpt_neox", "LlamaForCausalLM": "llama", "Olmo2ForCausalLM": "olmo2",
                  "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 CLASSES = {family: arch for arch, family in ARCHITECTURES.items()}
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
 _IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq", "rotary_emb.inv_freq")
-# A Hugging Face folder's tokenizer files (fast and slow formats), copied by ``from-hf``.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -241,20 +238,19 @@ def hf_config_dict(cfg: ModelConfig, special_ids: dict[str, int | None] | None =
 
 
 def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> dict[str, int | None]:
-    """Copy ``tokenizer_json`` to ``out/tokenizer.json``, with its folder's ``tokenizer_config.json`` and
-    ``special_tokens_map.json`` when present (an imported model's), else Pythia's special tokens (bos = eos = unk =
-    ``<|endoftext|>``); write ``generation_config.json`` (bos, eos, the padding ids suppressed); returns the ``{"bos", "eos"}`` ids for ``config.json``.
+    """Copy ``tokenizer_json`` to ``out/tokenizer.json`` with the files that travel with it
+    (:func:`neox_dar.tokenizer.copy_tokenizer`: an imported or recorded model's ``tokenizer_config.json`` with its
+    special tokens and chat template, ``chat_template.jinja``, ``special_tokens_map.json``), else Pythia's special
+    tokens (bos = eos = unk = ``<|endoftext|>``); write ``generation_config.json`` (bos, eos, the padding ids
+    suppressed); returns the ``{"bos", "eos"}`` ids for ``config.json``.
 
-    The tokenizer file is the run's own, unchanged, so every ``tokenizers`` version that read it reads it;
-    ``PreTrainedTokenizerFast`` is the class name that transformers 4 and 5 both load from it."""
+    The tokenizer files are the run's own, unchanged, so every ``tokenizers`` version that read them reads them;
+    a ``tokenizer_config.json`` we write names ``PreTrainedTokenizerFast``, the class transformers 4 and 5 both load
+    from it."""
     source = Path(tokenizer_json)
     ids = special_token_ids(source)  # the folder's special tokens (a tokenizer_config.json beside it), else Pythia's
-    shutil.copyfile(source, out / "tokenizer.json")
-    if (source.parent / "tokenizer_config.json").is_file():
-        for name in ("tokenizer_config.json", "special_tokens_map.json"):
-            if (source.parent / name).is_file():
-                shutil.copyfile(source.parent / name, out / name)
-    else:
+    names = copy_tokenizer(source, out)
+    if "tokenizer_config.json" not in names:
         config = {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL_TOKENS,
                   "model_max_length": cfg.max_position_embeddings, "clean_up_tokenization_spaces": False}
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -7,8 +7,10 @@
 ``RUN_OR_CHECKPOINT`` is a run directory (its newest complete checkpoint, verified), a checkpoint step directory, a
 folder written by ``convert from-hf``, or a Hugging Face folder. A prompt file has one JSON object per line with a
 ``"prompt"`` string (other fields are copied to the output) or one JSON string. ``--temperature 0`` (the default) is
-greedy decoding. ``--out`` writes one JSON line per prompt (``prompt``, ``completion``, ``token_ids``: the generated
-ids, an ending eos included, ``finish_reason``: ``eos`` or ``length``) as each batch finishes; without it a single
+greedy decoding. ``--chat`` renders each prompt as a user turn with the checkpoint's chat template (the one it was
+trained with, from its recorded tokenizer files) and the template's generation prompt. ``--out`` writes one JSON
+line per prompt (``prompt``, ``completion``, ``token_ids``: the generated ids, an ending eos included,
+``finish_reason``: ``eos`` or ``length``; ``chat_prompt`` with ``--chat``) as each batch finishes; without it a single
 ``--prompt`` streams its completion to stdout and a prompt file prints the JSON lines there.
 
 How it runs (docs/inference.md): the prompts of a batch are prefilled with the training forward (``attention_impl``'s
@@ -33,7 +35,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopPLogitsWarper)
 
 from .config import ConfigError
-from .evaluation.loading import DTYPES, is_hf_folder, load_for_eval
+from .evaluation.loading import DTYPES, load_for_eval
 from .evaluation.scoring import AttentionStatsMean, overall_means
 from .model import CausalLM
 from .progress import progress_bar
@@ -175,6 +177,16 @@ class Generator:
         Qwen add nothing), as data preparation encodes documents."""
         return self.tokenizer(text)["input_ids"]
 
+    def chat(self, text: str) -> tuple[str, list[int]]:
+        """``text`` as one user turn rendered by the checkpoint's chat template with the generation prompt, and its
+        ids (the template places any special tokens itself, as ``data_prep.chat`` renders conversations)."""
+        if not self.tokenizer.chat_template:
+            raise GenerationError(f"--chat: the tokenizer {self.info['tokenizer']} has no chat template (none in "
+                                  "its tokenizer_config.json or chat_template.jinja)")
+        rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                      add_generation_prompt=True)
+        return rendered, self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
+
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -182,21 +194,13 @@ class Generator:
 def load(path: str | Path, device: str | None = None, dtype: str = "float32", attention_impl: str | None = None,
          tokenizer: str | Path | None = None) -> Generator:
     """The model at ``path`` (as :func:`neox_dar.evaluation.loading.load_for_eval` loads it: a verified checkpoint or
-    a Hugging Face folder) with its tokenizer: ``tokenizer`` if given, else the ``tokenizer.json`` beside the
-    weights, else the config's ``vocab_file``, else (GPT-NeoX models only) the bundled Pythia tokenizer. Its eos is
-    the ``tokenizer_config.json``'s beside it, else Pythia's ``<|endoftext|>``."""
+    a Hugging Face folder) with its tokenizer (:func:`neox_dar.tokenizer.tokenizer_file`: the one the checkpoint
+    records, else its config's ``vocab_file``; ``tokenizer`` only when it is that same file, or the checkpoint
+    records none). Its eos is the ``tokenizer_config.json``'s beside it, else Pythia's ``<|endoftext|>``."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_for_eval(path, device, dtype, attention_impl)
-    cfg = loaded.cfg
-    own = (Path(loaded.model_dir) / "tokenizer.json").is_file() or bool(cfg.vocab_file)
-    if tokenizer is None and not own and (is_hf_folder(path) or cfg.model_family != "gpt_neox"):
-        raise GenerationError(f"{path} has no tokenizer (no tokenizer.json beside the weights, no vocab_file in its "
-                              "config); pass --tokenizer PATH/tokenizer.json")
-    file = tokenizer_file(cfg, tokenizer, loaded.model_dir)
+    file = tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir)
     tok = hf_tokenizer(file)
-    if len(tok) > cfg.padded_vocab_size:
-        raise GenerationError(f"tokenizer {file} has {len(tok)} tokens, more than the model's "
-                              f"{cfg.padded_vocab_size} embedding rows: it is not this model's tokenizer")
     return Generator(loaded.model, tok, special_token_ids(file)["eos"], {**loaded.info, "tokenizer": str(file)})
 
 
@@ -245,6 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attention-impl", default=None, choices=["reference", "sdpa", "triton"],
                     help="the prefill's attention path (default: the checkpoint's)")
     ap.add_argument("--tokenizer", default=None, help="tokenizer.json (default: the checkpoint's)")
+    ap.add_argument("--chat", action="store_true",
+                    help="render each prompt as a user turn with the checkpoint's chat template and its generation "
+                         "prompt (--out records the rendering as chat_prompt)")
     return ap
 
 
@@ -265,7 +272,12 @@ def run(args) -> None:
         if r["prompt"] == "":
             raise GenerationError(f"prompt {i} is empty")
     gen = load(args.checkpoint, args.device, args.dtype, args.attention_impl, args.tokenizer)
-    prompts = [gen.encode(r["prompt"]) for r in records]
+    if args.chat:
+        rendered = [gen.chat(r["prompt"]) for r in records]
+        records = [{**r, "chat_prompt": text} for r, (text, _) in zip(records, rendered)]
+        prompts = [ids for _, ids in rendered]
+    else:
+        prompts = [gen.encode(r["prompt"]) for r in records]
     check_prompts(prompts, gen.model.cfg.max_position_embeddings)
     room = min(gen.model.cfg.max_position_embeddings - len(p) for p in prompts)
     if room < args.max_new_tokens:

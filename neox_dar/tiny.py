@@ -7,7 +7,8 @@ laptop, and the models the tests convert.
 The folder holds a 2-layer, d = 64 model (4 query heads over 2 key/value heads; OLMo-2's and Qwen3's q/k norms,
 Qwen2's q/k/v biases, Llama-3's rope scaling, Qwen3's head_dim 32 != d / H) with every parameter random (norm
 weights around 1, biases around 0, so each one matters to the logits), saved with ``save_pretrained`` in several
-shards, plus the Pythia tokenizer (vocabulary 50,304 by default, so the shipped tokenized samples fit) with a
+shards, plus the Pythia tokenizer (vocabulary 50,304 by default, so the shipped tokenized samples fit; or
+``--tokenizer data/byte_tokenizer.json --vocab 257``, a tokenizer other than the bundled one) with a
 ``tokenizer_config.json`` naming its special tokens and the Tülu-format chat template (``data/chat/tulu.jinja``).
 """
 
@@ -59,9 +60,11 @@ def tiny_hf_model(family: str, seed: int = 0, tie: bool = False, vocab: int = 96
     return model
 
 
-def write_tokenizer_files(out: Path, chat_template: Path | None = REPO_ROOT / "data" / "chat" / "tulu.jinja") -> None:
-    """The Pythia tokenizer with a ``tokenizer_config.json``: bos = eos = ``<|endoftext|>`` and ``chat_template``."""
-    shutil.copyfile(REPO_ROOT / "data" / "20B_tokenizer.json", out / "tokenizer.json")
+def write_tokenizer_files(out: Path, chat_template: Path | None = REPO_ROOT / "data" / "chat" / "tulu.jinja",
+                          tokenizer: Path = REPO_ROOT / "data" / "20B_tokenizer.json") -> None:
+    """``tokenizer`` (default: Pythia's; ``data/byte_tokenizer.json`` also has ``<|endoftext|>``) with a
+    ``tokenizer_config.json``: bos = eos = ``<|endoftext|>`` and ``chat_template``."""
+    shutil.copyfile(tokenizer, out / "tokenizer.json")
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|endoftext|>",
               "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>", "clean_up_tokenization_spaces": False}
     if chat_template is not None:
@@ -74,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("family", choices=FAMILIES)
     p.add_argument("out")
     p.add_argument("--vocab", type=int, default=50304, help="vocabulary (default 50304: the Pythia tokenizer's ids)")
+    p.add_argument("--tokenizer", default=str(REPO_ROOT / "data" / "20B_tokenizer.json"),
+                   help="tokenizer.json to ship (default: Pythia's; data/byte_tokenizer.json with --vocab 257)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tie", action="store_true", help="tie the input and output embeddings")
     p.add_argument("--shard", default="2MB", help="max size of one safetensors shard (default 2MB)")
@@ -82,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     tiny_hf_model(args.family, seed=args.seed, tie=args.tie, vocab=args.vocab).save_pretrained(
         out, max_shard_size=args.shard)
-    write_tokenizer_files(out)
+    write_tokenizer_files(out, tokenizer=Path(args.tokenizer))
     print(f"wrote a tiny random {args.family} model and its tokenizer to {out}", file=sys.stderr)
     return 0
 

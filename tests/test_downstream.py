@@ -108,3 +108,14 @@ def test_bad_input_is_one_line(aha, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a suite file" in err
     assert main(["list"]) == 0 and "dar-table4: DAR Table 4" in capsys.readouterr().out
+
+
+def test_the_shipped_demo_task_runs_from_any_directory(aha, tmp_path, monkeypatch):
+    """data/eval/tasks' demo task reads its documents from beside its YAML (it named a path relative to the
+    repository root, so it failed anywhere else): run from a scratch directory it scores all 8 documents."""
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    result = run_suite(str(aha[0]), "demo", load_suites(root / "configs" / "finetune" / "demo-suite.yml"),
+                       include_path=str(root / "data" / "eval" / "tasks"), min_context=0, batch_size=2,
+                       device="cpu")
+    assert result["tasks"][0]["docs"] == 8

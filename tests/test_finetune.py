@@ -190,7 +190,9 @@ def test_lora_merge_equals_the_adapted_model():
                                                 "vocab_size": 512, "seq_length": 32, "lora.r": 4})
     torch.manual_seed(0)
     model = build_model(cfg.model).eval()
-    add_lora(model, cfg)
+    # the run's log says where the adapters went: 2 layers x q/k/v/o; q, o 4 x (64 + 64), k, v 4 x (64 + 32)
+    assert add_lora(model, cfg) == ("LoRA adapters attached: r=4, alpha=16, dropout=0 on 8 modules (k_proj, "
+                                    "o_proj, q_proj, v_proj), 3,584 adapter parameters")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
@@ -253,6 +255,17 @@ def test_recipes_hold_the_papers_hyperparameters():
     assert (t.lora.r, t.lora.alpha, t.train_iters, t.train_batch_size, mswa.model.seq_length, t.warmup_iters,
             t.lr_decay_style, t.optimizer.params.lr) == (8, 16.0, 2000, 32, 4096, 20, "constant", 2e-5)
     assert mswa.model.attention.window_size == mswa.model.seq_length // 4
+
+
+@pytest.mark.parametrize("recipe", ["aha-sft", "mswa-lora", "dar-sft-stage1"])
+def test_demo_config_sets_no_key_a_recipe_ignores(recipe):
+    """configs/finetune/demo-cpu.yml layered on any recipe loads without a warning (it set dar_d_down, which AHA
+    and MSWA runs ignore, so they warned on every load)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config("configs/olmo-2-0425-1b.yml", f"configs/finetune/{recipe}.yml", "configs/finetune/demo-cpu.yml")
 
 
 def test_recipe_sweeps_plan(tmp_path):

@@ -15,7 +15,6 @@ the file's ``d'``, and each layer's ``W`` is copied into its ``dimpo_proj``.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import torch
@@ -23,7 +22,7 @@ import torch
 from ..attention import layer_types
 from ..config import ModelConfig, model_config_from_flat, model_flat
 from ..model import CausalLM, build_model
-from ..tokenizer import tokenizer_file
+from ..tokenizer import copy_tokenizer, tokenizer_file
 from .instances import DimPOError
 from .projections import check_projections, kv_cache_saving, load_projections
 
@@ -79,14 +78,10 @@ def apply_checkpoint(checkpoint: str, path: str | Path, last: int, out: str | Pa
     """Load ``checkpoint`` (a run, a step directory, a from-hf folder or a Hugging Face folder), apply the last
     ``last`` layers' projections and write the result to ``out`` with the tokenizer files; returns the info."""
     from ..checkpoint import save_weights
-    from ..convert import copy_tokenizer_files
     from ..evaluation.loading import load_for_eval
 
     loaded = load_for_eval(checkpoint)
     model, cfg, info = apply_projections(loaded.model, loaded.model.cfg, path, last)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    if not copy_tokenizer_files(loaded.model_dir, out):  # a training checkpoint: its config's tokenizer
-        shutil.copyfile(tokenizer_file(cfg), out / "tokenizer.json")
+    copy_tokenizer(tokenizer_file(cfg, model_dir=loaded.model_dir), out)  # first: the manifest lists them
     save_weights(model, cfg, out)
     return info

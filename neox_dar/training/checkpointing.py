@@ -30,6 +30,7 @@ from ..config import Config, model_config_diff
 from ..provenance import code_version
 from ..rundir import (CONFIG, MODEL_CONFIG, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune, publish,
                       read_state, step_dir_name, write_manifest)
+from ..tokenizer import RUN_TOKENIZER_DIR, copy_tokenizer, tokenizer_sha256
 from .distributed import DistInfo, any_rank, barrier
 from .finetune import merge_lora
 
@@ -171,6 +172,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
             save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
             (tmp / CONFIG).write_text(cfg.to_yaml())
             (tmp / MODEL_CONFIG).write_text(model_yaml(cfg.model))
+            tokenizer = _copy_run_tokenizer(Path(cfg.run.save), tmp)
             write_manifest(tmp, {
                 "step": state.step,
                 "consumed_samples": state.consumed_samples,
@@ -179,6 +181,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
                 "zero_stage": cfg.training.zero_optimization.stage,
                 "precision": cfg.training.dtype,
                 "code_version": code_version(),
+                "tokenizer_sha256": tokenizer,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
             publish(tmp, final)
@@ -189,6 +192,16 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
         _abandon(tmp, info, error)
     barrier()
     return final
+
+
+def _copy_run_tokenizer(save: Path, step_dir: Path) -> str | None:
+    """Copy the run's recorded tokenizer files (``save/tokenizer/``) into a checkpoint being written; returns the
+    sha256 of its ``tokenizer.json`` (None: the run records no tokenizer)."""
+    recorded = save / RUN_TOKENIZER_DIR / "tokenizer.json"
+    if not recorded.is_file():
+        return None
+    copy_tokenizer(recorded, step_dir)
+    return tokenizer_sha256(recorded)
 
 
 def _abandon(tmp: Path, info: DistInfo, error: Exception | None) -> None:

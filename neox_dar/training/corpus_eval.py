@@ -23,7 +23,7 @@ from ..evaluation.metrics import corpus_metrics, count_bytes, count_chars, count
 from ..evaluation.perplexity import SWEEP_MANIFEST, pinned_corpora
 from ..evaluation.scoring import overall_means, score_documents
 from ..rundir import EVAL_DIR, RUN_META, write_text_atomic
-from ..tokenizer import encode_texts, load_tokenizer, prefix_token_id, tokenizer_file
+from ..tokenizer import RUN_TOKENIZER_DIR, encode_texts, prefix_token_id, read_tokenizer, tokenizer_file
 from .distributed import DistInfo
 
 def _reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -47,9 +47,10 @@ class CorpusEvaluator:
             default = HUB_DEFAULT_DOCS if e.source == "hub" else {}
             max_docs = {c: e.max_docs if e.max_docs is not None else default.get(c) for c in e.corpora}
             docs, entries = pinned_corpora(manifest, list(e.corpora), e.source, None, {}, max_docs)
-            tokenizer = load_tokenizer(cfg.model)
+            path = tokenizer_file(cfg.model, model_dir=save / RUN_TOKENIZER_DIR)  # the run's recorded tokenizer
+            tokenizer = read_tokenizer(path)
             shared[0] = {
-                "prefix": prefix_token_id(tokenizer_file(cfg.model)),
+                "prefix": prefix_token_id(path),
                 "corpora": {name: {"ids": encode_texts(tokenizer, [d.text for d in docs[name]]),
                                    "words": sum(count_words(d.count_text) for d in docs[name]),
                                    "bytes": sum(count_bytes(d.count_text) for d in docs[name]),

@@ -152,13 +152,19 @@ def check_trainable(cfg: Config, model: CausalLM) -> None:
                   "names no linear layer of the model", target)
 
 
-def add_lora(model: CausalLM, cfg: Config) -> None:
-    """peft's LoRA adapters on ``lora.target_modules`` (only the adapters train afterwards)."""
+def add_lora(model: CausalLM, cfg: Config) -> str:
+    """peft's LoRA adapters on ``lora.target_modules`` (only the adapters train afterwards); returns the log line
+    that says where they went: rank, alpha, dropout, the adapted modules and the adapters' parameter count."""
     from peft import LoraConfig, inject_adapter_in_model
 
     lora = cfg.training.lora
     inject_adapter_in_model(LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                                        target_modules=list(lora.target_modules)), model)
+    adapted = sorted({n.rsplit(".lora_A.", 1)[0] for n, _ in model.named_parameters() if LORA_MARK in n})
+    count = sum(p.numel() for n, p in model.named_parameters() if ".lora_" in n)
+    kinds = sorted({n.rsplit(".", 1)[-1] for n in adapted})
+    return (f"LoRA adapters attached: r={lora.r}, alpha={lora.alpha:g}, dropout={lora.dropout:g} on {len(adapted)} "
+            f"modules ({', '.join(kinds)}), {count:,} adapter parameters")
 
 
 def freeze(model: CausalLM, cfg: Config) -> None:
@@ -190,7 +196,7 @@ def prepare_model(model: CausalLM, cfg: Config, pretrained: Path | None,
         lines += initialise_new(model, new, calibration)
     check_trainable(cfg, model)
     if cfg.training.lora is not None:
-        add_lora(model, cfg)
+        lines.append(add_lora(model, cfg))
     freeze(model, cfg)
     lines.append(trainable_summary(model))
     return lines

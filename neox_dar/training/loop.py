@@ -23,6 +23,7 @@ from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, checkpoints_dir,
                       clean_leftovers, lock_run_dir, newest_checkpoint, read_state, remove_tree, resolve_checkpoint,
                       step_dirs, write_status)
+from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from .batches import inputs_and_targets, lm_loss, micro_batches
 from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
 from .corpus_eval import CorpusEvaluator
@@ -106,13 +107,14 @@ def _choose_start(cfg: Config) -> Path | None:
     return None
 
 
-def _start_point(cfg: Config, info: DistInfo) -> Path | None:
-    """The checkpoint to continue (or, finetuning, take the weights of), decided by rank 0 and shared with every
-    rank (collective)."""
+def _start_point(cfg: Config, info: DistInfo) -> tuple[Path | None, Path | None]:
+    """The checkpoint to continue (or, finetuning, take the weights of) and the tokenizer the run records
+    (:func:`neox_dar.tokenizer.run_tokenizer`), decided by rank 0 and shared with every rank (collective)."""
     decision: list = [None]
     if info.is_main:
         try:
-            decision[0] = ("start", _choose_start(cfg))
+            start = _choose_start(cfg)
+            decision[0] = ("start", (start, run_tokenizer(cfg.model, start)))
         except Exception as e:  # shared with the other ranks, which would otherwise wait forever
             decision[0] = ("error", e)
     dist.broadcast_object_list(decision, src=0)
@@ -160,6 +162,18 @@ def unclipped_grad_norm(model) -> torch.Tensor:
     return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
 
 
+def _record_tokenizer(save: Path, tokenizer: Path | None) -> None:
+    """Rank 0, lock held: the run's tokenizer into ``save/tokenizer/`` (checkpoints copy it from there); a run
+    without one says what that means, and drops a previous run's copy."""
+    if tokenizer is not None:
+        record_run_tokenizer(tokenizer, save)
+        log.info("tokenizer: %s (recorded in %s)", tokenizer, save / RUN_TOKENIZER_DIR)
+        return
+    shutil.rmtree(save / RUN_TOKENIZER_DIR, ignore_errors=True)
+    log.warning("this run records no tokenizer (no vocab_file, and the checkpoint it starts from has none): "
+                "evaluation, generation and export of its checkpoints will need --tokenizer")
+
+
 def _mark_failed(save: Path, step: int, train_iters: int, error: BaseException) -> None:
     """status.json = failed with the error's first line (a failing status write is logged, not raised)."""
     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
@@ -179,9 +193,10 @@ def train(cfg: Config, info: DistInfo) -> int:
     state = TrainState()
     logger = None
     try:
-        start_dir = _start_point(cfg, info)
+        start_dir, tokenizer = _start_point(cfg, info)
         if run_lock is not None:
             run_lock.record()
+            _record_tokenizer(save, tokenizer)
         # finetune: a new run from load='s weights (its own checkpoints, once it has some, are resumed as usual)
         pretrained = start_dir if cfg.run.finetune and start_dir is not None and not _is_own(start_dir, save) else None
         world = info.world_size
