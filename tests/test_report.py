@@ -193,7 +193,7 @@ def test_fig3_uses_evaluations_at_several_steps(sweep_dir):
             (root / name / "eval" / f"step_{step:08d}.json").write_text(json.dumps(r))
     runs, sweep, _ = collect(root)
     by = {r.name: r for r in runs}
-    pts = _eval_points(by["dar-d32"], by["vanilla"], "token_perplexity")
+    pts = _eval_points(by["dar-d32"], by["vanilla"], {"metric": "token_perplexity"})
     assert [s for s, _ in pts] == [10, 20, 40]
     ppl = {n: {s: {c: e["corpora"][c]["token_perplexity"] for c in CORPORA} for e in by[n].evals
                for s in [e["step"]]} for n in ("vanilla", "dar-d32")}
@@ -371,3 +371,93 @@ def test_seed_spread_table(tmp_path):
     c4 = avg.columns.index("C4")
     assert row[c4] == pytest.approx(sum(res[f"dar-seed{s}"]["corpora"]["c4"]["token_perplexity"] for s in (1, 2, 3)) / 3)
     assert "seed" not in avg.columns
+
+
+NOISE_SWEEP = {
+    "name": "noisy",
+    "configs": ["configs/tiny.yml"],
+    "set": {"train_iters": 40},
+    "runs": [{"name": "vanilla-seed1", "configs": ["configs/attention/vanilla.yml"],
+              "axes": {"variant": "vanilla", "seed": "seed1"}},
+             {"name": "vanilla-seed2", "configs": ["configs/attention/vanilla.yml"], "set": {"seed": 2},
+              "axes": {"variant": "vanilla", "seed": "seed2"}},
+             {"name": "dar", "configs": ["configs/attention/dar.yml"], "axes": {"variant": "dar", "seed": "seed1"}},
+             {"name": "swa", "configs": ["configs/attention/swa.yml"], "axes": {"variant": "swa", "seed": "seed1"}}],
+    "report": {"metric": "bits_per_byte", "relative_over": ["wikitext103", "wikipedia"],
+               "baseline": {"variant": "vanilla", "seed": "seed1"}, "repeats": {"variant": "vanilla"}, "cost": True},
+}
+
+
+@pytest.fixture()
+def noisy(tmp_path):
+    """Two vanilla seeds, DAR and SWA, evaluated on WikiText-103 and an extra corpus with chosen byte perplexities
+    (bits per byte = log2 of them), and validated every 10 steps."""
+    import math
+
+    sweep = parse_sweep(NOISE_SWEEP, tmp_path / "noisy.yml")
+    root = write_plan(sweep, plan(sweep, tmp_path / "runs"))
+    ppl = {"vanilla-seed1": (3.0, 4.0), "vanilla-seed2": (3.03, 4.0), "dar": (3.3, 4.4), "swa": (3.0, 4.02)}
+    for name, (wt, wiki) in ppl.items():
+        _write_run_files(root / name, random.Random(1))
+        rows = [{"step": s, "valid_loss": 2.0 - s / 100 + 0.01 * (name == "dar") - 0.002 * (name == "vanilla-seed2"),
+                 "consumed_samples": s * 16} for s in (10, 20, 30, 40)]
+        metrics = root / name / "metrics.jsonl"
+        train = [line for line in metrics.read_text().splitlines() if "valid_loss" not in line]
+        metrics.write_text("".join(line + "\n" for line in train) + "".join(json.dumps(r) + "\n" for r in rows))
+        result = json.loads((root / name / "eval" / "perplexity.json").read_text())
+        result["corpora"] = {c: {"byte_perplexity": p, "bits_per_byte": math.log2(p), "tokens": 100, "documents": 2}
+                             for c, p in (("wikitext103", wt), ("wikipedia", wiki))}
+        (root / name / "eval" / "perplexity.json").write_text(json.dumps(result))
+    return root, ppl
+
+
+def test_noise_floor_bits_per_byte_and_rel_over_the_evaluated_corpora(noisy):
+    """metric bits_per_byte shows bits per byte per corpus, while Rel. (%) stays a perplexity ratio (byte
+    perplexity) averaged over relative_over's corpora; the repeat of the baseline gives the noise floor, and each
+    run says whether it is beyond it; the KV column is describe's bytes per token."""
+    import math
+
+    from neox_dar.config import load_config
+    from neox_dar.describe import kv_cache_numbers_per_token
+
+    root, ppl = noisy
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    col = table.columns.index
+    assert table.columns[col("Run") + 3:col("Rel. (%)")] == ["WikiText-103", "wikipedia"]
+    base = ppl["vanilla-seed1"]
+    for name, (wt, wiki) in ppl.items():
+        row = _row(table, name)
+        assert row[col("WikiText-103")] == pytest.approx(math.log2(wt))
+        assert row[col("Rel. (%)")] == pytest.approx((wt / base[0] + wiki / base[1]) / 2 * 100)
+    floor = abs((3.03 / 3 + 4.0 / 4) / 2 * 100 - 100)
+    assert [_row(table, n)[col("vs noise")] for n in ppl] == ["", "within", "beyond", "within"]
+    assert any(n.startswith("Noise floor: vanilla-seed2 has Rel.") and f"{floor:.2f} points" in n
+               for n in table.notes)
+    cfg = load_config(root / "dar" / "config.yml")
+    assert _row(table, "dar")[col("KV (B/token)")] == pytest.approx(
+        2 * sum(kv_cache_numbers_per_token(cfg, cfg.model.seq_length)))
+
+
+def test_learning_curves_against_tokens_seen_with_the_noise_band(noisy, monkeypatch):
+    """Validation loss per run against the tokens seen (consumed samples x seq_length), the in-training Rel. (%)
+    below with the repeat dashed and its distance from 100 shaded as the noise floor."""
+    import math
+
+    from neox_dar.report.figures import learning_curves
+
+    root, _ = noisy
+    figs = _captured_figures(monkeypatch)
+    runs, sweep, _ = collect(root)
+    learning_curves(runs, sweep.report, root, sweep.name)
+    fig = figs["learning_curves.png"]
+    top, bottom = fig.axes[0], fig.axes[1]
+    tokens = [s * 16 * 128 for s in (10, 20, 30, 40)]
+    dar = next(ln for ln in top.get_lines() if ln.get_label() == "dar")
+    assert list(dar.get_xdata()) == tokens
+    rel = next(ln for ln in bottom.get_lines() if ln.get_label() == "dar")
+    assert list(rel.get_ydata()) == pytest.approx([math.exp(0.01) * 100] * 4)
+    repeat = next(ln for ln in bottom.get_lines() if ln.get_label() == "vanilla-seed2")
+    assert repeat.get_linestyle() == "--"
+    band = bottom.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.max() == pytest.approx(100 + (1 - math.exp(-0.002)) * 100)

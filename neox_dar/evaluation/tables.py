@@ -15,10 +15,12 @@ METRICS = ("token_perplexity", "word_perplexity", "byte_perplexity", "bits_per_b
 MISSING = "--"
 
 
-def relative_percent(run: dict, baseline: dict, metric: str = "token_perplexity") -> float | None:
-    """Mean over the three corpora of ``run / baseline * 100`` for ``metric``; ``None`` if a corpus is missing."""
+def relative_percent(run: dict, baseline: dict, metric: str = "token_perplexity",
+                     corpora: tuple[str, ...] | list[str] = CORPORA) -> float | None:
+    """Mean over ``corpora`` (default: the papers' three) of ``run / baseline * 100`` for ``metric``; ``None`` if a
+    corpus is missing."""
     ratios = []
-    for corpus in CORPORA:
+    for corpus in corpora:
         mine, base = run["corpora"].get(corpus), baseline["corpora"].get(corpus)
         if mine is None or base is None:
             return None

@@ -7,6 +7,10 @@
   caption). Integer steps.
 - ``loss_curves.png``: training loss per run, one column per group; below it each run's loss minus its
   baseline's (or, without a baseline, the second half zoomed in).
+- ``learning_curves.png``: validation loss against the tokens seen (bytes, with a byte-level tokenizer), every run
+  of a group on one panel; below it the in-training Rel. (%), ``exp(valid_loss - baseline's) x 100`` at each
+  validation, with the noise floor (the runs of ``report.repeats``: the baseline's model at another seed) as a
+  grey band.
 - ``cost_vs_perplexity.png`` (MSWA Table 5 as a plot): relative attention cost vs Rel. (%), a labelled marker per
   run, the cost basis in the caption.
 - ``{variant}_{stat}_heatmap.png`` for each per-head statistic a variant reports (AHA's ``mu_f``: the paper's Fig.
@@ -29,11 +33,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator  # noqa: E402
 
-from ..evaluation.corpora import CORPORA  # noqa: E402
 from ..evaluation.tables import TITLES, relative_percent  # noqa: E402
 
 from .collect import RunRecord  # noqa: E402
-from .tables import Table, baselines, group_key  # noqa: E402
+from .tables import Table, baselines, group_key, relative_settings  # noqa: E402
 
 
 def _groups(runs: list[RunRecord], group_by: list[str]) -> dict[tuple, list[RunRecord]]:
@@ -82,10 +85,12 @@ def _evals_by_step(run: RunRecord) -> dict[int, dict]:
     return {e["step"]: e for e in run.evals if e.get("step") is not None}
 
 
-def _eval_points(run: RunRecord, base: RunRecord, metric: str) -> list[tuple[int, float]]:
-    """(step, Rel. %) at every step where both runs have an evaluation with all three corpora."""
+def _eval_points(run: RunRecord, base: RunRecord, report: dict) -> list[tuple[int, float]]:
+    """(step, Rel. %) at every step where both runs have an evaluation with all of Rel.'s corpora."""
     ref = _evals_by_step(base)
-    pts = [(s, relative_percent(e, ref[s], metric)) for s, e in sorted(_evals_by_step(run).items()) if s in ref]
+    metric, corpora = relative_settings(report)
+    pts = [(s, relative_percent(e, ref[s], metric, corpora)) for s, e in sorted(_evals_by_step(run).items())
+           if s in ref]
     return [(s, v) for s, v in pts if v is not None]
 
 
@@ -116,13 +121,13 @@ def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path, sweep: 
     proxy (dashed, marked in the legend and the caption)."""
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
-    metric = report.get("metric", "token_perplexity")
+    metric, corpora = relative_settings(report)
     series = []
     for r in runs:
         b = base.get(group_key(r, group_by))
         if b is None or b is r:
             continue
-        pts, proxy = _eval_points(r, b, metric), False
+        pts, proxy = _eval_points(r, b, report), False
         if len(pts) < 2:
             pts, proxy = _valid_points(r, b), True
         if pts:
@@ -138,7 +143,7 @@ def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path, sweep: 
         ax.axhline(100.0, color="black", lw=1, ls=":")
         _integer_steps(ax)
         _label(ax, "training step", "perplexity / baseline's (%)", " ".join(key))
-    papers = ", ".join(TITLES[c] for c in CORPORA)
+    papers = ", ".join(TITLES.get(c, c) for c in corpora)
     caption = []
     if any(not s[2] for s in series):
         caption.append(f"solid: Rel. (%) = mean over {papers} of {metric} / baseline's x 100, from the evaluations "
@@ -189,6 +194,62 @@ def loss_curves(runs: list[RunRecord], report: dict, out: Path, sweep: str = "")
             _label(bottom, "training step", "training loss", "second half of training (zoom)")
     rect = _titled(fig, f"{sweep}: training loss", [])
     return _save(fig, out / "loss_curves.png", rect=rect)
+
+
+def _tokens_seen(run: RunRecord, row: dict) -> int:
+    """Training tokens the run had consumed at a metrics row (its ``consumed_samples`` x ``seq_length``)."""
+    samples = row.get("consumed_samples")
+    if samples is None:  # a validation row of an older run: the step's global batches
+        samples = row["step"] * run.cfg.training.train_batch_size
+    return int(samples) * run.cfg.model.seq_length
+
+
+def learning_curves(runs: list[RunRecord], report: dict, out: Path, sweep: str = "") -> Path | None:
+    """Validation loss against the tokens seen (top) and the in-training Rel. (%) from it (bottom: each run's
+    ``exp(valid_loss - baseline's) x 100`` at the same step, the repeats' spread as a grey band), one column per
+    group. Needs ``valid_loss`` rows; the runs of a group validate on the same sequences with ``eval_mode: fixed``."""
+    group_by = list(report.get("group_by") or [])
+    groups = {k: [r for r in g if r.valid_rows()] for k, g in _groups(runs, group_by).items()}
+    groups = {k: g for k, g in groups.items() if g}
+    if not groups:
+        return None
+    base = baselines(runs, report.get("baseline"), group_by)
+    repeats = report.get("repeats")
+    fig, grid = plt.subplots(2, len(groups), figsize=(7.5 * len(groups), 8.0), squeeze=False)
+    for col, (key, group) in enumerate(groups.items()):
+        top, bottom = grid[0][col], grid[1][col]
+        b = base.get(key)
+        ref = {row["step"]: row["valid_loss"] for row in b.valid_rows()} if b is not None else {}
+        band: dict[int, float] = {}
+        for r in group:
+            rows = r.valid_rows()
+            line, = top.plot([_tokens_seen(r, x) for x in rows], [x["valid_loss"] for x in rows], lw=1.2,
+                             marker=".", ms=3, label=r.name)
+            if not ref or r is b:
+                continue
+            pts = [(_tokens_seen(r, x), math.exp(x["valid_loss"] - ref[x["step"]]) * 100) for x in rows
+                   if x["step"] in ref]
+            bottom.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, marker=".", ms=3,
+                        color=line.get_color(), label=r.name, ls="--" if repeats and r.matches(repeats) else "-")
+            if repeats and r.matches(repeats):
+                for x, (_, v) in zip(rows, pts):
+                    band[_tokens_seen(r, x)] = max(band.get(_tokens_seen(r, x), 0.0), abs(v - 100.0))
+        if band:
+            xs = sorted(band)
+            bottom.fill_between(xs, [100 - band[x] for x in xs], [100 + band[x] for x in xs], color="0.85",
+                                label="noise floor (repeats)", zorder=0)
+        _label(top, "tokens seen", "validation loss (nats per token)", " ".join(key) or "validation loss")
+        if ref:
+            bottom.axhline(100.0, color="black", lw=1, ls=":")
+            _label(bottom, "tokens seen", f"exp(valid_loss - {b.name}'s) x 100", f"in-training Rel. (%) vs {b.name}")
+        else:
+            bottom.set_visible(False)
+    tokens = sorted({validation_tokens(r) for g in groups.values() for r in g})
+    caption = [f"Validation on {'/'.join(f'{n:,}' for n in tokens)} held-out tokens per point"
+               + ("; dashed: a repeat of the baseline's model with another seed, the grey band its distance from "
+                  "100 (the noise floor)" if repeats else "")]
+    rect = _titled(fig, f"{sweep}: learning curves", caption)
+    return _save(fig, out / "learning_curves.png", rect=rect)
 
 
 def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path, sweep: str = "") -> Path | None:
@@ -273,6 +334,7 @@ def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path,
     files, skipped = [], []
     for name, fn in (("relative perplexity vs step", lambda: relative_ppl_vs_step(runs, report, out, sweep)),
                      ("loss curves", lambda: loss_curves(runs, report, out, sweep)),
+                     ("learning curves", lambda: learning_curves(runs, report, out, sweep)),
                      ("cost vs perplexity", lambda: cost_vs_perplexity(table, _ordered(runs, table), out, sweep))):
         path = fn()
         if path is None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..evaluation.corpora import CORPORA
 from ..evaluation.tables import METRICS, MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
 from ..sweep.spec import SweepError
-from .collect import RunRecord, relative_cost
+from .collect import RunRecord, kv_bytes_per_token, relative_cost
 
 REPORT_KEYS = {
     "title": "the table's title",
@@ -30,6 +30,9 @@ REPORT_KEYS = {
     "metric": f"one of {', '.join(METRICS)}",
     "cost": "true: a Cost column (attention FLOPs per token relative to vanilla)",
     "average_over": "axes (or config keys) to average over, e.g. [seed]: a second table with mean and spread",
+    "relative_over": "corpora Rel. (%) averages over (default: the papers' three), e.g. [wikitext103, wikipedia]",
+    "repeats": "selector of runs that repeat the baseline with another seed, e.g. {variant: vanilla}: their Rel. "
+               "(%) is the noise floor, printed beside every run's",
 }
 
 
@@ -57,7 +60,9 @@ def check_report(report: dict) -> None:
                          f"got {report['baseline']!r}")
     if report.get("metric") is not None and report["metric"] not in METRICS:
         raise SweepError(f"report metric must be one of {', '.join(METRICS)}, got {report['metric']!r}")
-    for key in ("group_by", "rows", "average_over"):
+    if report.get("repeats") is not None and not isinstance(report["repeats"], dict):
+        raise SweepError(f"report repeats must be a mapping such as {{variant: vanilla}}, got {report['repeats']!r}")
+    for key in ("group_by", "rows", "average_over", "relative_over"):
         value = report.get(key)
         if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
             raise SweepError(f"report {key} must be a list of names, got {value!r}")
@@ -104,12 +109,16 @@ def check_report_runs(report: dict, runs: list[RunRecord]) -> None:
         raise SweepError(f"report rows name unknown run(s) {', '.join(unknown)} (runs: "
                          f"{', '.join(r.name for r in runs)})")
     _check_names(runs, list(report.get("average_over") or []), "average_over")
+    if report.get("repeats"):
+        _check_names(runs, list(report["repeats"]), "repeats")
 
 
 def corpora_of(runs: list[RunRecord]) -> list[str]:
-    """The papers' three corpora, then every other corpus some run's evaluation holds, in order of appearance."""
-    extra = [c for r in runs for c in ((r.eval or {}).get("corpora") or {}) if c not in CORPORA]
-    return [*CORPORA, *dict.fromkeys(extra)]
+    """The papers' three corpora (those some run's evaluation holds, all three while none is evaluated), then every
+    other corpus some run's evaluation holds, in order of appearance."""
+    held = [c for r in runs for c in ((r.eval or {}).get("corpora") or {})]
+    papers = [c for c in CORPORA if c in held] if held else list(CORPORA)
+    return [*papers, *dict.fromkeys(c for c in held if c not in CORPORA)]
 
 
 def scored_on(runs: list[RunRecord], corpora: list[str], base: dict[tuple, RunRecord]) -> str | None:
@@ -126,13 +135,42 @@ def scored_on(runs: list[RunRecord], corpora: list[str], base: dict[tuple, RunRe
     return "Scored on: " + "; ".join(parts) + "." if parts else None
 
 
+def relative_settings(report: dict) -> tuple[str, tuple[str, ...]]:
+    """The metric Rel. (%) compares and the corpora it averages over: perplexities (``byte_perplexity`` when the
+    table shows ``bits_per_byte``, whose ratio would not be a perplexity ratio) over ``relative_over`` (default: the
+    papers' three corpora)."""
+    metric = report.get("metric", "token_perplexity")
+    return ("byte_perplexity" if metric == "bits_per_byte" else metric,
+            tuple(report.get("relative_over") or CORPORA))
+
+
+def noise_floor(runs: list[RunRecord], report: dict, base: dict[tuple, RunRecord]) -> list[tuple[str, float]]:
+    """``(run, Rel. (%))`` of the runs that repeat their group's baseline (``report['repeats']``) with another seed:
+    how far two runs that differ only by seed already are."""
+    if not report.get("repeats"):
+        return []
+    metric, corpora = relative_settings(report)
+    group_by = list(report.get("group_by") or [])
+    out = []
+    for r in runs:
+        b = base.get(group_key(r, group_by))
+        if r.matches(report["repeats"]) and b is not None and b is not r and r.eval and b.eval:
+            rel = relative_percent(r.eval, b.eval, metric, corpora)
+            if rel is not None:
+                out.append((r.name, rel))
+    return out
+
+
 def build_table(runs: list[RunRecord], report: dict) -> Table:
     """Rows in ``report['rows']`` order (default: the baseline, then the given order); columns run, axes,
     corpora, Rel., extras."""
     check_report(report)
     metric = report.get("metric", "token_perplexity")
+    rel_metric, rel_corpora = relative_settings(report)
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
+    noise = noise_floor(runs, report, base)
+    floor = max(abs(v - 100.0) for _, v in noise) if noise else None
     order = report.get("rows")
     if order:
         by_name = {r.name: r for r in runs}
@@ -144,20 +182,25 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     stats = list(dict.fromkeys(stat for r in runs for stat in r.variant.stats))  # the variants' statistics
     with_cost = bool(report.get("cost"))
     columns = ["Run", *axes, *(TITLES.get(c, c) for c in corpora), "Rel. (%)"]
+    if floor is not None:
+        columns.append("vs noise")
     if with_cost:
-        columns.append("Cost")
+        columns += ["Cost", "KV (B/token)"]
     columns += [f"{stat} (%)" for stat in stats]
     columns.append("Step")
     cache: dict = {}
     rows, flags = [], []
     for r in runs:
         b = base.get(group_key(r, group_by))
-        rel = relative_percent(r.eval, b.eval, metric) if (b and b.eval and r.eval) else None
+        rel = relative_percent(r.eval, b.eval, rel_metric, rel_corpora) if (b and b.eval and r.eval) else None
         if b and b is not r and b.eval and r.eval:
             flags += flag_other_documents([(r.name, r.eval)], b.eval)
         row = [r.name, *(r.axes.get(a, "") for a in axes), *(r.perplexity(c, metric) for c in corpora), rel]
+        if floor is not None:
+            row.append(None if rel is None else "" if r is b else
+                       "within" if abs(rel - 100.0) <= floor else "beyond")
         if with_cost:
-            row.append(relative_cost(r, cache))
+            row += [relative_cost(r, cache), kv_bytes_per_token(r)]
         for stat in stats:  # "" when the run's variant has no such statistic; None (missing) when not evaluated
             value = r.stat_mean(stat) if stat in r.variant.stats else ""
             row.append(value * 100 if isinstance(value, float) else value)
@@ -169,19 +212,26 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
                          "its numbers are out of date (`python -m neox_dar.sweep ... run --local` or `submit` "
                          "evaluates it again)")
     missing = "not evaluated" + (", or its baseline not evaluated" if base else "")
-    papers = ", ".join(TITLES.get(c, c) for c in CORPORA)
-    notes = [f"Perplexity: {metric} from each run's final evaluation (eval/perplexity.json, else its latest "
-             f"eval/*.json); Rel. (%) = mean over {papers} of ppl / ppl(baseline) x 100"
+    papers = ", ".join(TITLES.get(c, c) for c in rel_corpora)
+    notes = [f"{'Perplexity' if metric != 'bits_per_byte' else 'Bits per byte'}: {metric} from each run's final "
+             f"evaluation (eval/perplexity.json, else its latest eval/*.json); Rel. (%) = mean over {papers} of "
+             f"{rel_metric} / baseline's x 100"
              + (f" with the baseline of the same {', '.join(group_by)}" if group_by else "")
              + (f" (baseline: {_baseline_names(base)})" if base else " (no baseline: set report.baseline)")
              + f". '{MISSING}' = {missing}."]
     counts = scored_on(runs, corpora, base)
     if counts:
         notes.append(counts)
+    if floor is not None:
+        notes.append("Noise floor: " + ", ".join(f"{n} has Rel. {v:.2f}" for n, v in noise)
+                     + f" against the baseline (same model, another seed): {floor:.2f} points. 'vs noise': whether a "
+                     "run's |Rel. - 100| is beyond that (one seed per run: a difference within it is not resolved).")
     if with_cost:
         notes.append("Cost: training FLOPs per token of attention at seq_length (q.k scores and weighted sums over "
                      "the keys each query sees, plus products a variant adds, e.g. DAR's second key/value "
-                     "projection), relative to vanilla attention; AHA counted as if every gate were open.")
+                     "projection), relative to vanilla attention; AHA counted as if every gate were open. "
+                     "KV (B/token): inference cache bytes per token in bf16 at a context of seq_length, summed over "
+                     "the layers (python -m neox_dar.describe; AHA counted with its full cache).")
     meanings = {stat: meaning for r in runs for stat, meaning in r.variant.stats.items()}
     for stat in stats:
         notes.append(f"{stat}: {meanings[stat]}; from the final evaluation (real tokens only), mean over the corpora, "
