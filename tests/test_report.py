@@ -461,3 +461,29 @@ def test_learning_curves_against_tokens_seen_with_the_noise_band(noisy, monkeypa
     assert repeat.get_linestyle() == "--"
     band = bottom.collections[0].get_paths()[0].vertices[:, 1]
     assert band.max() == pytest.approx(100 + (1 - math.exp(-0.002)) * 100)
+
+
+def test_publish_copies_the_run_files_and_regenerates_the_docs_table(noisy, tmp_path):
+    """publish: the run files without checkpoints, the provenance, the report rebuilt from the copies, and the
+    document's marked block replaced by the report's table (text outside the markers untouched)."""
+    from neox_dar.report.publish import block, main as publish_main
+
+    root, _ = noisy
+    (root / "dar" / "checkpoints" / "step_00000040").mkdir(parents=True)
+    doc = tmp_path / "doc.md"
+    doc.write_text("before\n<!-- noisy:start -->\nold table\n<!-- noisy:end -->\nafter\n")
+    out = tmp_path / "results" / "noisy"
+    assert publish_main([str(root), str(out), "--command", "python -m neox_dar.sweep noisy.yml run --local",
+                         "--docs", str(doc)]) == 0
+    assert sorted(p.name for p in (out / "runs").iterdir()) == ["dar", "swa", "sweep.yml", "vanilla-seed1",
+                                                                  "vanilla-seed2"]
+    assert not (out / "runs" / "dar" / "checkpoints").exists()
+    assert (out / "runs" / "dar" / "eval" / "perplexity.json").is_file()
+    meta = json.loads((out / "provenance.json").read_text())
+    assert meta["training_command"].startswith("python -m neox_dar.sweep") and "cores" in meta["device"]
+    assert meta["published"]["git_commit"] and set(meta["runs"]) == {"dar", "swa", "vanilla-seed1", "vanilla-seed2"}
+    table = (out / "report" / "table.md").read_text()
+    assert block(doc, "noisy") == table.rstrip()
+    assert doc.read_text().startswith("before\n") and doc.read_text().endswith("\nafter\n")
+    runs, sweep, _ = collect(out / "runs")
+    assert to_markdown(build_table(runs, sweep.report)) == table
