@@ -4,10 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# DeepSpeed JIT-compiles a small C++ op on its first CPU start (~40 s); cache it between runs and build it
-# once here, so no single test pays for it.
-export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/neox-dar/torch_extensions}
-python3 -c "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder as B; B().load(verbose=False)" 2>/dev/null
+# Nothing is JIT-compiled: training never builds DeepSpeed's CPU shm_comm op (neox_dar/training/distributed.py),
+# so no torch extension lock is taken at start-up and none is built here either.
 # The SLURM acceptance test runs a real one-node cluster: it needs Debian's slurm-wlm and munge.
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

@@ -35,10 +35,10 @@ def train_command(save: Path, data: str, *overrides: str, nproc: int = 1) -> lis
 
 
 def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int | None = 0, env: dict | None = None,
-          preexec_fn=None) -> subprocess.CompletedProcess:
-    """Run train.py to completion; assert its exit code (unless ``expect`` is None)."""
+          preexec_fn=None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run train.py to completion within ``timeout`` seconds; assert its exit code (unless ``expect`` is None)."""
     out = subprocess.run(train_command(save, data, *overrides, nproc=nproc), cwd=ROOT, env=env or train_env(),
-                         capture_output=True, text=True, timeout=600, preexec_fn=preexec_fn)
+                         capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
     if expect is not None:
         assert out.returncode == expect, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     return out

@@ -4,13 +4,21 @@ A plain ``python train.py ...`` gets a 1-rank group (env defaults, a free local 
 launcher's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR``/``MASTER_PORT`` are used; under ``srun``
 without a launcher, ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID`` fill them (``MASTER_ADDR`` and
 ``MASTER_PORT`` must then come from the job script). Backend: NCCL on GPUs, gloo on CPU.
+
+DeepSpeed's communication backend JIT-builds and loads its CPU shared-memory op (``deepspeed_shm_comm``) whenever
+it is created, holding torch's extension lock file (``$TORCH_EXTENSIONS_DIR/deepspeed_shm_comm/lock``) meanwhile;
+a kill in those seconds leaves the lock behind and every later load waits on it forever, silently. The op serves
+only ``inference_all_reduce``, which training never calls, so it is never built or loaded here
+(:func:`init_distributed`), and a stale lock found in the cache is named in one warning.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -51,6 +59,57 @@ def world_size_from_env() -> int:
     return int(os.environ.get("WORLD_SIZE") or launcher_env().get("WORLD_SIZE", "1"))
 
 
+def _held_files() -> set[str] | None:
+    """Every file some process on this machine holds open (from ``/proc/*/fd``); None where that is unknown."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    held = set()
+    for pid in proc.iterdir():
+        if not pid.name.isdigit():
+            continue
+        try:
+            fds = list((pid / "fd").iterdir())
+        except OSError:  # gone, or another user's
+            continue
+        for fd in fds:
+            try:
+                held.add(os.readlink(fd))
+            except OSError:
+                pass
+    return held
+
+
+def stale_extension_locks() -> list[Path]:
+    """torch JIT-extension lock files in the extension cache that no process on this machine holds open: left by
+    a build that was killed (torch's ``FileBaton`` keeps its lock open while it builds and deletes it after)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    locks = [*root.glob("*/lock"), *root.glob("*/*/lock")] if root.is_dir() else []
+    held = _held_files() if locks else set()
+    if held is None:
+        return []
+    return [p for p in locks if str(p.resolve()) not in held]
+
+
+def _without_shm_comm_op():
+    """Stop DeepSpeed's communication backend from building and loading its ``deepspeed_shm_comm`` op (module
+    docstring); returns a function that puts DeepSpeed's builder back."""
+    import importlib
+
+    backend = importlib.import_module("deepspeed.comm.torch")  # not `import ... as`: deepspeed.comm.torch is torch
+    build = getattr(backend, "build_shm_op", None)
+    if build is None:  # a DeepSpeed that does not build it
+        return lambda: None
+    backend.build_shm_op = lambda: None
+
+    def restore() -> None:
+        backend.build_shm_op = build
+
+    return restore
+
+
 def init_distributed() -> DistInfo:
     """Create the process group through DeepSpeed and pick this rank's device."""
     import deepspeed
@@ -65,8 +124,16 @@ def init_distributed() -> DistInfo:
     else:
         device = torch.device("cpu")
         backend = "gloo"
+    for lock in stale_extension_locks() if local_rank == 0 else ():
+        logging.getLogger("neox_dar.train").warning(
+            "stale torch extension lock %s (no process on this machine holds it: its build was killed; training "
+            "never waits on it, but a tool that loads that extension would wait forever: delete the file)", lock)
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        restore = _without_shm_comm_op()
+        try:
+            deepspeed.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+        finally:
+            restore()
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device)
 
 
