@@ -14,7 +14,8 @@
         model.yml                       the model section of the config alone (all that building the model needs)
         config.yml                      the resolved config of the run
         state.json                      step, consumed samples, provenance, and the manifest: every file of the
-                                        checkpoint with its size and xxh3-64 checksum (written last)
+                                        checkpoint with its size and xxh3-64 checksum (written last), and the
+                                        xxh3-64 checksum of its own contents
         rng_rankNNNNN.pt, DeepSpeed's model and optimizer files
     {save}/checkpoints/latest           name of the newest complete checkpoint (for people and external tools)
     {save}/checkpoints/.tmp-step_X/     a checkpoint being written; renamed to step_X once complete
@@ -28,6 +29,7 @@ Resuming, evaluation and conversion all find checkpoints through :func:`newest_c
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -62,6 +64,7 @@ STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 DEL_PREFIX = ".del-"
 CHECKSUM = "xxh3_64"
+STATE_CHECKSUM = "checksum"  # state.json's checksum of its own contents
 
 # Fault injection for the crash tests: "POINT" or "POINT:N" SIGKILLs this process the N-th time (default 1st)
 # it passes POINT (save-written, save-renamed, latest-written, prune-renamed, prune-deleting).
@@ -86,6 +89,51 @@ class CheckpointError(ValueError):
     """A checkpoint that exists but cannot be used (incomplete, corrupt, untrusted, mismatched); one line."""
 
 
+class RunFileError(ValueError):
+    """A run file that exists but cannot be read, or cannot be written as a file (a symbolic link or a directory
+    where a file belongs), named with its path."""
+
+
+class RunWriteError(OSError):
+    """A write into a run directory that failed (a full disk, a quota, a file-size limit, no permission): one line
+    naming the path, the reason and the free space there."""
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def write_error(path: str | Path, e: OSError) -> RunWriteError:
+    """The one-line :class:`RunWriteError` for a failed write of ``path``."""
+    return RunWriteError(e.errno, f"cannot write {path}: {e.strerror or e} ({free_space(Path(path).parent)})")
+
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def open_run_file(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """``os.open`` for a file of a run directory that never follows a symbolic link (a link planted there would
+    make the trainer overwrite its target): RunFileError for a link or a directory, RunWriteError for the rest."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise RunFileError(f"{path} is a symbolic link; the run directory's files are never followed through "
+                               "links: remove it") from None
+        if e.errno == errno.EISDIR:
+            raise RunFileError(f"{path} is a directory where the run keeps a file: remove it") from None
+        raise write_error(path, e) from None
+
+
+def append_text(fd: int, text: str, path: str | Path) -> None:
+    """Append all of ``text`` to the open run file ``fd`` (RunWriteError naming ``path`` when it cannot)."""
+    data = text.encode()
+    try:
+        while data:
+            data = data[os.write(fd, data):]
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
 # ----------------------------------------------------------------------------------------------
 # files
 
@@ -101,18 +149,26 @@ def fsync_dir(d: Path) -> None:
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync, then ``os.replace`` it into place.
 
-    On failure (a full disk) the temporary file is removed and the OSError names ``path``."""
+    The temporary file is created afresh (a link planted under its name is removed, never followed) and
+    ``os.replace`` replaces a link at ``path`` itself, not its target. On failure (a full disk) the temporary file
+    is removed and RunWriteError (an OSError) names ``path`` and the free space there."""
     path = Path(path)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        tmp.unlink(missing_ok=True)
+        fd = open_run_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            append_text(fd, text, path)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
+    except RunWriteError:
+        tmp.unlink(missing_ok=True)
+        raise
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise OSError(e.errno, f"cannot write {path}: {e.strerror} ({free_space(path.parent)})") from None
+        raise write_error(path, e) from None
 
 
 def free_space(path: str | Path) -> str:
@@ -186,7 +242,8 @@ def step_dirs(root: str | Path) -> list[tuple[int, Path]]:
 
 
 def read_state(step_dir: str | Path) -> dict:
-    """A checkpoint's ``state.json``; CheckpointError (saying what is wrong, not where) when missing or unreadable."""
+    """A checkpoint's ``state.json``; CheckpointError (saying what is wrong, not where) when missing, unreadable, or
+    changed since it was written (its checksum; a ``state.json`` written before it had one is taken as it is)."""
     path = Path(step_dir) / STATE
     try:
         state = json.loads(path.read_text())
@@ -196,18 +253,25 @@ def read_state(step_dir: str | Path) -> dict:
         raise CheckpointError(f"unreadable {STATE} ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict) or not isinstance(state.get("files"), dict):
         raise CheckpointError(f"{STATE} holds no manifest ('files')")
+    if STATE_CHECKSUM in state and state[STATE_CHECKSUM] != state_checksum(state):
+        raise CheckpointError(f"{STATE} is corrupt (its {CHECKSUM} checksum differs from its contents)")
     return state
 
 
 def verify(step_dir: str | Path, checksums: bool = True) -> str | None:
-    """None when ``step_dir`` is a complete checkpoint, else why not: no or unreadable manifest, a missing file, a
-    size or (with ``checksums``) checksum that differs from the manifest. A manifest without checksums (written
+    """None when ``step_dir`` is a complete checkpoint, else why not: no, unreadable or changed ``state.json``, a
+    ``step_N`` name that differs from its step, a missing file, a size or (with ``checksums``) checksum that
+    differs from the manifest. A manifest without checksums (written
     before they were recorded) is checked by size only."""
     d = Path(step_dir)
     try:
-        files = read_state(d)["files"]
+        state = read_state(d)
     except CheckpointError as e:
         return str(e)
+    files = state["files"]
+    named = d.name[len(STEP_PREFIX):] if d.name.startswith(STEP_PREFIX) else ""
+    if named.isdigit() and state.get("step") != int(named):
+        return f"its name says step {int(named)} but its {STATE} says step {state.get('step')}"
     if WEIGHTS not in files:
         return f"its manifest lists no {WEIGHTS}"
     for rel, entry in files.items():
@@ -266,6 +330,67 @@ def resolve_checkpoint(path: str | Path, checksums: bool = True,
     return found
 
 
+@dataclass
+class CheckpointHold:
+    """A shared ``flock`` on one checkpoint directory, held while a run reads it: :func:`prune` (of the run that
+    writes it) leaves a held checkpoint alone until the next prune."""
+
+    path: Path
+    fd: int
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _hold(step_dir: Path) -> int | None:
+    """A shared flock on ``step_dir`` still under its name, or None when it was renamed away (a prune) first."""
+    try:
+        fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError:  # a file system without flock: no protection, as before
+        pass
+    try:
+        same = os.stat(step_dir).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if not same:
+        os.close(fd)
+        return None
+    return fd
+
+
+def hold_checkpoint(path: str | Path, attempts: int = 3, warn: Callable[[str], Any] | None = log.warning
+                    ) -> CheckpointHold:
+    """:func:`resolve_checkpoint`, held (:class:`CheckpointHold`) so that a concurrent prune cannot delete it while
+    it is read; a checkpoint pruned between being chosen and held is chosen again (the next newest). CheckpointError
+    (one line) when that keeps happening."""
+    for _ in range(attempts):
+        found = resolve_checkpoint(path, warn=warn)
+        fd = _hold(found)
+        if fd is not None:
+            return CheckpointHold(found, fd)
+    raise CheckpointError(f"the checkpoints of {path} were deleted while this run opened them ({attempts} times; is "
+                          "the run writing them still pruning?): start again")
+
+
+def _prunable(step_dir: Path) -> int | None:
+    """An exclusive flock on ``step_dir`` (held while it is renamed away), or None when a reader holds it."""
+    fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:  # a file system without flock
+        pass
+    return fd
+
+
 def checkpoint_step(step_dir: str | Path) -> int | None:
     """The training step of a checkpoint directory (its manifest's ``step``, else its ``step_N`` name)."""
     d = Path(step_dir)
@@ -279,10 +404,18 @@ def checkpoint_step(step_dir: str | Path) -> int | None:
     return int(suffix) if suffix.isdigit() else None
 
 
+def state_checksum(state: dict) -> str:
+    """xxh3-64 of a ``state.json``'s contents other than its own ``"checksum"`` (keys sorted)."""
+    body = {k: v for k, v in state.items() if k != STATE_CHECKSUM}
+    return xxhash.xxh3_64_hexdigest(json.dumps(body, sort_keys=True).encode())
+
+
 def write_manifest(directory: Path, meta: dict) -> None:
-    """Write ``state.json`` = ``meta`` + the manifest of every other file in ``directory`` (call it last)."""
+    """Write ``state.json`` = ``meta`` + the manifest of every other file in ``directory`` + the checksum of all that
+    (:func:`state_checksum`); call it last."""
     files = {k: v for k, v in manifest(directory).items() if k != STATE}
-    (directory / STATE).write_text(json.dumps({**meta, "files": files}, indent=1) + "\n")
+    state = {**{k: v for k, v in meta.items() if k != STATE_CHECKSUM}, "files": files}
+    (directory / STATE).write_text(json.dumps({**state, STATE_CHECKSUM: state_checksum(state)}, indent=1) + "\n")
 
 
 def publish(tmp: Path, final: Path) -> None:
@@ -306,7 +439,7 @@ def publish(tmp: Path, final: Path) -> None:
 
 def prune(root: Path, keep_last_n: int) -> list[Path]:
     """Delete every checkpoint older than the newest ``keep_last_n`` complete ones (by size; never the one
-    ``latest`` names); returns what was deleted."""
+    ``latest`` names, nor one a starting run holds: :func:`hold_checkpoint`); returns what was deleted."""
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     complete = [p for _, p in step_dirs(root) if verify(p, checksums=False) is None]
     if len(complete) <= keep_last_n:
@@ -315,8 +448,15 @@ def prune(root: Path, keep_last_n: int) -> list[Path]:
     removed = []
     for step, p in step_dirs(root):
         if p.name != latest and step < oldest_kept:
-            fault_point("prune-deleting")
-            remove_tree(p)
+            fd = _prunable(p)
+            if fd is None:
+                log.info("kept %s for now: a starting run is reading it", p)
+                continue
+            try:
+                fault_point("prune-deleting")
+                remove_tree(p)
+            finally:
+                os.close(fd)
             removed.append(p)
     return removed
 
@@ -343,10 +483,6 @@ def clean_leftovers(root: Path, warn: Callable[[str], Any] = log.warning) -> lis
 # status, metrics, evaluations, jobs
 
 
-class RunFileError(ValueError):
-    """A run file that exists but cannot be read, named with its path."""
-
-
 def read_json(path: Path) -> Any:
     try:
         return json.loads(Path(path).read_text())
@@ -358,7 +494,32 @@ def write_status(run_dir: str | Path, state: str, step: int, train_iters: int, *
     """``{run}/status.json`` = {"state": running|done|interrupted|failed, "step", "train_iters", ...}."""
     body = {"state": state, "step": step, "train_iters": train_iters, **extra,
             "updated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    write_text_atomic(Path(run_dir) / STATUS, json.dumps(body) + "\n")
+    path, text = Path(run_dir) / STATUS, json.dumps(body) + "\n"
+    try:
+        write_text_atomic(path, text)
+    except RunWriteError as e:
+        if e.errno not in _NO_SPACE or not _rewrite_in_place(path, text):
+            raise
+
+
+def _rewrite_in_place(path: Path, text: str) -> bool:
+    """Overwrite an existing small file in its own blocks (no new space needed: a full disk still takes the final
+    status); False when there is no such file or that fails too. Not atomic: the last resort only."""
+    try:
+        fd = open_run_file(path, os.O_WRONLY)
+    except (RunFileError, RunWriteError):
+        return False
+    try:
+        data = text.encode()
+        if os.pwrite(fd, data, 0) != len(data):
+            return False
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def read_status(run_dir: str | Path) -> dict | None:
@@ -412,8 +573,12 @@ def job_ids(run_dir: str | Path) -> list[str]:
 
 
 def record_job(run_dir: str | Path, job_id: str) -> None:
-    with open(Path(run_dir) / JOBS, "a") as f:
-        f.write(job_id + "\n")
+    path = Path(run_dir) / JOBS
+    fd = open_run_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        append_text(fd, job_id + "\n", path)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -459,8 +624,11 @@ class RunLock:
         that refuses the directory leaves the file as it found it."""
         holder = {"host": socket.gethostname(), "pid": os.getpid(),
                   "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, (json.dumps(holder) + "\n").encode(), 0)
+        try:
+            os.ftruncate(self.fd, 0)
+            os.pwrite(self.fd, (json.dumps(holder) + "\n").encode(), 0)
+        except OSError as e:
+            raise write_error(self.path, e) from None
 
     def release(self) -> None:
         if self.fd >= 0:
@@ -480,12 +648,18 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
     """Hold ``{run}/run.lock`` for this process (:meth:`RunLock.record` then writes the holder into it).
 
     RunLockedError when another process holds it: two trainers writing one run directory would interleave their
-    checkpoints and metrics. (On a network file system the lock is as good as its ``flock`` support: NFSv4 and
+    checkpoints and metrics. RunFileError (one line) when ``run_dir`` is a file or cannot be created, or
+    ``run.lock`` is a symbolic link or a directory. (On a network file system the lock is as good as its ``flock`` support: NFSv4 and
     Lustre mounted with ``flock`` honour it across nodes.)"""
     d = Path(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    if d.exists() and not d.is_dir():
+        raise RunFileError(f"save={d} is a file, not a directory: name a directory for the run")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunFileError(f"cannot create the run directory {d}: {e.strerror or e}") from None
     path = d / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_run_file(path, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

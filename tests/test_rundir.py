@@ -191,3 +191,139 @@ def test_load_model_names_a_config_that_no_longer_matches_the_weights(weights_di
     (weights_dir / "model.yml").write_text(text)
     with pytest.raises(CheckpointError, match=r"dar_down.weight has shape \(16, 64\), its config.yml implies \(8, 64\)"):
         load_model(weights_dir)
+
+
+# ----------------------------------------------------------------------------------------------
+# issue 24: links, changed state, concurrent pruning, full disks, bad paths
+
+
+def test_run_files_are_never_written_through_a_symbolic_link(tmp_path):
+    """A link planted as run.lock, slurm_jobs.txt or a temporary name: refused in one line or replaced, and its
+    target keeps its bytes. (Before: `ln -s victim SAVE/run.lock` made the trainer write the lock into victim.)"""
+    from neox_dar.rundir import JOBS, LOCK, RunFileError, lock_run_dir, record_job, write_status
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    save = tmp_path / "save"
+    save.mkdir()
+    for name in (LOCK, JOBS, f"{TMP_PREFIX}status.json.{os.getpid()}"):
+        (save / name).symlink_to(victim)
+    with pytest.raises(RunFileError, match=f"{save / LOCK} is a symbolic link"):
+        lock_run_dir(save)
+    with pytest.raises(RunFileError, match="is a symbolic link"):
+        record_job(save, "123")
+    write_status(save, "running", 0, 10)  # replaces the link at the temporary name, never follows it
+    (save / "status.json").unlink()
+    (save / "status.json").symlink_to(victim)
+    write_status(save, "done", 10, 10)
+    assert victim.read_text() == "precious\n" and not (save / "status.json").is_symlink()
+
+
+def test_a_changed_state_json_is_refused(tmp_path):
+    """`"step": 3` edited to `"step": 4` (same size) in state.json: the checkpoint fails its check (its own checksum),
+    and a state rewritten with a matching checksum but another step than its directory's name fails too. (Before:
+    it resumed at the edited step and silently skipped optimizer steps.)"""
+    from neox_dar.rundir import write_manifest
+
+    root = tmp_path / "checkpoints"
+    edited, renamed = published_checkpoint(root, 3), published_checkpoint(root, 5)
+    state = edited / STATE
+    state.write_text(state.read_text().replace('"step": 3', '"step": 4'))
+    assert verify(edited) == f"{STATE} is corrupt (its xxh3_64 checksum differs from its contents)"
+    meta = {k: v for k, v in json.loads((renamed / STATE).read_text()).items() if k != "files"}
+    write_manifest(renamed, {**meta, "step": 6})
+    assert verify(renamed) == f"its name says step 5 but its {STATE} says step 6"
+    legacy = published_checkpoint(root, 7)  # a state.json written before it had a checksum is still read
+    body = json.loads((legacy / STATE).read_text())
+    del body["checksum"]
+    (legacy / STATE).write_text(json.dumps(body))
+    assert verify(legacy) is None
+
+
+def test_a_checkpoint_held_by_a_starting_run_survives_a_concurrent_prune(tmp_path):
+    """Stage 2 holds stage 1's newest checkpoint while stage 1 publishes a newer one and prunes to 1: the held one
+    stays whole until released and goes at the next prune; one pruned between being chosen and held is chosen
+    again. (Before: stage 2 read a model.safetensors that the prune had just removed.)"""
+    from neox_dar import rundir
+    from neox_dar.rundir import hold_checkpoint
+
+    root = tmp_path / "stage1" / "checkpoints"
+    published_checkpoint(root, 1)
+    held = hold_checkpoint(root.parent)
+    assert held.path == root / step_dir_name(1)
+    published_checkpoint(root, 2)
+    prune(root, keep_last_n=1)
+    assert [s for s, _ in step_dirs(root)] == [2, 1] and verify(held.path) is None
+    held.release()
+    prune(root, keep_last_n=1)
+    assert [s for s, _ in step_dirs(root)] == [2]
+
+    chosen = []
+    real = rundir._hold
+
+    def pruned_first(d):  # stage 1's prune renames the chosen checkpoint away just before it is held
+        chosen.append(d)
+        if len(chosen) == 1:
+            published_checkpoint(root, 3)
+            prune(root, keep_last_n=1)
+        return real(d)
+
+    rundir._hold = pruned_first
+    try:
+        again = hold_checkpoint(root.parent)
+    finally:
+        rundir._hold = real
+    assert chosen == [root / step_dir_name(2), root / step_dir_name(3)] and again.path == root / step_dir_name(3)
+    again.release()
+
+
+_FULL_DISK = """
+import os, sys
+from pathlib import Path
+from neox_dar.rundir import read_status, write_status, write_text_atomic
+save = Path(sys.argv[1])
+write_status(save, "running", 3, 10)
+with open(save / "filler", "wb", buffering=0) as f:  # fill the file system
+    try:
+        while True:
+            f.write(b"x" * 4096)
+    except OSError:
+        pass
+try:
+    write_text_atomic(save / "config.yml", "x" * 20000)
+except OSError as e:
+    print(e)
+write_status(save, "failed", 3, 10, reason="disk full")
+print(read_status(save)["state"])
+"""
+
+
+def test_a_full_disk_still_takes_the_final_status(tmp_path):
+    """On a really full file system (a 1 MiB tmpfs in a private mount namespace): a write fails in one line naming
+    the path and the free space, and status.json still becomes `failed` (rewritten in its own blocks). (Before:
+    the status write failed too and status.json stayed `running`.)"""
+    save = tmp_path / "mnt"
+    save.mkdir()
+    script = f"mount -t tmpfs -o size=1m tmpfs {save} && exec {sys.executable} -c '{_FULL_DISK}' {save}"
+    out = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", script], cwd=ROOT,
+                         capture_output=True, text=True)
+    if "mount" in out.stderr or "unshare" in out.stderr:
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"cannot write {save / 'config.yml'}: No space left on device (0.00 GiB free on "), out
+    assert lines[1] == "failed", out
+
+
+def test_bad_run_directory_paths_are_one_line(tmp_path):
+    """save that is a file, that cannot be created (under /proc), and run.lock that is a directory: one line each.
+    (Before: FileExistsError, FileNotFoundError and IsADirectoryError tracebacks.)"""
+    from neox_dar.rundir import LOCK, RunFileError, lock_run_dir
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunFileError, match="is a file, not a directory"):
+        lock_run_dir(tmp_path / "file")
+    with pytest.raises(RunFileError, match="cannot create the run directory /proc/neox-dar-run"):
+        lock_run_dir("/proc/neox-dar-run")
+    (tmp_path / "run" / LOCK).mkdir(parents=True)
+    with pytest.raises(RunFileError, match=f"{tmp_path / 'run' / LOCK} is a directory"):
+        lock_run_dir(tmp_path / "run")
