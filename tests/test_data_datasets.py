@@ -207,6 +207,22 @@ def test_split_that_rounds_to_zero_documents_gives_no_validation_set_with_a_warn
         build_datasets(cfg, train_samples=10, valid_samples=0)
 
 
+def test_valid_data_paths_beside_data_path_are_the_validation_set(tmp_path):
+    """data_path with split '1000,0,0' and valid_data_paths: validation reads the held-out files (they were ignored,
+    so such a run silently had no valid_loss); a split that also gives validation a share is a config error."""
+    write_random(tmp_path / "train", 30, seed=1)
+    held = write_random(tmp_path / "held", 10, seed=2, vocab=7)  # ids 1..6: recognisably the held-out file
+    keys = [f"data_path={tmp_path / 'train'}", f"valid_data_paths=[{tmp_path / 'held'}]", f"seq_length={SEQ}"]
+    cfg = load_config(overrides=[*keys, "split=1000,0,0"])
+    train, valid = build_datasets(cfg, train_samples=10, valid_samples=4)
+    assert valid is not None and len(valid) >= 4
+    assert all(int(valid[i].max()) < 7 for i in range(4)) and int(train[0].max()) >= 7
+    assert set(np.concatenate([valid[i] for i in range(len(valid))]).tolist()) <= set(
+        np.concatenate([held[i] for i in range(len(held))]).tolist())
+    with pytest.raises(ConfigError, match="'split'.*valid_data_paths names the validation data"):
+        load_config(overrides=[*keys, "split=969,30,1"])
+
+
 def test_sampler_ranks_are_disjoint_and_cover_every_sample():
     total, micro, world = 103, 3, 4
     per_rank = [list(DataParallelSampler(total, 0, micro, r, world)) for r in range(world)]

@@ -349,6 +349,9 @@ def _check_data(d: DataConfig) -> None:
                   "must be non-negative with a positive sum", weights)
     check(split_shares(d.split) is not None, "split",
           "must be 1 to 3 non-negative numbers 'train,valid,test' with a positive sum; missing shares are 0", d.split)
+    if d.data_path and d.valid_data_paths:
+        check(split_shares(d.split)[1] == 0, "split", "gives validation a share of data_path while valid_data_paths "
+              "names the validation data: set its validation share to 0 (e.g. '1000,0,0')", d.split)
     for part in ("train", "valid"):
         labels, paths = getattr(d, f"{part}_label_data_paths"), getattr(d, f"{part}_data_paths")
         if labels is not None:

@@ -114,8 +114,10 @@ def build_datasets(cfg: Config, train_samples: int, valid_samples: int, world_si
     """(train_ds, valid_ds or None); ``len(train_ds) >= train_samples``, ``ds[i]`` is ``int64[seq_length + 1]``
     (with label datasets: a conversation and its labels, :mod:`.conversations`).
 
-    valid_ds is None when ``valid_samples`` is 0, when no validation data is configured, or
-    when ``split`` gives validation no documents (a warning when its share is not 0).
+    Validation data: ``valid_data_paths`` when set (with ``train_data_paths``, or beside ``data_path``, whose
+    ``split`` must then give validation no share), else ``data_path``'s validation split. valid_ds is None when
+    ``valid_samples`` is 0, when no validation data is configured, or when ``split`` gives validation no documents
+    (a warning when its share is not 0).
     """
     if train_samples < 1:
         raise ValueError(f"train_samples must be >= 1, got {train_samples}")
@@ -134,7 +136,10 @@ def build_datasets(cfg: Config, train_samples: int, valid_samples: int, world_si
     b = split_bounds(cfg.data.split, len(indexed))
     train = _at_least(_gpt("train", indexed, np.arange(b[0], b[1]), train_samples, cfg), train_samples)
     valid = None
-    if valid_samples > 0 and b[2] > b[1]:
+    if cfg.data.valid_data_paths:  # held-out files beside data_path (split then gives validation no share)
+        if valid_samples > 0:
+            valid = _blend("valid", cfg.data.valid_data_paths, cfg.data.valid_data_weights, valid_samples, cfg)
+    elif valid_samples > 0 and b[2] > b[1]:
         valid = _gpt("valid", indexed, np.arange(b[1], b[2]), valid_samples, cfg)
     elif valid_samples > 0 and split_shares(cfg.data.split)[1] > 0:
         log.warning("split '%s' gives validation 0 of the %d documents in %s: no validation set (as in GPT-NeoX); "
