@@ -7,7 +7,8 @@
 Parameter names are each class's own (:mod:`neox_dar.model`), so nothing is renamed except GPT-NeoX's output head:
 exports write ``embed_out.weight`` (the published Pythia name, which transformers 5 maps to ``lm_head.weight`` on
 load); imports accept both. ``from-hf`` maps ``config.json`` to our model config (one-line errors for a class or a
-setting we cannot honour, before any tensor is read), builds the model on the meta device and assigns the tensors of
+setting we cannot honour, or sizes the weight files cannot hold, before any tensor is read; weights only from inside
+the folder, and only finite floating-point tensors), builds the model on the meta device and assigns the tensors of
 one safetensors shard at a time, memory-mapped (a checkpoint loads in about one model's worth of memory, in its own
 dtype), and copies the folder's tokenizer files. ``key=value`` overrides add a variant on top of the imported model
 (``attention_type=dar``): its new parameters get the model's ``init_method`` (docs/models.md).
@@ -27,9 +28,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import pickle
 import shutil
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -54,47 +57,100 @@ _IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.i
 # config.json <-> model config
 
 
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
 def _rope(hf: dict, where: str) -> tuple[float, dict | None, float | None]:
     """``(theta, llama3 scaling or None, partial rotary factor or None)`` from transformers 5's
     ``rope_parameters`` or transformers 4's ``rope_theta``/``rope_scaling``."""
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = dict(hf.get("rope_scaling") or {}) or params
+    params, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key!r} must be a mapping, got {value!r}")
+    scaling = scaling or params
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     theta = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000)))
     if kind not in ("default", "llama3"):
         raise ConfigError(f"{where}: rope type {kind!r} is not supported (default, llama3)")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        raise ConfigError(f"{where}: rope_theta must be a positive number, got {theta!r}")
     llama3 = None
     if kind == "llama3":
-        llama3 = {k: scaling[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                           "original_max_position_embeddings")}
+        if missing := [k for k in LLAMA3_KEYS if k not in scaling]:
+            raise ConfigError(f"{where}: llama3 rope scaling lacks {', '.join(map(repr, missing))}")
+        llama3 = {k: scaling[k] for k in LLAMA3_KEYS}
     theta = int(theta) if float(theta).is_integer() else theta  # rotary_emb_base is GPT-NeoX's int
     return theta, llama3, params.get("partial_rotary_factor")
 
 
-def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None = None) -> ModelConfig:
+def _size(hf: dict, key: str, where: str, default: int | None = None) -> int:
+    """``hf[key]`` (``default`` when absent or null) as a positive int (``1e7`` reads as 10000000); a ConfigError
+    when it is missing or not a positive whole number."""
+    value = hf.get(key)
+    value = default if value is None else value
+    if value is None:
+        raise ConfigError(f"{where}: {key!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 \
+            or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _check_size(keys: dict, weight_bytes: int | None, where: str) -> None:
+    """ConfigError when the model of ``keys`` (flat, before validation) holds more parameters than ``weight_bytes``
+    of weight files can store (one byte each at the least): wrong sizes are caught before anything is built.
+
+    The bound counts only what every family has: the embedding (vocab x hidden) and, per layer, the query
+    projection (hidden x heads * head_dim) and the MLP (hidden x intermediate); a size that is absent or not a
+    positive int counts as 1 (the config's own validation reports it)."""
+    def n(key: str) -> int:
+        value = keys.get(key)
+        return value if type(value) is int and value > 0 else 1
+
+    width = n("num_attention_heads") * n("head_dim") if keys.get("head_dim") else n("hidden_size")
+    least = n("vocab_size") * n("hidden_size") + n("num_layers") * n("hidden_size") * (width + n("intermediate_size"))
+    if weight_bytes is not None and least > weight_bytes:
+        raise ConfigError(f"{where} describes a model of at least {least:,} parameters, but its weight files hold "
+                          f"{weight_bytes:,} bytes: its sizes (num_hidden_layers, hidden_size, vocab_size, ...) are "
+                          "wrong")
+
+
+def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None = None,
+                   weight_bytes: int | None = None) -> ModelConfig:
     """Our model config for a Hugging Face ``config.json`` (``overrides``: flat keys on top, e.g. a variant).
     Exports of this project carry their own model config (``neox_dar_config``); exports of older versions carried
-    the whole run config there, whose non-model keys are dropped."""
+    the whole run config there, whose non-model keys are dropped. ``weight_bytes``: the size of the folder's weight
+    files, which must be able to hold the model (:func:`_check_size`, before the config is validated)."""
     overrides = overrides or {}
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{where} must hold a JSON object, not a {type(hf).__name__}")
     if "neox_dar_config" in hf:
+        if not isinstance(hf["neox_dar_config"], dict):
+            raise ConfigError(f"{where}: 'neox_dar_config' must be a mapping of model config keys, got "
+                              f"{hf['neox_dar_config']!r}")
         sections = key_sections()
         keys = {k: v for k, v in hf["neox_dar_config"].items() if sections.get(k) in ("model", "attention")}
+        _check_size({**keys, **overrides}, weight_bytes, where)
         return model_config_from_flat({**keys, **overrides}, source=f"{where}:neox_dar_config")
-    archs = hf.get("architectures") or [{"gpt_neox": "GPTNeoXForCausalLM"}.get(hf.get("model_type"), "?")]
+    archs = hf.get("architectures") or ["GPTNeoXForCausalLM" if hf.get("model_type") == "gpt_neox" else "?"]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ConfigError(f"{where}: 'architectures' must be a list of class names such as [\"LlamaForCausalLM\"], "
+                          f"got {archs!r}")
     family = ARCHITECTURES.get(archs[0])
     if family is None:
         raise ConfigError(f"{where}: architectures {archs} is not supported (supported: {', '.join(ARCHITECTURES)})")
     theta, llama3, partial = _rope(hf, where)
-    vocab = hf["vocab_size"]
+    vocab, hidden, heads = (_size(hf, k, where) for k in ("vocab_size", "hidden_size", "num_attention_heads"))
+    positions = _size(hf, "max_position_embeddings", where, 2048)
     keys = {
         "model_family": family,
-        "num_layers": hf["num_hidden_layers"],
-        "hidden_size": hf["hidden_size"],
-        "num_attention_heads": hf["num_attention_heads"],
-        "num_kv_heads": hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        "intermediate_size": hf.get("intermediate_size", 4 * hf["hidden_size"]),
-        "max_position_embeddings": hf.get("max_position_embeddings", 2048),
-        "seq_length": min(2048, hf.get("max_position_embeddings", 2048)),
+        "num_layers": _size(hf, "num_hidden_layers", where),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": _size(hf, "num_key_value_heads", where, heads),
+        "intermediate_size": _size(hf, "intermediate_size", where, 4 * hidden),
+        "max_position_embeddings": positions,
+        "seq_length": min(2048, positions),
         "rotary_emb_base": theta,
         "rope_scaling": llama3,
         "vocab_size": vocab,
@@ -105,6 +161,7 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
     }
     if hf.get("head_dim"):
         keys["head_dim"] = hf["head_dim"]
+    _check_size({**keys, **overrides}, weight_bytes, where)
     act = hf.get("hidden_act", "gelu" if family == "gpt_neox" else "silu")
     if family == "gpt_neox":
         if act != "gelu":
@@ -116,7 +173,8 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         return model_config_from_flat({**keys, **overrides}, source=where)
     if act != "silu":
         raise ConfigError(f"{where}: hidden_act {act!r} is not supported for {archs[0]} (SwiGLU with 'silu')")
-    if hf.get("use_sliding_window") or any(t == "sliding_attention" for t in hf.get("layer_types") or ()):
+    layer_types = hf.get("layer_types") or ()
+    if hf.get("use_sliding_window") or "sliding_attention" in (layer_types if isinstance(layer_types, list) else ()):
         raise ConfigError(f"{where}: use_sliding_window / sliding_attention layers are not supported; use our "
                           "attention_type: swa on a full-attention import instead")
     bias = hf.get("attention_bias", False)
@@ -303,10 +361,15 @@ def weight_files(hf_dir: Path) -> list[Path]:
     if single.is_file():
         return [single]
     if index.is_file():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, AttributeError) as e:
-            raise CheckpointError(f"{index} is not a safetensors index ({type(e).__name__}: {e})") from None
+        data = _read_json(index)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+            raise CheckpointError(f"{index} is not a safetensors index (it needs a 'weight_map' of tensor names to "
+                                  "file names)")
+        shards = sorted(set(weight_map.values()))
+        if outside := [s for s in shards if PurePosixPath(s).is_absolute() or ".." in PurePosixPath(s).parts]:
+            raise CheckpointError(f"{index} names a file outside {hf_dir}: {outside[0]!r} (weights are read only from "
+                                  "the folder itself)")
         missing = [s for s in shards if not (hf_dir / s).is_file()]
         if missing:
             raise CheckpointError(f"{index} lists {len(missing)} shard(s) that are not in {hf_dir}: "
@@ -326,10 +389,28 @@ def _our_name(name: str, model: CausalLM) -> str | None:
     return None if name in model.tied_keys else name
 
 
+def _read_json(path: Path) -> object:
+    """The JSON value in ``path``; a CheckpointError when it is not valid JSON (nesting too deep included)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise CheckpointError(f"{path} is not valid JSON (nested too deeply)") from None
+    except ValueError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+
+
 def _tensors(path: Path):
-    """``(name, shape, loader)`` of every tensor in one weight file; safetensors are memory-mapped."""
+    """``(name, shape, loader)`` of every tensor in one weight file; safetensors are memory-mapped. A ``.bin`` is
+    read with ``weights_only=True``: one that needs more (code to run) or is not a state dict of tensors is
+    refused."""
     if path.suffix == ".bin":
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as e:
+            raise CheckpointError(f"{path}: refused: torch.load(weights_only=True) cannot read it "
+                                  f"({type(e).__name__}); convert it to safetensors with a tool you trust") from None
+        if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+            raise CheckpointError(f"{path}: refused: not a state dict of tensors")
         for name, t in state.items():
             yield name, tuple(t.shape), (lambda t=t: t)
         return
@@ -347,14 +428,11 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
     config_path = hf_dir / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"no config.json in {hf_dir}")
-    try:
-        hf = json.loads(config_path.read_text())
-    except ValueError as e:
-        raise ConfigError(f"{config_path} is not valid JSON ({e})") from None
-    cfg = config_from_hf(hf, str(config_path), overrides)
+    hf = _read_json(config_path)
+    files = weight_files(hf_dir)
+    cfg = config_from_hf(hf, str(config_path), overrides, sum(f.stat().st_size for f in files))
     if attention_impl is not None:
         cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
-    files = weight_files(hf_dir)
     with torch.device("meta"):
         model = build_model(cfg)
     expected = {k: tuple(v.shape) for k, v in model.weights().items()}
@@ -371,7 +449,7 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
                 if shape != expected[ours]:
                     raise CheckpointError(f"{path}: {name} has shape {shape}, {config_path} implies "
                                           f"{expected[ours]}")
-                shard[ours] = load()
+                shard[ours] = _checked(load(), name, path)
             model.load_state_dict(shard, strict=False, assign=True)
             loaded |= set(shard)
     except (SafetensorError, OSError) as e:
@@ -379,6 +457,33 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
     _initialise_new(model, cfg, set(expected) - loaded, hf_dir)
     model.tie_weights()
     return model, cfg
+
+
+WEIGHT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _checked(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
+    """``tensor`` when it is of a :data:`WEIGHT_DTYPES` and finite; a CheckpointError naming it otherwise."""
+    if tensor.dtype not in WEIGHT_DTYPES:
+        raise CheckpointError(f"{path}: {name} is {str(tensor.dtype).removeprefix('torch.')}, not floating point "
+                              "(float32, float16, bfloat16 or float64)")
+    # min and max propagate NaN and hold any Inf, with no copy of the (memory-mapped) tensor
+    if tensor.numel() and not all(torch.isfinite(x) for x in torch.aminmax(tensor)):
+        raise CheckpointError(f"{path}: {name} holds NaN or Inf")
+    return tensor
+
+
+def check_tokenizer_json(hf_dir: str | Path) -> None:
+    """A ValueError when the folder's ``tokenizer.json`` (if it has one) does not load with ``tokenizers``."""
+    from tokenizers import Tokenizer
+
+    path = Path(hf_dir) / "tokenizer.json"
+    if path.is_file():
+        try:
+            Tokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for every parse failure
+            raise ValueError(f"{path} is not a Hugging Face tokenizer.json that tokenizers can load "
+                             f"({str(e).splitlines()[0][:200]})") from None
 
 
 def _initialise_new(model: CausalLM, cfg: ModelConfig, missing: set[str], hf_dir: Path) -> None:
@@ -423,10 +528,11 @@ def main(argv: list[str] | None = None) -> int:
             model, cfg = load_model(step_dir)
             to_hf(model, cfg, args.out_dir, tokenizer_file(cfg, args.tokenizer, step_dir))
         else:
+            check_tokenizer_json(args.hf_dir)  # before anything is read or written
             model, cfg = from_hf(args.hf_dir, overrides=_parse_overrides(args.overrides))
             copy_tokenizer_files(args.hf_dir, args.out_dir)  # first: the checkpoint's manifest lists them
             save_weights(model, cfg, args.out_dir)
-    except (FileNotFoundError, ConfigError, ValueError) as e:
+    except (OSError, ValueError) as e:  # ConfigError and CheckpointError are ValueErrors
         print(f"convert error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.out_dir}")

@@ -1,23 +1,26 @@
 """Conversion command line: checkpoint -> Hugging Face (weights, config, tokenizer) -> checkpoint, and its errors."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, GenerationConfig
 
 from neox_dar.checkpoint import load_model, save_weights
-from neox_dar.config import load_config
-from neox_dar.convert import to_hf
+from neox_dar.config import ConfigError, load_config
+from neox_dar.convert import config_from_hf, to_hf
 from neox_dar.evaluation.corpora import load_local
 from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.model import build_model
 
-from builders import saved_model
+from builders import hf_folder, hf_tiny, saved_model
+from neox_dar.tiny import write_tokenizer_files
 from neox_dar.tokenizer import load_tokenizer, tokenizer_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,3 +113,145 @@ def test_from_hf_keeps_the_folders_tokenizer(tmp_path):
     loaded = load_for_eval(tmp_path / "back")
     assert tokenizer_file(loaded.cfg, model_dir=loaded.model_dir) == tmp_path / "back" / "tokenizer.json"
     assert load_tokenizer(loaded.cfg, model_dir=loaded.model_dir).token_to_id("<|marker|>") is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# from-hf on bad folders: one line, exit 2, nothing written
+
+
+@pytest.fixture(scope="module")
+def llama_folder(tmp_path_factory) -> Path:
+    """A tiny random Llama folder (six safetensors shards and their index) with the Pythia tokenizer."""
+    folder = tmp_path_factory.mktemp("llama_hf")
+    hf_folder(folder, "llama", shard="60KB")
+    write_tokenizer_files(folder)
+    return folder
+
+
+def _edit_config(edit):
+    def apply(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(edit(config)))
+    return apply
+
+
+def _edit_tensor(name: str, change):
+    """Rewrite the shard holding ``name`` with ``change(tensor)`` in its place."""
+    def apply(folder: Path) -> None:
+        shard = folder / json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"][name]
+        tensors = load_file(str(shard))
+        tensors[name] = change(tensors[name])
+        save_file(tensors, str(shard), metadata={"format": "pt"})
+    return apply
+
+
+def _edit_index(path: str):
+    def apply(folder: Path) -> None:
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        index["weight_map"]["lm_head.weight"] = path
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    return apply
+
+
+class _Planted:
+    def __reduce__(self):
+        return (print, ("planted code ran",))
+
+
+def _pickle_bin(folder: Path) -> None:
+    """The folder's weights as a pytorch_model.bin with a planted object among them."""
+    state = {"planted": _Planted()}
+    for shard in folder.glob("model*.safetensors"):
+        state.update(load_file(str(shard)))
+    for shard in folder.glob("model*.safetensors*"):
+        shard.unlink()
+    torch.save(state, folder / "pytorch_model.bin")
+
+
+def _with_nan(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t[3, 5] = float("nan")
+    return t
+
+
+def _with_inf(t: torch.Tensor) -> torch.Tensor:
+    t = t.clone()
+    t[0, 0] = float("-inf")
+    return t
+
+
+def _rope_without_factor(config: dict) -> dict:
+    del config["rope_parameters"]["factor"]
+    return config
+
+
+BAD_FOLDERS = {
+    "config-list": (_edit_config(lambda c: [c]), "must hold a JSON object, not a list"),
+    "architectures-dict": (_edit_config(lambda c: {**c, "architectures": {"a": 1}}),
+                           "'architectures' must be a list of class names"),
+    "architectures-string": (_edit_config(lambda c: {**c, "architectures": "LlamaForCausalLM"}),
+                             "'architectures' must be a list of class names"),
+    "neox_dar_config-string": (_edit_config(lambda c: {**c, "neox_dar_config": "x"}),
+                               "'neox_dar_config' must be a mapping"),
+    "no-vocab_size": (_edit_config(lambda c: {k: v for k, v in c.items() if k != "vocab_size"}),
+                      "'vocab_size' is missing"),
+    "vocab_size-string": (_edit_config(lambda c: {**c, "vocab_size": "96"}),
+                          "'vocab_size' must be a positive integer, got '96'"),
+    "llama3-without-factor": (_edit_config(_rope_without_factor), "llama3 rope scaling lacks 'factor'"),
+    "hidden_size-2^40": (_edit_config(lambda c: {**c, "hidden_size": 2 ** 40, "head_dim": 2 ** 38}),
+                         "describes a model of at least"),
+    "pickle-bin": (_pickle_bin, "pytorch_model.bin: refused"),
+    "bool-tensor": (_edit_tensor("model.layers.0.mlp.up_proj.weight", lambda t: t > 0),
+                    "model.layers.0.mlp.up_proj.weight is bool, not floating point"),
+    "int32-tensor": (_edit_tensor("model.norm.weight", lambda t: t.to(torch.int32)),
+                     "model.norm.weight is int32, not floating point"),
+    "nan": (_edit_tensor("model.embed_tokens.weight", _with_nan), "model.embed_tokens.weight holds NaN or Inf"),
+    "inf": (_edit_tensor("lm_head.weight", _with_inf), "lm_head.weight holds NaN or Inf"),
+    "shard-outside": (_edit_index("../outside/x.safetensors"), "names a file outside"),
+    "shard-absolute": (_edit_index("/etc/x.safetensors"), "names a file outside"),
+    "garbage-tokenizer": (lambda f: (f / "tokenizer.json").write_text('{"model": 3}'),
+                          "tokenizer.json is not a Hugging Face tokenizer"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FOLDERS))
+def test_from_hf_refuses_a_bad_folder_in_one_line(llama_folder, tmp_path, case, capsys):
+    """Each bad folder is refused in one line naming what is wrong, before anything is written; weights from outside
+    the folder are never read and a pickle never runs."""
+    from neox_dar.convert import main
+
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    edit, message = BAD_FOLDERS[case]
+    edit(folder)
+    code = main(["from-hf", str(folder), str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert code == 2 and message in out.err and out.err.count("\n") == 1, out.err
+    assert "planted code ran" not in out.out + out.err and not (tmp_path / "out").exists()
+
+
+def test_from_hf_checks_sizes_before_building_a_model(llama_folder, tmp_path):
+    """A config.json of ten million layers is refused at once (it hung building the model on the meta device)."""
+    folder = tmp_path / "hf"
+    shutil.copytree(llama_folder, folder)
+    _edit_config(lambda c: {**c, "num_hidden_layers": 1e7})(folder)
+    r = subprocess.run([sys.executable, "-m", "neox_dar.convert", "from-hf", folder, tmp_path / "out"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert r.returncode == 2 and "describes a model of at least" in r.stderr, r.stderr
+
+
+CONFIG_VALUES = [None, "x", [], {}, -1, 0, 1.5, 2 ** 40, float("nan"), float("inf"), True, [1], {"a": 1}]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_config_from_hf_answers_every_value_with_a_config_or_a_config_error(family):
+    """Every key of a real config.json set to every kind of wrong value: a model config or a ConfigError, never
+    another exception."""
+    model = hf_tiny(family)
+    hf, weight_bytes = model.config.to_dict(), 4 * sum(p.numel() for p in model.parameters())
+    for key in list(hf):
+        for value in CONFIG_VALUES:
+            try:
+                config_from_hf({**hf, key: value}, weight_bytes=weight_bytes)
+            except ConfigError:
+                pass
