@@ -69,12 +69,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--methods", nargs="+",
                    default=["triton", "triton_one_launch", "reference", "sdpa_path", "sdpa_causal", "flex"],
                    help="triton_one_launch: MSWA only, all heads in one launch (group_by_window=False)")
-    p.add_argument("--warmup-ms", type=float, default=50.0)
-    p.add_argument("--rep-ms", type=float, default=300.0)
+    p.add_argument("--warmup-ms", type=float, default=50.0,
+                   help="warm-up time per measurement (GPU: do_bench's; CPU: calls until it is spent, none at 0)")
+    p.add_argument("--rep-ms", type=float, default=300.0,
+                   help="timed calls per measurement until this is spent (at least one on the CPU)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/attention-<tag>.json)")
     args = p.parse_args(argv)
     if args.interpret:
-        args.batch, args.heads, args.head_dim, args.seqlens, args.window = 1, 4, 16, [48], 8
+        args.batch, args.heads, args.head_dim, args.seqlens, args.window = 1, 4, 16, [32], 8
         args.dtype = "fp32"
         args.methods = [m for m in args.methods if m in ("triton", "triton_one_launch", "reference", "sdpa_path")]
     return args
@@ -114,7 +116,8 @@ def sdpa_flash_kernels(torch) -> dict:
 
 # ---------------------------------------------------------------------------------------------- timing
 class Timer:
-    """Median milliseconds of a callable: CUDA events via ``triton.testing.do_bench`` on GPU, wall clock on CPU."""
+    """Median milliseconds of a callable: CUDA events via ``triton.testing.do_bench`` on GPU; on CPU wall clock,
+    likewise calls for ``--warmup-ms`` (none at 0) and then timed calls for ``--rep-ms`` (at least one)."""
 
     def __init__(self, torch, triton, args, gpu: bool):
         self.torch, self.triton, self.args, self.gpu = torch, triton, args, gpu
@@ -123,9 +126,11 @@ class Timer:
         if self.gpu:
             return float(self.triton.testing.do_bench(fn, warmup=self.args.warmup_ms, rep=self.args.rep_ms,
                                                       return_mode="median"))
-        fn()
+        start = time.perf_counter()
+        while (time.perf_counter() - start) * 1e3 < self.args.warmup_ms:
+            fn()
         times = []
-        for _ in range(2):
+        while not times or sum(times) < self.args.rep_ms:
             t0 = time.perf_counter()
             fn()
             times.append((time.perf_counter() - t0) * 1e3)

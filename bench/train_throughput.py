@@ -87,9 +87,9 @@ def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) 
         raise SystemExit("--compare-hf needs attention_type: vanilla (Hugging Face has only full attention)")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.training.dtype]
     torch.manual_seed(cfg.training.seed)
-    ours = build_model(cfg).to(device=device, dtype=dtype)
+    ours = build_model(cfg.model).to(device=device, dtype=dtype)
     with tempfile.TemporaryDirectory() as tmp:  # through the project's converter: same weights, HF names
-        to_hf(ours, cfg, tmp)
+        to_hf(ours, cfg.model, tmp)
         hf = GPTNeoXForCausalLM.from_pretrained(tmp, attn_implementation="sdpa", dtype=dtype).to(device)
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.model.vocab_size, (cfg.training.train_micro_batch_size_per_gpu, cfg.model.seq_length + 1),

@@ -1,0 +1,83 @@
+"""Every benchmark script under bench/ runs on the CPU at its smallest arguments (one tiny step) and writes a
+well-formed result, so that none can rot between the rare hours a GPU is lent (scripts/gpu_check.sh runs them).
+The scripts are found by glob: a new one fails here until it has its smallest arguments below."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
+
+
+def check_attention(r: dict) -> None:
+    assert r["label"].startswith("Triton CPU interpreter smoke timings")
+    methods = {x["method"]: x for x in r["results"] if x["kernel"] == "dar"}
+    assert set(methods) == {"triton", "reference", "sdpa_path"}
+    assert all(x["fwd_ms"] > 0 and x["fwd_bwd_ms"] > 0 and "error" not in x for x in methods.values()), methods
+    assert methods["triton"]["rel_err_vs_reference"] < 1e-3
+
+
+def check_data_prep(r: dict) -> None:
+    assert r["tokens"] > 0 and r["baseline_encode_batch_fast"]["tokens_per_s"] > 0
+    assert r["pipeline"]["workers_1"]["rate_vs_baseline_best"] > 0
+
+
+def check_decode(r: dict) -> None:
+    rows = r["results"]
+    assert {x["variant"] for x in rows} >= {"vanilla", "dar", "mswa", "aha", "linear"}
+    assert all(x["context"] == 64 and x["decode_tokens_per_s"] > 0 and x["cache_bytes_per_sequence"] > 0
+               for x in rows)
+    assert all(x["speed_vs_vanilla"] > 0 for x in rows)
+
+
+def check_dimpo_memory(r: dict) -> None:
+    (run,) = r["runs"]
+    assert run["docs_per_split"] == 1 and run["layers"] == 1 and run["peak_mb"] >= run["peak_before_fit_mb"] > 0
+
+
+def check_dimpo_small(r: dict) -> None:
+    assert r["train_steps"] == 1 and "DimPO" in r["table_markdown"] and r["results"]["layers"]
+
+
+def check_train_throughput(r: dict) -> None:
+    e, hf = r["engine"], r["vs_hf"]
+    assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16
+    assert e["tokens_per_sec"] > 0 and e["global_batch"] == 2 and e["mfu"] is None  # no peak FLOP/s for a CPU
+    assert hf["ours_step_s"] > 0 and hf["hf_step_s"] > 0 and hf["ours_attention_impl"] == "sdpa"
+
+
+# script: (its smallest arguments, without --out; the check of its JSON result)
+SMALLEST = {
+    "attention.py": (["--interpret", "--kernels", "dar", "--warmup-ms", "0", "--rep-ms", "0"], check_attention),
+    "data_prep.py": (["--corpus", "data/sample/pile_text.jsonl", "--workers", "1", "--repeats", "1"], check_data_prep),
+    "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0"], check_decode),
+    "dimpo_memory.py": (["--docs", "1", "--layers", "1", "--seq-len", "16", "--max-steps", "1"], check_dimpo_memory),
+    "dimpo_small.py": (["--train-steps", "1", "--epochs", "1", "--lr-scale", "1", "--seq-len", "16", "--docs", "1",
+                        "1", "1"], check_dimpo_small),
+    # the --compare-hf part (the default on CPU) included
+    "train_throughput.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=2",
+                             "train_micro_batch_size_per_gpu=1", "--steps", "1", "--warmup", "0"],
+                            check_train_throughput),
+}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_bench_script_runs_one_tiny_step_on_cpu(script, tmp_path):
+    assert script in SMALLEST, f"bench/{script} has no smoke run: give it its smallest arguments in {__file__}"
+    args, check = SMALLEST[script]
+    out = tmp_path / "result.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    res = subprocess.run([sys.executable, f"bench/{script}", *args, "--out", str(out)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    report = json.loads(out.read_text())
+    origin = report.get("provenance", report)  # decode.py nests it
+    assert origin["git_commit"] and origin["date_utc"] and f"bench/{script}" in origin["command"], origin
+    check(report)
