@@ -3,8 +3,9 @@
 # .whl/ and runs/gpu_sample/ (scripts/gpu_wheels.sh) beside the checkout. It installs the wheels into a private
 # folder, prints the versions and the GPU, runs the checks below in order (each timed, each under its own time
 # limit, a failed one does not stop the next) and ends with a summary table. Logs and results go to $OUT when it
-# is set (the device tool's output folder), else runs/gpu_check/: gpu_check.log (every step's output),
-# summary.md, attention.json, train_throughput.json (copy the JSON into bench/results/ to keep them).
+# is set (the device tool's output folder), else runs/gpu_check/ (--rehearse: runs/gpu_check_rehearse/):
+# gpu_check.log (every step's output), summary.md, attention.json, train_throughput.json, decode.json (copy the
+# JSON of a GPU run into bench/results/ to keep them).
 #
 #   bash scripts/gpu_check.sh                # --quick: every step, sized to end inside one 10-minute command
 #   bash scripts/gpu_check.sh --full         # the whole grid and longer timings: ~30 minutes, so split it:
@@ -12,6 +13,11 @@
 #                                            #   then train-throughput, then train-smoke,decode)
 #   bash scripts/gpu_check.sh --steps bench-attention,train-smoke   # a subset, in plan order
 #   bash scripts/gpu_check.sh --dry-run      # print the plan (any machine, nothing runs)
+#   bash scripts/gpu_check.sh --rehearse     # every step on this machine's CPU at toy sizes (~2.5 CPU-minutes):
+#                                            #   the same commands, result files and summary, differing only in
+#                                            #   sizes and device (TRITON_INTERPRET=1; no wheels: this machine's
+#                                            #   packages, and the sample tokenized small); CI runs it. Its
+#                                            #   timings are the CPU's and the interpreter's, never GPU numbers.
 #
 # Steps (install and versions always run first):
 #   kernel-tests      tests/test_kernels.py compiled on the GPU in fp32/fp16/bf16 (one pinned tile per kernel;
@@ -29,6 +35,9 @@
 #                     at step 100 and resumed; the loss must fall and the resumed run continue from step 101 (the
 #                     kernels train in the throughput step)
 #   decode            bench/decode.py in bfloat16 (--quick: 2 timed steps per point)
+# --rehearse sizes: kernel tests one grouped-query case per kernel (fla's is CUDA only, skipped); identities at
+# T = 64 in fp16; bench/attention.py --interpret (B=1, H=4, d_h=16, T=32, w=8, fp32); throughput and smoke fp32, 2
+# layers x 64 wide at T = 32 and 14M at T = 64 for 12 steps (stopped at 6); decode at context 64, batch 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -43,6 +52,7 @@ die() { echo "gpu_check.sh: error: $*" >&2; exit 2; }
 
 MODE=quick
 DRY=0
+REHEARSE=0
 STEPS=$ALL_STEPS
 mode_set=""
 while [ $# -gt 0 ]; do
@@ -51,6 +61,7 @@ while [ $# -gt 0 ]; do
       [ -n "$mode_set" ] && [ "$mode_set" != "$1" ] && die "--quick and --full exclude each other"
       mode_set=$1; MODE=${1#--} ;;
     --dry-run) DRY=1 ;;
+    --rehearse) REHEARSE=1 ;;
     --steps)
       [ $# -ge 2 ] || die "--steps needs a comma-separated list of: ${ALL_STEPS// /, }"
       wanted=${2//,/ }
@@ -70,20 +81,54 @@ done
 # Time limit of each step, seconds: --quick sums (with install) to under 10 minutes; --full is split by --steps.
 # They are estimates made without a GPU: the summary's measured seconds say how to rebalance them.
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
-declare -A LIMIT_QUICK=([install]=40 [kernel-tests]=130 [identities]=100 [bench-attention]=130
-                        [train-throughput]=90 [train-smoke]=40 [decode]=40)
+declare -A LIMIT_QUICK=([install]=40 [kernel-tests]=130 [identities]=90 [bench-attention]=130
+                        [train-throughput]=90 [train-smoke]=50 [decode]=40)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
                        [train-throughput]=1500 [train-smoke]=120 [decode]=300)
+# --rehearse: the CPU's times (a shared 2-core machine: each step takes 10-60 s), limits that only catch a hang
+declare -A LIMIT_REHEARSE=([install]=120 [kernel-tests]=300 [identities]=300 [bench-attention]=300
+                           [train-throughput]=600 [train-smoke]=300 [decode]=120)
 limit() {  # GPU_CHECK_LIMIT_<step> (dashes as underscores) overrides a step's limit
   local override="GPU_CHECK_LIMIT_${1//-/_}"
   if [ -n "${!override:-}" ]; then echo "${!override}"
+  elif [ "$REHEARSE" = 1 ]; then echo "${LIMIT_REHEARSE[$1]}"
   elif [ "$MODE" = quick ]; then echo "${LIMIT_QUICK[$1]}"
   else echo "${LIMIT_FULL[$1]}"; fi
 }
 
 SITE=/tmp/neox_dar_gpu_site
 WORK=${TMPDIR:-/tmp}/neox_dar_gpu_check
-XDIST="-n 8"  # 16 cores: compile kernel specializations in parallel processes
+
+# ------------------------------------------------------------------------------------------------ sizes
+# What differs between the GPU run and the rehearsal: sizes and the device, nothing else.
+if [ "$REHEARSE" = 0 ]; then
+  XDIST="-n 8"                    # 16 cores: compile kernel specializations in parallel processes
+  KERNEL_TESTS="not long_sequence"
+  LONG_T=8192
+  PRECISION=bf16
+  MICRO=""                        # the config's micro-batch
+  MODEL_SIZE=""
+  SMOKE_SIZE="seq_length=512 train_batch_size=16 train_micro_batch_size_per_gpu=16" SMOKE_ITERS=200 SMOKE_LOG=10
+  DECODE_SIZE=""                  # bench/decode.py's contexts and batches
+  if [ "$MODE" = quick ]; then
+    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100" THROUGHPUT_STEPS="--steps 4 --warmup 2" DECODE_STEPS="--steps 2 --warmup 1"
+  else
+    ATTENTION_SIZE="" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS=""
+  fi
+else
+  XDIST="-n 0"                    # a few tests on 2 cores: no worker processes
+  KERNEL_TESTS="not long_sequence and (grouped_query and 41 or fla_kernel)"  # one GQA case per kernel
+  LONG_T=64
+  PRECISION=fp32                  # the interpreter refuses bf16
+  MICRO=2
+  MODEL_SIZE="num_layers=2 hidden_size=64 num_attention_heads=4 seq_length=32 train_micro_batch_size_per_gpu=$MICRO"
+  SMOKE_SIZE="seq_length=64 train_batch_size=4 train_micro_batch_size_per_gpu=4" SMOKE_ITERS=12 SMOKE_LOG=2
+  DECODE_SIZE="--contexts 64 --batches 1"
+  ATTENTION_SIZE="--interpret --warmup-ms 0 --rep-ms 0" THROUGHPUT_STEPS="--steps 1 --warmup 1"
+  DECODE_STEPS="--steps 1 --warmup 0"
+  SAMPLE=$WORK/gpu_sample         # made by the install step, from the same C4 sample as gpu_wheels.sh
+  LOG_DIR=${OUT:-runs/gpu_check_rehearse}
+fi
 
 # ------------------------------------------------------------------------------------------------ the commands
 throughput_runs() {
@@ -101,49 +146,59 @@ throughput_runs() {
 step_commands() {
   case "$1" in
     install)
-      echo "$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $WHEELS/*.whl"
-      echo "PYTHONPATH=$SITE $PY -m pip check  # versions the wheels need, against the machine's packages" ;;
+      if [ "$REHEARSE" = 1 ]; then  # no wheels: this machine's packages; the training sample as gpu_wheels.sh makes it
+        echo "$PY -m data_prep.tokenize data/sample/c4_sample.jsonl --tokenizer data/20B_tokenizer.json" \
+             "--out $SAMPLE/c4_sample --no-progress --max-tokens 50000"
+      else
+        echo "$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $SITE $WHEELS/*.whl"
+        echo "PYTHONPATH=$SITE $PY -m pip check  # versions the wheels need, against the machine's packages"
+      fi ;;
     kernel-tests)
-      echo "$PY -m pytest tests/test_kernels.py tests/test_attention_linear.py -q -p no:cacheprovider $XDIST -k 'not long_sequence'" ;;
+      echo "$PY -m pytest tests/test_kernels.py tests/test_attention_linear.py -q -p no:cacheprovider $XDIST -k '$KERNEL_TESTS'" ;;
     identities)
-      echo "$PY -m pytest tests/test_kernels.py -q -p no:cacheprovider -n 5 -k long_sequence" ;;
+      local workers="-n 5"
+      [ "$REHEARSE" = 1 ] && workers=$XDIST
+      echo "KERNEL_TESTS_LONG_T=$LONG_T $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider $workers -k long_sequence" ;;
     bench-attention)
-      local reps="--warmup-ms 25 --rep-ms 100"
-      [ "$MODE" = full ] && reps=""
-      echo "$PY bench/attention.py $reps --out $LOG_DIR/attention.json" ;;
+      # shellcheck disable=SC2086
+      echo "$PY bench/attention.py" $ATTENTION_SIZE "--out $LOG_DIR/attention.json" ;;
     train-throughput)
-      local steps="--steps 4 --warmup 2"
-      [ "$MODE" = full ] && steps="--steps 10 --warmup 3"
       throughput_runs | while read -r m a i c; do
-        local micro  # two micro-batches of the config per step: a short step, the config's per-GPU shapes
-        micro=$(sed -n 's/^train_micro_batch_size_per_gpu: *\([0-9]*\).*/\1/p' "configs/pythia-$m.yml")
-        echo "$PY bench/train_throughput.py configs/pythia-$m.yml configs/attention/$a.yml precision=bf16" \
-             "zero_optimization.stage=1 attention_impl=$i torch_compile=$c train_batch_size=$((2 * micro)) $steps" \
-             "--no-compare-hf --out $WORK/throughput/$m-$a-$i-compile_$c.json"
+        local micro=$MICRO  # two micro-batches of the config per step: a short step, the config's per-GPU shapes
+        [ -n "$micro" ] || micro=$(sed -n 's/^train_micro_batch_size_per_gpu: *\([0-9]*\).*/\1/p' "configs/pythia-$m.yml")
+        echo "$PY bench/train_throughput.py configs/pythia-$m.yml configs/attention/$a.yml precision=$PRECISION" \
+             "zero_optimization.stage=1 attention_impl=$i torch_compile=$c" $MODEL_SIZE \
+             "train_batch_size=$((2 * micro)) $THROUGHPUT_STEPS --no-compare-hf --out $WORK/throughput/$m-$a-$i-compile_$c.json"
       done ;;
     train-smoke)
+      local half=$((SMOKE_ITERS / 2))
       local common="configs/pythia-14m.yml configs/attention/vanilla.yml data_path=$SAMPLE/c4_sample"
-      common="$common save=$WORK/smoke precision=bf16 seq_length=512 train_batch_size=16"
-      common="$common train_micro_batch_size_per_gpu=16 train_iters=200 checkpoint_factor=100 log_interval=10"
-      common="$common eval_interval=100 eval_iters=2 exit_interval=100"
-      echo "$PY train.py $common  # twice: stops at step 100 with a checkpoint (exit 3), then resumes to 200 (exit 0)"
-      echo "(then: the logged loss falls, and the resumed run logs steps 101..200, status done)" ;;
+      common="$common save=$WORK/smoke precision=$PRECISION $SMOKE_SIZE train_iters=$SMOKE_ITERS"
+      common="$common lr_decay_iters=$SMOKE_ITERS checkpoint_factor=$half log_interval=$SMOKE_LOG"
+      common="$common eval_interval=$half eval_iters=2 exit_interval=$half"
+      echo "$PY train.py $common  # twice: stops at step $half with a checkpoint (exit 3), then resumes to $SMOKE_ITERS (exit 0)"
+      echo "(then: the logged loss falls, and the resumed run logs steps $((half + 1))..$SMOKE_ITERS, status done)" ;;
     decode)  # GPU_CHECK_DECODE_ARGS: more bench/decode.py options (the last of a repeated option wins)
-      local fewer=""
-      [ "$MODE" = quick ] && fewer="--steps 2 --warmup 1"
-      echo "$PY bench/decode.py --dtype bfloat16 $fewer ${GPU_CHECK_DECODE_ARGS:-} --out $LOG_DIR/decode.json" ;;
+      # shellcheck disable=SC2086  # (unquoted: word-split, joined by single spaces)
+      echo "$PY bench/decode.py --dtype bfloat16" $DECODE_SIZE $DECODE_STEPS ${GPU_CHECK_DECODE_ARGS:-} \
+           "--out $LOG_DIR/decode.json" ;;
   esac
 }
 
 print_plan() {
-  echo "gpu_check.sh --$MODE: logs and results in $LOG_DIR/"
+  if [ "$REHEARSE" = 1 ]; then
+    echo "gpu_check.sh --$MODE --rehearse (this CPU, toy sizes; no timing here is a GPU number): logs and results in $LOG_DIR/"
+  else
+    echo "gpu_check.sh --$MODE: logs and results in $LOG_DIR/"
+  fi
   local total=0 n=0
   for s in install $STEPS; do
     n=$((n + 1)); total=$((total + $(limit "$s")))
     printf '%d. %-17s (time limit %4ss)\n' "$n" "$s" "$(limit "$s")"
     step_commands "$s" | sed 's/^/     /'
   done
-  echo "time limit in all: ${total}s (the device tool's command limit is 600s)"
+  if [ "$REHEARSE" = 1 ]; then echo "time limit in all: ${total}s (rehearsal limits: they only catch a hang)"
+  else echo "time limit in all: ${total}s (the device tool's command limit is 600s)"; fi
 }
 
 # ------------------------------------------------------------------------------------------------ running
@@ -172,13 +227,18 @@ run_step() {  # run_step NAME FUNCTION: time it, log it, never stop the script
 }
 
 do_install() {
-  ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS/: run scripts/gpu_wheels.sh and carry it"; return 1; }
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
-    || return 1
-  echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE"
-  PYTHONPATH=$SITE "$PY" -m pip check || echo "(pip check lists the conflicts above; steps that need them may fail)"
-  "$PY" - <<'EOF'
-import importlib.metadata, importlib.util, platform, subprocess, sys
+  if [ "$REHEARSE" = 1 ]; then
+    rm -rf "$SAMPLE"
+    eval "$(step_commands install)" || return 1
+  else
+    ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS/: run scripts/gpu_wheels.sh and carry it"; return 1; }
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
+      || return 1
+    echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE"
+    PYTHONPATH=$SITE "$PY" -m pip check || echo "(pip check lists the conflicts above; steps that need them may fail)"
+  fi
+  REHEARSE=$REHEARSE "$PY" - <<'EOF'
+import importlib.metadata, importlib.util, os, platform, subprocess, sys
 import torch, triton
 print(f"python {platform.python_version()}  torch {torch.__version__} (CUDA {torch.version.cuda})  triton {triton.__version__}")
 missing = []
@@ -194,6 +254,9 @@ for dist, module in [("deepspeed", "deepspeed"), ("megatron-core", "megatron.cor
         missing.append(dist)
 if missing:
     sys.exit("missing: " + ", ".join(missing))
+if os.environ["REHEARSE"] == "1":
+    print(f"rehearsal: CPU, {os.cpu_count()} cores, TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}")
+    sys.exit(0)
 if not torch.cuda.is_available():
     sys.exit("no CUDA GPU visible to torch")
 print(f"GPU {torch.cuda.get_device_name()} (sm_{''.join(map(str, torch.cuda.get_device_capability()))}), "
@@ -208,24 +271,27 @@ do_identities() { eval "$(step_commands identities)"; }
 do_bench_attention() { eval "$(step_commands bench-attention)"; }
 
 do_train_throughput() {
+  rm -rf "$WORK/throughput"
   mkdir -p "$WORK/throughput"
-  local failed=0
-  while read -r m a i c; do
-    echo "--- $m $a attention_impl=$i torch_compile=$c"
-    eval "$(step_commands train-throughput | grep -F -- "-$m-$a-$i-compile_$c.json")" \
-      || { failed=1; echo "FAILED: $m $a $i compile=$c"; }
-  done < <(throughput_runs)
-  "$PY" - "$WORK/throughput" "$LOG_DIR/train_throughput.json" <<'EOF'
+  local failed=0 cmd
+  while read -r cmd; do
+    echo "--- ${cmd##*/}"
+    eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
+  done < <(step_commands train-throughput)
+  "$PY" - "$WORK/throughput" "$LOG_DIR/train_throughput.json" "$(throughput_runs | wc -l)" <<'EOF' || failed=1
 import json, sys
 from pathlib import Path
 runs = [json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("*.json"))]
 Path(sys.argv[2]).write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+if len(runs) != int(sys.argv[3]):
+    print(f"{len(runs)} of {sys.argv[3]} runs wrote a result")
 print(f"{'model':28s} {'attention':9s} {'impl':6s} {'compile':7s} {'tokens/s':>12s} {'TFLOP/s':>8s} {'MFU':>6s}")
 for r in runs:
     c, e = r["config"], r["engine"]
     mfu = f"{100 * e['mfu']:.1f}%" if e.get("mfu") else "n/a"
     print(f"{c['hidden_size']}x{c['num_layers']:<24} {c['attention_type']:9s} {c.get('attention_impl', ''):6s} "
           f"{str(c.get('torch_compile', '')):7s} {e['tokens_per_sec']:12,.0f} {e['tflops_per_device']:8.1f} {mfu:>6s}")
+sys.exit(len(runs) != int(sys.argv[3]))
 EOF
   return $failed
 }
@@ -236,22 +302,23 @@ do_train_smoke() {
   local cmd
   cmd=$(step_commands train-smoke | sed -n 1p | sed 's/ *#.*//')
   eval "$cmd"; local rc=$?
-  [ "$rc" -eq 3 ] || { echo "first run: exit $rc, expected 3 (stopped with a checkpoint at step 100)"; return 1; }
+  [ "$rc" -eq 3 ] || { echo "first run: exit $rc, expected 3 (stopped with a checkpoint at step $((SMOKE_ITERS / 2)))"; return 1; }
   eval "$cmd" || { echo "the resumed run failed"; return 1; }
-  "$PY" - "$WORK/smoke" <<'EOF'
+  "$PY" - "$WORK/smoke" "$SMOKE_ITERS" <<'EOF'
 import json, sys
 from pathlib import Path
-save = Path(sys.argv[1])
+save, iters = Path(sys.argv[1]), int(sys.argv[2])
 rows = [json.loads(line) for line in (save / "metrics.jsonl").read_text().splitlines() if line.strip()]
 train = [r for r in rows if "loss" in r and "valid_loss" not in r]
 steps = [r["step"] for r in train]
 status = json.loads((save / "status.json").read_text())
 first, last = train[0]["loss"], sum(r["loss"] for r in train[-3:]) / 3
 print(f"logged steps {steps}; loss {first:.3f} -> {last:.3f} (mean of the last 3); status {status}")
-assert status["state"] == "done" and status["step"] == 200, f"status.json: {status}"
-assert steps == sorted(set(steps)) and steps[-1] == 200 and any(s > 100 for s in steps), "the resume did not continue"
+assert status["state"] == "done" and status["step"] == iters, f"status.json: {status}"
+assert steps == sorted(set(steps)) and steps[-1] == iters and any(s > iters // 2 for s in steps), \
+    "the resume did not continue"
 assert last < first - 0.5, f"the loss did not fall: {first:.3f} -> {last:.3f}"
-print("train-smoke: loss falls, resume continued to step 200")
+print(f"train-smoke: loss falls, resume continued to step {iters}")
 EOF
 }
 
@@ -260,7 +327,12 @@ do_decode() {
 }
 
 summary() {
+  local on
+  on="GPU $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
+  [ "$REHEARSE" = 1 ] && on="rehearsal on this CPU at toy sizes (no timing here is a GPU number)"
   {
+    echo "gpu_check.sh --$MODE, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null): $on"
+    echo
     echo "| step | status | seconds | time limit |"
     echo "|---|---|---|---|"
     for s in install $STEPS; do
@@ -282,8 +354,12 @@ mkdir -p "$LOG_DIR" "$WORK"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 LOG=$LOG_DIR/gpu_check.log
 : > "$LOG"
-export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline \
-       TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$WORK/torch_extensions}
+export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline
+if [ "$REHEARSE" = 1 ]; then  # the CPU, the kernels interpreted; DeepSpeed's CPU op from this machine's cache
+  export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES=""
+else
+  export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$WORK/torch_extensions}
+fi
 print_plan | tee -a "$LOG"
 set -m  # each step in its own process group, so a time limit ends the step's children too
 run_step install do_install

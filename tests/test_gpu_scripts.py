@@ -1,6 +1,7 @@
 """scripts/gpu_wheels.sh and scripts/gpu_check.sh on the CPU: argument handling, the plan (it must fit the GPU
-machine's 10-minute command limit), steps that keep going past a failure or a time limit, and the wheel set (it
-must install for the GPU machine's Python 3.12 with every dependency there)."""
+machine's 10-minute command limit), steps that keep going past a failure or a time limit, the whole kit rehearsed on
+the CPU at toy sizes (`--rehearse`), and the wheel set (it must resolve for the GPU machine's Python 3.12, torch 2.11
+and Triton 3.6, with every dependency there)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,23 @@ def run(script: str, *args: str, **env: str) -> subprocess.CompletedProcess:
 
 def plan_steps(out: str) -> list[str]:
     return re.findall(r"^\d+\. (\S+)", out, flags=re.M)
+
+
+def plan_commands(out: str) -> dict[str, list[str]]:
+    """The plan's command lines, per step."""
+    steps: dict[str, list[str]] = {}
+    for line in out.splitlines():
+        if m := re.match(r"\d+\. (\S+)", line):
+            steps[m.group(1)] = []
+        elif line.startswith("     ") and steps:
+            steps[list(steps)[-1]].append(line.strip())
+    return steps
+
+
+def summary_rows(path: Path) -> dict[str, str]:
+    """summary.md's table: step -> status."""
+    rows = [r.split("|") for r in path.read_text().splitlines() if r.startswith("| ") and not r.startswith("| step ")]
+    return {r[1].strip(): r[2].strip() for r in rows}
 
 
 def test_dry_run_prints_the_quick_plan_inside_one_command():
@@ -55,6 +73,43 @@ def test_full_plan_covers_the_throughput_grid_and_steps_run_in_plan_order():
     assert plan_steps(res.stdout) == ["install", "kernel-tests", "train-smoke"]
 
 
+def test_rehearsal_plan_is_the_gpu_plan_at_toy_sizes():
+    """Step by step, the rehearsal runs the same scripts, configs and tests with the same result files; only sizes
+    (and the install, which has no wheels to install) differ."""
+    gpu = plan_commands(run("gpu_check.sh", "--dry-run").stdout)
+    rehearsal = plan_commands(run("gpu_check.sh", "--rehearse", "--dry-run").stdout)
+    assert list(rehearsal) == list(gpu)
+    files = re.compile(r"(?:tests|bench|configs(?:/attention)?)/[\w.-]+|train\.py|[\w-]+\.json|-k long_sequence")
+    for step in list(gpu)[1:]:
+        assert [files.findall(c) for c in rehearsal[step]] == [files.findall(c) for c in gpu[step]], step
+    assert "--interpret" in rehearsal["bench-attention"][0] and "precision=fp32" in rehearsal["train-smoke"][0]
+    assert "KERNEL_TESTS_LONG_T=64 " in rehearsal["identities"][0]
+    assert "KERNEL_TESTS_LONG_T=8192 " in gpu["identities"][0]
+
+
+def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
+    """`gpu_check.sh --rehearse`: every step of the kit on this CPU at toy sizes, the same result files and summary."""
+    out = tmp_path / "out"
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--rehearse"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=1200, env={**os.environ, "OUT": str(out), "TMPDIR": str(tmp_path)})
+    log = (out / "gpu_check.log").read_text() if (out / "gpu_check.log").exists() else ""
+    assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-3000:]
+    assert summary_rows(out / "summary.md") == {s: "ok" for s in ["install", "kernel-tests", "identities",
+                                                                  "bench-attention", "train-throughput",
+                                                                  "train-smoke", "decode"]}
+    assert "rehearsal on this CPU at toy sizes" in (out / "summary.md").read_text()
+    assert re.search(r"\b5 passed\b", log) and "train-smoke: loss falls, resume continued to step 12" in log
+    attention = json.loads((out / "attention.json").read_text())
+    assert {r["kernel"] for r in attention["results"]} == {"dar", "mswa", "aha"}
+    assert not [r for r in attention["results"] if r.get("error")]
+    runs = json.loads((out / "train_throughput.json").read_text())["runs"]
+    assert sorted((r["config"]["attention_type"], r["config"]["attention_impl"]) for r in runs) == [
+        ("aha", "triton"), ("dar", "triton"), ("mswa", "triton"), ("vanilla", "sdpa")]
+    assert all(r["engine"]["tokens_per_sec"] > 0 and r["device"].startswith("CPU") for r in runs)
+    decode = json.loads((out / "decode.json").read_text())
+    assert decode["dtype"] == "bfloat16" and {r["context"] for r in decode["results"]} == {64}
+
+
 @pytest.mark.parametrize("args,message", [
     (["--steps", "kernel-tests,nope"], "unknown step 'nope'"),
     (["--dry-run", "--steps"], "--steps needs a comma-separated list"),
@@ -76,8 +131,7 @@ def test_steps_are_timed_logged_and_summarized_past_a_failure_and_a_time_limit(t
               GPU_WHEELS=str(tmp_path / "no_wheels"), GPU_CHECK_LIMIT_kernel_tests="2", TMPDIR=str(tmp_path),
               GPU_CHECK_DECODE_ARGS="--contexts 64 --batches 1 --steps 1 --warmup 0 --dtype float32")
     assert res.returncode == 1, res.stdout + res.stderr
-    summary = (tmp_path / "out" / "summary.md").read_text()
-    rows = {r.split("|")[1].strip(): r.split("|")[2].strip() for r in summary.splitlines()[2:]}
+    rows = summary_rows(tmp_path / "out" / "summary.md")
     assert rows["install"] == "FAILED (1)" and rows["kernel-tests"] == "TIMEOUT"
     assert rows["decode"] == "ok" and len(json.loads((tmp_path / "out" / "decode.json").read_text())["results"]) == 9
     log = (tmp_path / "out" / "gpu_check.log").read_text()
@@ -95,6 +149,7 @@ def test_wheel_set_resolves_for_python_312_and_fits_the_transfer_limit():
     res = run("gpu_wheels.sh", "--check")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "wheels, closed" in res.stdout and "ok: carry .whl and runs/gpu_sample" in res.stdout
+    assert "resolved: " in res.stdout and "over torch 2.11.0, triton 3.6.0" in res.stdout
     assert not list(WHEELS.glob("torch-*.whl")) and not list(WHEELS.glob("triton-*.whl"))
 
 
