@@ -473,17 +473,15 @@ def _checked(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
     return tensor
 
 
-def check_tokenizer_json(hf_dir: str | Path) -> None:
-    """A ValueError when the folder's ``tokenizer.json`` (if it has one) does not load with ``tokenizers``."""
+def check_tokenizer_json(path: str | Path) -> None:
+    """A ValueError when the file ``path`` does not load with ``tokenizers`` (garbage, or another format)."""
     from tokenizers import Tokenizer
 
-    path = Path(hf_dir) / "tokenizer.json"
-    if path.is_file():
-        try:
-            Tokenizer.from_file(str(path))
-        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for every parse failure
-            raise ValueError(f"{path} is not a Hugging Face tokenizer.json that tokenizers can load "
-                             f"({str(e).splitlines()[0][:200]})") from None
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for every parse failure
+        raise ValueError(f"{path} is not a Hugging Face tokenizer.json that tokenizers can load "
+                         f"({str(e).splitlines()[0][:200]})") from None
 
 
 def _initialise_new(model: CausalLM, cfg: ModelConfig, missing: set[str], hf_dir: Path) -> None:
@@ -528,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
             model, cfg = load_model(step_dir)
             to_hf(model, cfg, args.out_dir, tokenizer_file(cfg, args.tokenizer, step_dir))
         else:
-            check_tokenizer_json(args.hf_dir)  # before anything is read or written
+            if (Path(args.hf_dir) / "tokenizer.json").is_file():  # before anything is read or written
+                check_tokenizer_json(Path(args.hf_dir) / "tokenizer.json")
             model, cfg = from_hf(args.hf_dir, overrides=_parse_overrides(args.overrides))
             copy_tokenizer_files(args.hf_dir, args.out_dir)  # first: the checkpoint's manifest lists them
             save_weights(model, cfg, args.out_dir)

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +37,7 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopPLogitsWarper)
 
 from .config import ConfigError
+from .convert import check_tokenizer_json
 from .evaluation.loading import DTYPES, load_for_eval
 from .evaluation.scoring import AttentionStatsMean, overall_means
 from .model import CausalLM
@@ -47,19 +50,23 @@ class GenerationError(ValueError):
     """A user mistake (a prompt, a setting, a checkpoint without a tokenizer): one line, exit 2 on the command line."""
 
 
+MIN_TEMPERATURE = 1e-6  # below it the logits / temperature overflow (NaN probabilities); it is greedy in effect
+
+
 @dataclass
 class Sampling:
-    """``temperature`` 0: greedy (the highest logit); otherwise softmax sampling at that temperature, restricted to
-    the ``top_k`` most likely tokens and the smallest set holding ``top_p`` of the probability (transformers'
-    warpers)."""
+    """``temperature`` 0: greedy (the highest logit); otherwise (finite, at least :data:`MIN_TEMPERATURE`) softmax
+    sampling at that temperature, restricted to the ``top_k`` most likely tokens and the smallest set holding
+    ``top_p`` of the probability (transformers' warpers)."""
 
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise GenerationError(f"temperature must be >= 0, got {self.temperature}")
+        if self.temperature != 0 and not MIN_TEMPERATURE <= self.temperature < math.inf:
+            raise GenerationError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
+                                  f"{self.temperature}")
         if self.top_k is not None and self.top_k < 1:
             raise GenerationError(f"top_k must be >= 1, got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
@@ -212,18 +219,30 @@ def read_prompts(path: Path) -> list[dict]:
     """The prompt file's records (``{"prompt": str, ...}``); a line may also be a bare JSON string."""
     if not path.is_file():
         raise GenerationError(f"prompt file not found: {path}")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise GenerationError(f"{path} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})") from None
     records = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
         except ValueError as e:
             raise GenerationError(f"{path}:{n}: not valid JSON ({e})") from None
+        except RecursionError:
+            raise GenerationError(f"{path}:{n}: not valid JSON (nested too deeply)") from None
         if isinstance(item, str):
             item = {"prompt": item}
         if not isinstance(item, dict) or not isinstance(item.get("prompt"), str):
             raise GenerationError(f"{path}:{n}: expected a JSON string or an object with a \"prompt\" string")
+        try:  # its fields are copied to --out: each must be writable as UTF-8
+            json.dumps(item, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise GenerationError(f"{path}:{n}: holds a lone surrogate ({e.object[e.start]!r}), which is not "
+                                  "Unicode text") from None
         records.append(item)
     if not records:
         raise GenerationError(f"{path} holds no prompts")
@@ -256,13 +275,59 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _check_args(args) -> Sampling:
+    """The sampling settings; a GenerationError for any bad setting, device, output or tokenizer file, before
+    anything is loaded."""
     if args.max_new_tokens < 1:
         raise GenerationError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.batch_size < 1:
         raise GenerationError(f"--batch-size must be >= 1, got {args.batch_size}")
+    if not 0 <= args.seed < 2 ** 63:
+        raise GenerationError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.prompt is not None and args.prompt == "":
         raise GenerationError("--prompt is empty")
-    return Sampling(args.temperature, args.top_k, args.top_p)
+    if args.prompt is not None:
+        try:
+            args.prompt.encode("utf-8")
+        except UnicodeEncodeError as e:  # surrogateescape keeps a byte the command line could not decode as U+DCxx
+            code = ord(e.object[e.start])
+            raise GenerationError("--prompt is not UTF-8 text (" + (f"byte 0x{code - 0xdc00:02x}" if code >= 0xdc80
+                                  else f"a lone surrogate {e.object[e.start]!r}") + ")") from None
+    sampling = Sampling(args.temperature, args.top_k, args.top_p)
+    check_device(args.device)
+    if args.out is not None:
+        check_output(args.out)
+    if args.tokenizer is not None and Path(args.tokenizer).is_file():
+        check_tokenizer_json(args.tokenizer)
+    return sampling
+
+
+def check_device(name: str | None) -> None:
+    """A GenerationError unless ``name`` is None (the default device) or a cpu, cuda[:N] or mps device this machine
+    has."""
+    if name is None:
+        return
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise GenerationError(f"--device {name!r} is not a device (cpu, cuda, cuda:N or mps)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise GenerationError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise GenerationError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise GenerationError(f"--device {name}: MPS is not available on this machine (use --device cpu)")
+
+
+def check_output(path: Path) -> None:
+    """A GenerationError unless a file can be written at ``path`` (checked before the model loads)."""
+    if path.is_dir():
+        raise GenerationError(f"--out {path} is a directory; name a file, e.g. {path / 'completions.jsonl'}")
+    if not path.parent.is_dir():
+        raise GenerationError(f"--out {path}: its folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise GenerationError(f"--out {path} is not writable")
 
 
 def run(args) -> None:
@@ -322,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except (GenerationError, CheckpointError, ConfigError, FileNotFoundError, ValueError) as e:
+    except (GenerationError, CheckpointError, ConfigError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -296,3 +296,56 @@ def test_cli_empty_prompt_in_a_file_and_a_checkpoint_without_a_tokenizer(dar_run
     saved_model(tmp_path / "missing", "vocab_file=nowhere/tokenizer.json")
     code, _, err = _cli(capsys, tmp_path / "missing", "--prompt", "hi", "--max-new-tokens", 2)
     assert code == 2 and "vocab_file was not found" in err and err.count("\n") == 1, err
+
+
+CUDA_MESSAGE = ("this machine has" if torch.cuda.is_available() else "CUDA is not available on this machine")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--temperature", "inf"], "temperature must be 0 (greedy) or a finite number >= 1e-06, got inf"),
+    (["--temperature", "nan"], "temperature must be 0 (greedy) or a finite number >= 1e-06, got nan"),
+    (["--temperature", "1e-300"], "temperature must be 0 (greedy) or a finite number >= 1e-06, got 1e-300"),
+    (["--temperature", "1", "--top-p", "nan"], "top_p must be in (0, 1], got nan"),
+    (["--seed", "-1"], "--seed must be in [0, 2**63), got -1"),
+    (["--device", "potato"], "--device 'potato' is not a device (cpu, cuda, cuda:N or mps)"),
+    (["--device", "meta"], "--device 'meta' is not a device (cpu, cuda, cuda:N or mps)"),
+    (["--device", "cuda:99"], f"--device cuda:99: {CUDA_MESSAGE}"),
+    (["--out", "{tmp}"], "--out {tmp} is a directory"),
+    (["--out", "{tmp}/missing/out.jsonl"], "--out {tmp}/missing/out.jsonl: its folder {tmp}/missing does not exist"),
+    (["--tokenizer", "{tmp}/garbage.json"], "{tmp}/garbage.json is not a Hugging Face tokenizer.json"),
+], ids=["temperature-inf", "temperature-nan", "temperature-tiny", "top-p-nan", "seed", "device-potato",
+        "device-meta", "device-cuda", "out-directory", "out-missing-folder", "garbage-tokenizer"])
+def test_cli_settings_and_outputs_are_checked_before_the_model_loads(args, message, tmp_path, capsys):
+    """Each bad setting is one line, found before anything loads: the checkpoint here does not even exist."""
+    (tmp_path / "garbage.json").write_text('{"model": 3}')
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    code, _, err = _cli(capsys, tmp_path / "no-checkpoint", "--prompt", "hi", "--max-new-tokens", 2, *args)
+    message = message.replace("{tmp}", str(tmp_path))
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"prompt": "\\ud800"}\n', "p.jsonl:1: holds a lone surrogate ('\\ud800'), which is not Unicode text"),
+    (b'"fine"\n{"prompt": "ok", "id": "\\udc80"}\n', "p.jsonl:2: holds a lone surrogate"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "p.jsonl:1: not valid JSON (nested too deeply)"),
+    (b'{"prompt": "caf\xe9"}\n', "p.jsonl is not UTF-8 text (byte 0xe9 at offset 15)"),
+], ids=["surrogate", "surrogate-in-another-field", "nested", "not-utf8"])
+def test_cli_prompt_files_that_are_not_text_are_one_line(content, message, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(content)
+    code, _, err = _cli(capsys, tmp_path / "no-checkpoint", "--prompts", prompts, "--max-new-tokens", 2)
+    assert code == 2 and err.startswith("error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_a_prompt_from_the_command_line_with_undecodable_bytes_is_one_line(tmp_path, capsys):
+    """Python keeps bytes of the command line that are not UTF-8 as lone surrogates (surrogateescape)."""
+    code, _, err = _cli(capsys, tmp_path / "no-checkpoint", "--prompt", "caf\udce9", "--max-new-tokens", 2)
+    assert (code, err) == (2, "error: --prompt is not UTF-8 text (byte 0xe9)\n")
+
+
+def test_sampling_refuses_non_finite_settings():
+    for bad in (float("inf"), float("nan"), 1e-300, -1.0):
+        with pytest.raises(GenerationError, match="temperature must be 0"):
+            Sampling(bad)
+    with pytest.raises(GenerationError, match="top_p must be in"):
+        Sampling(1.0, top_p=float("nan"))
