@@ -64,9 +64,14 @@ def saved_model(out_dir: Path, *overrides: str, seed: int = 0, perturb: float = 
 
 
 def saved_run(run_dir: Path, *overrides: str, seed: int = 0) -> tuple[CausalLM, ModelConfig]:
-    """A run directory whose one checkpoint (step 7) is :func:`saved_model` at seq_length 32, perturbed by 0.05."""
-    return saved_model(run_dir / "checkpoints" / "step_00000007", "seq_length=32", *overrides, seed=seed,
-                       perturb=0.05)
+    """A run directory whose one checkpoint (step 7, in its name and its state, as training writes it) is
+    :func:`saved_model` at seq_length 32, perturbed by 0.05."""
+    from neox_dar.rundir import write_manifest
+
+    step_dir = run_dir / "checkpoints" / "step_00000007"
+    out = saved_model(step_dir, "seq_length=32", *overrides, seed=seed, perturb=0.05)
+    write_manifest(step_dir, {"step": 7})
+    return out
 
 
 def published_checkpoint(root: Path, step: int, weights: bytes = b"w" * 64) -> Path:

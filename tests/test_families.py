@@ -20,7 +20,7 @@ from neox_dar.config import ConfigError, model_config_diff
 from neox_dar.convert import config_from_hf, from_hf, main, to_hf
 from neox_dar.model import build_model, count_parameters
 from neox_dar.rundir import CheckpointError
-from neox_dar.tokenizer import prefix_token_id, special_token_ids
+from neox_dar.tokenizer import DEFAULT_TOKENIZER, prefix_token_id, special_token_ids
 
 FAMILIES = ["gpt_neox", "llama", "olmo2", "qwen2", "qwen3"]
 PRESETS = ["llama-3.2-1b", "llama-2-7b", "olmo-2-0425-1b", "qwen2.5-0.5b", "qwen3-0.6b"]
@@ -85,7 +85,7 @@ def test_to_hf_loads_in_the_same_class(folders, family, tmp_path):
     """Import, export: the same transformers class loads the folder to our logits and to the original weights."""
     path, hf = folders[family]
     model, cfg = from_hf(path)
-    out = to_hf(model.eval(), cfg, tmp_path / "export")
+    out = to_hf(model.eval(), cfg, tmp_path / "export", DEFAULT_TOKENIZER)  # the folder ships no tokenizer
     again = type(hf).from_pretrained(out, attn_implementation="eager").float().eval()
     assert again.config.tie_word_embeddings == hf.config.tie_word_embeddings
     original = hf.state_dict()
@@ -99,10 +99,16 @@ def test_to_hf_loads_in_the_same_class(folders, family, tmp_path):
 
 def test_command_line_round_trip_with_the_tokenizer(folders, tmp_path):
     """``from-hf`` copies the folder's tokenizer files; ``to-hf`` of the result writes them back with the folder's
-    own bos/eos (Llama-3 style: bos differs from eos), and the prefix token is lm-eval's (the bos)."""
+    own bos/eos (Llama-3 style: bos differs from eos), and the prefix token is lm-eval's (the bos). The tokenizer
+    fits the tiny model's 96 embedding rows (a word-level one of 29 ids: the Pythia tokenizer would be refused)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
     src = tmp_path / "hf"
     shutil.copytree(folders["llama"][0], src)
-    shutil.copyfile(ROOT / "data" / "20B_tokenizer.json", src / "tokenizer.json")
+    vocab = {"<|endoftext|>": 0, "<|padding|>": 1, **{chr(97 + i): 2 + i for i in range(26)}, "[UNK]": 28}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.save(str(src / "tokenizer.json"))
     (src / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|padding|>", "eos_token": "<|endoftext|>"}))
     run = [sys.executable, "-m", "neox_dar.convert"]

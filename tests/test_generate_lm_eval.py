@@ -48,7 +48,7 @@ def test_generate_until_decodes_through_the_caches(tmp_path, variant, monkeypatc
     assert any(s["resps"][0][0] for s in samples)
     if "attention_type=aha" in variant:
         assert 0.0 < out["config"]["mu_f"] < 1.0
-    theirs = _evaluate(tmp_path, "hf", f"pretrained={to_hf(gen.model, gen.model.cfg, tmp_path / 'hf')},"
+    theirs = _evaluate(tmp_path, "hf", f"pretrained={to_hf(gen.model, gen.model.cfg, tmp_path / 'hf', gen.info['tokenizer'])},"
                        "trust_remote_code=True,max_length=32", [task], batch_size=4)
     assert [s["resps"] for s in sorted(theirs["samples"][task], key=lambda x: x["doc_id"])] == [
         s["resps"] for s in samples]

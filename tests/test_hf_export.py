@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 
 from neox_dar.convert import REMOTE_FILES, from_hf, main as convert_main, to_hf
 from neox_dar.generate import generate
+from neox_dar.tokenizer import DEFAULT_TOKENIZER
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -24,7 +25,7 @@ CASES = [("gpt_neox", "dar"), ("qwen3", "uniform"), ("llama", "swa"), ("qwen2", 
 
 def export(tmp_path, family, variant, seed=0, **keys):
     model = family_model(family, variant, seed=seed, **keys)
-    return model, to_hf(model, model.cfg, tmp_path / f"{family}-{variant}")
+    return model, to_hf(model, model.cfg, tmp_path / f"{family}-{variant}", DEFAULT_TOKENIZER)  # presets name none
 
 
 def load_remote(folder):
