@@ -36,6 +36,7 @@ import torch
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
+from .attention.registry import stat_names
 from .config import ConfigError
 from .convert import check_tokenizer_json
 from .evaluation.loading import DTYPES, load_for_eval
@@ -376,8 +377,9 @@ def run(args) -> None:
     finally:
         if sink is not sys.stdout:
             sink.close()
+    meanings = stat_names()
     for name, value in overall_means(stats.result()).items():
-        print(f"{name} = {value:.4f} over the generated tokens (mean over layers and heads; Eq. 8 of the AHA paper)",
+        print(f"{name} = {value:.4f} over the generated tokens, mean over layers and heads ({meanings.get(name, name)})",
               file=sys.stderr)
     if args.out is not None:
         print(f"wrote {len(records)} completions to {args.out}", file=sys.stderr)

@@ -88,7 +88,7 @@ def test_model_builds_and_describe_reads_the_variant():
     assert "attention_type: toy" in text and "toy: queries scaled per head, starting at 2.0" in text
     assert "extra parameters: 8 (4 per layer" in text
     # its attention is not plain windowed softmax: no decoding by the base class's cache until it implements decode
-    with pytest.raises(NotImplementedError, match="attention_type 'toy' has no incremental decoding"):
+    with pytest.raises(ConfigError, match="attention_type 'toy' has no incremental decoding"):
         model.new_cache([3], 2)
     with pytest.raises(ConfigError, match="attention_type 'toy' has no Hugging Face export"):
         model.attention_modules()[0].remote_spec()

@@ -155,7 +155,7 @@ class Attention(HeadProjections, nn.Module, abc.ABC):
         """An empty cache of this layer for the batch of ``layout``
         (:class:`neox_dar.hf_remote.inference.Layout`), tensors on ``device`` in ``dtype``."""
         if type(self).decode is Attention.decode and not self.windowed_softmax:
-            raise NotImplementedError(f"attention_type '{self.name}' has no incremental decoding: its module must "
+            raise ConfigError(f"attention_type '{self.name}' has no incremental decoding: its module must "
                                       "implement decode (or declare windowed_softmax); see docs/adding_a_variant.md")
         return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.head_dim, self.head_dim, device, dtype)
 

@@ -61,6 +61,10 @@ class AttentionStatsMean:
         for key, value in (self.current() if stats is None else stats).items():
             mask = torch.ones(value.shape[:2]) if real is None else real
             mask = mask.to(value.device, torch.float64).reshape(mask.shape + (1,) * (value.dim() - 2))
+            if real is not None and tuple(value.shape[:2]) != tuple(real.shape):
+                raise ValueError(f"{key}: a per-token statistic of shape {tuple(value.shape)} for a forward of "
+                                 f"(B, T) = {tuple(real.shape)}: the variant's attend and decode must set token_stats "
+                                 "for the tokens of every forward (docs/adding_a_variant.md)")
             total, count = (value.double() * mask).sum((0, 1)), mask.sum()  # (B, T, ...) -> (...); no sync
             self.sums[key] = self.sums[key] + total if key in self.sums else total
             self.counts[key] = self.counts[key] + count if key in self.counts else count
