@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0 if args else 2
     from neox_dar.config import ConfigError, load_config, split_args
-    from neox_dar.training.checks import check_training_config
+    from neox_dar.training.checks import check_training_config, epochs_line
     from neox_dar.training.distributed import world_size_from_env
 
     paths, overrides = split_args(args)
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         _record_failure(cfg, e)
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
         return 2
+    if os.environ.get("RANK", "0") == "0":
+        print(epochs_line(cfg, world_size_from_env()), file=sys.stderr)
 
     # torch's deprecation notices for the collectives DeepSpeed calls, once per call site and step
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
@@ -85,25 +87,34 @@ def _explained_errors() -> tuple[type[BaseException], ...]:
     traceback."""
     from neox_dar.config import ConfigError
     from neox_dar.data import DataSplitError, IndexedDatasetError
-    from neox_dar.rundir import CheckpointError
+    from neox_dar.rundir import CheckpointError, RunFileError, RunWriteError
     from neox_dar.tokenizer import TokenizerError
 
-    return ConfigError, CheckpointError, IndexedDatasetError, DataSplitError, TokenizerError
+    return (ConfigError, CheckpointError, IndexedDatasetError, DataSplitError, TokenizerError, RunFileError,
+            RunWriteError)
 
 
 def _record_failure(cfg, error: BaseException) -> None:
-    """Rank 0: status.json = failed with the reason, when the run directory exists (a requeued job then stops)."""
-    from neox_dar.rundir import read_status, write_status
+    """Rank 0: status.json = failed with the reason, when the run directory exists (a requeued job then stops).
+    Only with the run's lock held: a run another trainer holds is left alone, and so is a run that is done."""
+    from neox_dar.rundir import RunFileError, RunLockedError, lock_run_dir, read_status, write_status
 
     save = cfg.run.save and Path(cfg.run.save)
     if not save or not save.is_dir() or os.environ.get("RANK", "0") != "0":
         return
-    previous = read_status(save) or {}
     try:
-        write_status(save, "failed", previous.get("step", 0), cfg.training.train_iters,
-                     reason=f"{type(error).__name__}: {error}"[:500])
-    except OSError as e:
+        lock = lock_run_dir(save)
+    except (RunLockedError, RunFileError, OSError):
+        return
+    try:
+        previous = read_status(save) or {}
+        if previous.get("state") != "done":
+            write_status(save, "failed", previous.get("step", 0), previous.get("train_iters", cfg.training.train_iters),
+                         reason=f"{type(error).__name__}: {error}"[:500])
+    except (OSError, RunFileError) as e:
         print(f"warning: could not record the failure in {save}: {e}", file=sys.stderr)
+    finally:
+        lock.release()
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         tmp.unlink(missing_ok=True)
-        fd = open_run_file(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)  # O_EXCL: never via a link
         try:
             append_text(fd, text, path)
             os.fsync(fd)
@@ -624,9 +624,10 @@ class RunLock:
         that refuses the directory leaves the file as it found it."""
         holder = {"host": socket.gethostname(), "pid": os.getpid(),
                   "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        try:
-            os.ftruncate(self.fd, 0)
-            os.pwrite(self.fd, (json.dumps(holder) + "\n").encode(), 0)
+        data = (json.dumps(holder) + "\n").encode()
+        try:  # written over the old holder before the file is cut to length: no new space on a full disk
+            os.pwrite(self.fd, data, 0)
+            os.ftruncate(self.fd, len(data))
         except OSError as e:
             raise write_error(self.path, e) from None
 
@@ -649,8 +650,8 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
 
     RunLockedError when another process holds it: two trainers writing one run directory would interleave their
     checkpoints and metrics. RunFileError (one line) when ``run_dir`` is a file or cannot be created, or
-    ``run.lock`` is a symbolic link or a directory. (On a network file system the lock is as good as its ``flock`` support: NFSv4 and
-    Lustre mounted with ``flock`` honour it across nodes.)"""
+    ``run.lock`` is a symbolic link or a directory. (On a network file system the lock is as good as its
+    ``flock`` support: NFSv4 and Lustre mounted with ``flock`` honour it across nodes.)"""
     d = Path(run_dir)
     if d.exists() and not d.is_dir():
         raise RunFileError(f"save={d} is a file, not a directory: name a directory for the run")

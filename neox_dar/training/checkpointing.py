@@ -13,6 +13,8 @@ only the few plain DeepSpeed classes its optimizer state holds allowed (:data:`S
 
 from __future__ import annotations
 
+import errno
+import os
 import pickle
 import random
 import re
@@ -28,8 +30,8 @@ from safetensors.torch import save_file
 from ..checkpoint import model_yaml, read_model_config
 from ..config import Config, model_config_diff
 from ..provenance import code_version
-from ..rundir import (CONFIG, MODEL_CONFIG, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune, publish,
-                      read_state, step_dir_name, write_manifest)
+from ..rundir import (CONFIG, MODEL_CONFIG, STATE, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune,
+                      publish, read_state, step_dir_name, write_manifest)
 from ..tokenizer import RUN_TOKENIZER_DIR, copy_tokenizer, tokenizer_sha256
 from .distributed import DistInfo, any_rank, barrier
 from .finetune import merge_lora
@@ -102,14 +104,33 @@ def safe_torch_load(path: str | Path, map_location=None):
                               "load only checkpoints you trust") from None
 
 
-def use_safe_loading(engine) -> None:
-    """Make ``engine.load_checkpoint`` read every file through :func:`safe_torch_load`."""
+def _torch_checkpoint_engine(engine):
+    """DeepSpeed's checkpoint engine of ``engine``, which must be its plain torch one (CheckpointError otherwise)."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
 
     if type(engine.checkpoint_engine) is not TorchCheckpointEngine:
         raise CheckpointError(f"unexpected DeepSpeed checkpoint engine {type(engine.checkpoint_engine).__name__}; "
-                              "neox-dar loads checkpoints only through the torch engine with weights_only=True")
-    engine.checkpoint_engine.load = lambda path, map_location=None: safe_torch_load(path, map_location)
+                              "neox-dar reads and writes checkpoints only through the torch engine")
+    return engine.checkpoint_engine
+
+
+def use_safe_loading(engine) -> None:
+    """Make ``engine.load_checkpoint`` read every file through :func:`safe_torch_load`."""
+    _torch_checkpoint_engine(engine).load = lambda path, map_location=None: safe_torch_load(path, map_location)
+
+
+def torch_save(obj, path: str | Path, **kwargs) -> None:
+    """``torch.save`` through a Python file: on a full disk torch says only "[enforce fail at inline_container.cc]
+    unexpected pos", and the file's OSError (:func:`write_failure` finds it) is then that error's context."""
+    with open(path, "wb") as f:
+        torch.save(obj, f, **kwargs)
+
+
+def use_file_saving(engine) -> None:
+    """Make ``engine.save_checkpoint`` write every file through :func:`torch_save`."""
+    ce = _torch_checkpoint_engine(engine)
+    ce.save = lambda state_dict, path: torch_save(state_dict, path,
+                                                  _use_new_zipfile_serialization=ce.zipfile_serialization)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,8 +179,9 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
             if tmp.exists():
                 shutil.rmtree(tmp)
         barrier()
+        use_file_saving(engine)
         engine.save_checkpoint(str(root), tag=tag, save_latest=False)
-        torch.save(capture_rng(), tmp / rng_file(info.rank))
+        torch_save(capture_rng(), tmp / rng_file(info.rank))
     except Exception as e:  # OSError from a full disk, or torch's RuntimeError wrapping one
         error = e
     lora = cfg.training.lora
@@ -204,15 +226,30 @@ def _copy_run_tokenizer(save: Path, step_dir: Path) -> str | None:
     return tokenizer_sha256(recorded)
 
 
+def write_failure(error: BaseException) -> str:
+    """Why a checkpoint write failed, in words: the OSError behind it (torch reports a full disk only as "[enforce
+    fail at inline_container.cc] unexpected pos", with the OSError of a Python file as its context; safetensors
+    as "os error 28"), else the error's first line."""
+    seen = error
+    while seen is not None:
+        code = getattr(seen, "errno", None)
+        if code is None:
+            found = re.search(r"os error (\d+)", str(seen))
+            code = int(found.group(1)) if found else None
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            return "no space left on device"
+        if code is not None:
+            return os.strerror(code)
+        seen = seen.__cause__ or seen.__context__
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
 def _abandon(tmp: Path, info: DistInfo, error: Exception | None) -> None:
     """Remove a half-written checkpoint (rank 0) and raise one line saying where and why on every rank."""
     if info.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
     barrier()
-    if error is None:
-        why = "another rank failed to write its part"
-    else:
-        why = getattr(error, "strerror", None) or (str(error).splitlines() or [type(error).__name__])[0]
+    why = "another rank failed to write its part" if error is None else write_failure(error)
     raise CheckpointError(f"could not write checkpoint {tmp.with_name(tmp.name[len(TMP_PREFIX):])}: {why} "
                           f"({free_space(tmp.parent)}); the previous checkpoints are intact")
 
@@ -250,6 +287,9 @@ def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> Trai
                                        load_optimizer_states=True, load_lr_scheduler_states=True)
     if loaded is None:
         raise CheckpointError(f"DeepSpeed could not load {step_dir}")
+    if engine.global_steps != meta["step"]:
+        raise CheckpointError(f"{step_dir}: its {STATE} says step {meta['step']} but DeepSpeed's files say step "
+                              f"{engine.global_steps}")
     rng = step_dir / rng_file(info.rank)
     if rng.is_file():
         restore_rng(safe_torch_load(rng))

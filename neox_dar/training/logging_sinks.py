@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import secrets
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from ..attention.registry import stat_names
 from ..config import Config
-from ..rundir import CONFIG, METRICS, WANDB_ID, truncate_metrics, write_text_atomic
+from ..rundir import CONFIG, METRICS, WANDB_ID, append_text, open_run_file, truncate_metrics, write_text_atomic
 
 
 def _scalars(row: dict) -> dict[str, float]:
@@ -40,12 +41,15 @@ class RunLogger:
         self.start_step = start_step
         self.t0 = time.time()
         self.bar = self.wandb = self.tb = None
+        self.metrics = -1
         if not self.enabled:
             return
         self.save.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.save / CONFIG, cfg.to_yaml())
         truncate_metrics(self.save, start_step)
-        self.metrics = open(self.save / METRICS, "a")
+        # each row goes straight to the file: a full disk fails that row's write (one line naming the file), not a
+        # later flush; a link in place of the file is refused, never followed
+        self.metrics = open_run_file(self.save / METRICS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         if sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -63,7 +67,7 @@ class RunLogger:
 
         id_file = self.save / WANDB_ID
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
-        id_file.write_text(run_id + "\n")
+        write_text_atomic(id_file, run_id + "\n")
         self.wandb = wandb.init(project=self.cfg.run.wandb_project, group=self.cfg.run.wandb_group,
                                 name=self.cfg.run.wandb_run_name, entity=self.cfg.run.wandb_team, id=run_id,
                                 resume="allow", dir=str(self.save), config=self.cfg.flat())
@@ -78,8 +82,7 @@ class RunLogger:
         """Write one metrics row (train or validation) to every sink."""
         if not self.enabled:
             return
-        self.metrics.write(json.dumps(row) + "\n")
-        self.metrics.flush()
+        append_text(self.metrics, json.dumps(row) + "\n", self.save / METRICS)
         scalars = _scalars(row)
         if self.wandb is not None:
             self.wandb.log(scalars, step=row["step"])
@@ -127,9 +130,9 @@ class RunLogger:
             self._print(text)
 
     def close(self) -> None:
-        if not self.enabled:
-            return
-        self.metrics.close()
+        if self.metrics >= 0:
+            os.close(self.metrics)
+            self.metrics = -1
         if self.bar is not None:
             self.bar.close()
         if self.tb is not None:

@@ -20,14 +20,14 @@ import torch.distributed as dist
 from ..config import Config, load_config
 from ..data import build_datasets
 from ..evaluation.perplexity import SWEEP_MANIFEST
-from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, checkpoints_dir,
-                      clean_leftovers, lock_run_dir, newest_checkpoint, read_state, remove_tree, resolve_checkpoint,
-                      step_dirs, write_status)
+from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, CheckpointHold,
+                      checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint, read_state,
+                      remove_tree, step_dirs, write_status)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from .batches import inputs_and_targets, lm_loss, micro_batches
 from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
 from .corpus_eval import CorpusEvaluator
-from .distributed import DistInfo, all_reduce_mean, any_rank
+from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
 from .engine import build_engine
 from .finetune import finetune_mismatch, prepare_model
 from .logging_sinks import RunLogger
@@ -68,8 +68,9 @@ class SaveInUseError(CheckpointError):
     """``save`` holds another run's checkpoints: this run refuses to start and leaves that run's files alone."""
 
 
-def _choose_start(cfg: Config) -> Path | None:
-    """Rank 0: the checkpoint this run continues (its own, in ``save``) or starts from (``load``); None = fresh.
+def _choose_start(cfg: Config) -> tuple[Path | None, CheckpointHold | None]:
+    """Rank 0: the checkpoint this run continues (its own, in ``save``) or starts from (``load``; held until it is
+    read, so that the run writing it cannot prune it meanwhile); None = fresh.
 
     ``save`` may hold only this run's own checkpoints: ones written by a run with the same ``load`` source and the
     same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never) is a
@@ -91,37 +92,43 @@ def _choose_start(cfg: Config) -> Path | None:
                 problem = (f"{save} holds the checkpoints of another run (started from {prior.run.load or 'scratch'}; "
                            f"this one starts from {cfg.run.load or 'scratch'})")
         if problem is None:
-            return own
+            return own, None
         if not cfg.run.overwrite:
             raise SaveInUseError(f"{problem}: {how}")
         _discard_run(save)
     if cfg.run.load and cfg.run.resume != "never":
-        found = resolve_checkpoint(cfg.run.load)
+        held = hold_checkpoint(cfg.run.load)
+        found = held.path
         mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
+        if not mismatch and not cfg.run.finetune and read_state(found).get("world_size") is None:
+            mismatch = ("holds weights only (an import or an export), no training state to continue: set "
+                        "finetune=true to start a new run from its weights")
         if mismatch:
+            held.release()
             raise CheckpointError(f"load={cfg.run.load}: {mismatch}")
-        if not cfg.run.finetune and read_state(found).get("world_size") is None:
-            raise CheckpointError(f"load={cfg.run.load} holds weights only (an import or an export), no training "
-                                  "state to continue: set finetune=true to start a new run from its weights")
-        return found
-    return None
+        return found, held
+    return None, None
 
 
-def _start_point(cfg: Config, info: DistInfo) -> tuple[Path | None, Path | None]:
+def _start_point(cfg: Config, info: DistInfo) -> tuple[Path | None, Path | None, CheckpointHold | None]:
     """The checkpoint to continue (or, finetuning, take the weights of) and the tokenizer the run records
-    (:func:`neox_dar.tokenizer.run_tokenizer`), decided by rank 0 and shared with every rank (collective)."""
+    (:func:`neox_dar.tokenizer.run_tokenizer`), decided by rank 0 and shared with every rank (collective); and, on
+    rank 0, the hold on a ``load`` checkpoint (release it once every rank has read it)."""
     decision: list = [None]
+    held = None
     if info.is_main:
         try:
-            start = _choose_start(cfg)
+            start, held = _choose_start(cfg)
             decision[0] = ("start", (start, run_tokenizer(cfg.model, start)))
         except Exception as e:  # shared with the other ranks, which would otherwise wait forever
+            if held is not None:
+                held.release()
             decision[0] = ("error", e)
     dist.broadcast_object_list(decision, src=0)
     kind, value = decision[0]
     if kind == "error":
         raise value
-    return value
+    return (*value, held)
 
 
 def _is_own(step_dir: Path, save: Path) -> bool:
@@ -191,9 +198,9 @@ def train(cfg: Config, info: DistInfo) -> int:
     run_lock = lock_run_dir(save) if info.is_main else None  # a second trainer on this save stops here, one line
     stop = StopRequest()  # from here on, SIGTERM/SIGUSR1 stop the run at the first step boundary
     state = TrainState()
-    logger = None
+    logger = held = None
     try:
-        start_dir, tokenizer = _start_point(cfg, info)
+        start_dir, tokenizer, held = _start_point(cfg, info)
         if run_lock is not None:
             run_lock.record()
             _record_tokenizer(save, tokenizer)
@@ -216,6 +223,9 @@ def train(cfg: Config, info: DistInfo) -> int:
             state = load_checkpoint(engine, cfg, info, start_dir)
         else:
             _seed_rank(cfg, info.rank)
+        barrier()  # every rank has read the start checkpoint
+        if held is not None:
+            held.release()
         batches = iter(micro_batches(train_ds, cfg, info, max(train_samples, state.consumed_samples),
                                      state.consumed_samples))
 
@@ -309,6 +319,8 @@ def train(cfg: Config, info: DistInfo) -> int:
         raise
     finally:
         stop.restore()
+        if held is not None:
+            held.release()
         if logger is not None:
             logger.close()
         if run_lock is not None:
