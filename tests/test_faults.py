@@ -6,9 +6,6 @@ Each case ends in one line and exit 2, or in a run that completes."""
 from __future__ import annotations
 
 import json
-import os
-import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainrun import COMMON, ROOT, error_line, rows, status, train, train_command, train_env
+from trainrun import ROOT, error_line, rows, status, train, train_command, train_env
 
 from neox_dar.rundir import LOCK, STATUS, lock_run_dir, write_status
 
@@ -69,3 +66,161 @@ def test_a_trainer_killed_in_its_first_seconds_starts_again(data, tmp_path):
         assert not (save / "metrics.jsonl").is_file() or not rows(save)  # killed before the training loop
     train(save, data, *SHORT, env=env, timeout=240)
     assert status(save)["state"] == "done" and not _extension_locks(cache)
+
+
+def test_a_symlinked_run_lock_is_refused_and_its_target_kept(data, tmp_path):
+    """`ln -s victim SAVE/run.lock`, then train: one line, exit 2, and victim keeps its bytes. (Before: the
+    trainer wrote its lock JSON into victim.)"""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    save = tmp_path / "run"
+    save.mkdir()
+    (save / LOCK).symlink_to(victim)
+    out = train(save, data, *SHORT, expect=2)
+    assert f"{save / LOCK} is a symbolic link" in error_line(out)
+    assert victim.read_text() == "precious\n"
+
+
+def test_a_refused_second_launch_writes_nothing_into_the_run(data, tmp_path):
+    """A live run (its lock held, status running) and a finished one: `train.py save=RUN data_path=typo` exits 2 in
+    one line and leaves both status files byte for byte, and a valid second launch beside the live run is refused
+    by the lock, after saying which epochs its token budget reads. (Before: the typo rewrote status.json to
+    failed.)"""
+    live, finished = tmp_path / "live", tmp_path / "finished"
+    held = lock_run_dir(live)
+    write_status(live, "running", 3, 6)
+    finished.mkdir()
+    write_status(finished, "done", 6, 6)
+    before = {d: (d / STATUS).read_bytes() for d in (live, finished)}
+    try:
+        for save in (live, finished):
+            out = train(save, str(tmp_path / "typo"), *SHORT, expect=2)
+            assert "typo" in error_line(out)
+            assert (save / STATUS).read_bytes() == before[save]
+        out = train(live, data, "train_iters=3000", "eval_interval=0", expect=2)
+        assert "in use by another trainer" in error_line(out)
+        assert "warning: token budget: 768,000 tokens = " in out.stderr and "repeats the data" in out.stderr
+        assert (live / STATUS).read_bytes() == before[live]
+    finally:
+        held.release()
+
+
+def _on_a_small_disk(save: Path, size: str, driver: str, *args: str) -> subprocess.CompletedProcess:
+    """Run the Python ``driver`` with ``args`` while ``save`` is a tmpfs of ``size`` (a private mount namespace:
+    the mount goes away with the process); skip where such a mount is not allowed."""
+    save.mkdir(parents=True, exist_ok=True)
+    script = f"mount -t tmpfs -o size={size} tmpfs {save} && exec {sys.executable} -c \"$0\" \"$@\""
+    out = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c", script, driver, *args], cwd=ROOT,
+                         env=train_env(), capture_output=True, text=True, timeout=600)
+    if out.returncode != 0 and ("mount:" in out.stderr or "unshare:" in out.stderr):
+        pytest.skip(f"cannot mount a tmpfs here: {out.stderr.strip()}")
+    return out
+
+
+# train.py with its arguments; once metrics.jsonl holds a row (when the first argument is "fill"), fill the disk;
+# then copy status.json out of the tmpfs and pass train.py's output and exit code on
+_TRAIN_ON_SMALL_DISK = """
+import shutil, subprocess, sys, time
+from pathlib import Path
+fill, out, save, command = sys.argv[1] == "fill", Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
+proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+metrics = save / "metrics.jsonl"
+while fill and proc.poll() is None and not (metrics.is_file() and metrics.stat().st_size):
+    time.sleep(0.1)
+if fill:
+    with open(save / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(1 << 16))
+        except OSError:
+            pass
+    with open(save / "filler", "ab", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"x")
+        except OSError:
+            pass
+stdout, stderr = proc.communicate()
+shutil.copy(save / "status.json", out / "status.json")
+sys.stdout.write(stdout)
+sys.stderr.write(stderr)
+sys.exit(proc.returncode)
+"""
+
+
+def test_a_full_disk_while_logging_is_one_line_and_failed(data, tmp_path):
+    """The disk fills up during training (metrics.jsonl cannot take the next row): one line naming the file and
+    the free space, exit 2, status.json `failed`. (Before: a chained OSError traceback, exit 1, status `running`.)"""
+    save = tmp_path / "run"
+    command = train_command(save, data, "train_iters=60", "eval_interval=0", "checkpoint_factor=1000")
+    out = _on_a_small_disk(save, "16m", _TRAIN_ON_SMALL_DISK, "fill", str(tmp_path), str(save), *command)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = error_line(out)
+    assert line.startswith(f"error: cannot write {save / 'metrics.jsonl'}: No space left on device (0.00 GiB free")
+    written = json.loads((tmp_path / "status.json").read_text())
+    assert written["state"] == "failed" and "metrics.jsonl" in written["reason"]
+
+
+def test_a_full_disk_at_a_checkpoint_says_no_space_left(data, tmp_path):
+    """A checkpoint that does not fit: "no space left on device" with the checkpoint's path (not torch's
+    "[enforce fail at inline_container.cc:672] . unexpected pos 128 vs 0"), exit 2, status `failed`."""
+    save = tmp_path / "run"
+    command = train_command(save, data, *SHORT)
+    out = _on_a_small_disk(save, "48m", _TRAIN_ON_SMALL_DISK, "no", str(tmp_path), str(save), *command)
+    assert out.returncode == 2, out.stderr[-3000:]
+    line = error_line(out)
+    assert f"could not write checkpoint {save / 'checkpoints' / 'step_00000002'}: no space left on device (" in line
+    assert json.loads((tmp_path / "status.json").read_text())["state"] == "failed"
+
+
+_TORCH_ON_FULL_DISK = """
+import sys, torch
+from neox_dar.training.checkpointing import torch_save, write_failure
+with open(sys.argv[1] + "/filler", "wb", buffering=0) as f:
+    try:
+        while True:
+            f.write(b"x" * 4096)
+    except OSError:
+        pass
+state = {"state": torch.zeros(4096)}
+try:  # what the rng file's save said
+    torch.save(state, sys.argv[1] + "/rng.pt")
+except RuntimeError as e:
+    print(str(e).splitlines()[0])
+try:  # the way checkpointing saves every file now: through a Python file
+    torch_save(state, sys.argv[1] + "/rng.pt")
+except Exception as e:
+    print(write_failure(e))
+"""
+
+
+def test_torchs_full_disk_message_reads_no_space_left(tmp_path):
+    """torch.save to a path on a full disk says only "[enforce fail at inline_container.cc:672] . unexpected pos";
+    saved through a Python file, as checkpoints now are, the error reads "no space left on device"."""
+    out = _on_a_small_disk(tmp_path / "mnt", "1m", _TORCH_ON_FULL_DISK, str(tmp_path / "mnt"))
+    torch_says, we_say = out.stdout.splitlines()
+    assert "unexpected pos" in torch_says and we_say == "no space left on device"
+
+
+def test_bad_paths_and_values_are_one_line(data, tmp_path):
+    """save that is an existing file, lr=.inf and trainable_params=[]: one line each, exit 2. (Before: a
+    FileExistsError traceback, and two silent accepts.)"""
+    (tmp_path / "file").write_text("x")
+    out = train(tmp_path / "file", data, *SHORT, expect=2)
+    assert error_line(out) == (f"config error: save={tmp_path / 'file'} is a file, not a directory: name a directory "
+                               "for the run")
+    for value, why in (("optimizer.params.lr=.inf", "must be > 0 and finite"),
+                       ("trainable_params=[]", "must name at least one pattern")):
+        out = train(tmp_path / "run", data, *SHORT, value, expect=2)
+        assert why in error_line(out)
+
+
+def test_sweep_plan_prints_the_epochs_a_budget_reads(data, tmp_path, capsys):
+    """The DAR Table 1 plan (10B tokens per run) on the 20k-token test sample: each run's row shows the epochs and a
+    warning says the data repeats. (Before: planned without a word.)"""
+    from neox_dar.sweep.__main__ import main as sweep_main
+
+    assert sweep_main(["configs/sweeps/dar-table1.yml", "plan", "--out", str(tmp_path), f"data_path={data}"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines()[1].split()[-1] == "epochs" and "5.16e+05" in out.splitlines()[2]
+    assert "warning: vanilla: token budget: 9,999,745,024 tokens = 5.16e+05 epochs" in err

@@ -302,13 +302,16 @@ def _check_attention(m: ModelConfig) -> None:
 def _check_training(t: TrainingConfig) -> None:
     _at_least_one(t, ("train_micro_batch_size_per_gpu", "train_iters", "lr_decay_iters"))
     p = t.optimizer.params
-    check(p.lr > 0, "optimizer.params.lr", "must be > 0", p.lr)
+    check(0 < p.lr < math.inf, "optimizer.params.lr", "must be > 0 and finite", p.lr)
     check(all(0.0 <= b < 1.0 for b in p.betas), "optimizer.params.betas", "each must be in [0, 1)", p.betas)
-    check(p.eps > 0, "optimizer.params.eps", "must be > 0", p.eps)
+    check(0 < p.eps < math.inf, "optimizer.params.eps", "must be > 0 and finite", p.eps)
     check(0 <= t.min_lr <= p.lr, "min_lr", "must be in [0, optimizer.params.lr]", t.min_lr)
     check(0.0 <= t.warmup <= 1.0, "warmup", "is a fraction of lr_decay_iters, must be in [0, 1]", t.warmup)
-    check(t.weight_decay >= 0, "weight_decay", "must be >= 0", t.weight_decay)
-    check(t.gradient_clipping >= 0, "gradient_clipping", "must be >= 0", t.gradient_clipping)
+    check(0 <= t.weight_decay < math.inf, "weight_decay", "must be >= 0 and finite", t.weight_decay)
+    check(0 <= t.gradient_clipping < math.inf, "gradient_clipping", "must be >= 0 and finite", t.gradient_clipping)
+    if t.trainable_params is not None:
+        check(len(t.trainable_params) > 0, "trainable_params", "must name at least one pattern (unset it to train "
+              "every parameter)", t.trainable_params)
     z = t.zero_optimization
     check(0 <= z.stage <= 3, "zero_optimization.stage", "must be 0, 1, 2 or 3", z.stage)
     check(not z.cpu_offload, "zero_optimization.cpu_offload",

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .local import run_local
 from ..rundir import METRICS, RunFileError
+from ..training.checks import epochs_line
 from .rundir import run_state
 from .slurm import SlurmSettings, cancel_jobs, extra_corpora, queued_jobs, submit_runs
 from .spec import (SWEEP_COPY, SweepError, check_owner, check_report_settings, check_runs, load_sweep, plan,
@@ -141,8 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             for p in planned:
                 for w in p.warnings:
                     print(f"warning: {p.spec.name}: {w}", file=sys.stderr)
+                budget = epochs_line(p.cfg, world)
+                if budget.startswith("warning:"):
+                    print(f"warning: {p.spec.name}: {budget.removeprefix('warning: ')}", file=sys.stderr)
             print(f"sweep {sweep.name}: {len(planned)} runs -> {root} (checked for {world} rank(s) each)")
-            print(format_rows([plan_row(p) for p in planned]))
+            print(format_rows([plan_row(p, world) for p in planned]))
             return 0
         if args.command == "run":
             return _run_local(planned, sweep, args)

@@ -393,13 +393,17 @@ def _resolved(config_file: Path) -> dict[str, Any]:
             return yaml.safe_load(config_file.read_text()) or {}
 
 
-def plan_row(p: PlannedRun) -> dict[str, Any]:
-    """One row of the plan listing: what a reader checks against the paper."""
+def plan_row(p: PlannedRun, world_size: int = 1) -> dict[str, Any]:
+    """One row of the plan listing: what a reader checks against the paper, and the epochs of the training data
+    the run's token budget reads on ``world_size`` ranks (data files checked by :func:`check_runs`)."""
+    from ..training.checks import data_epochs
+
     m, t = p.cfg.model, p.cfg.training
     batch = t.train_batch_size if t.train_batch_size is not None else t.train_micro_batch_size_per_gpu
     return {"run": p.spec.name, "model": f"L{m.num_layers} d{m.hidden_size} H{m.num_attention_heads}",
             "attention": variant(m.attention.attention_type).summary(m), "steps": t.train_iters,
-            "batch": f"{batch} x {m.seq_length}", "tokens": _tokens(t.train_iters * batch * m.seq_length)}
+            "batch": f"{batch} x {m.seq_length}", "tokens": _tokens(t.train_iters * batch * m.seq_length),
+            "epochs": f"{data_epochs(p.cfg, world_size)[1]:.3g}"}
 
 
 def _tokens(n: int) -> str:

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-from ..config import Config, ConfigError
-from ..data import IndexedDatasetError, check_data_files
+from pathlib import Path
+
+from ..config import Config, ConfigError, split_shares
+from ..data import IndexedDataset, IndexedDatasetError, check_data_files
+
+# a token budget that reads the training data more often than this is warned about (repeating data beyond about
+# four epochs stops helping: Muennighoff et al., "Scaling Data-Constrained Language Models", 2023)
+MANY_EPOCHS = 4.0
 
 
 def check_training_config(cfg: Config, world_size: int) -> None:
-    """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``,
-    a global batch that does not divide, no data, bf16 without ZeRO, or a damaged data file (header, sizes, dtype
-    and token ids against ``vocab_size``: :func:`neox_dar.data.check_data_files`)."""
+    """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
+    (or one that is a file), a global batch that does not divide, no data, bf16 without ZeRO, or a damaged data
+    file (header, sizes, dtype and token ids against ``vocab_size``: :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
+    if Path(cfg.run.save).exists() and not Path(cfg.run.save).is_dir():
+        raise ConfigError(f"save={cfg.run.save} is a file, not a directory: name a directory for the run")
     cfg.training.gradient_accumulation_for(world_size)
     if not (cfg.data.data_path or cfg.data.train_data_paths):
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
@@ -22,3 +30,29 @@ def check_training_config(cfg: Config, world_size: int) -> None:
         check_data_files(cfg)
     except IndexedDatasetError as e:
         raise ConfigError(str(e)) from None
+
+
+def data_epochs(cfg: Config, world_size: int) -> tuple[int, float]:
+    """``(tokens, epochs)``: the tokens ``train_iters`` steps read, and how many times that reads the training data
+    (its ``split`` share of ``data_path``, or, for ``train_data_paths``, the dataset the blend repeats most). Call
+    after :func:`check_training_config`."""
+    budget = cfg.training.train_iters * cfg.training.global_batch_for(world_size) * cfg.model.seq_length
+    d = cfg.data
+    if d.train_data_paths:
+        weights = d.train_data_weights or [1.0] * len(d.train_data_paths)
+        shares = [w / sum(weights) for w in weights]
+        sizes = [IndexedDataset(p).num_tokens for p in d.train_data_paths]
+    else:
+        split = split_shares(d.split)
+        shares, sizes = [1.0], [IndexedDataset(d.data_path).num_tokens * split[0] / sum(split)]
+    return budget, max(budget * share / size if size else float("inf") for share, size in zip(shares, sizes))
+
+
+def epochs_line(cfg: Config, world_size: int) -> str:
+    """One line saying the epochs :func:`data_epochs` finds, a warning beyond :data:`MANY_EPOCHS`."""
+    tokens, epochs = data_epochs(cfg, world_size)
+    line = f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data"
+    if epochs > MANY_EPOCHS:
+        return (f"warning: {line}: it repeats the data {epochs:.3g} times (more than {MANY_EPOCHS:g} epochs hardly "
+                "helps); use more data or fewer train_iters")
+    return line
