@@ -22,6 +22,16 @@ from .figures import draw_all
 from .tables import average_table, build_table, to_latex, to_markdown
 
 
+def report_tables(runs, report: dict) -> list:
+    """The report's tables: the per-run table, and with ``average_over`` the averaged one (what ``table.md``
+    holds, one after the other)."""
+    table = build_table(runs, report)
+    tables = [table]
+    if report.get("average_over"):
+        tables.append(average_table(table, runs, report["average_over"]))
+    return tables
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m neox_dar.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,10 +56,8 @@ def main(argv: list[str] | None = None) -> int:
             report["group_by"] = args.group_by
         if args.average_over is not None:
             report["average_over"] = args.average_over
-        table = build_table(runs, report)
-        tables = [table]
-        if report.get("average_over"):
-            tables.append(average_table(table, runs, report["average_over"]))
+        tables = report_tables(runs, report)
+        table = tables[0]
         out = Path(args.out) if args.out else root / "report"
         out.mkdir(parents=True, exist_ok=True)
         md = "\n".join(to_markdown(t) for t in tables)
