@@ -6,7 +6,8 @@ group ``g = ceil(4 i / L) - 1``; of the ``H`` heads, head ``j`` (1..H) in head g
 window is ``w * 2^(g-2) * 2^(c-2)`` floored, at least 1 (``mswa_variant: full``), ``w * 2^(c-2)`` (``heads``,
 MSWA-h) or ``w * 2^(g-2)`` (``layers``, MSWA-l). In a model that mixes layer types (``attention_config``), ``L``
 counts the MSWA layers only and ``i`` is a layer's place among them (Sec. 4.4). Table 6's ablations:
-``mswa_layer_order: decreasing`` uses group ``3 - g`` for the layers, ``mswa_progression: arithmetic`` the factors
+``mswa_layer_order: decreasing`` reverses the layer groups (layer ``i`` takes the group of layer ``L + 1 - i``, so the
+two orders have the same window budget for any ``L``), ``mswa_progression: arithmetic`` the factors
 ``(2 + g) / 4`` and ``(2 + c) / 4`` (``w/2, 3w/4, w, 5w/4``) instead of the powers of 2. ``mswa_windows`` in the
 config overrides the rule with an explicit table.
 """
@@ -69,8 +70,11 @@ def mswa_window_table(cfg: ModelConfig, warn: bool = False) -> list[list[int]]:
             stacklevel=3)
     table = []
     for i in range(1, L + 1):
-        g = group(i, L) if vary_layers else IDENTITY_GROUP
-        g = 3 - g if a.mswa_layer_order == "decreasing" else g
+        # Table 6's "decreasing": the layer allocation reversed (the group of layer L + 1 - i), which changes the
+        # order and nothing else; ``3 - g`` would not be a reversal when L is not divisible by 4 (6 layers:
+        # 3,2,2,1,0,0 against the reversed 3,3,2,1,1,0, another window budget)
+        source = L + 1 - i if a.mswa_layer_order == "decreasing" else i
+        g = group(source, L) if vary_layers else IDENTITY_GROUP
         table.append([window(w, g, group(j, H) if vary_heads else IDENTITY_GROUP, a.mswa_progression)
                       for j in range(1, H + 1)])
     return table
