@@ -4,9 +4,11 @@
     python -m eval.downstream table base.json aha-w64.json ... [--base base.json]      # the paper's table
     python -m eval.downstream list                                                     # the suites
 
-A suite is a list of (lm-eval task, few-shot count, metric) as the paper ran it (:data:`SUITES`); ``--suite-file
-FILE.yml`` adds one (``{name: {paper, tasks: [[task, shots, metric], ...], min_context: window|null,
-relative: label}}``, with ``--include-path DIR`` for local task YAMLs). Each task runs through the project's
+A suite is a list of (lm-eval task, few-shot count, metric) as the paper ran it (:data:`SUITES`) and the context
+length every model it compares is evaluated at (``max_length``: lm-eval keeps the last ``max_length`` tokens of a
+longer prompt; null = each checkpoint's ``seq_length``); ``--suite-file FILE.yml`` adds one (``{name: {paper,
+tasks: [[task, shots, metric], ...], min_context: window|null, relative: label, max_length: N|null}}``, with
+``--include-path DIR`` for local task YAMLs). Each task runs through the project's
 lm-eval model (:mod:`eval.lm_eval_model`: the checkpoint's own attention, caches and tokenizer), with lm-eval's
 few-shot seed (1234).
 
@@ -18,9 +20,21 @@ built once, the short documents' requests removed, and lm-eval scores the rest, 
 the few-shot examples they would have seen.
 
 The result file holds each task's score (the paper's metric), its standard error, the documents scored and
-dropped, and the attention statistics over the scored tokens (AHA's full-attention usage ``mu_f`` per layer and
-head, overall and per task). ``table`` prints each run's scores, their average and the relative score (DAR's
-"Rel. (%)", AHA's "Retain %": the mean over tasks of 100 x score / the base run's score).
+dropped, the attention statistics over the scored tokens (AHA's full-attention usage ``mu_f`` per layer and
+head, overall and per task: over every prompt token in log-likelihood tasks, over the generated tokens in
+generation tasks, AHA's Eq. 8), the context length (``max_length``) and lm-eval's version. ``table`` prints each
+run's scores, their average and the relative score (DAR's "Rel. (%)", AHA's "Retain %": the mean over tasks of
+100 x score / the base run's score), and refuses result files evaluated at different context lengths.
+
+Choices where the papers are silent or differ (tests/test_fidelity.py pins them):
+
+- **Context length.** DAR and AHA fine-tune OLMo-2-0425-1B-SFT at 2,048 tokens and compare with the base model,
+  whose context is 4,096; neither paper states the evaluation context. Their suites evaluate every model at 4,096
+  tokens (AHA's MultiNews prompts average 2,196 tokens, which 2,048 would cut). MSWA's Table 4 suites use 4,096
+  (Llama-2's context, the fine-tuning sequence length). DimPO's suite compares a checkpoint with its own
+  projections, so it keeps the checkpoint's ``seq_length``.
+- **GSM8K.** AHA reports exact match: lm-eval's ``exact_match,strict-match`` (the answer after ``####``); DAR
+  reports flexible-extract match: ``exact_match,flexible-extract`` (the last number in the answer).
 """
 
 from __future__ import annotations
@@ -53,6 +67,7 @@ class Suite:
     min_context: str | None = None  # "window": drop documents whose prompt is shorter than the model's window
     relative: str = "Rel. (%)"
     notes: str = ""
+    max_length: int | None = None  # the context length of every model the suite compares (None: each one's own)
 
 
 def _tasks(*rows: tuple) -> tuple[SuiteTask, ...]:
@@ -60,26 +75,29 @@ def _tasks(*rows: tuple) -> tuple[SuiteTask, ...]:
 
 
 _DAR_AHA = (("mmlu", 5, "acc,none", "MMLU"), ("hellaswag", 5, "acc_norm,none", "HellaSwag"),
-            ("commonsense_qa", 5, "acc,none", "CSQA"), ("gsm8k", 5, "exact_match,flexible-extract", "GSM8K"))
+            ("commonsense_qa", 5, "acc,none", "CSQA"))
+OLMO2_CONTEXT = 4096  # OLMo-2-0425-1B(-SFT)'s max_position_embeddings: DAR's and AHA's suites evaluate every model here
+LLAMA2_CONTEXT = 4096  # Llama-2-7B's context and MSWA's fine-tuning sequence length (Appendix B.2.2)
 _COMMONSENSE = (("piqa", "PIQA"), ("openbookqa", "OBQA"), ("winogrande", "WinoGrande"), ("hellaswag", "HellaSwag"),
                 ("boolq", "BoolQ"), ("copa", "COPA"), ("arc_easy", "ARC-e"), ("arc_challenge", "ARC-c"))
 SUITES: dict[str, Suite] = {
     "dar-table4": Suite(
         "DAR Table 4 (Sec. 3.4)",
-        _tasks(*_DAR_AHA, ("mbpp", 3, "pass_at_1,none", "MBPP"),
+        _tasks(*_DAR_AHA, ("gsm8k", 5, "exact_match,flexible-extract", "GSM8K"), ("mbpp", 3, "pass_at_1,none", "MBPP"),
                ("longbench_multi_news", 0, "rouge_score,none", "Multi-News")),
         "window", "Rel. (%)", "relative to the no-bottleneck run (d_down = d); samples shorter than the window "
-                              "dropped"),
+                              "dropped; GSM8K flexible-extract", OLMO2_CONTEXT),
     "aha-table1": Suite(
         "AHA Table 1 (Sec. 3.2)",
-        _tasks(*_DAR_AHA, ("mbpp", 0, "pass_at_1,none", "MBPP"),
+        _tasks(*_DAR_AHA, ("gsm8k", 5, "exact_match,strict-match", "GSM8K"), ("mbpp", 0, "pass_at_1,none", "MBPP"),
                ("longbench_multi_news", 0, "rouge_score,none", "MultiNews")),
         "window", "Retain %", "relative to the base model (OLMo-2-0425-1B-SFT); samples shorter than the window "
-                              "dropped"),
+                              "dropped; GSM8K exact match (strict)", OLMO2_CONTEXT),
     "mswa-table4": Suite("MSWA Table 4, 3-shot (Sec. 5.2)",
-                         _tasks(*((t, 3, "acc,none", label) for t, label in _COMMONSENSE))),
+                         _tasks(*((t, 3, "acc,none", label) for t, label in _COMMONSENSE)), max_length=LLAMA2_CONTEXT),
     "mswa-table4-5shot": Suite("MSWA Table 4, 5-shot (Sec. 5.2)",
-                               _tasks(*((t, 5, "acc,none", label) for t, label in _COMMONSENSE))),
+                               _tasks(*((t, 5, "acc,none", label) for t, label in _COMMONSENSE)),
+                               max_length=LLAMA2_CONTEXT),
     "dimpo-table2": Suite(
         "DimPO Tables 2-3 (Sec. 4)",
         _tasks(*((t, 0, f"{metric},none", TASK_TITLES[t]) for t, metric in PAPER_TASKS.items())),
@@ -103,8 +121,11 @@ def load_suites(path: str | None) -> dict[str, Suite]:
             rows = [SuiteTask(str(t), int(s), str(m), str(t)) for t, s, m in spec["tasks"]]
             if not rows:
                 raise ValueError("no tasks")
+            max_length = spec.get("max_length")
+            if max_length is not None and (type(max_length) is not int or max_length < 1):
+                raise ValueError(f"max_length must be an integer >= 1 or null, got {max_length!r}")
             suites[name] = Suite(spec.get("paper", name), tuple(rows), spec.get("min_context"),
-                                 spec.get("relative", "Rel. (%)"), spec.get("notes", ""))
+                                 spec.get("relative", "Rel. (%)"), spec.get("notes", ""), max_length)
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{path}: not a suite file ({type(e).__name__}: {e}); expected "
                          "{name: {tasks: [[task, shots, metric], ...]}}") from None
@@ -186,7 +207,8 @@ def run_suite(checkpoint: str, suite_name: str, suites: dict[str, Suite], *, lim
         raise SuiteError(f"suite {suite_name} runs {', '.join(code)}, whose metric executes model-written code: "
                          "pass --allow-code-execution (in a sandbox) or use --suite-file without it")
     t0 = time.time()
-    lm = NeoxDarLM(checkpoint=checkpoint, device=device, dtype=dtype, batch_size=batch_size, max_length=max_length)
+    lm = NeoxDarLM(checkpoint=checkpoint, device=device, dtype=dtype, batch_size=batch_size,
+                   max_length=max_length or suite.max_length)
     if min_context is None:
         min_context = lm.window_size() if suite.min_context == "window" else 0
     manager = TaskManager(include_path=include_path) if include_path else TaskManager()
@@ -197,7 +219,8 @@ def run_suite(checkpoint: str, suite_name: str, suites: dict[str, Suite], *, lim
               f"shorter than {min_context} tokens dropped)", file=sys.stderr)
     lm.reset_attention_stats()
     return {"checkpoint": str(checkpoint), "suite": suite_name, "paper": suite.paper, "min_context": min_context,
-            "limit": limit, "tasks": rows, "lm_eval_version": lm_eval_version, "model": lm.describe(),
+            "max_length": lm.max_length, "suite_max_length": suite.max_length, "limit": limit, "tasks": rows,
+            "lm_eval_version": lm_eval_version, "model": lm.describe(),
             "seconds": round(time.time() - t0, 1)}
 
 
@@ -215,6 +238,12 @@ def table(results: list[dict], base: dict | None, suites: dict[str, Suite]) -> s
     names = {r["suite"] for r in results} | ({base["suite"]} if base else set())
     if len(names) != 1:
         raise SuiteError(f"the result files are of different suites: {', '.join(sorted(names))}")
+    every = results + ([base] if base else [])
+    lengths = {r.get("max_length") for r in every}
+    if len(lengths) > 1:
+        raise SuiteError("the result files were evaluated at different context lengths (" + ", ".join(
+            f"{r['checkpoint']}: {r.get('max_length') or 'not recorded'}" for r in every) + "); run them again with "
+            "one --max-length")
     suite = suites.get(next(iter(names)))
     tasks = [row["task"] for row in results[0]["tasks"]]
     labels = {row["task"]: row.get("label") or row["task"] for row in results[0]["tasks"]}
@@ -242,6 +271,8 @@ def table(results: list[dict], base: dict | None, suites: dict[str, Suite]) -> s
             cells.append(f"{sum(mus) / len(mus):.3f}" if mus else "-")
         lines.append("| " + " | ".join(cells) + " |")
     title = f"{suite.paper if suite else next(iter(names))}" + (f" ({suite.notes})" if suite and suite.notes else "")
+    length = next(iter(lengths))
+    title += f"; context {length:,} tokens for every model" if length else ""
     return f"{title}\n\n" + "\n".join(lines) + "\n"
 
 
@@ -268,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--batch-size", default="8")
     r.add_argument("--device", default=None)
     r.add_argument("--dtype", default="float32")
-    r.add_argument("--max-length", type=int, default=None, help="context length (default: the model's seq_length)")
+    r.add_argument("--max-length", type=int, default=None,
+                   help="context length (default: the suite's, else the model's seq_length)")
     r.add_argument("--allow-code-execution", action="store_true", help="let code tasks (MBPP) run model code")
     r.add_argument("--out", default=None, help="write the results JSON here (default: print it)")
     t = sub.add_parser("table", help="the paper's table from result files")
@@ -284,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
             for name, s in suites.items():
                 tasks = ", ".join(f"{t.task} ({t.shots}-shot, {t.metric})" for t in s.tasks)
                 print(f"{name}: {s.paper}: {tasks}" + (" [samples shorter than the window dropped]"
-                                                         if s.min_context == "window" else ""))
+                                                         if s.min_context == "window" else "")
+                      + " [context: " + (f"{s.max_length:,} tokens" if s.max_length else "the model's seq_length")
+                      + "]")
             return 0
         if args.command == "table":
             print(table([_read(x) for x in args.results], _read(args.base) if args.base else None, suites), end="")

@@ -9,8 +9,11 @@ answer post-processing are lm-eval's own; only the forward pass (our ``CausalLM`
 ``generate_until`` decodes a batch of requests through the attention variants' inference caches
 (:func:`neox_dar.generate.generate`: prompts prefilled with the training forward, without padding, then one token
 per step for every row). Attention statistics of the model (e.g. AHA's full-attention usage ``mu_f`` per layer and head) are averaged
-over the real (non-padding) positions of every request's forward and reported in the results' ``config`` section
-beside the scores (``attention_stats`` and ``mu_f``), and logged at the end. ``--device cuda`` (lm-eval's
+over the real (non-padding) positions of every log-likelihood request's forward and, in generation requests, over the
+positions that choose a generated token (the prompt's last position, then every generated token fed back: one per
+generated token, AHA's Eq. 8 "averaged across all L layers, m heads, and n generated tokens"; the prompt's other
+positions are not counted), and reported in the results' ``config`` section beside the scores (``attention_stats``
+and ``mu_f``), and logged at the end. ``--device cuda`` (lm-eval's
 default) on a machine without CUDA falls back to the CPU with a warning, as lm-eval's ``hf`` model does.
 """
 
@@ -34,6 +37,24 @@ from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means
 from neox_dar.generate import Sampling, generate
 from neox_dar.tokenizer import hf_tokenizer, special_token_ids, tokenizer_file
+
+
+class _LastPromptPosition:
+    """``prompt_stats`` of :func:`neox_dar.generate.generate` that counts, of each prefill forward (prompts of one
+    length, no padding), only the rows' last position: the one whose statistics (AHA's gates) choose the first
+    generated token. With the fed-back tokens that ``stats`` counts, generation counts one position per generated
+    token (AHA's Eq. 8)."""
+
+    def __init__(self, stats: AttentionStatsMean):
+        self.stats = stats
+
+    def add(self) -> None:
+        current = self.stats.current()
+        if current:
+            B, T = next(iter(current.values())).shape[:2]
+            last = torch.zeros(B, T, dtype=torch.bool)
+            last[:, -1] = True
+            self.stats.add(last, current)
 
 
 class _HFModelView(torch.nn.Module):
@@ -95,6 +116,9 @@ class NeoxDarLM(HFLM):
         config = hf_config_dict(loaded.cfg, special_token_ids(path))
         view = _HFModelView(loaded.model, AutoConfig.for_model(config.pop("model_type"), **config))
         kwargs.pop("pretrained", None)
+        if max_length is not None and max_length > loaded.cfg.max_position_embeddings:
+            raise ValueError(f"max_length {max_length} exceeds the checkpoint's max_position_embeddings "
+                             f"{loaded.cfg.max_position_embeddings}")
         super().__init__(pretrained=view, backend="causal", tokenizer=tok,
                          max_length=max_length or loaded.cfg.seq_length, device=device, **kwargs)
         self._lm = loaded.model
@@ -136,8 +160,9 @@ class NeoxDarLM(HFLM):
         """Continue each row of ``context`` (B, T, left-padded; ``attention_mask`` marks real tokens) by up to
         ``max_length - T`` tokens through the inference caches, stopping a row at the eos token or at any ``stop``
         string (lm-eval's own criteria); greedy unless ``do_sample`` with a positive ``temperature`` (``top_k``,
-        ``top_p`` honoured; torch's global generator, as HFLM). The attention statistics count each prompt
-        position once and each generated token as it is fed back. Returns (B, T + new) right-padded with eos."""
+        ``top_p`` honoured; torch's global generator, as HFLM). The attention statistics count each prompt's last
+        position and each generated token as it is fed back: one position per generated token (AHA's Eq. 8).
+        Returns (B, T + new) right-padded with eos."""
         mask = generation_kwargs.pop("attention_mask", None)
         temperature = float(generation_kwargs.get("temperature", 0.0) or 0.0)
         sampling = Sampling()
@@ -154,7 +179,7 @@ class NeoxDarLM(HFLM):
 
         done = generate(self._lm, prompts, max_length - context.shape[1], eos_id=self.eot_token_id,
                         sampling=sampling, stop=stopped if stop else None, stats=self._stats,
-                        prompt_stats=self._stats)
+                        prompt_stats=_LastPromptPosition(self._stats))
         rows = [torch.cat([context[b], torch.tensor(c.token_ids, dtype=context.dtype, device=context.device)])
                 for b, c in enumerate(done)]
         width = max(r.numel() for r in rows)

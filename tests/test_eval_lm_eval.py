@@ -116,7 +116,8 @@ def test_cuda_device_without_cuda_falls_back_to_the_cpu(vanilla, monkeypatch):
 
 def test_mu_f_counts_real_tokens_only(tmp_path):
     """lm-eval right-pads a batch; mu_f must be the same whatever the batching (batch size 1 has no padding),
-    and generation counts each position once (the prompt, then one new token per step)."""
+    and generation counts one position per generated token (AHA's Eq. 8: the prompt's last position, then each
+    token fed back), not the prompt's other positions."""
     saved_run(tmp_path, "attention_type=aha", "window_size=4", seed=5)
     requests = LL + [("A much longer context, so that the other rows of its batch are mostly padding: " * 2, " end")]
     stats = {}
@@ -134,7 +135,13 @@ def test_mu_f_counts_real_tokens_only(tmp_path):
     prompt = torch.tensor([[5, 6, 7, 8, 9]])
     out = lm._model_generate(prompt, max_length=8, stop=[])
     assert out.shape == (1, 8)
-    assert {int(c) for c in lm._stats.counts.values()} == {5 + 2}  # 5 prompt positions, then 2 fed-back tokens
+    assert {int(c) for c in lm._stats.counts.values()} == {3}  # 3 generated tokens: the prompt's last, 2 fed back
+    # the same gates as the full forward of prompt + generated tokens at positions 4, 5, 6 (not 0..3, nor 7)
+    lm._lm(out)
+    gates = {key: value[0, 4:7].double().mean(0).tolist() for key, value in lm._stats.current().items()}
+    assert gates.keys() == lm._stats.result().keys()
+    for key, per_head in lm._stats.result().items():
+        assert per_head == pytest.approx(gates[key], abs=1e-12), key
 
 
 def test_lm_eval_task_on_aha_reports_mu_f(tmp_path):

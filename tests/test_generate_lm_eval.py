@@ -1,7 +1,7 @@
 """lm-eval's ``generate_until`` through the project's model (``--model neox_dar``) decodes with the variants'
 inference caches: a small local generation task on DAR and AHA checkpoints gives, per sample, our own greedy
 completion cut at the task's stop string, the same completions as lm-eval's ``hf`` model on the ``to-hf`` export
-(``trust_remote_code``), and AHA's mu_f over prompts and generated tokens."""
+(``trust_remote_code``), and AHA's mu_f over the generated tokens."""
 
 import pytest
 from builders import saved_run
