@@ -42,7 +42,7 @@ from neox_dar.training.metrics import peak_flops  # noqa: E402
 
 def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
     """tokens/s, TFLOP/s and MFU of ``steps`` optimizer steps of train.py's DeepSpeed engine (1 rank)."""
-    from neox_dar.training.batches import lm_loss
+    from neox_dar.training.batches import micro_batch_loss
     from neox_dar.training.distributed import init_distributed
     from neox_dar.training.engine import build_engine
 
@@ -56,7 +56,7 @@ def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
     def step() -> None:
         for m in range(grad_accum):
             x, y = tokens[m, :, :-1], tokens[m, :, 1:]
-            engine.backward(lm_loss(engine(x), y) + model.aux_loss().float())
+            engine.backward(micro_batch_loss(engine, x, y) + model.aux_loss().float())
             engine.step()
 
     for _ in range(warmup):

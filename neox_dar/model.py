@@ -15,6 +15,7 @@ embeddings. Parameter names are each Hugging Face class's own, so checkpoints co
 
     model = build_model(cfg.model)
     logits = model(input_ids)          # (B, T) -> (B, T, padded_vocab_size)
+    lm_loss = model(input_ids, targets)  # targets (B, T), -100 where nothing counts -> mean cross-entropy, no logits
     loss = lm_loss + model.aux_loss()  # variants' extra loss terms (AHA's L1), 0 for the others
 """
 
@@ -29,6 +30,7 @@ from torch import nn
 from .attention import Attention, RotaryEmbedding, build_attention
 from .config import ModelConfig
 from .hf_remote.inference import GeluMLP, Layout, ModelCache, SwiGLU, residual_block
+from .loss import IGNORE, chunk_rows, linear_cross_entropy_sum, linear_token_nll, module_cross_entropy
 from .norms import RMSNorm, build_norm
 
 
@@ -128,6 +130,27 @@ class Decoder(nn.Module):
         return getattr(self, self.norm_name)(x)
 
 
+class OutputLayer(nn.Linear):
+    """The output layer, a bias-free ``nn.Linear`` (weight (V, d)): ``forward(hidden (..., d)) -> logits (..., V)``;
+    given ``targets`` (...) (-100 where nothing counts) the cross-entropy instead, straight from the hidden states
+    chunk by chunk, never every position's logits (:mod:`neox_dar.loss`): ``reduction="sum"`` a float32 scalar
+    (differentiable, fused linear + cross-entropy), ``"none"`` per position (...) float32 (no gradient). It is called
+    as a module either way, so ZeRO-3 gathers its weight as for the logits."""
+
+    def __init__(self, hidden_size: int, vocab_size: int):
+        super().__init__(hidden_size, vocab_size, bias=False)
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "sum"
+                ) -> torch.Tensor:
+        if targets is None:
+            return super().forward(hidden)
+        if reduction == "sum":
+            return linear_cross_entropy_sum(hidden, self.weight, targets)
+        if reduction == "none":
+            return linear_token_nll(hidden, self.weight, targets)
+        raise ValueError(f"reduction must be 'sum' or 'none', got {reduction!r}")
+
+
 class CausalLM(nn.Module):
     """``*ForCausalLM``-shaped model: ``forward(input_ids[B,T]) -> logits[B,T,V]``. The decoder is ``gpt_neox``
     and the head ``embed_out`` in GPT-NeoX, ``model`` and ``lm_head`` elsewhere; a tied head shares the input
@@ -139,7 +162,7 @@ class CausalLM(nn.Module):
         neox = cfg.model_family == "gpt_neox"
         self.decoder_name, self.head_name = ("gpt_neox", "embed_out") if neox else ("model", "lm_head")
         self.add_module(self.decoder_name, Decoder(cfg))
-        self.add_module(self.head_name, nn.Linear(cfg.hidden_size, cfg.padded_vocab_size, bias=False))
+        self.add_module(self.head_name, OutputLayer(cfg.hidden_size, cfg.padded_vocab_size))
         self.tie_weights()
 
     @property
@@ -147,7 +170,7 @@ class CausalLM(nn.Module):
         return getattr(self, self.decoder_name)
 
     @property
-    def head(self) -> nn.Linear:
+    def head(self) -> OutputLayer:
         return getattr(self, self.head_name)
 
     @property
@@ -160,8 +183,24 @@ class CausalLM(nn.Module):
         if not self.cfg.no_weight_tying:
             self.head.weight = self.decoder.embed.weight
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.head(self.decoder(input_ids))
+    def forward(self, input_ids: torch.Tensor, targets: torch.Tensor | None = None,
+                reduction: str = "mean") -> torch.Tensor:
+        """``input_ids`` (B, T) -> logits (B, T, V) in the model's dtype. Given next-token ``targets`` (B, T) (-100:
+        not counted, e.g. an SFT prompt) the loss instead, computed without the logits (:class:`OutputLayer`):
+        ``reduction="mean"`` the mean cross-entropy over the counted targets (float32 scalar, 0 when none counts;
+        what training minimises), ``"sum"`` their sum, ``"none"`` per position (B, T) float32, 0 where not counted
+        (evaluation; no gradient). Equal within float rounding to ``F.cross_entropy`` of the logits in float32."""
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        hidden = self.decoder(input_ids)
+        if targets is None:
+            return self.head(hidden)
+        per = "none" if reduction == "none" else "sum"
+        if isinstance(self.head, OutputLayer):
+            loss = self.head(hidden, targets, per)
+        else:  # a LoRA adapter wraps the output layer: chunks through the module itself
+            loss = module_cross_entropy(self.head, hidden, targets, per, chunk_rows(self.cfg.padded_vocab_size))
+        return loss / (targets != IGNORE).sum().clamp(min=1) if reduction == "mean" else loss
 
     # ---- inference with caches (docs/inference.md) -----------------------------------------------------------
     def new_cache(self, prompt_lengths: Sequence[int], max_new_tokens: int, device: torch.device | None = None,

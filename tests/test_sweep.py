@@ -69,7 +69,7 @@ def test_mswa_and_aha_plans(tmp_path):
         assert (m[f"swa-w{w}"].model.attention.attention_type, m[f"swa-w{w}"].model.attention.window_size) == ("swa", w)
         assert (m[f"mswa-w{w}"].model.attention.attention_type, m[f"mswa-w{w}"].model.attention.mswa_variant) == ("mswa", "full")
     assert m["mswa-h-w128"].model.attention.mswa_variant == "heads" and m["mswa-l-w128"].model.attention.mswa_variant == "layers"
-    assert "vanilla" in m and len(m) == 11
+    assert "vanilla" in m and "vanilla-n1024" in m and len(m) == 12
     _, a = _plan("aha-window", tmp_path / "a")
     assert sorted(c.model.attention.window_size for n, c in a.items() if n != "vanilla") == [16, 32, 64, 128, 256]
     assert all(c.model.attention.aha_l1_coef == pytest.approx(3e-4) for n, c in a.items() if n != "vanilla")

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from neox_dar.loss import IGNORE
+from neox_dar.model import CausalLM
 from neox_dar.progress import progress_bar
 
 from .rolling import rolling_spans
@@ -59,12 +61,12 @@ class AttentionStatsMean:
         """Accumulate ``stats`` (default: :meth:`current`); ``real`` (B, T) bool marks the real positions
         (None: all)."""
         for key, value in (self.current() if stats is None else stats).items():
-            mask = torch.ones(value.shape[:2]) if real is None else real
-            mask = mask.to(value.device, torch.float64).reshape(mask.shape + (1,) * (value.dim() - 2))
             if real is not None and tuple(value.shape[:2]) != tuple(real.shape):
                 raise ValueError(f"{key}: a per-token statistic of shape {tuple(value.shape)} for a forward of "
                                  f"(B, T) = {tuple(real.shape)}: the variant's attend and decode must set token_stats "
                                  "for the tokens of every forward (docs/adding_a_variant.md)")
+            mask = torch.ones(value.shape[:2]) if real is None else real
+            mask = mask.to(value.device, torch.float64).reshape(mask.shape + (1,) * (value.dim() - 2))
             total, count = (value.double() * mask).sum((0, 1)), mask.sum()  # (B, T, ...) -> (...); no sync
             self.sums[key] = self.sums[key] + total if key in self.sums else total
             self.counts[key] = self.counts[key] + count if key in self.counts else count
@@ -111,8 +113,11 @@ def score_documents(
 ) -> ScoreResult:
     """Summed NLL of every token of every document, each token scored once (see :mod:`.rolling`).
 
-    ``model(input_ids[B, T]) -> logits[B, T, V]``; log-probabilities are taken in float32 whatever the model's
-    dtype. ``documents`` are token-id lists (without the prefix token). Returns per-document sums in float64.
+    ``model`` is a :class:`~neox_dar.model.CausalLM`, which scores the targets from its final hidden states
+    (``model(ids, targets, reduction="none")``: only the scored positions go through the output layer, no (B, T, V)
+    logits), or any ``model(input_ids[B, T]) -> logits[B, T, V]`` (e.g. a Hugging Face model), scored row by row;
+    log-probabilities are taken in float32 whatever the model's dtype. ``documents`` are token-id lists (without the
+    prefix token). Returns per-document sums in float64.
     With ``world_size`` > 1 this rank scores its share of the batches and ``reduce_sum`` (an all-reduce SUM of
     a float64 CPU tensor, returned) combines the ranks' sums: every rank returns the whole corpus's result.
     """
@@ -126,6 +131,7 @@ def score_documents(
     nll = np.zeros(len(streams), dtype=np.float64)
     n_tokens = np.array([len(x) - 1 for x in streams], dtype=np.int64)
     stats = AttentionStatsMean(model)
+    own_model = isinstance(model, CausalLM)
 
     batches = [windows[b:b + batch_size] for b in range(0, len(windows), batch_size)]
     mine = batches[rank::world_size]
@@ -144,17 +150,22 @@ def score_documents(
             ids = torch.full((len(batch), width), pad_token, dtype=torch.long)
             for row, (d, s, e, _) in enumerate(batch):
                 ids[row, :e - s] = torch.from_numpy(streams[d][s:e])
-            logits = model(ids.to(device))
             real = torch.arange(width) < torch.tensor([e - s for _, s, e, _ in batch])[:, None]
+            if own_model:  # the scored positions' losses straight from the hidden states, no (B, T, V) logits
+                targets = torch.full((len(batch), width), IGNORE, dtype=torch.long)
+                for row, (d, s, e, n) in enumerate(batch):
+                    targets[row, e - s - n:e - s] = torch.from_numpy(streams[d][e - n + 1:e + 1])
+                row_nll = model(ids.to(device), targets.to(device), reduction="none").double().sum(1)
+            else:  # one row at a time: float32 log-probs of the scored positions only (no (B, T, V) float32 copy)
+                logits = model(ids.to(device))
+                row_nll = torch.stack([
+                    F.cross_entropy(logits[row, e - s - n:e - s].float(),
+                                    torch.from_numpy(streams[d][e - n + 1:e + 1]).to(logits.device),
+                                    reduction="none").double().sum()
+                    for row, (d, s, e, n) in enumerate(batch)])
             stats.add(real & (not repeat))
             if repeat:
                 continue
-            # one row at a time: float32 log-probs of the scored positions only (no (B, T, V) float32 copy)
-            row_nll = torch.stack([
-                F.cross_entropy(logits[row, e - s - n:e - s].float(),
-                                torch.from_numpy(streams[d][e - n + 1:e + 1]).to(logits.device),
-                                reduction="none").double().sum()
-                for row, (d, s, e, n) in enumerate(batch)])
             for (d, _, _, _), value in zip(batch, row_nll.cpu().tolist()):
                 nll[d] += value
                 remaining[d] -= 1

@@ -42,9 +42,18 @@ def inputs_and_targets(batch, device: torch.device) -> tuple[torch.Tensor, torch
     return tokens[:, :-1], tokens[:, 1:]
 
 
+def micro_batch_loss(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The training and validation loss: mean next-token cross-entropy in float32 over the targets that are not
+    -100; ``model`` (a :class:`~neox_dar.model.CausalLM` or the engine around it), ``inputs`` and ``targets`` (B, T)
+    -> scalar (0 when no target counts). Computed from the final hidden states chunk by chunk
+    (:mod:`neox_dar.loss`): the (B, T, V) logits and their float32 copy are never materialised. Equals
+    :func:`lm_loss` of ``model(inputs)`` within float rounding, gradients too."""
+    return model(inputs, targets)
+
+
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in float32 over the targets that are not -100: ``logits`` (B, T, V),
-    ``targets`` (B, T) -> scalar (0 when no target counts)."""
+    """The same loss of logits already computed: ``logits`` (B, T, V), ``targets`` (B, T) -> scalar mean
+    cross-entropy in float32 over the targets that are not -100 (0 when none counts)."""
     flat = targets.reshape(-1)
     total = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), flat, ignore_index=IGNORE, reduction="sum")
     return total / (flat != IGNORE).sum().clamp(min=1)

@@ -24,7 +24,7 @@ from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, Check
                       checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint, read_state,
                       remove_tree, step_dirs, write_status)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
-from .batches import inputs_and_targets, lm_loss, micro_batches
+from .batches import inputs_and_targets, micro_batch_loss, micro_batches
 from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
 from .corpus_eval import CorpusEvaluator
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
@@ -252,7 +252,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             aux_sum = torch.zeros((), device=info.device)
             for micro_step in range(grad_accum):
                 x, y = inputs_and_targets(next(batches), info.device)
-                lm = lm_loss(engine(x), y)
+                lm = micro_batch_loss(engine, x, y)
                 aux = model.aux_loss().float()
                 engine.backward(lm + aux)
                 if own_grad_norm and micro_step == grad_accum - 1:

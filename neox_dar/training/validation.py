@@ -22,7 +22,7 @@ from typing import Iterator
 import torch
 
 from ..config import Config
-from .batches import inputs_and_targets, lm_loss, micro_batches
+from .batches import inputs_and_targets, micro_batch_loss, micro_batches
 from .distributed import DistInfo, all_reduce_mean
 from .logging_sinks import perplexity
 
@@ -59,7 +59,7 @@ def evaluate(engine, valid_ds, cfg: Config, info: DistInfo, evaluation: int) -> 
     try:
         for tokens in evaluation_micro_batches(valid_ds, cfg, info, evaluation):
             x, y = inputs_and_targets(tokens, info.device)
-            losses.append(lm_loss(engine(x), y))
+            losses.append(micro_batch_loss(engine, x, y))
     finally:
         engine.train()
     (loss,) = all_reduce_mean([torch.stack(losses).mean().item()], info.device)

@@ -1,0 +1,138 @@
+"""The language-modelling loss straight from the final hidden states, never holding every position's logits.
+
+The output layer turns hidden states (N, d) into logits (N, V); with GPT-NeoX's 50,304-token vocabulary those are
+the largest tensors of a step (the tiny config's 8 x 128 micro-batch: 206 MB in float32, and a float32 copy for
+the loss on top). Here the positions are taken a chunk at a time (about :data:`CHUNK_BYTES` of float32 logits per
+chunk): each chunk's logits are computed in the weight's dtype, cast to float32, and reduced to their
+cross-entropy at once, as ``F.cross_entropy(logits.float(), targets)`` would.
+
+With gradients (:func:`linear_cross_entropy_sum` in grad mode), each chunk's gradients are computed right there
+too (fused linear + cross-entropy): ``dlogits = softmax - onehot`` (float32, cast to the weight's dtype like
+autograd's cast of a ``.float()``), ``dhidden = dlogits @ W`` and ``dW += dlogits^T @ hidden`` (accumulated in
+float32), so the backward only scales them by the incoming gradient: no logits are kept and none is recomputed.
+Targets equal to :data:`IGNORE` (-100, GPT-NeoX's label convention) count nothing and get no gradient.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE = -100
+CHUNK_BYTES = 32 << 20  # float32 logits per chunk
+
+
+def chunk_rows(vocab: int) -> int:
+    """Positions per chunk for a vocabulary of ``vocab`` logits: about :data:`CHUNK_BYTES` of float32 logits."""
+    return max(1, CHUNK_BYTES // (4 * vocab))
+
+
+def _chunk_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One chunk: hidden (n, d), weight (V, d), targets (n,) -> float32 logits (n, V), their logsumexp (n,) and the
+    per-position NLL (n,) (0 where the target is :data:`IGNORE`)."""
+    logits = F.linear(hidden, weight).float()
+    lse = torch.logsumexp(logits, dim=-1)
+    valid = targets != IGNORE
+    picked = logits.gather(1, torch.where(valid, targets, 0)[:, None]).squeeze(1)
+    return logits, lse, torch.where(valid, lse - picked, 0.0)
+
+
+def _sum_and_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int,
+                   need_hidden: bool, need_weight: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """hidden (N, d), weight (V, d), targets (N,) -> the summed NLL (float32 scalar) and, where asked, its gradients
+    in ``hidden`` (N, d; hidden's dtype) and ``weight`` (V, d; float32), chunk by chunk."""
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    grad_hidden = torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device) if need_hidden else None
+    grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+    for start in range(0, hidden.shape[0], rows):
+        h, t = hidden[start:start + rows], targets[start:start + rows]
+        logits, lse, nll = _chunk_nll(h, weight, t)
+        total += nll.sum()
+        if need_hidden or need_weight:
+            probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+            valid = t != IGNORE
+            probs[torch.arange(len(t), device=t.device), torch.where(valid, t, 0)] -= 1.0
+            grad = probs.mul_(valid[:, None]).to(weight.dtype)  # d nll / d logits, as autograd casts it
+            if need_hidden:
+                torch.mm(grad, weight, out=grad_hidden[start:start + rows])
+            if need_weight and weight.dtype == torch.float32:
+                grad_weight.addmm_(grad.T, h)
+            elif need_weight:
+                grad_weight += grad.T @ h
+    return total, grad_hidden, grad_weight
+
+
+class _LinearCrossEntropySum(torch.autograd.Function):
+    """``sum_i CE(hidden_i @ W^T, targets_i)`` over the non-ignored targets, chunk by chunk, with the gradients
+    computed in the forward (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
+        total, grad_hidden, grad_weight = _sum_and_grads(hidden, weight, targets, rows, *ctx.needs_input_grad[:2])
+        ctx.save_for_backward(grad_hidden, grad_weight)
+        ctx.dtypes = hidden.dtype, weight.dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        hidden_dtype, weight_dtype = ctx.dtypes
+        if grad_hidden is not None:
+            grad_hidden = (grad_hidden * grad_total).to(hidden_dtype)
+        if grad_weight is not None:
+            grad_weight = (grad_weight * grad_total).to(weight_dtype)
+        return grad_hidden, grad_weight, None, None
+
+
+def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                             rows: int | None = None) -> torch.Tensor:
+    """Summed next-token cross-entropy (float32 scalar) of the logits ``hidden @ weight^T`` without materialising
+    them: ``hidden`` (..., d), ``weight`` (V, d), ``targets`` (...) int64 with :data:`IGNORE` where nothing counts;
+    ``rows`` positions per chunk (default :func:`chunk_rows`). Differentiable in ``hidden`` and ``weight`` (fused,
+    one pass); equal within float rounding to ``F.cross_entropy(F.linear(hidden, weight).float(), targets,
+    ignore_index=-100, reduction="sum")`` and to its gradients."""
+    rows = rows or chunk_rows(weight.shape[0])
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        return _LinearCrossEntropySum.apply(hidden, weight, targets, rows)
+    return _sum_and_grads(hidden, weight, targets, rows, False, False)[0]  # validation: the loss alone
+
+
+@torch.no_grad()
+def linear_token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                     rows: int | None = None) -> torch.Tensor:
+    """Per-position cross-entropy (float32, no gradient) of the logits ``hidden @ weight^T``: ``hidden`` (..., d),
+    ``weight`` (V, d), ``targets`` (...) -> (...), 0 where the target is :data:`IGNORE`. Only the positions with a
+    target go through the output layer (a rolling window's context and padding cost nothing)."""
+    flat, shape = targets.reshape(-1), targets.shape
+    out = torch.zeros(flat.shape, dtype=torch.float32, device=hidden.device)
+    scored = (flat != IGNORE).nonzero().squeeze(1)
+    h, t = hidden.reshape(-1, hidden.shape[-1])[scored], flat[scored]
+    rows = rows or chunk_rows(weight.shape[0])
+    for start in range(0, len(scored), rows):
+        out[scored[start:start + rows]] = _chunk_nll(h[start:start + rows], weight, t[start:start + rows])[2]
+    return out.reshape(shape)
+
+
+def _module_chunk_sum(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(head(hidden).float(), targets, ignore_index=IGNORE, reduction="sum")
+
+
+def module_cross_entropy(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, reduction: str,
+                         rows: int) -> torch.Tensor:
+    """The loss of :func:`linear_cross_entropy_sum` (``reduction="sum"``) or :func:`linear_token_nll` (``"none"``)
+    for an output layer that is a module of its own rather than a weight (a LoRA adapter around it): chunk by chunk
+    through ``head`` (hidden (n, d) -> logits (n, V)), each chunk recomputed in the backward
+    (``torch.utils.checkpoint``), so here too no more than one chunk's logits exist at a time."""
+    h, t = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    if reduction == "none":
+        with torch.no_grad():
+            return torch.cat([F.cross_entropy(head(h[s:s + rows]).float(), t[s:s + rows], ignore_index=IGNORE,
+                                              reduction="none") for s in range(0, len(t), rows)]).reshape(targets.shape)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for s in range(0, len(t), rows):
+        total = total + torch.utils.checkpoint.checkpoint(_module_chunk_sum, head, h[s:s + rows], t[s:s + rows],
+                                                          use_reentrant=False)
+    return total
