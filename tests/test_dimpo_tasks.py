@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import lm_eval
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -15,7 +16,7 @@ from neox_dar.dimpo import DimPOError, Projections, check_projections, kv_cache_
 from neox_dar.dimpo.__main__ import main
 from neox_dar.dimpo.projections import model_shape
 from neox_dar.dimpo.tables import table2, task_tables
-from neox_dar.dimpo.tasks import PAPER_TASKS, default_layers
+from neox_dar.dimpo.tasks import PAPER_TASKS, cell_lm_eval_version, default_layers
 
 
 @pytest.mark.parametrize("layers,num_layers,d,head_dim,percent", [
@@ -28,9 +29,13 @@ def test_kv_cache_saving_is_the_papers(layers, num_layers, d, head_dim, percent)
     assert round(100 * kv_cache_saving(layers, num_layers, d, head_dim), 2) == pytest.approx(percent, abs=0.006)
 
 
-def test_default_layers_are_table_2s():
-    assert default_layers(32) == [0, 2, 4, 8, 12, 16, 20, 24, 28, 30, 32]  # Table 2, Llama-3.1-8B
-    assert default_layers(16)[-1] == 16 and default_layers(2) == [0, 1, 2]
+def test_default_layers_are_the_papers_grids():
+    """The l columns of the paper's tables for the depths it reports; other depths scale Table 2's."""
+    assert default_layers(32) == [0, 2, 4, 8, 12, 16, 20, 24, 28, 30, 32]  # Tables 2 and 14, Llama-3.1-8B
+    assert default_layers(16) == [0, 2, 4, 6, 8, 10, 12, 14, 16]  # Table 12, Llama-3.2-1B
+    assert default_layers(28) == [0, 2, 4, 7, 10, 12, 14, 16, 18, 21, 24, 26, 28]  # Tables 13, 16: Llama-3B, Qwen2.5-7B
+    assert default_layers(36) == [0, 2, 4, 6, 9, 12, 15, 18, 21, 24, 27, 30, 32, 34, 36]  # Tables 3, 15: Qwen3-4B
+    assert default_layers(2) == [0, 1, 2] and default_layers(64)[-3:] == [56, 60, 64]
 
 
 def test_projection_file_round_trip_and_refusals(tmp_path):
@@ -98,6 +103,9 @@ def test_task_grid_runs_lm_eval_and_reads_its_results(tmp_path, capsys):
     assert "l=1 d'=4 saving 18.75%" in listing and "l=2 d'=4 saving 37.50%" in listing and "dimpo_layers=2" in listing
     assert listing.count("--num_fewshot 0") == 6
     assert main(args + ["--layers", "0", "--run"]) == 0  # one lm-eval run: l = 0 is the same model for every d'
+    grid = json.loads((out / "grid.json").read_text())  # the lm-eval versions: installed, the paper's, each cell's
+    assert grid["lm_eval_version"] == lm_eval.__version__ and grid["paper_lm_eval_version"] == "0.4.9.1"
+    assert {cell_lm_eval_version(c) for c in grid["cells"]} == {lm_eval.__version__}
     table = table2(str(out))
     assert table.columns == ["d' / l", "0"] and [r[0] for r in table.rows] == ["8", "4"]
     score = float(table.rows[0][1].split(" / ")[0])
