@@ -23,6 +23,8 @@ import torch.nn.functional as F
 
 from neox_dar.loss import IGNORE
 from neox_dar.model import CausalLM
+from neox_dar.loss import IGNORE
+from neox_dar.model import CausalLM
 from neox_dar.progress import progress_bar
 
 from .rolling import rolling_spans
