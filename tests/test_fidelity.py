@@ -188,3 +188,86 @@ def test_table_refuses_results_at_different_context_lengths_and_states_it():
     assert "context 4,096 tokens for every model" in text
     with pytest.raises(SuiteError, match="different context lengths"):
         table([result("w128", 2048)], result("base", 4096), SUITES)
+
+
+# ---- 9. numbers in the docs against the code and the committed results -------------------------------------------
+
+def _doc(name: str) -> str:
+    return " ".join((ROOT / "docs" / name).read_text().split())  # one line: sentences wrap anywhere
+
+
+def test_dimpo_doc_table_and_orderings_are_the_result_files():
+    result = json.loads((ROOT / "bench/results/dimpo_table1_small.json").read_text())
+    doc = (ROOT / "docs/dimpo.md").read_text()
+    table_rows = [line for line in result["table_markdown"].splitlines() if line.startswith("| ")]
+    assert "\n".join(table_rows) in doc  # the doc's table is the result's
+    layers = result["results"]["layers"]
+
+    def kl(method: str, d: str) -> float:
+        return sum(layers[l]["results"][method][d]["test"]["kl"] for l in layers) / len(layers)
+
+    trained = ["triplet", "cpo", "simpo", "orpo", "dimpo"]
+    dims = [str(d) for d in result["results"]["settings"]["dims"]]
+    lowest = [d for d in dims if min(trained, key=lambda m: kl(m, d)) == "dimpo"]
+    assert lowest == ["8", "4", "1"]
+    text = _doc("dimpo.md")
+    assert "DimPO has the lowest KL of the preference and triplet losses at `d'` = 8, 4 and 1, but not at `d' = 2`" in text
+    assert min(trained, key=lambda m: kl(m, "2")) == "orpo"
+    assert f"ORPO's is lower ({kl('orpo', '2'):.3f} against {kl('dimpo', '2'):.3f}" in text
+    below_pca = [d for d in dims if kl("dimpo", d) < kl("pca", d)]
+    assert below_pca == ["4", "2", "1"] and "below PCA at `d' <= 4 = d_h / 4`" in text
+    assert f"PCA is better at `d' = 8 = d_h / 2` ({kl('pca', '8'):.2f} against {kl('dimpo', '8'):.2f})" in text
+
+
+def test_inference_doc_mswa_cache_is_the_decode_results():
+    rows = json.loads((ROOT / "bench/results/decode_cpu.json").read_text())["results"]
+    by = {(r["variant"], r["context"], r["batch"]): r for r in rows}
+    mswa = {r["cache_bytes_per_sequence"] for r in rows if r["variant"] == "mswa"}
+    swa = {r["cache_bytes_per_sequence"] for r in rows if r["variant"] == "swa"}
+    assert len(mswa) == len(swa) == 1 and mswa.pop() / swa.pop() == 225 / 256
+    text = _doc("inference.md")
+    mib = next(r["cache_bytes_per_sequence"] for r in rows if r["variant"] == "mswa") / 2 ** 20
+    assert f"**MSWA**: {mib:.3f} MiB against SWA's 0.5 at every context (225/256 of SWA's" in text
+    assert "0.4375" not in text
+    ratios = [by["mswa", c, b]["decode_tokens_per_s"] / by["swa", c, b]["decode_tokens_per_s"]
+              for (v, c, b) in by if v == "mswa"]
+    assert f"MSWA's tokens/s are {min(ratios):.2f}-{max(ratios):.2f} of SWA's" in text
+    for (variant, c, b), r in by.items():  # the doc's table rows: cache MiB and tokens/s
+        cells = f"| {c} | {b} | {r['cache_bytes_per_sequence'] / 2 ** 20:.3f} |"
+        if variant in ("swa", "mswa", "vanilla"):
+            assert f"| {variant} {cells}" in (ROOT / "docs/inference.md").read_text(), (variant, c, b)
+
+
+def test_attention_doc_dar_cache_numbers_are_the_codes():
+    from neox_dar.config import load_config
+    from neox_dar.describe import kv_cache_numbers_per_token
+
+    def bytes_per_token(files, *overrides):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = load_config("configs/pythia-70m.yml", *(f"configs/attention/{f}.yml" for f in files),
+                              overrides=list(overrides))
+        return 2 * sum(kv_cache_numbers_per_token(cfg, 2048)), cfg  # bf16
+
+    text = _doc("attention.md")
+    vanilla, _ = bytes_per_token(["vanilla"])
+    dar, cfg = bytes_per_token(["dar"])
+    latent, _ = bytes_per_token(["dar"], "dar_inference_cache=latent")
+    m = cfg.model
+    far_keys = m.num_attention_heads * m.rotary_ndims
+    assert f"a far token keeps {m.attention.dar_d_down + far_keys} numbers per layer with `keys` and the paper's " \
+           f"{m.attention.dar_d_down} with `latent`" in text
+    assert f"gives {100 * dar / vanilla:.1f}% of vanilla's cache (`keys`) and {100 * latent / vanilla:.1f}% (`latent`)" \
+        in text
+    uniform, _ = bytes_per_token(["uniform"])
+    uniform_latent, _ = bytes_per_token(["uniform"], "dar_inference_cache=latent")
+    swa, _ = bytes_per_token(["swa"])
+    mswa, _ = bytes_per_token(["mswa"])
+    linear, _ = bytes_per_token(["linear"])
+    hybrid, _ = bytes_per_token(["mswa"], "num_layers=12", "hybrid=mswa_linear")
+    vanilla12, _ = bytes_per_token(["vanilla"], "num_layers=12")
+    assert (f"vanilla {vanilla:,.0f} B/token, DAR (w 128, d_down 128) {dar:,.0f} (`latent`: {latent:,.0f}), uniform "
+            f"{uniform:,.0f} (`latent`: {uniform_latent:,.0f}), SWA (w 128) {swa:,.0f}, MSWA (w 128) {mswa:,.0f}, "
+            f"linear (d_f 16) {linear:,.1f}; the 12-layer `hybrid: mswa_linear` {hybrid:,.1f} "
+            f"({100 * hybrid / vanilla12:.1f}% of its vanilla's {vanilla12:,.0f})") in text
+    assert "not an implemented incremental decoder" not in text
