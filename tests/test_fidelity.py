@@ -271,3 +271,60 @@ def test_attention_doc_dar_cache_numbers_are_the_codes():
             f"linear (d_f 16) {linear:,.1f}; the 12-layer `hybrid: mswa_linear` {hybrid:,.1f} "
             f"({100 * hybrid / vanilla12:.1f}% of its vanilla's {vanilla12:,.0f})") in text
     assert "not an implemented incremental decoder" not in text
+
+
+# ---- docs/experiments.md: the papers' sweeps and the coverage table -------------------------------------------
+
+PAPERS = {"DAR": "dar-dual-dimensionality.md", "MSWA": "mswa-multi-scale-window.md", "AHA": "aha-all-or-here.md",
+          "DimPO": "dimpo.md"}
+
+
+def _coverage_rows() -> list[list[str]]:
+    text = (ROOT / "docs/experiments.md").read_text()
+    section = text.split("## Paper coverage\n", 1)[1].split("\n## ", 1)[0]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| paper") and not line.startswith("| ---")]
+
+
+def test_paper_coverage_has_one_row_per_table_and_figure_of_each_paper():
+    papers_dir = ROOT.parent / "shared" / "papers"
+    if not papers_dir.is_dir():
+        pytest.skip(f"the papers are not at {papers_dir}")
+    rows = _coverage_rows()
+    for paper, file in PAPERS.items():
+        captions = set(re.findall(r"^(?:<b>)?(Table|Figure) (\d+):", (papers_dir / file).read_text(), re.M))
+        expected = {("Fig." if kind == "Figure" else "Table", int(n)) for kind, n in captions}
+        covered = []
+        for row in rows:
+            if row[0] != paper:
+                continue
+            found = re.match(r"(Tables?|Figs?\.) (\d+)(?:-(\d+))?", row[1])
+            assert found, row
+            kind = "Fig." if found.group(1).startswith("Fig") else "Table"
+            covered += [(kind, n) for n in range(int(found.group(2)), int(found.group(3) or found.group(2)) + 1)]
+        assert sorted(covered) == sorted(expected), paper  # each once, none missing
+    for row in rows:
+        assert re.match(r"(exact|substituted|left out)", row[3]), row
+        for path in re.findall(r"`((?:configs|neox_dar|eval|bench)/[\w./-]+\.(?:yml|py))`", row[2]):
+            assert (ROOT / path).exists(), path
+
+
+def test_experiments_doc_budgets_and_versions_are_the_codes():
+    import lm_eval
+
+    text = _doc("experiments.md")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        six = {v: window_budget(attention_config("mswa", H=8, num_layers=6, window_size=128, mswa_variant=v))
+               for v in ("full", "layers")}
+        twelve = {v: window_budget(attention_config("mswa", H=8, num_layers=12, window_size=128, mswa_variant=v))
+                  for v in ("full", "heads", "layers")}
+    assert six["full"] == 250 / 256
+    assert (f"MSWA at base `w` has {six['full']:.3f} of SWA's summed windows (250/256) and MSWA-l "
+            f"{six['layers']:.3f}, against the paper's {twelve['full']:.3f} and {twelve['layers']:.3f}") in text
+    assert (f"(MSWA 225/256 = {twelve['full']:.3f} of SWA's, MSWA-h and MSWA-l 15/16 = {twelve['heads']:.3f}") in text
+    assert f"lm-eval {lm_eval.__version__} installed against the paper's 0.4.9.1" in text
+    lora = (ROOT / "configs/finetune/mswa-lora.yml").read_text()
+    assert all(f"\n{key}: {value}\n" in lora for key, value in (("train_iters", 2000), ("train_batch_size", 32),
+                                                                  ("seq_length", 4096)))
+    assert "(LoRA r 8, alpha 16, 2,000 steps of 32 x 4,096;" in text
