@@ -46,6 +46,14 @@ def check_dimpo_small(r: dict) -> None:
     assert r["train_steps"] == 1 and "DimPO" in r["table_markdown"] and r["results"]["layers"]
 
 
+def check_loss_memory(r: dict) -> None:
+    assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16 and r["max_loss_diff"] < 1e-4
+    for mode in ("full", "chunked"):
+        for phase in ("train", "eval"):
+            row = r["summary"][mode][phase]
+            assert row["peak_rss_mb"] > 0 and row["step_peak_mb"] >= 0 and row["cpu_s"] > 0, (mode, phase, row)
+
+
 def check_train_throughput(r: dict) -> None:
     e, hf = r["engine"], r["vs_hf"]
     assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16
@@ -62,6 +70,8 @@ SMALLEST = {
     "dimpo_small.py": (["--train-steps", "1", "--epochs", "1", "--lr-scale", "1", "--seq-len", "16", "--docs", "1",
                         "1", "1"], check_dimpo_small),
     # the --compare-hf part (the default on CPU) included
+    "loss_memory.py": (["configs/tiny.yml", "seq_length=16", "train_micro_batch_size_per_gpu=1", "train_batch_size=1",
+                        "--steps", "1", "--warmup", "0", "--repeats", "1"], check_loss_memory),
     "train_throughput.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=2",
                              "train_micro_batch_size_per_gpu=1", "--steps", "1", "--warmup", "0"],
                             check_train_throughput),
