@@ -22,9 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "neox_dar"
 
 
-def _imports(path: Path) -> set[str]:
-    """Every module ``path`` imports (module level or inside functions), relative imports made absolute."""
-    package = list(path.relative_to(ROOT).with_suffix("").parts[:-1])  # where its relative imports start
+def _imports(path: Path, root: Path = ROOT) -> set[str]:
+    """Every module ``path`` imports (module level or inside functions), relative imports made absolute (``path``
+    lies under ``root``, the folder that holds the top-level package)."""
+    package = list(path.relative_to(root).with_suffix("").parts[:-1])  # where its relative imports start
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -52,13 +53,12 @@ def test_attention_never_imports_the_model():
 
 
 def test_the_import_scanner_sees_relative_and_nested_imports(tmp_path):
-    """The scanner itself: a relative import two levels up and an import inside a function are both found."""
-    probe = PACKAGE / "attention" / "_probe_for_test.py"
+    """The scanner itself: a relative import two levels up and an import inside a function are both found. The probe
+    lies in a scratch copy of the package's layout, never in the source tree (other tests scan that, in parallel)."""
+    probe = tmp_path / "neox_dar" / "attention" / "_probe_for_test.py"
+    probe.parent.mkdir(parents=True)
     probe.write_text("def f():\n    from ..model import build_model\n    import eval.table\n")
-    try:
-        found = _imports(probe)
-    finally:
-        probe.unlink()
+    found = _imports(probe, root=tmp_path)
     assert "neox_dar.model.build_model" in found and "eval.table" in found
 
 
