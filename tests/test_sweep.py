@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -514,7 +515,9 @@ def test_readme_experiments_walkthrough(tmp_path):
     assert list(files) == ["my-sweep.yml"] and len(slurm) == 1 and len(local) >= 5
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
+    # `python` runs this interpreter through a script, not a symlink: a symlink to a virtual environment's python,
+    # outside that environment's bin/, starts the base interpreter without the environment's packages
+    _executable(bin_dir / "python", f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
     _executable(bin_dir / "sbatch", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/sbatch.log\necho 42\n")
     _executable(bin_dir / "squeue", "#!/bin/bash\n[[ $4 == 42_* ]] && echo \"$4 PENDING\"\nexit 0\n")
     _executable(bin_dir / "scancel", f"#!/bin/bash\necho \"$@\" >> {tmp_path}/scancel.log\n")
