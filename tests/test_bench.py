@@ -46,6 +46,13 @@ def check_dimpo_small(r: dict) -> None:
     assert r["train_steps"] == 1 and "DimPO" in r["table_markdown"] and r["results"]["layers"]
 
 
+def check_eval_vs_lmeval(r: dict) -> None:
+    assert r["device"].startswith("CPU") and r["max_length"] == 64 and r["windows"] >= 2 and r["tokens"] > 64
+    assert r["max_rel_loglikelihood_diff"] < 1e-4  # the same windows: the same log-likelihoods
+    assert r["ours"]["tokens_per_s"] > 0 and r["lm_eval"]["tokens_per_s"] > 0 and r["ratio_ours_vs_lm_eval"] > 0
+    assert len(r["load_average"]["before"]) == 3
+
+
 def check_loss_memory(r: dict) -> None:
     assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16 and r["max_loss_diff"] < 1e-4
     for mode in ("full", "chunked"):
@@ -66,6 +73,7 @@ SMALLEST = {
     "attention.py": (["--interpret", "--kernels", "dar", "--warmup-ms", "0", "--rep-ms", "0"], check_attention),
     "data_prep.py": (["--corpus", "data/sample/pile_text.jsonl", "--workers", "1", "--repeats", "1"], check_data_prep),
     "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0"], check_decode),
+    "eval_vs_lmeval.py": (["--quick"], check_eval_vs_lmeval),
     "dimpo_memory.py": (["--docs", "1", "--layers", "1", "--seq-len", "16", "--max-steps", "1"], check_dimpo_memory),
     "dimpo_small.py": (["--train-steps", "1", "--epochs", "1", "--lr-scale", "1", "--seq-len", "16", "--docs", "1",
                         "1", "1"], check_dimpo_small),
