@@ -53,6 +53,14 @@ def check_eval_vs_lmeval(r: dict) -> None:
     assert len(r["load_average"]["before"]) == 3
 
 
+def check_generate_vs_hf(r: dict) -> None:
+    sides = {x["side"]: x for x in r["results"]}
+    assert r["device"].startswith("CPU") and r["new_tokens"] == 4 and len(r["load_average"]["after"]) == 3
+    assert set(sides) == {"ours", "transformers", "dar", "dar-latent", "swa", "mswa", "aha"}
+    assert all(x["tokens_per_s"] > 0 and x["batch"] == 2 for x in sides.values())
+    assert sides["ours"]["ratio_vs_hf"] > 0 and sides["dar"]["vs_vanilla"] > 0 and 0 <= sides["aha"]["mu_f"] <= 1
+
+
 def check_loss_memory(r: dict) -> None:
     assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16 and r["max_loss_diff"] < 1e-4
     for mode in ("full", "chunked"):
@@ -74,6 +82,7 @@ SMALLEST = {
     "data_prep.py": (["--corpus", "data/sample/pile_text.jsonl", "--workers", "1", "--repeats", "1"], check_data_prep),
     "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0"], check_decode),
     "eval_vs_lmeval.py": (["--quick"], check_eval_vs_lmeval),
+    "generate_vs_hf.py": (["--quick"], check_generate_vs_hf),
     "dimpo_memory.py": (["--docs", "1", "--layers", "1", "--seq-len", "16", "--max-steps", "1"], check_dimpo_memory),
     "dimpo_small.py": (["--train-steps", "1", "--epochs", "1", "--lr-scale", "1", "--seq-len", "16", "--docs", "1",
                         "1", "1"], check_dimpo_small),
