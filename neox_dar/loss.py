@@ -27,15 +27,20 @@ def chunk_rows(vocab: int) -> int:
     return max(1, CHUNK_BYTES // (4 * vocab))
 
 
-def _chunk_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One chunk: hidden (n, d), weight (V, d), targets (n,) -> float32 logits (n, V), their logsumexp (n,) and the
-    per-position NLL (n,) (0 where the target is :data:`IGNORE`)."""
+def _chunk_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+               softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One chunk: hidden (n, d), weight (V, d), targets (n,) -> the per-position NLL (n,) float32 (0 where the
+    target is :data:`IGNORE`) and, with ``softmax``, the float32 softmax (n, V). The logits' one float32 buffer
+    becomes the softmax in place: a chunk never holds more than one (n, V) float32 tensor (two when the weight is
+    not float32: its own logits first)."""
     logits = F.linear(hidden, weight).float()
-    lse = torch.logsumexp(logits, dim=-1)
     valid = targets != IGNORE
     picked = logits.gather(1, torch.where(valid, targets, 0)[:, None]).squeeze(1)
-    return logits, lse, torch.where(valid, lse - picked, 0.0)
+    top = logits.amax(dim=-1, keepdim=True)
+    exp = logits.sub_(top).exp_()
+    total = exp.sum(dim=-1)
+    nll = torch.where(valid, total.log() + top.squeeze(1) - picked, 0.0)  # logsumexp - target logit
+    return nll, exp.div_(total[:, None]) if softmax else None
 
 
 def _sum_and_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int,
@@ -48,10 +53,9 @@ def _sum_and_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
     for start in range(0, hidden.shape[0], rows):
         h, t = hidden[start:start + rows], targets[start:start + rows]
-        logits, lse, nll = _chunk_nll(h, weight, t)
+        nll, probs = _chunk_nll(h, weight, t, softmax=need_hidden or need_weight)
         total += nll.sum()
-        if need_hidden or need_weight:
-            probs = logits.sub_(lse[:, None]).exp_()  # softmax, in place of the logits
+        if probs is not None:
             valid = t != IGNORE
             probs[torch.arange(len(t), device=t.device), torch.where(valid, t, 0)] -= 1.0
             grad = probs.mul_(valid[:, None]).to(weight.dtype)  # d nll / d logits, as autograd casts it
@@ -112,7 +116,7 @@ def linear_token_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     h, t = hidden.reshape(-1, hidden.shape[-1])[scored], flat[scored]
     rows = rows or chunk_rows(weight.shape[0])
     for start in range(0, len(scored), rows):
-        out[scored[start:start + rows]] = _chunk_nll(h[start:start + rows], weight, t[start:start + rows])[2]
+        out[scored[start:start + rows]] = _chunk_nll(h[start:start + rows], weight, t[start:start + rows])[0]
     return out.reshape(shape)
 
 
