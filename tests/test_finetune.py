@@ -254,7 +254,8 @@ def test_recipes_hold_the_papers_hyperparameters():
     t = mswa.training
     assert (t.lora.r, t.lora.alpha, t.train_iters, t.train_batch_size, mswa.model.seq_length, t.warmup_iters,
             t.lr_decay_style, t.optimizer.params.lr) == (8, 16.0, 2000, 32, 4096, 20, "constant", 2e-5)
-    assert mswa.model.attention.window_size == mswa.model.seq_length // 4
+    # SWA's window is a quarter of the sequence; MSWA's base window is the one whose summed windows match SWA's
+    assert mswa.model.attention.window_size == 1165 and mswa.model.seq_length // 4 == 1024
 
 
 @pytest.mark.parametrize("recipe", ["aha-sft", "mswa-lora", "dar-sft-stage1"])
