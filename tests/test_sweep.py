@@ -550,3 +550,20 @@ def test_readme_experiments_walkthrough(tmp_path):
     assert sorted((tmp_path / "scancel.log").read_text().splitlines()) == ["42_0", "42_1", "42_2"]
     assert "3 queued" in next(o for c, o in zip(slurm[0], outputs[1:]) if c.endswith(" status"))
     assert outputs[-1].strip().splitlines()[-1].startswith("cancel: 3 waiting job(s) cancelled")
+
+
+def test_plan_never_writes_through_a_symbolic_link(tmp_path):
+    """plan's files (the sweep copy, each run's config.yml and run.json) are written aside and renamed into place:
+    a link planted where one of them goes is replaced, and the file it pointed to is left as it was."""
+    spec = {"name": "links", "configs": ["configs/tiny.yml"], "runs": [{"name": "a"}]}
+    sweep = parse_sweep(spec, tmp_path / "links.yml")
+    root = write_plan(sweep, plan(sweep, tmp_path / "out"))
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    for path in (root / "sweep.yml", root / "a" / "config.yml", root / "a" / "run.json"):
+        path.unlink()
+        path.symlink_to(victim)
+    write_plan(sweep, plan(sweep, tmp_path / "out"))
+    assert victim.read_text() == "keep me\n"
+    assert not any(p.is_symlink() for p in (root / "sweep.yml", root / "a" / "config.yml", root / "a" / "run.json"))
+    assert load_config(root / "a" / "config.yml").model.num_layers == 2

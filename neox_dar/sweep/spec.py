@@ -41,7 +41,7 @@ import yaml
 
 from ..attention import variant
 from ..config import Config, ConfigError, key_field, load_config
-from ..rundir import CONFIG, RUN_META
+from ..rundir import CONFIG, RUN_META, write_text_atomic
 
 SWEEP_COPY = "sweep.yml"
 
@@ -372,14 +372,14 @@ def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> 
                                  "finished runs with a larger train_iters)")
     root.mkdir(parents=True, exist_ok=True)
     raw = dict(sweep.raw, name=sweep.name)
-    (root / SWEEP_COPY).write_text(f"# copied from {sweep.path} by `python -m neox_dar.sweep plan`\n"
-                                   + yaml.safe_dump(raw, sort_keys=False))
+    write_text_atomic(root / SWEEP_COPY, f"# copied from {sweep.path} by `python -m neox_dar.sweep plan`\n"
+                      + yaml.safe_dump(raw, sort_keys=False))
     for p in planned:
         p.run_dir.mkdir(parents=True, exist_ok=True)
-        (p.run_dir / CONFIG).write_text(p.cfg.to_yaml())
+        write_text_atomic(p.run_dir / CONFIG, p.cfg.to_yaml())
         meta = {"sweep": sweep.name, "run": p.spec.name, "axes": p.spec.axes, "configs": p.spec.configs,
                 "overrides": p.spec.overrides}
-        (p.run_dir / RUN_META).write_text(json.dumps(meta, indent=1) + "\n")
+        write_text_atomic(p.run_dir / RUN_META, json.dumps(meta, indent=1) + "\n")
     return root
 
 
