@@ -435,7 +435,7 @@ case "$MODE" in
   cpu|cpu-toy) do_cpu ;;
   smoke)
     log "smoke run in $WORK (parts of ${PART_SECONDS}s)"
-    pack_text --max-mib 1 --max-articles 40 --heldout-articles 1 --test-articles 1 >/dev/null
+    pack_text --max-mib 1 --max-articles 8 --heldout-articles 1 --test-articles 1 >/dev/null
     for n in 1 2 3 4; do
       START=$(date +%s)
       rc=0
