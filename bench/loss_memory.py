@@ -151,7 +151,7 @@ def main() -> None:
 
     def summary(mode: str, phase: str) -> dict:
         rows = [r[phase] for r in runs if r["mode"] == mode]
-        return {key: statistics.median(r[key] for r in rows)
+        return {key: round(statistics.median(r[key] for r in rows), 4)
                 for key in ("peak_rss_mb", "step_peak_mb", "minor_faults_per_step", "wall_s", "cpu_s")}
 
     table = {mode: {phase: summary(mode, phase) for phase in ("train", "eval")} for mode in MODES}
