@@ -41,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0 if args else 2
     from neox_dar.config import ConfigError, load_config, split_args
+    from neox_dar.training import startup  # the time per start-up phase, logged after the first step
     from neox_dar.training.checks import check_training_config, epochs_line
     from neox_dar.training.distributed import world_size_from_env
 
+    startup.mark("imports")
     paths, overrides = split_args(args)
     try:
         cfg = load_config(*paths, overrides=overrides)
@@ -64,10 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    startup.mark("config")
     from neox_dar.training.distributed import init_distributed
     from neox_dar.training.loop import train
 
+    startup.mark("imports")
     info = init_distributed()
+    startup.mark("process group")
     if info.rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     try:

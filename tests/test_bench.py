@@ -69,6 +69,13 @@ def check_loss_memory(r: dict) -> None:
             assert row["peak_rss_mb"] > 0 and row["step_peak_mb"] >= 0 and row["cpu_s"] > 0, (mode, phase, row)
 
 
+def check_startup(r: dict) -> None:
+    (row,) = r["summary"]
+    assert row["code"] == "current" and row["nproc"] == 1 and row["launch_to_first_step_s"] > 0 and row["cpu_s"] > 0
+    assert list(row["phases_median_s"]) == ["imports", "config", "process group", "run directory", "data index",
+                                            "engine", "checkpoint and logs", "first step"]
+
+
 def check_train_throughput(r: dict) -> None:
     e, hf = r["engine"], r["vs_hf"]
     assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16
@@ -89,6 +96,8 @@ SMALLEST = {
     # the --compare-hf part (the default on CPU) included
     "loss_memory.py": (["configs/tiny.yml", "seq_length=16", "train_micro_batch_size_per_gpu=1", "train_batch_size=1",
                         "--steps", "1", "--warmup", "0", "--repeats", "1"], check_loss_memory),
+    "startup.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=1",
+                    "train_micro_batch_size_per_gpu=1", "--repeats", "1", "--tokens", "5000"], check_startup),
     "train_throughput.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=2",
                              "train_micro_batch_size_per_gpu=1", "--steps", "1", "--warmup", "0"],
                             check_train_throughput),

@@ -83,9 +83,11 @@ def _held_files() -> set[str] | None:
 def stale_extension_locks() -> list[Path]:
     """torch JIT-extension lock files in the extension cache that no process on this machine holds open: left by
     a build that was killed (torch's ``FileBaton`` keeps its lock open while it builds and deletes it after)."""
-    from torch.utils.cpp_extension import get_default_build_root
+    # torch.utils.cpp_extension.get_default_build_root(), without importing that module (it imports setuptools:
+    # about a second of every start-up)
+    from torch._appdirs import user_cache_dir
 
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.realpath(user_cache_dir(appname="torch_extensions")))
     locks = [*root.glob("*/lock"), *root.glob("*/*/lock")] if root.is_dir() else []
     held = _held_files() if locks else set()
     if held is None:

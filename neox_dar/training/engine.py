@@ -59,6 +59,32 @@ def checkpoint_blocks(model: CausalLM) -> None:
         layers[i] = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
 
 
+MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
+
+
+def import_muon_uncompiled() -> None:
+    """Import DeepSpeed's Muon optimizer module with DeepSpeed's ``compile()`` decorator returning its functions
+    unchanged. DeepSpeed's ZeRO and bf16 optimizers import that module at their start (to ask whether the optimizer
+    is a Muon one), and it applies ``torch.compile`` to its kernels at import, which imports torch's inductor:
+    about a second of CPU at every start (many more on a loaded machine) for an optimizer training never uses (it
+    is always torch's AdamW, :mod:`.optim`). Later imports find the module loaded; nothing is patched afterwards."""
+    import importlib
+    import sys
+
+    if MUON in sys.modules:
+        return
+    from deepspeed.runtime import compiler
+
+    compile_ = compiler.compile
+    compiler.compile = lambda: compiler.dummy_decorator
+    try:
+        importlib.import_module(MUON)
+    except ImportError:  # a DeepSpeed without Muon
+        pass
+    finally:
+        compiler.compile = compile_
+
+
 def build_engine(cfg: Config, info: DistInfo, prepare: Callable[[CausalLM], None] | None = None):
     """Seeded model (identical on every rank), ``prepare(model)`` (pretrained weights, LoRA, freezing:
     :func:`.finetune.prepare_model`), optimizer over the parameters that train, LR schedule and the DeepSpeed
@@ -69,6 +95,7 @@ def build_engine(cfg: Config, info: DistInfo, prepare: Callable[[CausalLM], None
     adapters)."""
     import deepspeed
 
+    import_muon_uncompiled()
     torch.manual_seed(cfg.training.seed)
     model: CausalLM = build_model(cfg.model).to(info.device)
     flops = flops_per_token(model, cfg.model.seq_length)["total"]

@@ -24,6 +24,7 @@ from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, Check
                       checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint, read_state,
                       remove_tree, step_dirs, write_status)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
+from . import startup
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches
 from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
 from .corpus_eval import CorpusEvaluator
@@ -204,12 +205,14 @@ def train(cfg: Config, info: DistInfo) -> int:
         if run_lock is not None:
             run_lock.record()
             _record_tokenizer(save, tokenizer)
+        startup.mark("run directory")
         # finetune: a new run from load='s weights (its own checkpoints, once it has some, are resumed as usual)
         pretrained = start_dir if cfg.run.finetune and start_dir is not None and not _is_own(start_dir, save) else None
         world = info.world_size
         global_batch = cfg.training.global_batch_for(world)
         train_samples = cfg.training.train_iters * global_batch
         train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world), world)
+        startup.mark("data index")
         prepared: list[str] = []
 
         def prepare(model) -> None:
@@ -217,6 +220,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             prepared.extend(prepare_model(model, cfg, pretrained, calibration))
 
         engine, model, flops = build_engine(cfg, info, prepare)
+        startup.mark("engine")
         grad_accum = engine.gradient_accumulation_steps()
 
         if start_dir is not None and pretrained is None:
@@ -246,6 +250,8 @@ def train(cfg: Config, info: DistInfo) -> int:
         # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
         own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.training.dtype == "fp32"
         grad_norm = None
+        startup.mark("checkpoint and logs")
+        first_step = True
         while state.step < cfg.training.train_iters:
             lr = engine.get_lr()[0]
             lm_sum = torch.zeros((), device=info.device)
@@ -265,6 +271,10 @@ def train(cfg: Config, info: DistInfo) -> int:
             interval_loss.append(torch.stack([lm_sum, aux_sum]) / grad_accum)
             interval_steps += 1
             logger.advance(state.step)
+            if first_step:
+                startup.mark("first step")
+                logger.message(startup.line())
+                first_step = False
 
             if state.step % cfg.run.log_interval == 0 or state.step == cfg.training.train_iters:
                 if info.device.type == "cuda":
