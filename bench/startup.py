@@ -5,9 +5,9 @@
 
 Tokenizes a slice of the shipped C4 sample (not timed), then launches ``python train.py CONFIGS data_path=...
 save=NEW train_iters=1 log_interval=1 eval_interval=0`` (with ``--nproc 2``: ``torchrun --standalone
---nproc_per_node 2 train.py ...``) ``--repeats`` times and reads its stderr as it comes: the time from the launch
-to the first step's log line (``step 1/1 | loss ...``) is the start-up as a user sees it, measured outside the
-process (for torchrun, torchrun's own start included); the ``start-up:`` line that train.py prints after the first
+--nproc_per_node 2 train.py ...``) ``--repeats`` times and reads its output as it comes: the time from the launch
+to the first step's log line (``step 1/1 | loss ...``) is the start-up as a user sees it, measured outside the process
+(for torchrun, torchrun's own start included); the ``start-up:`` line that train.py prints after the first
 optimizer step gives the phases (rank 0, from its own process's creation). With ``--baseline REV`` the same runs
 are made, alternating, with the code of git revision REV (``git archive`` into a temporary folder), so a
 before/after comparison shares the machine's load; a revision before the ``start-up:`` line has no phases.
@@ -39,7 +39,7 @@ STEP_LINE = re.compile(r"step 1/\d+ \| loss")
 
 
 def launch(code: Path, nproc: int, configs: list[str], data: str, save: Path, threads: int) -> dict:
-    """One train.py run from the code in ``code``: launch-to-first-step (seen on stderr), total wall, CPU time."""
+    """One train.py run from the code in ``code``: launch-to-first-step (seen in its output), total wall, CPU time."""
     train = [str(code / "train.py"), *configs, f"data_path={data}", f"save={save}", "train_iters=1", "log_interval=1",
              "eval_interval=0"]
     cmd = ([sys.executable, *train] if nproc == 1 else
@@ -47,9 +47,9 @@ def launch(code: Path, nproc: int, configs: list[str], data: str, save: Path, th
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(code)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     first_step, lines = None, []
-    for text in proc.stderr:
+    for text in proc.stdout:
         lines.append(text)
         if first_step is None and STEP_LINE.search(text):
             first_step = time.perf_counter() - t0
@@ -123,8 +123,8 @@ def main() -> None:
         "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "machine_note": "shared machine: a background experiment held one of the 2 cores at high priority and "
                         "other jobs ran beside it; wall times carry that load, CPU times less so",
-        "measure": "launch_to_first_step_s: wall time from starting the command to the first step's log line on "
-                   "stderr (median over repeats); cpu_s: user+system CPU of the launched processes; phases: "
+        "measure": "launch_to_first_step_s: wall time from starting the command to the first step's log line "
+                   "(median over repeats); cpu_s: user+system CPU of the launched processes; phases: "
                    "train.py's start-up line (rank 0, wall seconds from its process's creation)",
         "summary": summary, "runs": runs,
     }

@@ -16,12 +16,12 @@ PHASES = ["imports", "config", "process group", "run directory", "data index", "
 
 def test_one_startup_line_with_every_phase(tokenized_sample, tmp_path):
     out = train(tmp_path / "run", tokenized_sample, "train_iters=2", "eval_interval=0")
-    lines = [line for line in out.stderr.splitlines() if line.startswith(startup.PREFIX)]
-    assert len(lines) == 1, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith(startup.PREFIX)]  # the run's log lines
+    assert len(lines) == 1, out.stdout[-3000:] + out.stderr[-3000:]
     parsed = startup.parse(lines[0])
     assert parsed["from"] == "launch" and list(parsed["phases"]) == PHASES
     assert 0 < parsed["cpu_s"] and abs(sum(parsed["phases"].values()) - parsed["total_s"]) <= 0.05 * len(PHASES)
-    assert out.stderr.index(startup.PREFIX) < out.stderr.index("step 1/2 | loss")
+    assert out.stdout.index(startup.PREFIX) < out.stdout.index("step 1/2 | loss")
 
 
 def test_phases_add_up_and_repeat():
