@@ -114,8 +114,9 @@ def main() -> None:
             phases = ({k: round(statistics.median(x["phases"][k] for x in lined), 2) for k in lined[0]["phases"]}
                       if lined else None)
             summary.append({"code": name, "nproc": nproc,
-                            "launch_to_first_step_s": statistics.median(r["launch_to_first_step_s"] for r in rows),
-                            "cpu_s": statistics.median(r["cpu_s"] for r in rows), "phases_median_s": phases})
+                            "launch_to_first_step_s":
+                                round(statistics.median(r["launch_to_first_step_s"] for r in rows), 2),
+                            "cpu_s": round(statistics.median(r["cpu_s"] for r in rows), 2), "phases_median_s": phases})
     report = {
         "provenance": provenance(),
         "device": device_name(torch.device("cpu")).split(" (")[0] + f" ({os.cpu_count()} cores)",
