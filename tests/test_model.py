@@ -10,6 +10,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 from neox_dar.config import load_config
 from neox_dar.convert import from_hf, to_hf
 from neox_dar.model import build_model, count_parameters, flops_per_token, init_std
+from neox_dar.tokenizer import DEFAULT_TOKENIZER
 from neox_dar.training.engine import checkpoint_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +50,7 @@ def test_logits_match_transformers_through_both_conversions(tmp_path, vocab, d, 
         ours = model.eval()(x)
     assert (ref - ours).abs().max().item() < 1e-4
 
-    to_hf(model, cfg, tmp_path / "back")  # ours -> Hugging Face
+    to_hf(model, cfg, tmp_path / "back", DEFAULT_TOKENIZER)  # ours -> Hugging Face (the folder has no tokenizer)
     hf2 = GPTNeoXForCausalLM.from_pretrained(tmp_path / "back").eval()
     with torch.no_grad():
         assert (hf2(x).logits - ref).abs().max().item() < 1e-4
