@@ -47,8 +47,8 @@ def test_a_stale_torch_extension_lock_never_hangs_a_start(data, tmp_path):
 
 def test_a_trainer_killed_in_its_first_seconds_starts_again(data, tmp_path):
     """SIGKILL as the trainer takes its run directory (or as a torch extension lock appears, if one ever does), then
-    SIGTERM 0.5 s into the next start (start-up now reaches the first step in about 3 s): both before the training loop, each followed by nothing but the same command
-    again. The last start completes, and no lock is left in the extensions cache. (Before: the kill landed while
+    SIGTERM 0.5 s into the next start (start-up now reaches the first step in about 3 s): both before the training
+    loop, each followed by nothing but the same command again. The last start completes, and no lock is left in the extensions cache. (Before: the kill landed while
     DeepSpeed built its shm_comm op, left the build lock behind, and every later start hung.)"""
     cache = tmp_path / "torch_extensions"
     save = tmp_path / "run"
