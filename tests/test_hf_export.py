@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 from test_generate import family_model
 from transformers import AutoModelForCausalLM
 
@@ -84,15 +85,23 @@ def test_dar_export_decodes_through_the_compressed_cache(tmp_path, mode):
 
 def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):
     """The exported DAR folder in a new interpreter where ``import neox_dar`` fails: transformers loads it from
-    the saved files alone and greedy generate() gives our tokens."""
+    the saved files alone and greedy generate() gives our tokens. Its tokenizer loads without running the folder's
+    code, with ``trust_remote_code=False`` or unset (no terminal: transformers' question defaults to no)."""
     model, folder = export(tmp_path, "gpt_neox", "dar", seed=3)
     prompt = list(range(100, 113))
     ours = generate(model, [prompt], 32, eos_id=0)[0].token_ids
+    expected_ids = Tokenizer.from_file(str(DEFAULT_TOKENIZER)).encode("The cat").ids
     script = textwrap.dedent(f"""
         import json, sys
         sys.modules["neox_dar"] = None  # any import of neox_dar fails
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        # the tokenizer needs no remote code: refused explicitly, or left unset with no terminal to ask on
+        for kwargs in ({{"trust_remote_code": False}}, {{}}):
+            tokenizer = AutoTokenizer.from_pretrained({str(folder)!r}, **kwargs)
+            assert tokenizer("The cat").input_ids == {expected_ids}, tokenizer("The cat").input_ids
+        assert not any(name.startswith("transformers_modules") for name in sys.modules)
+        print()  # transformers' unanswered question ends without a newline
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
         out = model.generate(torch.tensor([{prompt}]), max_new_tokens=32, do_sample=False)
         assert not any(name.startswith("neox_dar") for name in sys.modules if sys.modules[name] is not None)
@@ -100,7 +109,8 @@ def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):
     """)
     env = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result["ids"] == ours and result["class"].startswith("transformers_modules.")
