@@ -487,3 +487,29 @@ def test_publish_copies_the_run_files_and_regenerates_the_docs_table(noisy, tmp_
     assert doc.read_text().startswith("before\n") and doc.read_text().endswith("\nafter\n")
     runs, sweep, _ = collect(out / "runs")
     assert to_markdown(build_table(runs, sweep.report)) == table
+
+
+def test_publish_only_adds_a_later_run_and_keeps_the_others(noisy, tmp_path):
+    """publish --only RUN: a run trained later joins the published folder; the other runs' files and provenance
+    records stay as published, the added run's record names its command, and the report covers all of them. A run
+    not under RUNS_DIR is a one-line error."""
+    import shutil
+
+    from neox_dar.report.publish import main as publish_main
+
+    root, _ = noisy
+    out = tmp_path / "results" / "noisy"
+    swa = tmp_path / "swa-later"
+    shutil.move(root / "swa", swa)  # published first without SWA
+    assert publish_main([str(root), str(out), "--command", "first"]) == 0
+    shutil.move(swa, root / "swa")
+    (root / "dar" / "metrics.jsonl").write_text("")  # a change --only must not publish
+    before = json.loads((out / "provenance.json").read_text())
+    assert publish_main([str(root), str(out), "--command", "second", "--only", "swa"]) == 0
+    meta = json.loads((out / "provenance.json").read_text())
+    assert sorted(meta["runs"]) == ["dar", "swa", "vanilla-seed1", "vanilla-seed2"]
+    assert meta["training_command"] == "first" and meta["runs"]["swa"]["command"] == "second"
+    assert all(meta["runs"][n] == before["runs"][n] for n in before["runs"])
+    assert (out / "runs" / "dar" / "metrics.jsonl").read_text() != ""
+    assert "swa" in (out / "report" / "table.md").read_text()
+    assert publish_main([str(root), str(out), "--only", "nope"]) == 2

@@ -2,6 +2,7 @@
 how they were made, the report rebuilt from them, and a document's table regenerated from that report.
 
     python -m neox_dar.report.publish RUNS_DIR OUT [--sweep SWEEP.yml] [--command CMD] [--docs DOC.md --marker NAME]
+                                      [--only RUN ...]
 
 ``RUNS_DIR`` is a sweep's output directory. ``OUT`` receives ``runs/<run>/`` (``config.yml``, ``run.json``,
 ``status.json``, ``metrics.jsonl``, ``eval/*.json``) and ``runs/sweep.yml`` (``--sweep``: a newer copy of the sweep
@@ -9,7 +10,9 @@ file, for its report settings; the runs' configs stay as trained), ``provenance.
 command that produced the runs, each run's training code version from its newest checkpoint, and the code version
 that published them) and ``report/`` (``python -m neox_dar.report OUT/runs``: tables and figures). With ``--docs``,
 the Markdown table between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` in ``DOC.md`` is replaced by the
-report's, so the document never holds a typed number (a test compares them).
+report's, so the document never holds a typed number (a test compares them). ``--only RUN ...`` adds or replaces
+just those runs in an existing ``OUT`` (a run trained later than the others): the other runs' files and provenance
+records stay, and each replaced run's record keeps the ``--command`` that produced it.
 """
 
 from __future__ import annotations
@@ -44,31 +47,43 @@ def cpu_name() -> str:
     return f"{model}, {len(os.sched_getaffinity(0))} cores (CPU only)"
 
 
-def copy_runs(src: Path, out: Path, sweep_file: Path | None) -> dict[str, dict]:
-    """The run files of every run under ``src`` into ``out/runs``; returns each run's record for the provenance
-    (its state, step and the code version its newest checkpoint was trained with)."""
+def copy_runs(src: Path, out: Path, sweep_file: Path | None, only: list[str] | None = None) -> dict[str, dict]:
+    """The run files of every run under ``src`` (``only``: of those runs, beside the ones ``out/runs`` holds) into
+    ``out/runs``; returns each copied run's record for the provenance (its state, step and the code version its
+    newest checkpoint was trained with)."""
     runs = out / "runs"
-    if runs.exists():
+    names = sorted(d.name for d in src.iterdir() if (d / CONFIG).is_file()) if src.is_dir() else []
+    if only is not None:
+        missing = [n for n in only if n not in names]
+        if missing:
+            raise SweepError(f"--only: no run {', '.join(missing)} under {src} (runs there: {', '.join(names)})")
+        if not (runs / SWEEP_COPY).is_file():
+            raise SweepError(f"--only adds runs to a published folder: {runs / SWEEP_COPY} not found")
+        names = list(only)
+    elif runs.exists():
         shutil.rmtree(runs)
-    runs.mkdir(parents=True)
-    copy = sweep_file or src / SWEEP_COPY
-    if not copy.is_file():
-        raise SweepError(f"{copy} not found: RUNS_DIR must be a sweep's output directory (or pass --sweep)")
-    shutil.copyfile(copy, runs / SWEEP_COPY)
+    runs.mkdir(parents=True, exist_ok=True)
+    copy = sweep_file or (src / SWEEP_COPY if only is None else None)
+    if copy is not None:
+        if not copy.is_file():
+            raise SweepError(f"{copy} not found: RUNS_DIR must be a sweep's output directory (or pass --sweep)")
+        shutil.copyfile(copy, runs / SWEEP_COPY)
     records = {}
-    for run in sorted(d for d in src.iterdir() if (d / CONFIG).is_file()):
-        dest = runs / run.name
+    for name in names:
+        run, dest = src / name, runs / name
+        if dest.exists():
+            shutil.rmtree(dest)
         dest.mkdir()
-        for name in RUN_FILES:
-            if (run / name).is_file():
-                shutil.copyfile(run / name, dest / name)
+        for file in RUN_FILES:
+            if (run / file).is_file():
+                shutil.copyfile(run / file, dest / file)
         if (run / EVAL_DIR).is_dir():
             shutil.copytree(run / EVAL_DIR, dest / EVAL_DIR)
         ckpt = newest_checkpoint(run)
         state = read_state(ckpt) if ckpt is not None else {}
         status = json.loads((run / STATUS).read_text()) if (run / STATUS).is_file() else {}
-        records[run.name] = {"state": status.get("state"), "step": state.get("step"),
-                             "trained_with": state.get("code_version"), "saved_at": state.get("saved_at")}
+        records[name] = {"state": status.get("state"), "step": state.get("step"),
+                         "trained_with": state.get("code_version"), "saved_at": state.get("saved_at")}
     if not records:
         raise SweepError(f"no runs under {src}: expected <run>/config.yml directories")
     return records
@@ -101,13 +116,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--command", default="", help="the command that produced the runs (recorded)")
     p.add_argument("--docs", type=Path, help="a Markdown document whose marked table to regenerate")
     p.add_argument("--marker", default=None, help="the block's name in --docs (default: OUT's folder name)")
+    p.add_argument("--only", nargs="+", metavar="RUN", help="add or replace only these runs in an existing OUT, "
+                                                            "keeping the others and their provenance")
     args = p.parse_args(argv)
     from .__main__ import main as report_main
 
     try:
-        records = copy_runs(args.runs_dir, args.out, args.sweep)
-        meta = {"device": cpu_name(), "training_command": args.command, "runs": records,
-                "published": provenance()}
+        records = copy_runs(args.runs_dir, args.out, args.sweep, args.only)
+        if args.only is None:
+            meta = {"device": cpu_name(), "training_command": args.command, "runs": records}
+        else:  # the other runs keep their records; the added ones say what produced them and where
+            meta = json.loads((args.out / PROVENANCE).read_text())
+            for record in records.values():
+                record.update(command=args.command, device=cpu_name(), published=provenance())
+            meta["runs"] = dict(sorted({**meta["runs"], **records}.items()))
+        meta["published"] = provenance()
         write_text_atomic(args.out / PROVENANCE, json.dumps(meta, indent=1) + "\n")
         if report_main([str(args.out / "runs"), "--out", str(args.out / "report")]) != 0:
             return 2
