@@ -31,6 +31,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator  # noqa: E402
 
 from ..evaluation.tables import TITLES, relative_percent  # noqa: E402
@@ -294,6 +295,31 @@ def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path, sweep: st
     return _save(fig, out / "cost_vs_perplexity.png", rect=rect)
 
 
+def head_heatmaps(panels: list[tuple[str, list[list[float]]]], title: str, path: Path) -> Path:
+    """One heatmap panel per ``(name, table)``, a table of per-head values in [0, 1] (L x H: layers as rows, heads
+    as columns; AHA's Fig. 3 for ``mu_f``), under ``title``."""
+    fig, axes = _panels(len(panels), 4.8, 3.8)
+    for ax, (name, t) in zip(axes, panels):
+        im = ax.imshow(t, vmin=0.0, vmax=1.0, cmap="Blues_r", aspect="auto")
+        ax.set_xticks(range(len(t[0])))
+        ax.set_yticks(range(len(t)))
+        _label(ax, "head", "layer", name, legend=False)
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    fig.suptitle(title, fontsize=8)
+    return _save(fig, path, rect=(0, 0, 1, 0.92))
+
+
+def sorted_heads(panels: list[tuple[str, list[list[float]]]], ylabel: str, title: str, path: Path) -> Path:
+    """Every head's value of each ``(name, table)`` (L x H), sorted in decreasing order, one line per name (AHA's
+    Fig. 4 for ``mu_f``)."""
+    fig, axes = _panels(1, 6.5, 4.0)
+    for name, t in panels:
+        values = sorted((v for row in t for v in row), reverse=True)
+        axes[0].plot(range(1, len(values) + 1), values, marker=".", label=name)
+    _label(axes[0], "head rank", ylabel, title)
+    return _save(fig, path)
+
+
 def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str]]:
     """For every per-head statistic a run's variant reports (AHA's ``mu_f``: the paper's Fig. 3 and 4), a heatmap
     per layer (rows) and head (columns) per run, and every head's value sorted. Returns (files, skipped)."""
@@ -306,24 +332,45 @@ def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str
             skipped.append(f"{name.upper()} {stat} figures: no {name} run's evaluation reports {stat} "
                            "(run eval.perplexity on them)")
             continue
-        fig, axes = _panels(len(tables), 4.8, 3.8)
-        for ax, (run_name, t) in zip(axes, tables):
-            im = ax.imshow(t, vmin=0.0, vmax=1.0, cmap="Blues_r", aspect="auto")
-            ax.set_xticks(range(len(t[0])))
-            ax.set_yticks(range(len(t)))
-            _label(ax, "head", "layer", run_name, legend=False)
-            fig.colorbar(im, ax=ax, fraction=0.046)
-        fig.suptitle(f"{name.upper()} {stat} per layer and head (final evaluation, mean over corpora): {meaning}",
-                     fontsize=8)
-        files.append(_save(fig, out / f"{name}_{stat}_heatmap.png", rect=(0, 0, 1, 0.92)))
-
-        fig, axes = _panels(1, 6.5, 4.0)
-        for run_name, t in tables:
-            values = sorted((v for row in t for v in row), reverse=True)
-            axes[0].plot(range(1, len(values) + 1), values, marker=".", label=run_name)
-        _label(axes[0], "head rank", f"{stat} (final evaluation)", f"{name.upper()} heads sorted by {stat}")
-        files.append(_save(fig, out / f"{name}_{stat}_heads.png"))
+        files.append(head_heatmaps(tables, f"{name.upper()} {stat} per layer and head (final evaluation, mean over "
+                                           f"corpora): {meaning}", out / f"{name}_{stat}_heatmap.png"))
+        files.append(sorted_heads(tables, f"{stat} (final evaluation)", f"{name.upper()} heads sorted by {stat}",
+                                  out / f"{name}_{stat}_heads.png"))
     return files, skipped
+
+
+def token_shading(texts: list[tuple[str, list[str], list[float]]], title: str, caption: list[str], path: Path,
+                  columns: int = 90) -> Path:
+    """AHA's Fig. 1: each ``(name, tokens, values)`` a panel of its text, token by token, every token on a
+    background shaded by its value in [0, 1] (light: 0, dark blue: 1), wrapped at ``columns`` characters
+    (monospaced; a newline in a token starts a new line)."""
+    cmap = plt.get_cmap("Blues")
+    placed = []  # per text: [(line, column, text, value)]
+    for _, tokens, values in texts:
+        line, col, cells = 0, 0, []
+        for tok, v in zip(tokens, values):
+            parts = tok.split("\n")
+            for i, part in enumerate(parts):
+                if i:
+                    line, col = line + 1, 0
+                if col + len(part) > columns and col:
+                    line, col = line + 1, 0
+                if part:
+                    cells.append((line, col, part, v))
+                    col += len(part)
+        placed.append((cells, line + 1))
+    heights = [0.4 + 0.16 * n for _, n in placed]  # inches: 0.16 a line, 0.06 a character (7 pt monospace)
+    fig, axes = plt.subplots(len(texts), 1, figsize=(columns * 0.06 + 0.4, sum(heights) + 1.2), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, (name, _, _), (cells, n_lines) in zip(axes[:, 0], texts, placed):
+        ax.set_xlim(0, columns)
+        ax.set_ylim(n_lines, 0)
+        ax.axis("off")
+        ax.set_title(name, fontsize=8, loc="left")
+        for line, col, part, v in cells:
+            ax.add_patch(Rectangle((col, line), len(part), 1, color=cmap(0.1 + 0.9 * v), lw=0))
+            ax.text(col, line + 0.75, part, fontsize=7, family="monospace", color="white" if v > 0.6 else "black")
+    return _save(fig, path, rect=_titled(fig, title, caption))
 
 
 def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path,
