@@ -43,7 +43,7 @@ from tqdm import tqdm
 
 from neox_dar.data.conversations import IGNORE, label_prefix
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
-from neox_dar.rundir import write_text_atomic
+from neox_dar.rundir import flock_held, write_text_atomic
 
 from .encode import BadRecord, check_unicode, load_json, sha256_file, tokenizer_path
 from .sources import expand_inputs, iter_records
@@ -176,26 +176,11 @@ def remove_stale_files(prefix: str) -> list[str]:
             runs[found.group(1)].append(os.path.join(folder, name))
     removed = []
     for pid, paths in runs.items():
-        if not _locked(bin_path(os.path.join(folder, f"{base}.tmp-{pid}"))):
+        if not flock_held(bin_path(os.path.join(folder, f"{base}.tmp-{pid}"))):
             for path in paths:
                 os.remove(path)
             removed += paths
     return removed
-
-
-def _locked(path: str) -> bool:
-    """Whether another open file holds an exclusive ``flock`` on ``path`` (False when it does not exist)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _chunks(records, size: int):

@@ -670,17 +670,23 @@ def lock_run_dir(run_dir: str | Path) -> RunLock:
     return RunLock(path, fd)
 
 
-def lock_holder(run_dir: str | Path) -> str | None:
-    """Who holds the run's lock (``"pid N on HOST since T"``), or None when no process does (nothing is changed)."""
-    path = Path(run_dir) / LOCK
+def flock_held(path: str | Path) -> bool:
+    """Whether some process holds an exclusive ``flock`` on ``path`` (False when it does not exist; nothing is
+    changed: the probe is a shared lock, released at once)."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return None
+        return False
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
-        return _holder_text(path)
+        return True
     finally:
         os.close(fd)
-    return None
+    return False
+
+
+def lock_holder(run_dir: str | Path) -> str | None:
+    """Who holds the run's lock (``"pid N on HOST since T"``), or None when no process does (nothing is changed)."""
+    path = Path(run_dir) / LOCK
+    return _holder_text(path) if flock_held(path) else None
