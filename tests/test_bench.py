@@ -69,6 +69,13 @@ def check_loss_memory(r: dict) -> None:
             assert row["peak_rss_mb"] > 0 and row["step_peak_mb"] >= 0 and row["cpu_s"] > 0, (mode, phase, row)
 
 
+def check_quickstart(r: dict) -> None:
+    """The README's first command ran whole (tokenize, train and evaluate both variants, the table) and timed."""
+    assert list(r["phases_s"]) == ["tokenize", "train vanilla", "evaluate vanilla", "train dar", "evaluate dar"]
+    assert r["steps"] == 2 and r["wall_s"] >= sum(r["phases_s"].values()) and r["cpu_s"] > 0
+    assert "Rel. (%)" in r["table"] and "DAR w=16 d_down=16" in r["table"]
+
+
 def check_startup(r: dict) -> None:
     (row,) = r["summary"]
     assert row["code"] == "current" and row["nproc"] == 1 and row["launch_to_first_step_s"] > 0 and row["cpu_s"] > 0
@@ -96,6 +103,8 @@ SMALLEST = {
     # the --compare-hf part (the default on CPU) included
     "loss_memory.py": (["configs/tiny.yml", "seq_length=16", "train_micro_batch_size_per_gpu=1", "train_batch_size=1",
                         "--steps", "1", "--warmup", "0", "--repeats", "1"], check_loss_memory),
+    # the README's quickstart itself, at 2 steps and 1 document per corpus
+    "quickstart.py": (["--steps", "2", "--docs", "1", "--no-setup"], check_quickstart),
     "startup.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=1",
                     "train_micro_batch_size_per_gpu=1", "--repeats", "1", "--tokens", "5000"], check_startup),
     "train_throughput.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=2",
