@@ -32,7 +32,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # lm-eval's per-batch bars (its _loglikelihood_tokens forces them on)
@@ -49,6 +48,7 @@ from neox_dar.evaluation.loading import load_for_eval  # noqa: E402
 from neox_dar.evaluation.perplexity import score_corpus  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
 from neox_dar.provenance import device_name, provenance, write_result  # noqa: E402
+from neox_dar.timing import interleaved  # noqa: E402
 from neox_dar.tokenizer import DEFAULT_TOKENIZER, load_tokenizer, prefix_token_id  # noqa: E402
 
 
@@ -110,19 +110,7 @@ def run(args) -> dict:
         def theirs():
             return lm.loglikelihood_rolling(requests, disable_tqdm=True), None, None
 
-        sides = {"ours": ours, "lm_eval": theirs}
-        times = {k: {"wall_s": [], "cpu_s": []} for k in sides}
-        results = {}
-        for rep in range(args.warmup + args.repeats):
-            for name, fn in sides.items():
-                w0, c0 = time.perf_counter(), time.process_time()
-                results[name] = fn()
-                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-                if rep >= args.warmup:
-                    times[name]["wall_s"].append(wall)
-                    times[name]["cpu_s"].append(cpu)
-                print(f"{'warm-up' if rep < args.warmup else f'repeat {rep - args.warmup + 1}'} {name:>8}: "
-                      f"{wall:7.2f} s wall, {cpu:7.2f} s CPU", flush=True)
+        times, results = interleaved({"ours": ours, "lm_eval": theirs}, args.warmup, args.repeats)
     ll_ours, tokens, windows = results["ours"]
     ll_theirs = results["lm_eval"][0]
     max_rel = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ll_ours, ll_theirs))
@@ -133,7 +121,7 @@ def run(args) -> dict:
               "documents": len(docs), "tokens": tokens, "windows": windows, "max_length": args.max_length,
               "batch_size": args.batch_size, "warmup": args.warmup, "repeats": args.repeats,
               "max_rel_loglikelihood_diff": max_rel}
-    for name in sides:
+    for name in times:
         t = times[name]
         report[name] = {**t, "wall_s_median": statistics.median(t["wall_s"]),
                         "cpu_s_median": statistics.median(t["cpu_s"]),

@@ -35,7 +35,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -50,6 +49,7 @@ from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means  # noq
 from neox_dar.generate import generate, load  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
 from neox_dar.provenance import device_name, provenance, write_result  # noqa: E402
+from neox_dar.timing import interleaved  # noqa: E402
 from neox_dar.tokenizer import DEFAULT_TOKENIZER, load_tokenizer  # noqa: E402
 
 VARIANTS = {"dar": ["attention_type=dar"], "dar-latent": ["attention_type=dar", "dar_inference_cache=latent"],
@@ -119,19 +119,7 @@ def run(args) -> dict:
         for v, m in variants.items():
             stats[v] = AttentionStatsMean(m)
             sides[v] = (lambda m=m, s=stats[v]: run_ours(m, batch, s))
-        times = {k: {"wall_s": [], "cpu_s": []} for k in sides}
-        tokens = {}
-        for rnd in range(args.warmup + args.repeats):
-            for name, fn in sides.items():
-                w0, c0 = time.perf_counter(), time.process_time()
-                tokens[name] = fn()
-                wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-                if rnd >= args.warmup:
-                    times[name]["wall_s"].append(wall)
-                    times[name]["cpu_s"].append(cpu)
-            print(f"B={B} {'warm-up' if rnd < args.warmup else f'round {rnd - args.warmup + 1}'}: " +
-                  ", ".join(f"{k} {times[k]['cpu_s'][-1] if rnd >= args.warmup else float('nan'):.2f} s CPU"
-                            for k in sides), flush=True)
+        times, tokens = interleaved(sides, args.warmup, args.repeats, label=f"B={B} ")
         assert all(len(t) == N for k in sides for t in tokens[k]), "a row did not generate exactly N tokens"
         same = sum(a == b for a, b in zip(tokens["ours"], tokens["transformers"]))
         for name in sides:
