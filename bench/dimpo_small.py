@@ -64,13 +64,8 @@ def train_byte_model(out: Path, steps: int = 200, seq: int = 128, seed: int = 0)
     return out / "ckpt", str(out / "bytes")
 
 
-def main() -> None:
-    from neox_dar.dimpo.__main__ import main as dimpo
-    from neox_dar.dimpo.fit import load_results
-    from neox_dar.dimpo.tables import table1
-    from neox_dar.report.tables import to_markdown
-
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The byte-level model's and the fit's options (shared with bench/dimpo_pairs.py)."""
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--lr-scale", type=float, default=10.0)
     p.add_argument("--seq-len", type=int, default=128)
@@ -78,17 +73,36 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=200, help="Adam steps of the byte-level model")
     p.add_argument("--threads", type=int, default=1, help="torch threads (tiny ops run fastest on one)")
     p.add_argument("--out")
-    args = p.parse_args()
+
+
+def fit_options(args: argparse.Namespace) -> list[str]:
+    """``python -m neox_dar.dimpo fit`` (or ``study``) options for the documents and the schedule."""
+    return ["--seq-len", str(args.seq_len), "--train-docs", str(args.docs[0]), "--valid-docs", str(args.docs[1]),
+            "--test-docs", str(args.docs[2]), "--epochs", str(args.epochs), "--lr-scale", str(args.lr_scale),
+            "--device", "cpu"]
+
+
+def train_timed(args: argparse.Namespace, work: Path) -> tuple[Path, str, float]:
+    """:func:`train_byte_model` under ``work`` on ``args.threads`` threads: (checkpoint, documents, seconds)."""
     torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    ckpt, data = train_byte_model(work, steps=args.train_steps)
+    return ckpt, data, time.perf_counter() - start
+
+
+def main() -> None:
+    from neox_dar.dimpo.__main__ import main as dimpo
+    from neox_dar.dimpo.fit import load_results
+    from neox_dar.dimpo.tables import table1
+    from neox_dar.report.tables import to_markdown
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    args = p.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        start = time.perf_counter()
-        ckpt, data = train_byte_model(Path(work), steps=args.train_steps)
-        trained = time.perf_counter() - start
+        ckpt, data, trained = train_timed(args, Path(work))
         fit = Path(work) / "fit"
-        code = dimpo(["fit", str(ckpt), "--train", data, "--out", str(fit), "--seq-len", str(args.seq_len),
-                      "--train-docs", str(args.docs[0]), "--valid-docs", str(args.docs[1]), "--test-docs",
-                      str(args.docs[2]), "--epochs", str(args.epochs), "--lr-scale", str(args.lr_scale),
-                      "--device", "cpu"])
+        code = dimpo(["fit", str(ckpt), "--train", data, "--out", str(fit)] + fit_options(args))
         if code != 0:
             raise SystemExit(code)
         results = load_results(fit)

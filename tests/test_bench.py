@@ -46,6 +46,11 @@ def check_dimpo_small(r: dict) -> None:
     assert r["train_steps"] == 1 and "DimPO" in r["table_markdown"] and r["results"]["layers"]
 
 
+def check_dimpo_pairs(r: dict) -> None:
+    assert list(r["study"]) == ["distance"] and sorted(r["study"]["distance"]) == ["cpo", "orpo", "simpo", "triplet"]
+    assert all(list(by_k) == ["1"] for by_k in r["study"]["distance"].values())
+
+
 def check_eval_vs_lmeval(r: dict) -> None:
     assert r["device"].startswith("CPU") and r["max_length"] == 64 and r["windows"] >= 2 and r["tokens"] > 64
     assert r["max_rel_loglikelihood_diff"] < 1e-4  # the same windows: the same log-likelihoods
@@ -100,6 +105,8 @@ SMALLEST = {
     "dimpo_memory.py": (["--docs", "1", "--layers", "1", "--seq-len", "16", "--max-steps", "1"], check_dimpo_memory),
     "dimpo_small.py": (["--train-steps", "1", "--epochs", "1", "--lr-scale", "1", "--seq-len", "16", "--docs", "1",
                         "1", "1"], check_dimpo_small),
+    "dimpo_pairs.py": (["--train-steps", "1", "--epochs", "1", "--lr-scale", "1", "--seq-len", "16", "--docs", "1",
+                        "1", "1", "--panels", "distance", "--ks", "1", "--dims", "4"], check_dimpo_pairs),
     # the --compare-hf part (the default on CPU) included
     "loss_memory.py": (["configs/tiny.yml", "seq_length=16", "train_micro_batch_size_per_gpu=1", "train_batch_size=1",
                         "--steps", "1", "--warmup", "0", "--repeats", "1"], check_loss_memory),

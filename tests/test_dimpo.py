@@ -26,6 +26,7 @@ from neox_dar.dimpo import DimPOError, LayerSplit, capture_split, evaluate, laye
 from neox_dar.dimpo.__main__ import main
 from neox_dar.dimpo.fit import fit_settings, load_results, projection_path, run_fit
 from neox_dar.dimpo.methods import PAPER
+from neox_dar.dimpo.pairs import PairSelection, gather_keys, key_pairs
 from neox_dar.dimpo.projections import load_projections
 from neox_dar.dimpo.tables import table1
 from neox_dar.evaluation.loading import load_for_eval
@@ -132,7 +133,9 @@ def test_blocks_pairs_and_evaluation_against_whole_attention_matrices(group):
     split = manual_split(group)
     w = torch.randn(3, 6, generator=torch.Generator().manual_seed(1))
     got = evaluate(split, {"w": w}, block=5)["w"]
-    chosen, rejected = split.pairs(block=5)
+    pairs = key_pairs(split, PairSelection(), block=5, seed=0)
+    chosen, rejected = (split.k[split.doc, split.kv_head(torch.arange(len(split))), x[:, 0]]
+                        for x in (pairs.chosen, pairs.rejected))
     kl = se = 0.0
     for i in range(len(split)):
         d, h, p = int(split.doc[i]), int(split.head[i]), int(split.pos[i])
@@ -167,13 +170,15 @@ def test_training_steps_see_each_instance_with_its_own_causal_keys():
         z = ((keys @ w.T) @ (w @ split.q[i]) / math.sqrt(3))[None]
         expected.append(dimpo_loss(psi, z, torch.ones_like(psi, dtype=torch.bool), **hyper.loss))
         pairs.append((keys[int(psi.argmax())], keys[int(psi.argmin())]))
-    assert float(_dimpo_step(w, split, rows, hyper)) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-5)
+    got = _dimpo_step(w, split, rows, hyper, key_pairs(split, PairSelection(), block=4, seed=0))
+    assert float(got) == pytest.approx(float(torch.stack(expected).mean()), rel=1e-5)
     kc, kr = (torch.stack(x) for x in zip(*pairs))
-    chosen, rejected = split.pairs(block=4)
-    assert torch.equal(chosen[rows], kc) and torch.equal(rejected[rows], kr)
+    selected = key_pairs(split, PairSelection(), block=4, seed=0)
+    assert torch.equal(gather_keys(split, rows, selected.chosen[rows])[:, 0], kc)
+    assert torch.equal(gather_keys(split, rows, selected.rejected[rows])[:, 0], kr)
     fq, fc, fr = split.q[rows] @ w.T, kc @ w.T, kr @ w.T
     want = simpo_loss((fq * fc).sum(-1) / math.sqrt(3), (fq * fr).sum(-1) / math.sqrt(3), **PAPER["simpo"].loss)
-    got = _pair_step("simpo", w, split.q[rows], chosen[rows], rejected[rows], PAPER["simpo"])
+    got = _pair_step("simpo", w, split, rows, selected, PAPER["simpo"])
     assert float(got) == pytest.approx(float(want), rel=1e-6)
 
 

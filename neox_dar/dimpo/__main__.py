@@ -3,6 +3,7 @@
     python -m neox_dar.dimpo fit CHECKPOINT --train data/booksum_train --valid data/booksum_valid \\
         --test data/booksum_test --out runs/dimpo-70m
     python -m neox_dar.dimpo table runs/dimpo-70m
+    python -m neox_dar.dimpo study CHECKPOINT --train data/booksum_train --out runs/dimpo-70m-pairs   # Fig. 4
     python -m neox_dar.dimpo tasks CHECKPOINT --projections runs/dimpo-70m/projections/dimpo-d{16,4,1}.safetensors \\
         --out runs/dimpo-70m/tasks --run
     python -m neox_dar.dimpo table runs/dimpo-70m/tasks --per-task
@@ -26,6 +27,8 @@ from ..report.tables import to_latex, to_markdown
 from ..rundir import CheckpointError
 from .instances import SPLITS, DimPOError
 from .methods import METHODS, PAPER
+from .pairs import PairSelection
+from .study import PANELS
 
 
 def _ints(text: str) -> list[int]:
@@ -43,36 +46,50 @@ def _methods(text: str) -> list[str]:
     return chosen
 
 
+def _fit_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``fit`` (and of ``study``, which runs fits)."""
+    p.add_argument("checkpoint", help="a neox-dar checkpoint or a Hugging Face folder")
+    p.add_argument("--train", required=True, help="tokenized dataset prefix (.bin/.idx) of the training documents")
+    p.add_argument("--valid", help="dataset of the validation documents (default: the next documents of --train)")
+    p.add_argument("--test", help="dataset of the test documents (default: the next documents of --valid)")
+    p.add_argument("--out", required=True, help="folder for results.json and projections/ (a rerun resumes)")
+    p.add_argument("--method", "--methods", dest="methods", type=_methods, default=list(METHODS),
+                   help=f"comma-separated, from {','.join(METHODS)} (default: all)")
+    p.add_argument("--dims", type=_ints, help="target dims d' (default: 64,32,16,8,4,2,1 below the head dim)")
+    p.add_argument("--seq-len", type=int, default=4096, help="tokens per document: its first T (default 4096)")
+    for split in SPLITS:
+        p.add_argument(f"--{split}-docs", type=int, default=10, help=f"{split} documents (default 10)")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training instances (default 1)")
+    p.add_argument("--max-steps", type=int, help="stop each trained projection after this many steps")
+    p.add_argument("--lr", type=float, help="learning rate of every trained method (default: Table 6's)")
+    p.add_argument("--lr-scale", type=float, default=1.0,
+                   help="multiply each method's Table 6 learning rate (small-scale runs: see docs/dimpo.md)")
+    p.add_argument("--batch-size", type=int, help="instances per step (default: Table 6's, DimPO 1, others 32)")
+    p.add_argument("--beta", type=float, help="beta of DimPO, SimPO, CPO and ORPO (ORPO's lambda)")
+    p.add_argument("--gamma", type=float, help="reward margin gamma of DimPO, SimPO and CPO")
+    p.add_argument("--margin", type=float, help="triplet loss margin (default 1.0, Mongoose's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--query-block", type=int, default=1024, help="queries scored at once (memory ~ block x T)")
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the model's dtype (q, k, v and projections are float32)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m neox_dar.dimpo", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     fit = sub.add_parser("fit", help="fit every method at every d' layer by layer and score them (Table 1)")
-    fit.add_argument("checkpoint", help="a neox-dar checkpoint or a Hugging Face folder")
-    fit.add_argument("--train", required=True, help="tokenized dataset prefix (.bin/.idx) of the training documents")
-    fit.add_argument("--valid", help="dataset of the validation documents (default: the next documents of --train)")
-    fit.add_argument("--test", help="dataset of the test documents (default: the next documents of --valid)")
-    fit.add_argument("--out", required=True, help="folder for results.json and projections/ (a rerun resumes)")
-    fit.add_argument("--method", "--methods", dest="methods", type=_methods, default=list(METHODS),
-                     help=f"comma-separated, from {','.join(METHODS)} (default: all)")
-    fit.add_argument("--dims", type=_ints, help="target dims d' (default: 64,32,16,8,4,2,1 below the head dim)")
-    fit.add_argument("--seq-len", type=int, default=4096, help="tokens per document: its first T (default 4096)")
-    for split in SPLITS:
-        fit.add_argument(f"--{split}-docs", type=int, default=10, help=f"{split} documents (default 10)")
-    fit.add_argument("--epochs", type=int, default=1, help="passes over the training instances (default 1)")
-    fit.add_argument("--max-steps", type=int, help="stop each trained projection after this many steps")
-    fit.add_argument("--lr", type=float, help="learning rate of every trained method (default: Table 6's)")
-    fit.add_argument("--lr-scale", type=float, default=1.0,
-                     help="multiply each method's Table 6 learning rate (small-scale runs: see docs/dimpo.md)")
-    fit.add_argument("--batch-size", type=int, help="instances per step (default: Table 6's, DimPO 1, others 32)")
-    fit.add_argument("--beta", type=float, help="beta of DimPO, SimPO, CPO and ORPO (ORPO's lambda)")
-    fit.add_argument("--gamma", type=float, help="reward margin gamma of DimPO, SimPO and CPO")
-    fit.add_argument("--margin", type=float, help="triplet loss margin (default 1.0, Mongoose's)")
-    fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--query-block", type=int, default=1024, help="queries scored at once (memory ~ block x T)")
-    fit.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    fit.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                     help="the model's dtype (q, k, v and projections are float32)")
+    _fit_arguments(fit)
+    fit.add_argument("--pairs", default="top-bottom",
+                     help="the keys the trained methods see: top-bottom (the paper's), all:K, distinct:K or distance:K "
+                          "(Appendix C; docs/dimpo.md)")
+    study = sub.add_parser("study", help="the key-pair study (Appendix C, Fig. 4): fits per selection, study.json, "
+                                         "fig4.png")
+    _fit_arguments(study)
+    study.add_argument("--panels", default=",".join(PANELS),
+                       help=f"comma-separated, from {','.join(PANELS)} (Fig. 4a-c; default: all three)")
+    study.add_argument("--ks", type=_ints, help="the k of every chosen panel (default: the paper's per panel)")
 
     table = sub.add_parser("table", help="print Table 1 (a fit folder) or Tables 2-3 (a task grid folder)")
     table.add_argument("folders", nargs="+")
@@ -143,14 +160,14 @@ def fit_hyper(args) -> dict:
     return {m: dataclasses.replace(h, lr=h.lr * args.lr_scale) for m, h in hyper.items()}
 
 
-def cmd_fit(args) -> int:
-    """Check the options, the model's config and the documents first; then load the model and fit."""
+def prepare_fit(args) -> tuple:
+    """Check the options, the model's config and the documents first; then load the model. Returns (the loaded
+    model, the ``d'`` values, the documents, the trained methods' hyperparameters)."""
     import torch
 
     from ..evaluation.loading import load_for_eval
-    from .fit import default_dims, fit_settings, run_fit
+    from .fit import default_dims
     from .instances import check_layers_vanilla, select_documents
-    from .tables import table1
 
     for name in ("seq_len", "epochs", "query_block", "max_steps", "batch_size"):
         value = getattr(args, name)
@@ -172,10 +189,48 @@ def cmd_fit(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_for_eval(args.checkpoint, device, args.dtype)
     check_layers_vanilla(loaded.model)
+    return loaded, dims, docs, hyper
+
+
+def cmd_fit(args) -> int:
+    from .fit import fit_settings, run_fit
+    from .tables import table1
+
+    pairs = PairSelection.parse(args.pairs)
+    loaded, dims, docs, hyper = prepare_fit(args)
     settings = fit_settings(loaded.info, loaded.cfg, docs, args.methods, dims, hyper, args.epochs, args.max_steps,
-                            args.seed)
+                            args.seed, pairs)
     run_fit(loaded.model, settings, docs, hyper, args.out, args.query_block)
     print(to_markdown(table1(args.out)))
+    return 0
+
+
+def cmd_study(args) -> int:
+    from pathlib import Path
+
+    from .fit import fit_settings, run_fit
+    from .study import collect, draw, fit_dir
+
+    panels = [p.strip() for p in args.panels.split(",") if p.strip()]
+    unknown = [p for p in panels if p not in PANELS]
+    if unknown or not panels:
+        raise DimPOError(f"--panels takes {', '.join(PANELS)}, got '{args.panels}'")
+    plan = {p: [m for m in PANELS[p][2] if m in args.methods] for p in panels}
+    if not any(plan.values()):
+        raise DimPOError(f"none of --methods ({', '.join(args.methods)}) is studied (the pairwise methods and dimpo)")
+    ks = {p: list(args.ks or PANELS[p][1]) for p in panels if plan[p]}
+    for p, values in ks.items():
+        PairSelection.parse(f"{p}:{min(values)}")
+    loaded, dims, docs, hyper = prepare_fit(args)
+    for p, values in ks.items():
+        for k in values:
+            print(f"study: {p}:{k} ({', '.join(plan[p])})", file=sys.stderr)
+            settings = fit_settings(loaded.info, loaded.cfg, docs, plan[p], dims, hyper, args.epochs,
+                                    args.max_steps, args.seed, PairSelection(p, k))
+            run_fit(loaded.model, settings, docs, hyper, fit_dir(args.out, p, k), args.query_block)
+    study = collect(args.out, ks)
+    path = draw(study, Path(args.out) / "fig4.png", loaded.info["checkpoint"])
+    print(f"wrote {Path(args.out) / 'study.json'} and {path}")
     return 0
 
 
@@ -232,7 +287,7 @@ def cmd_tasks(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"fit": cmd_fit, "table": cmd_table, "tasks": cmd_tasks, "apply": cmd_apply}[args.command](args)
+        return {"fit": cmd_fit, "study": cmd_study, "table": cmd_table, "tasks": cmd_tasks, "apply": cmd_apply}[args.command](args)
     except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -28,7 +28,8 @@ from ..rundir import write_text_atomic
 from .evaluate import evaluate
 from .files import read_result
 from .instances import Documents, DimPOError, capture_split
-from .methods import Hyper, fit_projection
+from .methods import PAIRWISE, Hyper, fit_projection
+from .pairs import PairSelection, key_pairs
 from .projections import Projections, load_projections, model_shape
 
 RESULTS = "results.json"
@@ -86,16 +87,19 @@ def run_fit(model: torch.nn.Module, settings: dict, docs: dict[str, Documents], 
                               desc=f"layer {layer} train")
         valid = capture_split(model, layer, docs["valid"], every_query=False, keep_values=True,
                               desc=f"layer {layer} valid")
+        trained = [m for m in settings["methods"] if m in PAIRWISE or m == "dimpo"]
+        pairs = key_pairs(train, PairSelection.parse(settings["pairs"]), block,
+                          _seed(settings["seed"], layer, "pairs", 0)) if trained else None
         fitted, logs = {}, {}
         for method in settings["methods"]:
             for d in settings["dims"]:
                 w, log = fit_projection(method, d, train, valid, hyper.get(method), settings["epochs"],
                                         settings["max_steps"], _seed(settings["seed"], layer, method, d), block,
-                                        desc=f"layer {layer} {method} d'={d}")
+                                        desc=f"layer {layer} {method} d'={d}", pairs=pairs)
                 fitted[f"{method}/{d}"], logs[method, d] = w, log
         valid_scores = evaluate(valid, fitted, block)
         counts = {"train": len(train), "valid": len(valid)}
-        del train, valid
+        del train, valid, pairs
         test = capture_split(model, layer, docs["test"], every_query=True, keep_values=True,
                              desc=f"layer {layer} test")
         test_scores = evaluate(test, fitted, block)
@@ -116,7 +120,8 @@ def run_fit(model: torch.nn.Module, settings: dict, docs: dict[str, Documents], 
 
 
 def fit_settings(model_info: dict, cfg, docs: dict[str, Documents], methods: list[str], dims: list[int],
-                 hyper: dict[str, Hyper], epochs: int, max_steps: int | None, seed: int) -> dict:
+                 hyper: dict[str, Hyper], epochs: int, max_steps: int | None, seed: int,
+                 pairs: PairSelection = PairSelection()) -> dict:
     """The settings a fit's results depend on (a resumed run must match them exactly), JSON-ready."""
     shape = model_shape(cfg)
     return json.loads(json.dumps({
@@ -126,5 +131,5 @@ def fit_settings(model_info: dict, cfg, docs: dict[str, Documents], methods: lis
         "seq_len": int(docs["train"].tokens.shape[1]),
         "methods": methods, "dims": dims,
         "hyper": {m: {"lr": h.lr, "batch_size": h.batch_size, **h.loss} for m, h in hyper.items()},
-        "epochs": epochs, "max_steps": max_steps, "seed": seed,
+        "epochs": epochs, "max_steps": max_steps, "seed": seed, "pairs": pairs.label,
     }))

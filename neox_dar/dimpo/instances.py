@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -133,7 +133,6 @@ class LayerSplit:
     k: torch.Tensor
     v: torch.Tensor | None
     group: int
-    _pairs: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def head_dim(self) -> int:
@@ -160,20 +159,6 @@ class LayerSplit:
         causal mask (b, m)."""
         valid = torch.arange(keys.shape[0], device=keys.device)[None, :] <= self.pos[rows, None]
         return self.q[rows] @ keys.T / math.sqrt(self.head_dim), valid
-
-    def pairs(self, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each instance's chosen and rejected keys (n, d_h): its highest- and lowest-weighted causal key
-        (computed once per split)."""
-        if self._pairs is not None:
-            return self._pairs
-        chosen, rejected = torch.empty_like(self.q), torch.empty_like(self.q)
-        for rows, d, g in self.blocks(block):
-            keys = self.k[d, g, :int(self.pos[rows].max()) + 1]
-            logits, valid = self.original_logits(rows, keys)
-            chosen[rows] = keys[logits.masked_fill(~valid, float("-inf")).argmax(-1)]
-            rejected[rows] = keys[logits.masked_fill(~valid, float("inf")).argmin(-1)]
-        self._pairs = chosen, rejected
-        return self._pairs
 
     def pooled_vectors(self) -> list[torch.Tensor]:
         """What PCA is fitted on: the instances' queries (n, d_h) and every key of the documents (N H_kv T, d_h)."""

@@ -8,7 +8,8 @@
   (:meth:`LayerSplit.pooled_vectors`), in closed form;
 * ``dimpo``: the listwise DimPO loss on every training instance's query with all its causal keys;
 * ``simpo``, ``orpo``, ``cpo``, ``triplet``: pairwise, on one (chosen, rejected) pair per instance, its highest-
-  and lowest-weighted key (Sec. 3.3, Mongoose's setup).
+  and lowest-weighted key (Sec. 3.3, Mongoose's setup), or on the pairs of another :class:`.pairs.PairSelection`
+  (Appendix C), each pair one example of the loss's mean.
 
 The trained methods start from ``nn.Linear``'s default init and use Adam with the hyperparameters of Appendix A,
 Table 6 (:data:`PAPER`), one epoch over the shuffled instances by default; after each epoch ``W`` is evaluated on
@@ -27,6 +28,7 @@ import torch
 from ..progress import progress_bar
 from .evaluate import evaluate
 from .instances import LayerSplit
+from .pairs import KeyPairs, PairSelection, gather_keys, key_pairs
 from .losses import cpo_loss, dimpo_loss, orpo_loss, simpo_loss, triplet_loss
 
 METHODS = ("random", "pca", "triplet", "cpo", "simpo", "orpo", "dimpo")  # Table 1's row order
@@ -80,12 +82,17 @@ def pca_projection(parts: list[torch.Tensor], d: int) -> torch.Tensor:
     return vectors[:, -d:].flip(-1).T.float()
 
 
-def _dimpo_step(w: torch.Tensor, split: LayerSplit, rows: torch.Tensor, hyper: Hyper) -> torch.Tensor:
-    """DimPO loss of the instances ``rows`` (b,), each against all its causal keys (b, m, d_h), m the longest."""
-    m = int(split.pos[rows].max()) + 1
-    keys = split.k[split.doc[rows], split.kv_head(rows), :m]
-    valid = torch.arange(m, device=keys.device)[None, :] <= split.pos[rows, None]
+def _dimpo_step(w: torch.Tensor, split: LayerSplit, rows: torch.Tensor, hyper: Hyper,
+                pairs: KeyPairs | None) -> torch.Tensor:
+    """DimPO loss of the instances ``rows`` (b,), each against all its causal keys (b, m, d_h), m the longest, or
+    against its key list ``pairs.subset`` (``all:K``), the original weights renormalised over that list."""
     q = split.q[rows]
+    if pairs is not None and pairs.subset is not None:
+        keys, valid = gather_keys(split, rows, pairs.subset[rows]), pairs.subset_valid[rows]
+    else:
+        m = int(split.pos[rows].max()) + 1
+        keys = split.k[split.doc[rows], split.kv_head(rows), :m]
+        valid = torch.arange(m, device=keys.device)[None, :] <= split.pos[rows, None]
     with torch.no_grad():
         psi = torch.softmax((torch.einsum("bd,bmd->bm", q, keys) / math.sqrt(split.head_dim))
                             .masked_fill(~valid, float("-inf")), dim=-1)
@@ -95,9 +102,15 @@ def _dimpo_step(w: torch.Tensor, split: LayerSplit, rows: torch.Tensor, hyper: H
     return dimpo_loss(psi, z, valid, **hyper.loss)
 
 
-def _pair_step(method: str, w: torch.Tensor, q: torch.Tensor, k_c: torch.Tensor, k_r: torch.Tensor,
-               hyper: Hyper) -> torch.Tensor:
-    fq, fc, fr = q @ w.T, k_c @ w.T, k_r @ w.T
+def _pair_step(method: str, w: torch.Tensor, split: LayerSplit, rows: torch.Tensor, pairs: KeyPairs,
+               hyper: Hyper) -> torch.Tensor | None:
+    """The pairwise loss over the valid pairs of instances ``rows`` (None: they have none)."""
+    valid = pairs.valid[rows]
+    if not valid.any():
+        return None
+    fq = (split.q[rows] @ w.T)[:, None].expand(-1, valid.shape[1], -1)[valid]  # (N', d')
+    fc = gather_keys(split, rows, pairs.chosen[rows])[valid] @ w.T
+    fr = gather_keys(split, rows, pairs.rejected[rows])[valid] @ w.T
     if method == "triplet":
         return triplet_loss(fq, fc, fr, **hyper.loss)
     scale = math.sqrt(w.shape[0])
@@ -105,15 +118,15 @@ def _pair_step(method: str, w: torch.Tensor, q: torch.Tensor, k_c: torch.Tensor,
 
 
 def train_projection(method: str, hyper: Hyper, train: LayerSplit, valid: LayerSplit, d: int, epochs: int,
-                     max_steps: int | None, gen: torch.Generator, block: int, desc: str) -> tuple[torch.Tensor, dict]:
-    """Train ``W`` (d, d_h) with ``method``'s loss; returns the best epoch's ``W`` (lowest validation KL) and a log
+                     max_steps: int | None, gen: torch.Generator, block: int, desc: str,
+                     pairs: KeyPairs) -> tuple[torch.Tensor, dict]:
+    """Train ``W`` (d, d_h) with ``method``'s loss on the keys ``pairs`` selects; returns the best epoch's ``W`` (lowest validation KL) and a log
     ``{"steps", "epochs": [{"loss", "valid_kl", "valid_mse"}], "best_epoch"}``."""
     device = train.q.device
     w = torch.empty(d, train.head_dim)
     torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=gen)  # nn.Linear's default init
     w = w.to(device).requires_grad_()
     opt = torch.optim.Adam([w], lr=hyper.lr)
-    pairs = train.pairs(block) if method in PAIRWISE else None
     n = len(train)
     steps_per_epoch = math.ceil(n / hyper.batch_size)
     total = epochs * steps_per_epoch if max_steps is None else min(max_steps, epochs * steps_per_epoch)
@@ -126,10 +139,12 @@ def train_projection(method: str, hyper: Hyper, train: LayerSplit, valid: LayerS
             for rows in order.split(hyper.batch_size):
                 if log["steps"] == total:
                     break
-                if pairs is None:
-                    loss = _dimpo_step(w, train, rows, hyper)
+                if method in PAIRWISE:
+                    loss = _pair_step(method, w, train, rows, pairs, hyper)
                 else:
-                    loss = _pair_step(method, w, train.q[rows], pairs[0][rows], pairs[1][rows], hyper)
+                    loss = _dimpo_step(w, train, rows, hyper, pairs)
+                if loss is None:  # no valid pair among these instances
+                    continue
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -146,9 +161,11 @@ def train_projection(method: str, hyper: Hyper, train: LayerSplit, valid: LayerS
 
 
 def fit_projection(method: str, d: int, train: LayerSplit, valid: LayerSplit, hyper: Hyper | None, epochs: int,
-                   max_steps: int | None, seed: int, block: int, desc: str) -> tuple[torch.Tensor, dict]:
+                   max_steps: int | None, seed: int, block: int, desc: str,
+                   pairs: KeyPairs | None = None) -> tuple[torch.Tensor, dict]:
     """``W`` (d, d_h) of ``method`` for one layer, and what fitting it logged (``seconds``; a trained method's
-    steps and per-epoch loss and validation metrics)."""
+    steps and per-epoch loss and validation metrics). A trained method uses the keys ``pairs`` selects (default:
+    ``top-bottom``)."""
     gen = torch.Generator().manual_seed(seed)
     start = time.perf_counter()
     if method == "random":
@@ -156,5 +173,6 @@ def fit_projection(method: str, d: int, train: LayerSplit, valid: LayerSplit, hy
     elif method == "pca":
         w, log = pca_projection(train.pooled_vectors(), d), {}
     else:
-        w, log = train_projection(method, hyper, train, valid, d, epochs, max_steps, gen, block, desc)
+        pairs = pairs if pairs is not None else key_pairs(train, PairSelection(), block, seed)
+        w, log = train_projection(method, hyper, train, valid, d, epochs, max_steps, gen, block, desc, pairs)
     return w, {**log, "seconds": time.perf_counter() - start}

@@ -51,7 +51,9 @@ def table1(out: str, layer: int | None = None) -> Table:
              f"averaged over {len(layers)} of {total} layers" + ("" if len(layers) == total else " (fit unfinished)"))
     notes = [f"Attention-weight KL divergence and attention-output MSE on the test documents ({where}); "
              f"{settings['model']['source']['checkpoint']}, {len(settings['data']['test']['documents'])} test "
-             f"documents of {settings['seq_len']} tokens, every query of every head."]
+             f"documents of {settings['seq_len']} tokens, every query of every head."
+             + ("" if settings.get("pairs", "top-bottom") == "top-bottom" else
+                f" Trained methods on the key selection {settings['pairs']} (Appendix C).")]
     columns = ["Method"] + [f"{d} {m}" for d in dims for m in ("KL", "MSE")]
     return Table(f"Projection approaches, d' in {{{', '.join(map(str, dims))}}}", columns, rows, notes)
 

@@ -373,6 +373,24 @@ def token_shading(texts: list[tuple[str, list[str], list[float]]], title: str, c
     return _save(fig, path, rect=_titled(fig, title, caption))
 
 
+def metric_grid(columns: list[tuple[str, dict[str, dict[str, list[tuple[float, float]]]]]], rows: dict[str, str],
+                xlabel: str, title: str, caption: list[str], path: Path) -> Path:
+    """A grid of line plots: one column per ``(name, series)``, one row per metric of ``rows`` (key -> axis label);
+    ``series``: line label -> metric -> ``[(x, y)]`` (DimPO's Fig. 4). x on a log2 axis."""
+    fig, axes = plt.subplots(len(rows), len(columns), figsize=(4.6 * len(columns), 3.2 * len(rows) + 0.8),
+                             squeeze=False)
+    for col, (name, series) in enumerate(columns):
+        for row, (metric, ylabel) in enumerate(rows.items()):
+            ax = axes[row][col]
+            for label, metrics in series.items():
+                points = sorted(metrics[metric])
+                ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            _label(ax, xlabel, ylabel, name if row == 0 else "", legend=row == 0)
+    return _save(fig, path, rect=_titled(fig, title, caption))
+
+
 def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path,
              sweep: str = "") -> tuple[list[Path], list[str]]:
     """Every figure that the runs support (titled with the sweep's name); returns (files, reasons for those not
