@@ -22,6 +22,7 @@ import torch
 from .attention import variant
 from .config import Config, ConfigError, load_config, split_args
 from .model import build_model, count_parameters, flops_per_token
+from .training.checks import check_what_trains
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -109,6 +110,7 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
         parser.error("--context must be >= 1")
     try:
         cfg = load_config(*paths, overrides=overrides)
+        check_what_trains(cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import torch
 from builders import attention_config, model_config
 
 from neox_dar.attention import build_attention, mswa_window_table
-from neox_dar.attention.mswa import window_budget
+from neox_dar.attention.specs.mswa import window_budget
 from neox_dar.attention.base import RotaryEmbedding
 from neox_dar.attention.dar import dar_reference, dar_sdpa
 from neox_dar.attention.masks import masked_attention, window_mask

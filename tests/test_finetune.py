@@ -19,6 +19,7 @@ from neox_dar.config import ConfigError
 from neox_dar.model import build_model
 from neox_dar.rundir import step_dir_name
 from neox_dar.training.checkpointing import safe_torch_load
+from neox_dar.training.checks import check_what_trains
 from neox_dar.training.finetune import add_lora, attention_inputs, initialise_new, merge_lora
 
 BOTTLENECK = 'trainable_params=["*.dar_down.*","*.dar_up.*"]'
@@ -129,9 +130,9 @@ def test_finetune_refuses_another_base_model(olmo, tokenized_sample, tmp_path):
 
 def test_trainable_pattern_matching_nothing_is_a_config_error():
     with pytest.raises(ConfigError, match=r"'trainable_params' in the command line: '\*\.dar_dwon\.\*'"):
-        config("configs/tiny.yml", "configs/attention/dar.yml", trainable_params=["*.dar_dwon.*"])
+        check_what_trains(config("configs/tiny.yml", "configs/attention/dar.yml", trainable_params=["*.dar_dwon.*"]))
     with pytest.raises(ConfigError, match="query_key_value"):
-        config("configs/tiny.yml", **{"lora.target_modules": ["query_key_value"]})
+        check_what_trains(config("configs/tiny.yml", **{"lora.target_modules": ["query_key_value"]}))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -18,14 +18,14 @@ Auxiliary loss per layer ``lambda * mean(s) / L``, so the model's sum over layer
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from ..config.fields import Key
 from ..hf_remote.inference import WindowedKV, aha_attention
 from .base import Attention
+from .specs.aha import AHASpec
 from .masks import masked_attention, window_mask
 from .triton_bridge import triton_kernel
 from .windowed import causal_sdpa, windowed_sdpa
@@ -62,54 +62,13 @@ def aha_sdpa(q, k, v, gate: torch.Tensor, window: int) -> torch.Tensor:
     return out.view(B, H, T, D)
 
 
-class AHAAttention(Attention):
+class AHAAttention(AHASpec, Attention):
     """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``).
 
     After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / num_layers``; ``self.stats["mu_f"]`` = mean
     gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` = the gate itself, (B, T, H)
     bool, which the evaluation averages over real (non-padding) positions only.
     """
-
-    name = "aha"
-    keys = {
-        "aha_threshold": Key(float, 0.5, "AHA router threshold tau on sigmoid scores.", label="tau",
-                             rule=lambda v, m: None if 0.0 < v < 1.0 else "must be in (0, 1)"),
-        "aha_l1_coef": Key(float, 3e-4, "AHA L1 coefficient lambda on mean router score.", label="l1-", arch=False,
-                           rule=lambda v, m: None if v >= 0 else "must be >= 0"),
-        "aha_ste": Key(Literal["selected", "difference"], "selected",
-                       "AHA straight-through dL/ds: selected (the paper's Eq. 3-4 read literally: signed <dL/do, "
-                       "selected path>) or difference (<dL/do, Full - Local>; one extra attention forward per layer "
-                       "in training).", arch=False),
-        "aha_router_init": Key(Literal["zeros", "random"], "zeros",
-                               "How the router starts when AHA is added to a pretrained model (finetune): zeros "
-                               "(s = 1/2 for every token and head, so at aha_threshold 0.5 every head starts on its "
-                               "local window: step 0 is the SWA model, and with aha_threshold < 0.5 every head "
-                               "starts on full attention: step 0 is the pretrained model exactly) or random "
-                               "(init_method).", arch=False),
-    }
-    reads = ("window_size",)
-    stats = {"mu_f": "full-attention usage: the share of (token, head) pairs routed to full attention (AHA Eq. 8)"}
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        import warnings
-
-        cls.require_window(cfg)
-        w, T = cfg.attention.window_size, cfg.seq_length
-        if w >= T:
-            warnings.warn(f"window_size={w} >= seq_length={T}: AHA's local path sees every key, so both paths are "
-                          "full attention (vanilla attention plus a router and its L1 term); a later config file or "
-                          "key may have replaced the model config's window", stacklevel=6)
-
-    @classmethod
-    def summary(cls, cfg: ModelConfig) -> str:
-        return f"{cls.name} w={cfg.attention.window_size} l1={cfg.attention.aha_l1_coef:g}"
-
-    @classmethod
-    def describe(cls, cfg: ModelConfig) -> list[str]:
-        a = cfg.attention
-        return [f"window w={a.window_size} (keys j with i - j < w, itself included); router threshold "
-                f"{a.aha_threshold}, L1 coefficient {a.aha_l1_coef}"]
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -1,7 +1,7 @@
 """What every attention variant shares: the query/key/value projections of the model family (GPT-NeoX's fused
 ``query_key_value``, or ``q_proj``/``k_proj``/``v_proj``; query/key norms; grouped-query attention), rotary, heads,
-the output projection, and the declarations (keys, rules, costs, descriptions, statistics) through which the rest of
-the project uses a variant.
+the output projection, the inference cache hooks and the costs. What a variant declares to the rest of the project
+(keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.attention.specs.base.Spec`.
 
 Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`` key/value heads, ``d_h`` head dims.
 """
@@ -9,14 +9,15 @@ Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
 
-from ..config.fields import ConfigError, Key, check
 from ..hf_remote.inference import HeadProjections, Layout, WindowedKV, apply_rotary, rotary_table
 from ..norms import build_norm
+from ..settings import ConfigError
+from .specs.base import Spec
 from .windowed import mean_attended_keys
 
 if TYPE_CHECKING:
@@ -41,13 +42,15 @@ class RotaryEmbedding(nn.Module):
         return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len, dtype, device)
 
 
-class Attention(HeadProjections, nn.Module, abc.ABC):
+class Attention(Spec, HeadProjections, nn.Module, abc.ABC):
     """Base of every variant: ``forward(a[B,T,d], cos, sin) -> out[B,T,d]``.
 
     A variant subclasses this in its own module, implements :meth:`attend` over per-head ``q, k, v`` of shape
     (B, H, T, d_h), may add parameters under its own names (``dar_down``, ``router``, ...), and declares how the
-    rest of the project sees it (class attributes and class methods below). Then one call registers it:
-    ``neox_dar.attention.register(MyAttention)``. Per forward, a variant may set:
+    rest of the project sees it (:class:`~neox_dar.attention.specs.base.Spec`'s class attributes and methods: on
+    the subclass itself, or, for a built-in variant, on its torch-free spec, the subclass's first base). Then one
+    call registers it: ``neox_dar.attention.register(MyAttention)`` (a built-in: its spec). Per forward, a variant
+    may set:
 
     * ``self.aux_loss``: a loss term (scalar tensor, already scaled by its coefficient), summed into the loss;
     * ``self.stats``: per-head statistics for the training logs, name -> (H,) tensor (names in :attr:`stats`);
@@ -55,47 +58,10 @@ class Attention(HeadProjections, nn.Module, abc.ABC):
       (non-padding) positions only.
     """
 
-    name: ClassVar[str] = ""                    # the attention_type value
-    keys: ClassVar[dict[str, Key]] = {}         # config keys this variant adds (type, default, help, sweep label)
-    reads: ClassVar[tuple[str, ...]] = ()       # common attention keys it reads, e.g. ("window_size",)
-    stats: ClassVar[dict[str, str]] = {}        # per-head statistics it logs: name -> one-line meaning
-
-    # ---- configuration ------------------------------------------------------------------------------------
     @classmethod
-    def reads_keys(cls) -> frozenset[str]:
-        """Every attention key the variant reads: its own keys and the common ones in :attr:`reads`."""
-        return frozenset(cls.keys) | frozenset(cls.reads)
-
-    @classmethod
-    def resolve(cls, cfg: ModelConfig) -> dict[str, Any]:
-        """Values of its keys whose defaults depend on the model (e.g. ``dar_d_down: null`` -> d / 4)."""
-        return {}
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        """Rules that hold when this variant is chosen; raise through :func:`neox_dar.config.fields.check`."""
-
-    @classmethod
-    def require_window(cls, cfg: ModelConfig) -> None:
-        """``window_size >= 1``: for variants whose local path must see at least the token itself."""
-        w = cfg.attention.window_size
-        check(w >= 1, "window_size", f"must be >= 1 for attention_type '{cls.name}'", w)
-
-    # ---- descriptions -------------------------------------------------------------------------------------
-    @classmethod
-    def summary(cls, cfg: ModelConfig) -> str:
-        """The attention in a few words for listings (sweep plans, the report): ``dar d_down=128 w=64``."""
-        return cls.name
-
-    @classmethod
-    def label(cls, cfg: ModelConfig) -> str:
-        """The kind of attention, for grouping runs in figures (``mswa-heads``); default: the name."""
-        return cls.name
-
-    @classmethod
-    def describe(cls, cfg: ModelConfig) -> list[str]:
-        """Lines ``python -m neox_dar.describe`` prints about the variant's own settings (windows, widths)."""
-        return []
+    def module(cls) -> type[Attention]:
+        """The class itself: a subclass registered as it is (a plug-in) computes what it declares."""
+        return cls
 
     # ---- the module -----------------------------------------------------------------------------------------
     def __init__(self, cfg: ModelConfig, layer_idx: int):

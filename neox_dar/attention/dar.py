@@ -13,17 +13,16 @@ feeds the ``H_kv`` key/value heads, and query head ``h`` reads key/value head ``
 from __future__ import annotations
 
 import math
-import warnings
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config.fields import Key
 from ..hf_remote.inference import DARCache
 from .base import Attention
 from .masks import window_mask
+from .specs.dar import DARSpec, UniformSpec
 from .triton_bridge import triton_kernel
 
 if TYPE_CHECKING:
@@ -66,7 +65,7 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.cat((near, far), dim=-1))
 
 
-class DARAttention(Attention):
+class DARAttention(DARSpec, Attention):
     """DAR (``attention_type: dar``): full-width keys and values for the ``window_size`` nearest keys, the
     bottleneck beyond.
 
@@ -74,54 +73,6 @@ class DARAttention(Attention):
     They are input-side matrices, so ``init_weights`` gives them ``init_method`` (small_init) like
     ``query_key_value``.
     """
-
-    name = "dar"
-    keys = {"dar_d_down": Key(Optional[int], None, "DAR/uniform bottleneck width, 1..hidden_size (default "
-                                                   "hidden_size // 4).", label="d",
-                              rule=lambda v, m: None if 1 <= v <= m.hidden_size else
-                              f"must be in 1..hidden_size={m.hidden_size}"),
-            "dar_init": Key(Literal["random", "pca"], "random",
-                            "How the bottleneck starts when DAR is added to a pretrained model (finetune): random "
-                            "(init_method) or pca (dar_down = the top dar_d_down principal directions of the layer's "
-                            "attention input on dar_init_samples training sequences, dar_up its transpose: the best "
-                            "rank-d_down reconstruction at step 0).", arch=False),
-            "dar_inference_cache": Key(Literal["keys", "latent"], "keys",
-                                       "What DAR's inference cache keeps per far token (docs/inference.md): keys = "
-                                       "c = dar_down(h) plus the far key's rotated dims (H_kv x rotary dims; all "
-                                       "head dims with a key norm), computed once, so a decode step does vanilla's "
-                                       "arithmetic; latent = c only (the paper's d_down per token), those dims "
-                                       "rebuilt from c at every step.", arch=False),
-            "dar_init_samples": Key(int, 16, "Training sequences the pca bottleneck start is computed on.",
-                                    arch=False, rule=lambda v, m: None if v >= 1 else "must be >= 1")}
-    reads = ("window_size",)
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        w, T = cfg.attention.window_size, cfg.seq_length
-        if w >= T:
-            warnings.warn(f"window_size={w} >= seq_length={T}: every key is inside DAR's window, so this is vanilla "
-                          "attention (the bottleneck is never used); a later config file or key may have replaced "
-                          "the model config's window", stacklevel=6)
-
-    @classmethod
-    def resolve(cls, cfg: ModelConfig) -> dict[str, Any]:
-        if cfg.attention.dar_d_down is None:
-            return {"dar_d_down": max(1, cfg.hidden_size // 4)}
-        return {}
-
-    @classmethod
-    def window_of(cls, cfg: ModelConfig) -> int:
-        """The window w: keys with ``i - j < w`` use the full-width keys and values."""
-        return cfg.attention.window_size
-
-    @classmethod
-    def summary(cls, cfg: ModelConfig) -> str:
-        return f"{cls.name} d_down={cfg.attention.dar_d_down} w={cls.window_of(cfg)}"
-
-    @classmethod
-    def describe(cls, cfg: ModelConfig) -> list[str]:
-        return [f"window w={cls.window_of(cfg)} (keys with i - j < w use full width), "
-                f"d_down={cfg.attention.dar_d_down}"]
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
@@ -217,22 +168,5 @@ class DARAttention(Attention):
         return [f"per layer: d_down={self.d_down}{keys} numbers for every token{local}"]
 
 
-class UniformAttention(DARAttention):
+class UniformAttention(UniformSpec, DARAttention):
     """The uniform baseline (``attention_type: uniform``): DAR with ``w = 0``, every key through the bottleneck."""
-
-    name = "uniform"
-    reads = ()
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        if cfg.attention.window_size not in (0, 128):
-            warnings.warn(f"attention_type '{cls.name}' ignores window_size (every key uses the bottleneck)",
-                          stacklevel=6)
-
-    @classmethod
-    def window_of(cls, cfg: ModelConfig) -> int:
-        return 0
-
-    @classmethod
-    def summary(cls, cfg: ModelConfig) -> str:
-        return f"{cls.name} d_down={cfg.attention.dar_d_down}"

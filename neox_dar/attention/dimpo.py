@@ -14,22 +14,22 @@ alone starts at ``W`` = the first ``d'`` rows of the identity.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config.fields import Key
 from ..hf_remote.inference import WindowedKV
 from .base import Attention
 from .masks import masked_attention, window_mask
+from .specs.dimpo import DimPOSpec
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class DimPOAttention(Attention):
+class DimPOAttention(DimPOSpec, Attention):
     """``attention_type: dimpo`` (usually per layer, on the last ``l`` layers): causal attention with scores
     ``F(q) F(k)^T / sqrt(d')``.
 
@@ -37,25 +37,6 @@ class DimPOAttention(Attention):
     ``triton`` call ``scaled_dot_product_attention(is_causal=True)`` on the projected queries and keys, as vanilla's
     two do (causal attention needs no custom kernel; SDPA takes values wider than the keys). Inference cache: keys
     at ``d'``, values at ``d_h``."""
-
-    name = "dimpo"
-    keys = {"dimpo_d_proj": Key(Optional[int], None, "DimPO: width d' of the projected queries and keys, "
-                                                     "1..head_dim (default head_dim).", label="dp",
-                                rule=lambda v, m: None if 1 <= v <= m.head_dim else
-                                f"must be in 1..head_dim={m.head_dim}")}
-
-    @classmethod
-    def resolve(cls, cfg: ModelConfig) -> dict:
-        return {"dimpo_d_proj": cfg.head_dim} if cfg.attention.dimpo_d_proj is None else {}
-
-    @classmethod
-    def summary(cls, cfg: ModelConfig) -> str:
-        return f"{cls.name} d'={cfg.attention.dimpo_d_proj}"
-
-    @classmethod
-    def describe(cls, cfg: ModelConfig) -> list[str]:
-        return [f"scores F(q) F(k)^T / sqrt(d') with d'={cfg.attention.dimpo_d_proj} of head_dim={cfg.head_dim} "
-                "(projected after rotary; values unchanged)"]
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -5,17 +5,20 @@ GPT-NeoX's form ``[[[types...], repeat], ...]`` (each entry's types repeated ``r
 ``hybrid``, the MSWA paper's Sec. 4.4 stack (:func:`hybrid_attention_config`). Loading resolves the names
 (GPT-NeoX's ``global``/``flash`` are ``vanilla``, ``local`` is ``swa``), drops a per-layer list that names one type
 (``attention_type`` says it), and sets a mixed model's ``attention_type`` to its types joined by ``+`` in order of
-first use (``linear+mswa``): the name runs, sweeps and reports know it by. :func:`mixed_variant` is the class that
-describes such a model; it is never built (each layer builds its own variant).
+first use (``linear+mswa``): the name runs, sweeps and reports know it by (:func:`resolve_layout`, which the config
+calls). :func:`mixed_variant` is the spec that describes such a model; it is never built (each layer builds its own
+variant). Torch-free, like the specs.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 from typing import TYPE_CHECKING
 
-from .base import Attention
-from .registry import generation, variant
+from ..settings import InvalidValue, check
+from .registry import generation, variant, variants
+from .specs.base import Spec
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -66,17 +69,54 @@ def pattern(types: list[str]) -> str:
     return unit if period == n else f"{unit} x {n // period}"
 
 
-def mixed_variant(name: str) -> type[Attention]:
+def resolve_layout(m: ModelConfig, explicit_type: bool) -> None:
+    """Resolve ``m.attention``'s per-layer types in place: ``hybrid`` sets ``attention_config``; GPT-NeoX names
+    become ours (global, flash -> vanilla; local -> swa); a list of one type leaves ``attention_type`` alone to say
+    it; a mix sets ``attention_type`` to its types joined by '+'. An ``attention_type`` set alongside
+    (``explicit_type``) must name one of the types (or be that joined name). Raises InvalidValue."""
+    a = m.attention
+    given = None if a.attention_config is None else [[list(types), repeat] for types, repeat in a.attention_config]
+    if a.hybrid is not None:
+        layout = hybrid_attention_config(a.hybrid, m.num_layers)
+        check(layout is not None, "hybrid", f"needs num_layers divisible by 12 for four groups of L/12 linear and "
+              f"L/6 local layers, not {m.num_layers}; write attention_config for other layouts", a.hybrid)
+        check(given in (None, layout), "attention_config", f"differs from hybrid '{a.hybrid}''s layers {layout}; "
+              "set one of the two", given)
+        given = layout
+    if given is None:
+        return
+    check(all(types and repeat >= 1 for types, repeat in given), "attention_config",
+          "each entry must be [[types...], repeat] with at least one type and repeat >= 1", given)
+    for name in dict.fromkeys(expand(given)):
+        if name not in variants() and name not in NEOX_TYPES:
+            names = [*variants(), *NEOX_TYPES]
+            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+            raise InvalidValue("attention_config", f"not an attention type: choose from {', '.join(names)}"
+                               + (f"; did you mean '{close[0]}'?" if close else ""), name)
+    layout = [[[NEOX_TYPES.get(t, t) for t in types], repeat] for types, repeat in given]
+    types = expand(layout)
+    check(len(types) == m.num_layers, "attention_config", f"gives {len(types)} layers but num_layers is "
+          f"{m.num_layers}", given)
+    used = list(dict.fromkeys(types))
+    name = used[0] if len(used) == 1 else combined_name(types)
+    if explicit_type:
+        check(a.attention_type in (*used, name), "attention_type", f"conflicts with attention_config, whose layers "
+              f"use {', '.join(used)}: leave it unset or name one of them", a.attention_type)
+    a.attention_type = name
+    a.attention_config = layout if len(used) > 1 else None
+
+
+def mixed_variant(name: str) -> type[Spec]:
     """The class describing a model whose layers run the variants of ``name`` (``linear+mswa``): its summary,
     label and description combine theirs, its statistics are all of theirs. KeyError for an unregistered part."""
     return _mixed(name, generation())
 
 
 @functools.lru_cache(maxsize=None)
-def _mixed(name: str, _generation: int) -> type[Attention]:
+def _mixed(name: str, _generation: int) -> type[Spec]:
     parts = [variant(part) for part in name.split("+")]
 
-    class Mixed(Attention):
+    class Mixed(Spec):
         """Layers of several variants (``attention_config``): descriptions only; each layer builds its own."""
 
         stats = {stat: meaning for cls in parts for stat, meaning in cls.stats.items()}

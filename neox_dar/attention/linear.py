@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config.fields import Key
 from ..hf_remote.inference import LinearState, feature_rotary, linear_attention_step, taylor_features
 from .base import Attention, apply_rotary
+from .specs.linear import LinearSpec
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -98,30 +98,13 @@ def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
     return o.transpose(1, 2)
 
 
-class LinearAttention(Attention):
+class LinearAttention(LinearSpec, Attention):
     """Causal linear attention, Based's Taylor feature map on ``linear_feature_dim`` features (module docstring).
 
     ``forward`` takes the un-rotated ``q, k`` from :meth:`split_heads` and rotates the features instead (RoPE in
     both the linear and the local layers, as the MSWA paper's Sec. 5.1.2 setup); :meth:`attend` therefore receives
     un-rotated ``q, k``. ``step`` is the recurrent decoding form.
     """
-
-    name = "linear"
-    keys = {"linear_feature_dim": Key(int, 16, "Linear attention: query/key feature dim d_f before the Taylor map "
-                                      "(phi has 1 + d_f + d_f^2 dims; the MSWA paper and Based use 16).", label="f",
-                                      rule=lambda v, m: None if v >= 1 else "must be >= 1")}
-
-    @classmethod
-    def summary(cls, cfg: ModelConfig) -> str:
-        return f"{cls.name} d_f={cfg.attention.linear_feature_dim}"
-
-    @classmethod
-    def describe(cls, cfg: ModelConfig) -> list[str]:
-        d_f = cfg.attention.linear_feature_dim
-        return [f"Taylor feature map on d_f={d_f} features: phi(q).phi(k) = 1 + s + s^2/2, s = q.k/sqrt({d_f}); "
-                f"{1 + d_f + d_f * d_f} feature dims; state per key/value head "
-                f"{(1 + d_f + d_f * d_f) * (cfg.head_dim + 1):,} "
-                "numbers (S and z), whatever the context"]
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

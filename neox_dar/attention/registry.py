@@ -1,7 +1,9 @@
-"""The attention variants by ``attention_type`` name. A variant is one module plus one :func:`register` call.
+"""The attention variants by ``attention_type`` name: their specs (:class:`~.specs.base.Spec`). A variant is one
+module plus one :func:`register` call.
 
 The config (its keys and rules), the model, ``describe``, sweep naming, the report and the logs all read the
-variants from here; no other module names one.
+variants from here; no other module names one. Torch-free: a registered spec names its torch module
+(:meth:`~.specs.base.Spec.module`), imported when a model is built.
 """
 
 from __future__ import annotations
@@ -9,18 +11,19 @@ from __future__ import annotations
 import keyword
 from typing import TYPE_CHECKING
 
-from ..config.fields import Key
+from ..settings import Key
 
 if TYPE_CHECKING:
-    from .base import Attention
+    from .specs.base import Spec
 
-_VARIANTS: dict[str, type[Attention]] = {}
+_VARIANTS: dict[str, type[Spec]] = {}
 _generation = 0
 
 
-def register(cls: type[Attention]) -> type[Attention]:
-    """Add a variant (an :class:`~neox_dar.attention.base.Attention` subclass with a ``name``); usable as a
-    decorator. A name or key that another variant already defines differently is a ValueError."""
+def register(cls: type[Spec]) -> type[Spec]:
+    """Add a variant: its spec (a :class:`~.specs.base.Spec` subclass with a ``name``; a plug-in's
+    :class:`~neox_dar.attention.base.Attention` subclass is its own spec); usable as a decorator. A name or key
+    that another variant already defines differently is a ValueError."""
     global _generation
     name = cls.name
     if not name or not name.isidentifier() or keyword.iskeyword(name):
@@ -48,13 +51,13 @@ def generation() -> int:
     return _generation
 
 
-def variants() -> dict[str, type[Attention]]:
-    """Every registered variant, name -> class, in registration order."""
+def variants() -> dict[str, type[Spec]]:
+    """Every registered variant, name -> spec, in registration order."""
     return dict(_VARIANTS)
 
 
-def variant(name: str) -> type[Attention]:
-    """The class registered as ``name``; KeyError naming the registered ones otherwise."""
+def variant(name: str) -> type[Spec]:
+    """The spec registered as ``name``; KeyError naming the registered ones otherwise."""
     try:
         return _VARIANTS[name]
     except KeyError:

@@ -8,6 +8,7 @@ import torch
 
 from .base import Attention
 from .masks import masked_attention, window_mask
+from .specs.swa import SWASpec
 from .triton_bridge import triton_kernel
 from .windowed import windowed_sdpa
 
@@ -15,35 +16,14 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class SWAAttention(Attention):
+class SWAAttention(SWASpec, Attention):
     """One window ``w = window_size`` for every head and layer.
 
     ``reference``: explicit (T, T) band mask. ``sdpa``: blocked SDPA in O(T w) (:mod:`.windowed`).
     ``triton``: ``kernels.mswa_attention`` with the same window for every head.
     """
 
-    name = "swa"
     windowed_softmax = True  # decoded by the base class's windowed cache
-    reads = ("window_size",)
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        import warnings
-
-        cls.require_window(cfg)
-        w, T = cfg.attention.window_size, cfg.seq_length
-        if w >= T:
-            warnings.warn(f"window_size={w} >= seq_length={T}: SWA's window holds every key, so this is vanilla "
-                          "attention; a later config file or key may have replaced the model config's window",
-                          stacklevel=6)
-
-    @classmethod
-    def summary(cls, cfg: ModelConfig) -> str:
-        return f"{cls.name} w={cfg.attention.window_size}"
-
-    @classmethod
-    def describe(cls, cfg: ModelConfig) -> list[str]:
-        return [f"window w={cfg.attention.window_size} (keys j with i - j < w, itself included)"]
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

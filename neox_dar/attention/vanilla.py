@@ -7,9 +7,10 @@ import torch.nn.functional as F
 
 from .base import Attention
 from .masks import masked_attention, window_mask
+from .specs.vanilla import VanillaSpec
 
 
-class VanillaAttention(Attention):
+class VanillaAttention(VanillaSpec, Attention):
     """Causal softmax attention over all ``j <= i``.
 
     ``reference`` materializes the causal mask; ``sdpa`` and ``triton`` both call
@@ -17,7 +18,6 @@ class VanillaAttention(Attention):
     (vanilla attention needs no custom kernel).
     """
 
-    name = "vanilla"
     windowed_softmax = True  # decoded by the base class's windowed cache
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:

@@ -16,7 +16,7 @@ with a one-line message naming the key and the file it came from, raised before 
 
 from .core import (NEOX_IGNORED_KEYS, Config, load_config, model_config_diff, model_config_from_flat, model_flat,
                    split_args, split_shares)
-from .fields import ConfigError, Key, check, setting
+from ..settings import ConfigError, Key, check, setting
 from .reference import derived_summary, reference_markdown
 from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, attention_config_class, key_field
 

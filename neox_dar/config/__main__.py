@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 import typing
 
+from ..settings import ConfigError
 from . import __doc__ as package_doc
 from .core import load_config, split_args
-from .fields import ConfigError
 from .reference import derived_summary, reference_markdown
 
 
@@ -19,9 +19,12 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
     if argv == ["--reference"]:
         print(reference_markdown(), end="")
         return 0
+    from ..training.checks import check_what_trains  # imports torch: not for --help and --reference
+
     paths, overrides = split_args(argv)
     try:
         cfg = load_config(*paths, overrides=overrides)
+        check_what_trains(cfg)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -15,13 +15,16 @@ import re
 import types
 import typing
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import yaml
 
-from .fields import ConfigError, InvalidValue, check
+from ..attention import layer_types, variant, variant_keys, variants
+from ..attention.layers import resolve_layout
+from ..corpus_names import CORPORA
+from ..settings import ConfigError, InvalidValue, check
 from .schema import (SECTIONS, DataConfig, ModelConfig, RunConfig, TrainingConfig, attention_config_class,
                      key_sections, section_fields)
 
@@ -34,6 +37,7 @@ class Config:
     training: TrainingConfig
     data: DataConfig
     run: RunConfig
+    origins: dict[str, str] = field(default_factory=dict, compare=False, repr=False)  # key -> where it was set
 
     def flat(self) -> dict[str, Any]:
         """Every key by its flat name, in file order (``optimizer`` and ``zero_optimization`` stay mappings)."""
@@ -53,11 +57,15 @@ class Config:
         """A new validated config with some flat keys changed (values as a file would give them)."""
         return Config.from_flat({**self.flat(), **changes}, source="<replace>")
 
+    def validate(self, rules: Callable[["Config"], None]) -> None:
+        """Run value rules that need more than the config (``rules(self)``, e.g. against the model's parameter
+        names: :func:`neox_dar.training.checks.check_what_trains`); a failed rule is the one-line ConfigError naming
+        the key and where it was set."""
+        _validated(self.origins, rules, self)
+
     def with_attention_type(self, attention_type: str) -> "Config":
         """The same config with one attention variant in every layer, every variant key back at its default (the
         vanilla counterpart of a run, for costs relative to it)."""
-        from ..attention.registry import variant_keys
-
         defaults = {key: spec.default for key, (spec, _) in variant_keys().items()}
         return self.replace(attention_type=attention_type, attention_config=None, hybrid=None, **defaults)
 
@@ -127,13 +135,12 @@ def _load(layers: list[tuple[str, dict]]) -> Config:
     cfg = Config(model=model,
                  training=_build(TrainingConfig, by_section["training"], origins, "<config>", ""),
                  data=_build(DataConfig, by_section["data"], origins, "<config>", ""),
-                 run=_build(RunConfig, by_section["run"], origins, "<config>", ""))
+                 run=_build(RunConfig, by_section["run"], origins, "<config>", ""), origins=origins)
     _resolve_training(cfg.training)
     _validated(origins, _check_training, cfg.training)
     _validated(origins, _check_data, cfg.data)
     _validated(origins, _check_run, cfg.run)
     _finish_model(cfg.model, origins)
-    _validated(origins, _check_training_model, cfg)
     return cfg
 
 
@@ -149,57 +156,14 @@ def _build_model(data: dict, origins: dict) -> ModelConfig:
 def _finish_model(model: ModelConfig, origins: dict) -> None:
     """Resolve the model's derived sizes and the per-layer attention types, each variant in use's model-dependent
     defaults, check every model and attention rule, and warn about attention keys no variant in use reads."""
-    from ..attention.layers import layer_types
-    from ..attention.registry import variant, variants
-
     _resolve_model(model)
     _validated(origins, _check_model, model)
-    _validated(origins, lambda m: _resolve_layers(m, explicit_type="attention_type" in origins), model)
+    _validated(origins, lambda m: resolve_layout(m, explicit_type="attention_type" in origins), model)
     for name in dict.fromkeys(layer_types(model)):
         if name in variants():
             for key, value in variant(name).resolve(model).items():
                 setattr(model.attention, key, value)
     _validated(origins, _check_attention, model)
-
-
-def _resolve_layers(m: ModelConfig, explicit_type: bool) -> None:
-    """Per-layer attention types (:mod:`neox_dar.attention.layers`): ``hybrid`` sets ``attention_config``; GPT-NeoX
-    names become ours (global, flash -> vanilla; local -> swa); a list of one type leaves ``attention_type`` alone
-    to say it; a mix sets ``attention_type`` to its types joined by '+'. An ``attention_type`` set alongside must
-    name one of the types (or be that joined name)."""
-    from ..attention.layers import NEOX_TYPES, combined_name, expand, hybrid_attention_config
-    from ..attention.registry import variants
-
-    a = m.attention
-    given = None if a.attention_config is None else [[list(types), repeat] for types, repeat in a.attention_config]
-    if a.hybrid is not None:
-        layout = hybrid_attention_config(a.hybrid, m.num_layers)
-        check(layout is not None, "hybrid", f"needs num_layers divisible by 12 for four groups of L/12 linear and "
-              f"L/6 local layers, not {m.num_layers}; write attention_config for other layouts", a.hybrid)
-        check(given in (None, layout), "attention_config", f"differs from hybrid '{a.hybrid}''s layers {layout}; "
-              "set one of the two", given)
-        given = layout
-    if given is None:
-        return
-    check(all(types and repeat >= 1 for types, repeat in given), "attention_config",
-          "each entry must be [[types...], repeat] with at least one type and repeat >= 1", given)
-    for name in dict.fromkeys(expand(given)):
-        if name not in variants() and name not in NEOX_TYPES:
-            names = [*variants(), *NEOX_TYPES]
-            close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-            raise InvalidValue("attention_config", f"not an attention type: choose from {', '.join(names)}"
-                               + (f"; did you mean '{close[0]}'?" if close else ""), name)
-    layout = [[[NEOX_TYPES.get(t, t) for t in types], repeat] for types, repeat in given]
-    types = expand(layout)
-    check(len(types) == m.num_layers, "attention_config", f"gives {len(types)} layers but num_layers is "
-          f"{m.num_layers}", given)
-    used = list(dict.fromkeys(types))
-    name = used[0] if len(used) == 1 else combined_name(types)
-    if explicit_type:
-        check(a.attention_type in (*used, name), "attention_type", f"conflicts with attention_config, whose layers "
-              f"use {', '.join(used)}: leave it unset or name one of them", a.attention_type)
-    a.attention_type = name
-    a.attention_config = layout if len(used) > 1 else None
 
 
 def _validated(origins: dict, rules, section) -> None:
@@ -275,15 +239,12 @@ def _check_model(m: ModelConfig) -> None:
 def _check_attention(m: ModelConfig) -> None:
     """The common attention rules, the rules of each variant in use, and a warning for every variant key set to a
     non-default value that no variant in use reads (it has no effect)."""
-    from ..attention.layers import layer_types
-    from ..attention.registry import variant, variant_keys, variants
-
     a = m.attention
     if a.attention_type not in variants() and a.attention_config is None:
         close = difflib.get_close_matches(a.attention_type, list(variants()), n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         raise InvalidValue("attention_type", f"choose one of {', '.join(variants())}{hint}", a.attention_type)
-    used = list(dict.fromkeys(layer_types(m)))  # registered names only: _resolve_layers checked attention_config
+    used = list(dict.fromkeys(layer_types(m)))  # registered names only: resolve_layout checked attention_config
     check(a.window_size >= 0, "window_size", "must be >= 0", a.window_size)
     for key, (spec, _) in variant_keys().items():
         value = getattr(a, key)
@@ -370,23 +331,7 @@ def _check_data(d: DataConfig) -> None:
               d.valid_label_data_paths)
 
 
-def _check_training_model(cfg: Config) -> None:
-    """Rules that need the model's parameter names (built on the meta device): ``trainable_params``, LoRA."""
-    if cfg.training.trainable_params is None and cfg.training.lora is None:
-        return
-    import torch
-
-    from ..model import build_model
-    from ..training.finetune import check_trainable
-
-    with torch.device("meta"):
-        model = build_model(cfg.model)
-    check_trainable(cfg, model)
-
-
 def _check_run(r: RunConfig) -> None:
-    from ..evaluation.corpora import CORPORA
-
     _at_least_one(r, ("checkpoint_factor", "keep_last_n", "log_interval", "eval_iters"))
     check(r.eval_interval >= 0, "eval_interval", "must be >= 0", r.eval_interval)
     e = r.eval_perplexity

@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from .fields import ConfigError, setting
+from ..attention import registry, variant_keys
+from ..settings import ConfigError, setting
 
 
 @dataclass
@@ -40,8 +41,6 @@ class AttentionBase:
 
 @functools.lru_cache(maxsize=None)
 def _attention_class(generation: int) -> type:
-    from ..attention.registry import variant_keys
-
     fields = [(name, key.type, key.field()) for name, (key, _) in variant_keys().items()]
     return dataclasses.make_dataclass("AttentionConfig", fields, bases=(AttentionBase,))
 
@@ -49,10 +48,7 @@ def _attention_class(generation: int) -> type:
 def attention_config_class() -> type:
     """``AttentionConfig``: :class:`AttentionBase` plus the keys of every registered variant (rebuilt when a
     variant is registered)."""
-    import neox_dar.attention  # noqa: F401  (registers the built-in variants)
-    from ..attention.registry import generation
-
-    return _attention_class(generation())
+    return _attention_class(registry.generation())
 
 
 @dataclass

@@ -31,11 +31,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from neox_dar.corpus_names import ALL_CORPORA, CORPORA, EXTRA_CORPORA
 from neox_dar.progress import progress_bar
 
-CORPORA = ("fineweb_edu", "c4", "wikitext103")  # the papers' tables, Rel. (%), sweeps and in-training evaluation
-EXTRA_CORPORA = ("enwik8",)  # scored on request (eval.perplexity --corpora), e.g. for byte-level models
-ALL_CORPORA = CORPORA + EXTRA_CORPORA
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
 LOCAL_PATHS = {  # relative to the data directory
     "wikitext103": "wikitext/wiki.test.raw",

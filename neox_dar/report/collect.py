@@ -11,7 +11,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..attention import Attention, variant
+from ..attention import Spec, variant
 from ..config import Config, load_config
 from ..rundir import CONFIG, FINAL_EVAL, RUN_META, read_evals, read_json, read_metrics
 from ..sweep.rundir import newest_checkpoint_step
@@ -75,7 +75,7 @@ class RunRecord:
             return object()
 
     @property
-    def variant(self) -> type[Attention]:
+    def variant(self) -> type[Spec]:
         return variant(self.cfg.model.attention.attention_type)
 
     def train_rows(self) -> list[dict]:

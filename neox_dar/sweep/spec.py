@@ -42,6 +42,7 @@ import yaml
 from ..attention import variant
 from ..config import Config, ConfigError, key_field, load_config
 from ..rundir import CONFIG, RUN_META, write_text_atomic
+from ..training.checks import check_what_trains
 
 SWEEP_COPY = "sweep.yml"
 
@@ -277,6 +278,7 @@ def resolve_run(sweep: Sweep, run: RunSpec, run_dir: Path) -> tuple[Config, list
         warnings.simplefilter("always")
         try:
             cfg = load_config(*run.configs, overrides=overrides)
+            check_what_trains(cfg)
             if cfg.run.tensorboard_dir:  # one TensorBoard run per sweep run (a shared one purges the others' steps)
                 cfg = cfg.replace(tensorboard_dir=str(Path(cfg.run.tensorboard_dir) / run.name))
         except ConfigError as e:

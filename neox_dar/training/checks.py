@@ -1,4 +1,5 @@
-"""Config rules that only training has: they need the data-parallel size, the run directory or the data files."""
+"""Config rules that only training has: they need the model's parameter names, the data-parallel size, the run
+directory or the data files."""
 
 from __future__ import annotations
 
@@ -10,6 +11,24 @@ from ..data import IndexedDataset, IndexedDatasetError, check_data_files
 # a token budget that reads the training data more often than this is warned about (repeating data beyond about
 # four epochs stops helping: Muennighoff et al., "Scaling Data-Constrained Language Models", 2023)
 MANY_EPOCHS = 4.0
+
+
+def check_what_trains(cfg: Config) -> None:
+    """The rules that need the model's parameter names (the model built on the meta device): every
+    ``trainable_params`` pattern matches a parameter, every LoRA target a linear layer
+    (:func:`~neox_dar.training.finetune.check_trainable`). A one-line ConfigError naming the key and where it was
+    set. Every command that takes a config to train (``train.py``, ``sweep plan``) or shows it (``python -m
+    neox_dar.config``, ``describe``) calls it after loading."""
+    if cfg.training.trainable_params is None and cfg.training.lora is None:
+        return
+    import torch  # only here: the other checks, and sweep plans without these keys, need no model
+
+    from ..model import build_model
+    from .finetune import check_trainable
+
+    with torch.device("meta"):
+        model = build_model(cfg.model)
+    cfg.validate(lambda c: check_trainable(c, model))
 
 
 def check_training_config(cfg: Config, world_size: int) -> None:

@@ -1,7 +1,8 @@
-"""What every config key is made of: a typed field with a default, one line of help, and where it shows up.
+"""What every config key is made of: a typed field with a default, one line of help, and where it shows up; a
+variant's :class:`Key`; value rules (:func:`check`) and the one-line :class:`ConfigError`.
 
-Kept free of imports from the rest of the package, so attention variants can declare their keys with it while
-the config package builds the schema from the variants.
+A leaf: it imports nothing from the package, so the attention variants declare their keys with it and the config
+package (:mod:`neox_dar.config`, which re-exports these names) builds its schema from the variants.
 """
 
 from __future__ import annotations

@@ -1,0 +1,65 @@
+"""What a variant declares: its ``attention_type`` name, config keys, the common keys it reads, statistics, rules,
+model-dependent defaults and descriptions. Torch-free: the config reads these alone."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ...settings import Key, check
+
+if TYPE_CHECKING:
+    from ...config import ModelConfig
+
+
+class Spec:
+    """Base of every variant's declarations. A built-in variant subclasses it in ``specs/<name>.py`` and its torch
+    module subclasses both (``class DARAttention(DARSpec, Attention)``); a plug-in may declare all of it on its
+    :class:`~neox_dar.attention.base.Attention` subclass, which is its own spec."""
+
+    name: ClassVar[str] = ""                    # the attention_type value
+    keys: ClassVar[dict[str, Key]] = {}         # config keys this variant adds (type, default, help, sweep label)
+    reads: ClassVar[tuple[str, ...]] = ()       # common attention keys it reads, e.g. ("window_size",)
+    stats: ClassVar[dict[str, str]] = {}        # per-head statistics it logs: name -> one-line meaning
+
+    @classmethod
+    def module(cls) -> type:
+        """The :class:`~neox_dar.attention.base.Attention` subclass that computes the variant, imported here (so
+        that the spec loads without torch)."""
+        raise TypeError(f"{cls.__qualname__} declares a variant but names no module that computes it")
+
+    # ---- configuration ------------------------------------------------------------------------------------
+    @classmethod
+    def reads_keys(cls) -> frozenset[str]:
+        """Every attention key the variant reads: its own keys and the common ones in :attr:`reads`."""
+        return frozenset(cls.keys) | frozenset(cls.reads)
+
+    @classmethod
+    def resolve(cls, cfg: ModelConfig) -> dict[str, Any]:
+        """Values of its keys whose defaults depend on the model (e.g. ``dar_d_down: null`` -> d / 4)."""
+        return {}
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        """Rules that hold when this variant is chosen; raise through :func:`neox_dar.settings.check`."""
+
+    @classmethod
+    def require_window(cls, cfg: ModelConfig) -> None:
+        """``window_size >= 1``: for variants whose local path must see at least the token itself."""
+        w = cfg.attention.window_size
+        check(w >= 1, "window_size", f"must be >= 1 for attention_type '{cls.name}'", w)
+
+    # ---- descriptions -------------------------------------------------------------------------------------
+    @classmethod
+    def summary(cls, cfg: ModelConfig) -> str:
+        """The attention in a few words for listings (sweep plans, the report): ``dar d_down=128 w=64``."""
+        return cls.name
+
+    @classmethod
+    def label(cls, cfg: ModelConfig) -> str:
+        """The kind of attention, for grouping runs in figures (``mswa-heads``); default: the name."""
+        return cls.name
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig) -> list[str]:
+        """Lines ``python -m neox_dar.describe`` prints about the variant's own settings (windows, widths)."""
+        return []

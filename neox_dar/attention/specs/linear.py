@@ -1,0 +1,38 @@
+"""Causal linear attention with Based's Taylor feature map: the spec of :mod:`neox_dar.attention.linear`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...settings import Key
+from .base import Spec
+
+if TYPE_CHECKING:
+    from ...config import ModelConfig
+
+
+class LinearSpec(Spec):
+    """``attention_type: linear``: Based's Taylor feature map on ``linear_feature_dim`` features."""
+
+    name = "linear"
+    keys = {"linear_feature_dim": Key(int, 16, "Linear attention: query/key feature dim d_f before the Taylor map "
+                                      "(phi has 1 + d_f + d_f^2 dims; the MSWA paper and Based use 16).", label="f",
+                                      rule=lambda v, m: None if v >= 1 else "must be >= 1")}
+
+    @classmethod
+    def module(cls) -> type:
+        from ..linear import LinearAttention
+
+        return LinearAttention
+
+    @classmethod
+    def summary(cls, cfg: ModelConfig) -> str:
+        return f"{cls.name} d_f={cfg.attention.linear_feature_dim}"
+
+    @classmethod
+    def describe(cls, cfg: ModelConfig) -> list[str]:
+        d_f = cfg.attention.linear_feature_dim
+        return [f"Taylor feature map on d_f={d_f} features: phi(q).phi(k) = 1 + s + s^2/2, s = q.k/sqrt({d_f}); "
+                f"{1 + d_f + d_f * d_f} feature dims; state per key/value head "
+                f"{(1 + d_f + d_f * d_f) * (cfg.head_dim + 1):,} "
+                "numbers (S and z), whatever the context"]
