@@ -39,10 +39,10 @@ from collections import Counter, defaultdict
 from multiprocessing import get_context
 
 import numpy as np
-from tqdm import tqdm
 
 from neox_dar.data.conversations import IGNORE, label_prefix
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
+from neox_dar.progress import progress_bar
 from neox_dar.rundir import flock_held, write_text_atomic
 
 from .encode import BadRecord, check_unicode, load_json, sha256_file, tokenizer_path
@@ -239,7 +239,7 @@ def run(argv: list[str] | None = None) -> dict:
     tokens = assistant = 0
     jobs = ((chunk, args.messages_key, args.max_length, args.overlong)
             for chunk in _chunks(iter_records(sources, args.messages_key, "file"), CHUNK))
-    bar = tqdm(unit=" conversations", disable=args.no_progress, desc="data_prep.chat")
+    bar = progress_bar(unit=" conversations", disable=args.no_progress, desc="data_prep.chat")
     pool = None
     try:
         if args.workers == 1:

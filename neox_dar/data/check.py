@@ -26,9 +26,9 @@ import os
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from tqdm import tqdm
 
 from ..config import Config
+from ..progress import progress_bar
 from .conversations import open_pair
 from .gpt_dataset import file_lock
 from .indexed import IndexedDataset, IndexedDatasetError
@@ -69,7 +69,7 @@ def scan_token_range(ds: IndexedDataset, scan: str = "full", progress: bool = Tr
     windows = _windows(len(tokens), scan)
     found = TokenRange(np.iinfo(np.int64).max, -1, np.iinfo(np.int64).min, -1,
                        "full" if windows == [(0, len(tokens))] else "sample")
-    with tqdm(total=sum(b - a for a, b in windows), unit="tok", unit_scale=True, delay=2.0, disable=not progress,
+    with progress_bar(total=sum(b - a for a, b in windows), unit="tok", unit_scale=True, delay=2.0, disable=not progress,
               desc=f"checking token ids of {ds.prefix}.bin") as bar:
         for start, stop in windows:
             for a in range(start, stop, CHUNK_TOKENS):
