@@ -2,6 +2,9 @@
 
 - ``neox_dar`` never imports the top-level ``eval`` package (the command-line tools there build on it, not the
   reverse), and ``neox_dar.attention`` never imports ``neox_dar.model`` (the model is built from the variants);
+- the config is a leaf: importing it, and loading a config file, imports no torch, and it imports nothing from
+  the attention's torch modules, the model, training, evaluation, sweeps or the report;
+- the packages (and top-level modules) of ``neox_dar`` import each other without a circle;
 - every shipped config resolves to the values it resolved to before the config was split into sections (a
   snapshot taken with the flat config of commit 6043d04, tests/fixtures/resolved_configs.json).
 """
@@ -10,6 +13,8 @@ from __future__ import annotations
 
 import ast
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -22,12 +27,27 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "neox_dar"
 
 
-def _imports(path: Path, root: Path = ROOT) -> set[str]:
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:`` (imports for type checkers, never run)."""
+    return {id(inner) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) in
+            ("TYPE_CHECKING", "typing.TYPE_CHECKING") for stmt in node.body for inner in ast.walk(stmt)}
+
+
+def _imports(path: Path, root: Path = ROOT, runtime: bool = False, module_level: bool = False) -> set[str]:
     """Every module ``path`` imports (module level or inside functions), relative imports made absolute (``path``
-    lies under ``root``, the folder that holds the top-level package)."""
+    lies under ``root``, the folder that holds the top-level package). ``runtime``: without the imports under
+    ``if TYPE_CHECKING:``; ``module_level``: only the imports that run when the module is imported (not those
+    inside functions)."""
     package = list(path.relative_to(root).with_suffix("").parts[:-1])  # where its relative imports start
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree) if runtime else set()
+    if module_level:
+        skipped |= {id(inner) for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    for inner in ast.walk(node) if inner is not node}
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -50,6 +70,123 @@ def test_attention_never_imports_the_model():
     offenders = {str(p.relative_to(ROOT)): sorted(i for i in _imports(p) if i.startswith("neox_dar.model"))
                  for p in (PACKAGE / "attention").rglob("*.py")}
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+# the torch-free part of neox_dar.attention: the registry, the layer layout and the variants' specs, which the
+# config reads (each spec's ``module()`` and the package's ``__getattr__`` import the torch side when called)
+ATTENTION_SPECS = ("neox_dar.attention", "neox_dar.attention.registry", "neox_dar.attention.layers",
+                   "neox_dar.attention.specs")
+ABOVE_CONFIG = ("neox_dar.model", "neox_dar.training", "neox_dar.evaluation", "neox_dar.sweep", "neox_dar.report")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _within(name: str, prefixes: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def _is_attention_spec(name: str) -> bool:
+    """``name`` (a module, or a name imported from one) lies in the torch-free part of the attention package."""
+    return (name in ("neox_dar.attention", *(f"neox_dar.attention.{n}" for n in
+                                             ("layer_types", "mixed_variant", "register", "unregister", "variant",
+                                              "variant_keys", "variants", "registry", "Spec", "build_attention",
+                                              "mswa_window_table")))
+            or _within(name, ATTENTION_SPECS[1:]))
+
+
+def test_the_config_imports_no_torch():
+    """``import neox_dar.config`` and loading a config file (a variant with its own keys included) import no
+    torch."""
+    code = ("import sys; from neox_dar.config import load_config; "
+            "load_config('configs/tiny.yml', 'configs/attention/dar.yml'); "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_config_is_a_leaf():
+    """Nothing under neox_dar/config (its command line, ``__main__``, aside) imports the model, training, evaluation,
+    sweeps, the report or the attention's torch modules; the torch-free attention modules it reads import no torch
+    when imported (only a spec's ``module()`` does, when a model is built)."""
+    offenders = {}
+    for p in (PACKAGE / "config").rglob("*.py"):
+        if p.name == "__main__.py":
+            continue
+        bad = [i for i in _imports(p) if _within(i, ABOVE_CONFIG)
+               or (_within(i, ("neox_dar.attention",)) and not _is_attention_spec(i))]
+        if bad:
+            offenders[str(p.relative_to(ROOT))] = sorted(bad)
+    for p in [PACKAGE / "attention" / "__init__.py", PACKAGE / "attention" / "registry.py",
+              PACKAGE / "attention" / "layers.py", *(PACKAGE / "attention" / "specs").rglob("*.py")]:
+        bad = [i for i in _imports(p, runtime=True, module_level=True)
+               if i == "torch" or i.startswith("torch.") or (_within(i, ("neox_dar.attention",))
+                                                           and not _is_attention_spec(i))]
+        if bad:
+            offenders[str(p.relative_to(ROOT))] = sorted(bad)
+    assert offenders == {}
+
+
+def _package_of(module: str) -> str | None:
+    """The node of the package graph a module belongs to: ``neox_dar.X`` (a subpackage or a top-level module)."""
+    parts = module.split(".")
+    if parts[0] != "neox_dar" or len(parts) < 2:
+        return None
+    if not ((PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").is_file()):
+        return None  # a name imported from the package itself (``from neox_dar import __version__``)
+    return f"neox_dar.{parts[1]}"
+
+
+def package_graph() -> dict[str, dict[str, set[str]]]:
+    """``{package: {package it imports: the files that import it}}`` over neox_dar (module level and inside
+    functions), leaving out the imports for type checkers only (``if TYPE_CHECKING:``) and the command-line entry
+    points (``__main__.py``: no module imports them; they import what they run)."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        source = _package_of(_module_name(p))
+        if p.name == "__main__.py" or source is None:
+            continue
+        graph.setdefault(source, {})
+        for name in _imports(p, runtime=True):
+            target = _package_of(name)
+            if target is not None and target != source:
+                graph[source].setdefault(target, set()).add(str(p.relative_to(ROOT)))
+    return graph
+
+
+def _a_circle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
+    """One import circle of ``graph`` (its packages in order, the first repeated at the end), or None."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        path = path + [node]
+        for target in sorted(graph.get(node, {})):
+            if state.get(target) == "open":  # on the path: back to it
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target, path)):
+                return found
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node, [])):
+            return found
+    return None
+
+
+def test_no_import_circle_between_packages():
+    graph = package_graph()
+    circle = _a_circle(graph)
+    assert circle is None, " -> ".join(circle) + "; edges: " + "; ".join(
+        f"{a} -> {b} ({', '.join(sorted(graph[a][b]))})" for a, b in zip(circle, circle[1:]))
+
+
+def test_the_circle_finder_finds_one():
+    assert _a_circle({"a": {"b": set()}, "b": {"c": set()}, "c": {"a": set()}}) == ["a", "b", "c", "a"]
+    assert _a_circle({"a": {"b": set()}, "b": {"c": set()}}) is None
 
 
 def test_the_import_scanner_sees_relative_and_nested_imports(tmp_path):

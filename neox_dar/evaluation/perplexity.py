@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from ..rundir import RUN_META
 from ..tokenizer import encode_texts
 from .corpora import (DEFAULT_DATA_DIR, HUB_SOURCES, LOCAL_PATHS, CorpusError, Document, corpus_manifest, load_hub,
                       load_local, select_documents, to_bytes)
@@ -130,8 +131,6 @@ def pinned_corpora(path: Path, names: list[str], source: str, data_dir: str | No
 
 def sweep_manifest_path(checkpoint: str | Path) -> Path:
     """``<sweep dir>/eval_manifest.json`` for a sweep run directory (one holding the sweep's ``run.json``)."""
-    from neox_dar.sweep.spec import RUN_META
-
     run_dir = Path(checkpoint)
     if not (run_dir / RUN_META).is_file():
         raise ValueError(f"--sweep-manifest needs a sweep run directory (with {RUN_META}); {run_dir} is not one")

@@ -15,17 +15,15 @@ from ..attention import Spec, variant
 from ..config import Config, load_config
 from ..rundir import CONFIG, FINAL_EVAL, RUN_META, read_evals, read_json, read_metrics
 from ..sweep.rundir import newest_checkpoint_step
+from ..sweep.report_settings import SweepRun
 from ..sweep.spec import SWEEP_COPY, Sweep, SweepError, load_sweep
 
 
 @dataclass
-class RunRecord:
-    """One run as the report sees it."""
+class RunRecord(SweepRun):
+    """One run as the report sees it: the sweep's run (name, axes, config) and what training and evaluation wrote."""
 
-    name: str
     run_dir: Path
-    cfg: Config
-    axes: dict[str, str]
     metrics: list[dict]
     evals: list[dict]  # every eval/*.json by step; at one step the sweep's final evaluation comes last
 
@@ -39,40 +37,12 @@ class RunRecord:
         """Step of the run's newest complete checkpoint."""
         return newest_checkpoint_step(self.run_dir)
 
-    def has_key(self, key: str) -> bool:
-        """Whether ``key`` is a config key (flat, or a dotted path)."""
-        try:
-            self.cfg.get(key)
-        except (KeyError, TypeError):
-            return False
-        return True
-
     def perplexity(self, corpus: str, metric: str) -> float | None:
         """``metric`` of ``corpus`` from the final evaluation; None when it was not evaluated."""
         if not self.eval:
             return None
         value = (self.eval.get("corpora") or {}).get(corpus, {}).get(metric)
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
-
-    def matches(self, selector: dict) -> bool:
-        """True when every ``key: value`` of ``selector`` holds for the run's config values or axis labels."""
-        for key, want in selector.items():
-            if key == "run":
-                if self.name != str(want):
-                    return False
-            elif key in self.axes:
-                if self.axes[key] != str(want):
-                    return False
-            elif self.config_value(key) != want:
-                return False
-        return True
-
-    def config_value(self, key: str) -> object:
-        """The run's value of a flat config key (a sentinel that equals nothing when there is no such key)."""
-        try:
-            return self.cfg.get(key)
-        except KeyError:
-            return object()
 
     @property
     def variant(self) -> type[Spec]:

@@ -7,34 +7,21 @@ is *missing* (shown as eval.table shows it, "--"), never zero, and a Rel. that w
 Corpora a sweep evaluates beyond the papers' three (its ``eval: {extra: ...}``) get their own columns; Rel. (%)
 stays the papers' mean over their three.
 
-The report's settings (the sweep file's ``report:`` mapping, :data:`REPORT_KEYS`) are checked when the sweep is
-read: an unknown key, a baseline that matches no run or a metric that does not exist is a one-line error.
+The report's settings (the sweep file's ``report:`` mapping, :mod:`neox_dar.sweep.report_settings`) are checked when
+the sweep is read: an unknown key, a baseline that matches no run or a metric that does not exist is a one-line
+error.
 """
 
 from __future__ import annotations
 
-import difflib
 import statistics
 from dataclasses import dataclass
 
 from ..evaluation.corpora import CORPORA
 from ..evaluation.tables import METRICS, MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
+from ..sweep.report_settings import baselines, check_names, check_report, group_key
 from ..sweep.spec import SweepError
 from .collect import RunRecord, kv_bytes_per_token, relative_cost
-
-REPORT_KEYS = {
-    "title": "the table's title",
-    "baseline": "selector of the baseline run per group: {run: NAME} or config keys / axis labels",
-    "group_by": "axes (or config keys) whose runs share one baseline, e.g. [scale]",
-    "rows": "run names in the order the table lists them",
-    "metric": f"one of {', '.join(METRICS)}",
-    "cost": "true: a Cost column (attention FLOPs per token relative to vanilla)",
-    "average_over": "axes (or config keys) to average over, e.g. [seed]: a second table with mean and spread",
-    "relative_over": "corpora Rel. (%) averages over (default: the papers' three), e.g. [wikitext103, wikipedia]",
-    "repeats": "selector of runs that repeat the baseline with another seed, e.g. {variant: vanilla}: their Rel. "
-               "(%) is the noise floor, printed beside every run's",
-}
-
 
 @dataclass
 class Table:
@@ -44,73 +31,6 @@ class Table:
     columns: list[str]
     rows: list[list]
     notes: list[str]
-
-
-def check_report(report: dict) -> None:
-    """SweepError (one line) for a ``report:`` mapping with an unknown key or a value of the wrong kind."""
-    if not isinstance(report, dict):
-        raise SweepError(f"'report' must be a mapping of {', '.join(REPORT_KEYS)}, got {report!r}")
-    for key in report:
-        if key not in REPORT_KEYS:
-            close = difflib.get_close_matches(key, list(REPORT_KEYS), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else f" (allowed: {', '.join(REPORT_KEYS)})"
-            raise SweepError(f"unknown report setting '{key}'{hint}")
-    if report.get("baseline") is not None and not isinstance(report["baseline"], dict):
-        raise SweepError(f"report baseline must be a mapping such as {{run: vanilla}} or {{attention_type: vanilla}}, "
-                         f"got {report['baseline']!r}")
-    if report.get("metric") is not None and report["metric"] not in METRICS:
-        raise SweepError(f"report metric must be one of {', '.join(METRICS)}, got {report['metric']!r}")
-    if report.get("repeats") is not None and not isinstance(report["repeats"], dict):
-        raise SweepError(f"report repeats must be a mapping such as {{variant: vanilla}}, got {report['repeats']!r}")
-    for key in ("group_by", "rows", "average_over", "relative_over"):
-        value = report.get(key)
-        if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-            raise SweepError(f"report {key} must be a list of names, got {value!r}")
-    if report.get("cost") is not None and not isinstance(report["cost"], bool):
-        raise SweepError(f"report cost must be true or false, got {report['cost']!r}")
-
-
-def group_key(run: RunRecord, names: list[str]) -> tuple:
-    return tuple(run.axes[g] if g in run.axes else str(run.config_value(g)) for g in names)
-
-
-def _check_names(runs: list[RunRecord], names: list[str], what: str) -> None:
-    for name in names:
-        if name != "run" and not any(name in r.axes for r in runs) and not runs[0].has_key(name):
-            raise SweepError(f"report {what} names '{name}', which is neither an axis of the runs nor a config key")
-
-
-def baselines(runs: list[RunRecord], selector: dict | None, group_by: list[str]) -> dict[tuple, RunRecord]:
-    """The baseline run of each group (runs matching ``selector``). A selector that matches no run, names a key that
-    is neither an axis nor a config key, or matches two runs of one group is an error."""
-    out: dict[tuple, RunRecord] = {}
-    if not selector or not runs:
-        return out
-    _check_names(runs, list(selector), "baseline")
-    _check_names(runs, group_by, "group_by")
-    for r in runs:
-        if r.matches(selector):
-            key = group_key(r, group_by)
-            if key in out:
-                raise SweepError(f"two baseline runs in group {key or '(all)'}: {out[key].name} and {r.name}; "
-                                 "set report.group_by or a narrower report.baseline")
-            out[key] = r
-    if not out:
-        raise SweepError(f"the baseline {selector} matches no run (runs: {', '.join(r.name for r in runs)})")
-    return out
-
-
-def check_report_runs(report: dict, runs: list[RunRecord]) -> None:
-    """The ``report:`` settings against the sweep's runs: the baseline matches a run (one per group), ``rows`` and
-    ``average_over`` name runs and axes that exist. SweepError otherwise (at plan time, before any training)."""
-    baselines(runs, report.get("baseline"), list(report.get("group_by") or []))
-    unknown = [n for n in report.get("rows") or [] if n not in {r.name for r in runs}]
-    if unknown:
-        raise SweepError(f"report rows name unknown run(s) {', '.join(unknown)} (runs: "
-                         f"{', '.join(r.name for r in runs)})")
-    _check_names(runs, list(report.get("average_over") or []), "average_over")
-    if report.get("repeats"):
-        _check_names(runs, list(report["repeats"]), "repeats")
 
 
 def corpora_of(runs: list[RunRecord]) -> list[str]:
@@ -247,7 +167,7 @@ def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table
     """Rows of ``table`` that differ only in the ``over`` axes (e.g. seeds) merged into one: every number is the
     mean, and Rel. (%) gets its sample standard deviation and its range beside it (the spread between seeds)."""
     by_name = {r.name: r for r in runs}
-    _check_names(runs, over, "average_over")
+    check_names(runs, over, "average_over")
     keep = [c for c in table.columns if c not in over]
     idx = [table.columns.index(c) for c in keep]
     rel = table.columns.index("Rel. (%)")

@@ -229,7 +229,7 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
     ev = data.get("eval", {"corpora": None, "max_docs": None})
     if ev is not False and ev is not None and not isinstance(ev, dict):
         raise SweepError(f"{where}: 'eval' must be a mapping (source, corpora, max_docs, args) or false")
-    from ..report.tables import check_report
+    from .report_settings import check_report  # imports SweepError from here
     from .slurm import SlurmSettings, eval_args
 
     slurm, report = data.get("slurm") or {}, data.get("report") or {}
@@ -345,10 +345,9 @@ def check_runs(planned: list[PlannedRun], world_size: int) -> None:
 def check_report_settings(sweep: Sweep, planned: list[PlannedRun]) -> None:
     """The ``report:`` mapping against the planned runs (a baseline that matches no run is an error now, not after
     training)."""
-    from ..report.collect import RunRecord
-    from ..report.tables import check_report_runs
+    from .report_settings import SweepRun, check_report_runs  # imports SweepError from here
 
-    check_report_runs(sweep.report, [RunRecord(p.spec.name, p.run_dir, p.cfg, p.spec.axes, [], []) for p in planned])
+    check_report_runs(sweep.report, [SweepRun(p.spec.name, p.cfg, p.spec.axes) for p in planned])
 
 
 def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> Path:
