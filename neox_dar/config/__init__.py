@@ -14,11 +14,14 @@ with a one-line message naming the key and the file it came from, raised before 
     python -m neox_dar.config --reference      # Markdown reference of every key
 """
 
-from .core import (NEOX_IGNORED_KEYS, Config, load_config, model_config_diff, model_config_from_flat, model_flat,
-                   split_args, split_shares)
 from ..settings import ConfigError, Key, check, setting
+from .files import split_args
+from .loading import load_config, model_config_from_flat
+from .neox import NEOX_IGNORED_KEYS
 from .reference import derived_summary, reference_markdown
+from .rules import split_shares
 from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, attention_config_class, key_field
+from .typed import Config, model_config_diff, model_flat
 
 __all__ = ["NEOX_IGNORED_KEYS", "Config", "ConfigError", "DataConfig", "Key", "ModelConfig", "RunConfig",
            "TrainingConfig", "attention_config_class", "check", "derived_summary", "key_field", "load_config",

@@ -7,7 +7,8 @@ import typing
 
 from ..settings import ConfigError
 from . import __doc__ as package_doc
-from .core import load_config, split_args
+from .files import split_args
+from .loading import load_config
 from .reference import derived_summary, reference_markdown
 
 

@@ -1,0 +1,76 @@
+"""Config files and command-line overrides: YAML read into mappings (hyphens in keys become underscores, as in
+GPT-NeoX), layered key by key, and ``key=value`` words (dotted keys for nested ones) read as YAML values."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..settings import ConfigError
+
+
+def normalize_keys(data: Any, source: str) -> Any:
+    """Hyphens in mapping keys become underscores, recursively."""
+    if isinstance(data, dict):
+        out = {}
+        for k, v in data.items():
+            if not isinstance(k, str):
+                raise ConfigError(f"key {k!r} in {source} is not a string")
+            out[k.replace("-", "_")] = normalize_keys(v, source)
+        return out
+    return data
+
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"malformed YAML in {p}{line}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"malformed YAML in {p}: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p} must hold a mapping of keys to values, not a {type(data).__name__}")
+    return data
+
+
+def merge(base: dict, new: dict, origins: dict, source: str, prefix: str = "") -> None:
+    """Merge ``new`` into ``base`` in place; later values win; nested mappings merge key by key."""
+    for k, v in new.items():
+        full = prefix + k
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            merge(base[k], v, origins, source, full + ".")
+        else:
+            base[k] = v
+            if isinstance(v, dict):  # every nested key of a new mapping comes from this source too
+                merge({}, v, origins, source, full + ".")
+        origins[full] = source
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like key=value")
+    key, raw = item.split("=", 1)
+    key = key.strip().replace("-", "_")
+    if not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"override {item!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def split_args(args: typing.Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split command-line words into YAML paths and ``key=value`` overrides."""
+    return [a for a in args if "=" not in a], [a for a in args if "=" in a]
