@@ -1,5 +1,5 @@
-"""Convert between neox-dar checkpoints and Hugging Face folders of ``GPTNeoXForCausalLM``, ``LlamaForCausalLM``,
-``Olmo2ForCausalLM``, ``Qwen2ForCausalLM`` and ``Qwen3ForCausalLM``.
+"""Convert between neox-dar checkpoints and Hugging Face folders of the families' classes (:mod:`neox_dar.families`:
+``GPTNeoXForCausalLM``, ``LlamaForCausalLM``, ``Olmo2ForCausalLM``, ``Qwen2ForCausalLM``, ``Qwen3ForCausalLM``).
 
     python -m neox_dar.convert to-hf CHECKPOINT OUT_DIR [--tokenizer tokenizer.json]
     python -m neox_dar.convert from-hf HF_DIR OUT_DIR [key=value ...]   # model.safetensors + model.yml + tokenizer
@@ -42,13 +42,11 @@ from transformers import GenerationConfig
 from .checkpoint import load_model, save_weights
 from .config import ConfigError, ModelConfig, model_config_from_flat, model_flat
 from .config.schema import key_sections
+from .families import FAMILIES
 from .model import CausalLM, build_model, init_weights
 from .rundir import CheckpointError, resolve_checkpoint
 from .tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, copy_tokenizer, special_token_ids, tokenizer_file
 
-ARCHITECTURES = {"GPTNeoXForCausalLM": "gpt_neox", "LlamaForCausalLM": "llama", "Olmo2ForCausalLM": "olmo2",
-                 "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
-CLASSES = {family: arch for arch, family in ARCHITECTURES.items()}
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
 _IGNORED_SUFFIXES = (".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq", "rotary_emb.inv_freq")
 
@@ -136,14 +134,15 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ConfigError(f"{where}: 'architectures' must be a list of class names such as [\"LlamaForCausalLM\"], "
                           f"got {archs!r}")
-    family = ARCHITECTURES.get(archs[0])
+    family = next((f for f in FAMILIES.values() if f.hf_class == archs[0]), None)
     if family is None:
-        raise ConfigError(f"{where}: architectures {archs} is not supported (supported: {', '.join(ARCHITECTURES)})")
+        raise ConfigError(f"{where}: architectures {archs} is not supported (supported: "
+                          f"{', '.join(f.hf_class for f in FAMILIES.values())})")
     theta, llama3, partial = _rope(hf, where)
     vocab, hidden, heads = (_size(hf, k, where) for k in ("vocab_size", "hidden_size", "num_attention_heads"))
     positions = _size(hf, "max_position_embeddings", where, 2048)
     keys = {
-        "model_family": family,
+        "model_family": family.name,
         "num_layers": _size(hf, "num_hidden_layers", where),
         "hidden_size": hidden,
         "num_attention_heads": heads,
@@ -162,54 +161,32 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
     if hf.get("head_dim"):
         keys["head_dim"] = hf["head_dim"]
     _check_size({**keys, **overrides}, weight_bytes, where)
-    act = hf.get("hidden_act", "gelu" if family == "gpt_neox" else "silu")
-    if family == "gpt_neox":
-        if act != "gelu":
-            raise ConfigError(f"{where}: hidden_act {act!r} is not supported for GPT-NeoX (only exact 'gelu')")
-        bias = hf.get("attention_bias", True)
-        keys.update(rotary_pct=hf.get("rotary_pct", partial if partial is not None else 0.25),
-                    layernorm_epsilon=hf.get("layer_norm_eps", 1e-5),
-                    gpt_j_residual=hf.get("use_parallel_residual", True), qkv_bias=bias, attention_out_bias=bias)
-        return model_config_from_flat({**keys, **overrides}, source=where)
-    if act != "silu":
-        raise ConfigError(f"{where}: hidden_act {act!r} is not supported for {archs[0]} (SwiGLU with 'silu')")
+    act = hf.get("hidden_act", family.hidden_act)
+    if act != family.hidden_act:
+        raise ConfigError(f"{where}: hidden_act {act!r} is not supported for {family.hf_class} (only "
+                          f"{family.hidden_act!r})")
     layer_types = hf.get("layer_types") or ()
-    if hf.get("use_sliding_window") or "sliding_attention" in (layer_types if isinstance(layer_types, list) else ()):
-        raise ConfigError(f"{where}: use_sliding_window / sliding_attention layers are not supported; use our "
-                          "attention_type: swa on a full-attention import instead")
-    bias = hf.get("attention_bias", False)
-    keys.update(norm="rmsnorm", rms_norm_epsilon=hf.get("rms_norm_eps", 1e-6), activation="swiglu", fused_qkv=False,
-                rotary_pct=partial if partial is not None else 1.0, gpt_j_residual=False, qkv_bias=bias,
-                attention_out_bias=bias, mlp_bias=hf.get("mlp_bias", False), init_method="normal",
-                output_layer_init_method="normal")
-    if family == "qwen2":
-        keys.update(qkv_bias=True, attention_out_bias=False)
-    elif family == "olmo2":
-        keys.update(norm_position="post", qk_norm="projection")
-    elif family == "qwen3":
-        keys.update(qk_norm="head")
+    windowed = hf.get("use_sliding_window", hf.get("sliding_window") is not None)  # Qwen's switch, else the window
+    if windowed or "sliding_attention" in (layer_types if isinstance(layer_types, list) else ()):
+        raise ConfigError(f"{where}: sliding_window (use_sliding_window) / sliding_attention layers are not "
+                          "supported; use our attention_type: swa on a full-attention import instead")
+    keys.update(family.fixed, **family.import_keys)
+    if partial is not None:  # transformers 5's partial_rotary_factor; GPT-NeoX's own rotary_pct comes first
+        keys["rotary_pct"] = partial
+    for key in family.hf_keys:
+        for ours in key.ours if key.read else ():
+            keys[ours] = hf[key.hf] if key.hf in hf else keys.get(ours, key.default)
     return model_config_from_flat({**keys, **overrides}, source=where)
 
 
 def export_problems(cfg: ModelConfig) -> list[str]:
     """What the family's Hugging Face class cannot express of ``cfg`` (empty when the export is faithful)."""
-    family = cfg.model_family
-    want = {"gpt_neox": dict(norm="layernorm", activation="gelu", fused_qkv=True, norm_position="pre",
-                             qk_norm="none"),
-            "llama": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="pre", qk_norm="none",
-                          gpt_j_residual=False, rotary_pct=1.0),
-            "olmo2": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="post",
-                          qk_norm="projection", gpt_j_residual=False, rotary_pct=1.0, mlp_bias=False),
-            "qwen2": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="pre", qk_norm="none",
-                          gpt_j_residual=False, rotary_pct=1.0, qkv_bias=True, attention_out_bias=False,
-                          mlp_bias=False),
-            "qwen3": dict(norm="rmsnorm", activation="swiglu", fused_qkv=False, norm_position="pre", qk_norm="head",
-                          gpt_j_residual=False, rotary_pct=1.0, mlp_bias=False)}[family]
-    problems = [f"{k}={getattr(cfg, k)!r} (the class needs {v!r})" for k, v in want.items() if getattr(cfg, k) != v]
-    if family != "qwen2" and cfg.qkv_bias != cfg.attention_out_bias:
-        problems.append("qkv_bias != attention_out_bias (the class has one attention_bias)")
-    if family == "gpt_neox" and not cfg.mlp_bias:
-        problems.append("mlp_bias=False (GPT-NeoX's MLP has biases)")
+    family = FAMILIES[cfg.model_family]
+    problems = [f"{k}={getattr(cfg, k)!r} (the class needs {v!r})" for k, v in family.fixed.items()
+                if getattr(cfg, k) != v]
+    for key in family.hf_keys:
+        if len({getattr(cfg, ours) for ours in key.ours}) > 1:
+            problems.append(f"{' != '.join(key.ours)} (the class has one {key.hf})")
     return problems
 
 
@@ -243,6 +220,7 @@ def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[s
     :meth:`~neox_dar.attention.Attention.remote_spec` descriptions."""
     scaling = None if cfg.rope_scaling is None else dataclasses.asdict(cfg.rope_scaling)
     rms = cfg.norm == "rmsnorm"
+    family = FAMILIES[cfg.model_family]
     return {
         "architectures": ["NeoxDarForCausalLM"],
         "model_type": "neox_dar",
@@ -250,8 +228,9 @@ def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[s
                      "AutoModelForCausalLM": "modeling_neox_dar.NeoxDarForCausalLM"},
         **shape_keys(cfg, special_ids),
         "neox_dar_block": {
-            "family": cfg.model_family, "norm": cfg.norm,
-            "norm_eps": cfg.rms_norm_epsilon if rms else cfg.layernorm_epsilon, "norm_position": cfg.norm_position,
+            "family": family.name, "names": dataclasses.asdict(family.names), "norm": cfg.norm,
+            "norm_eps": cfg.rms_norm_epsilon if rms else cfg.layernorm_epsilon,
+            "rms_weight_in_float32": family.rms_weight_in_float32, "norm_position": cfg.norm_position,
             "parallel_residual": cfg.gpt_j_residual, "qk_norm": cfg.qk_norm, "activation": cfg.activation,
             "fused_qkv": cfg.fused_qkv, "qkv_bias": cfg.qkv_bias, "attention_out_bias": cfg.attention_out_bias,
             "mlp_bias": cfg.mlp_bias, "rotary_ndims": cfg.rotary_ndims, "rope_theta": cfg.rotary_emb_base,
@@ -264,31 +243,24 @@ def hf_config_dict(cfg: ModelConfig, special_ids: dict[str, int | None] | None =
     """The ``config.json`` of the family's Hugging Face class equal to ``cfg``'s vanilla model; ``special_ids``:
     the tokenizer's ``{"bos", "eos"}`` ids (default: ``<|endoftext|>`` = 0 of the Pythia tokenizer)."""
     special_ids = special_ids or {"bos": 0, "eos": 0}
-    family = cfg.model_family
+    family = FAMILIES[cfg.model_family]
     rope = {"rope_type": "default", "rope_theta": float(cfg.rotary_emb_base)}
     if cfg.rope_scaling is not None:
         rope = {**rope, **dataclasses.asdict(cfg.rope_scaling)}
-    out = {
-        "architectures": [CLASSES[family]],
-        "model_type": family,
+    params = rope if "rotary_pct" in family.fixed else {**rope, "partial_rotary_factor": cfg.rotary_pct}
+    return {
+        "architectures": [family.hf_class],
+        "model_type": family.name,
         **shape_keys(cfg, special_ids),
         "attention_dropout": cfg.attention_dropout,
         # transformers 4 reads rope_theta / rope_scaling, transformers 5 rope_parameters
         "rope_theta": float(cfg.rotary_emb_base),
         "rope_scaling": rope if cfg.rope_scaling is not None else None,
-        "rope_parameters": rope,
+        "rope_parameters": params,
+        "hidden_act": family.hidden_act,
+        **{key.hf: getattr(cfg, key.ours[0]) for key in family.hf_keys},
+        **family.hf_extra,
     }
-    if family == "gpt_neox":
-        out["rope_parameters"] = {**rope, "partial_rotary_factor": cfg.rotary_pct}
-        out.update(hidden_act="gelu", rotary_pct=cfg.rotary_pct, rotary_emb_base=cfg.rotary_emb_base,
-                   layer_norm_eps=cfg.layernorm_epsilon, use_parallel_residual=cfg.gpt_j_residual,
-                   attention_bias=cfg.qkv_bias, hidden_dropout=cfg.hidden_dropout)
-    else:
-        out.update(hidden_act="silu", rms_norm_eps=cfg.rms_norm_epsilon, attention_bias=cfg.qkv_bias,
-                   mlp_bias=cfg.mlp_bias)
-        if family in ("qwen2", "qwen3"):
-            out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -341,7 +313,7 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
     if any(m.name != "vanilla" for m in modules):
         layers = [m.remote_spec() for m in modules]
     elif problems := export_problems(cfg):
-        raise ConfigError(f"{CLASSES[cfg.model_family]} cannot express this model: {'; '.join(problems)}")
+        raise ConfigError(f"{FAMILIES[cfg.model_family].hf_class} cannot express this model: {'; '.join(problems)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, out)
@@ -384,8 +356,8 @@ def _our_name(name: str, model: CausalLM) -> str | None:
     """Our parameter name for a Hugging Face one (None: a buffer to ignore, or the tied head)."""
     if name.endswith(_IGNORED_SUFFIXES):
         return None
-    if model.cfg.model_family == "gpt_neox" and name == "lm_head.weight":
-        name = "embed_out.weight"
+    if name == "lm_head.weight":  # transformers 5 names every head lm_head (GPT-NeoX's: embed_out)
+        name = f"{FAMILIES[model.cfg.model_family].names.head}.weight"
     return None if name in model.tied_keys else name
 
 

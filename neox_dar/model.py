@@ -3,15 +3,9 @@
 What differs between the families is a handful of config keys (:class:`~neox_dar.config.ModelConfig`): LayerNorm or
 RMSNorm, parallel or sequential residual, a norm before or after each sub-layer, GeLU or SwiGLU MLP, fused or
 separate query/key/value projections, grouped-query attention, query/key norms, biases, partial rotary, tied
-embeddings. Parameter names are each Hugging Face class's own, so checkpoints convert by renaming nothing:
-
-    gpt_neox (GPTNeoXForCausalLM)      gpt_neox.embed_in, gpt_neox.layers.{l}.{input_layernorm, post_attention_layernorm,
-                                       attention.{query_key_value, dense}, mlp.{dense_h_to_4h, dense_4h_to_h}},
-                                       gpt_neox.final_layer_norm, embed_out
-    llama, qwen2, qwen3, olmo2         model.embed_tokens, model.layers.{l}.{input_layernorm, post_attention_layernorm
-                                       (OLMo-2: post_attention_layernorm, post_feedforward_layernorm), self_attn.{q_proj,
-                                       k_proj, v_proj, o_proj, q_norm, k_norm}, mlp.{gate_proj, up_proj, down_proj}},
-                                       model.norm, lm_head
+embeddings. Module names are each Hugging Face class's own (the family's record, :mod:`neox_dar.families`), so
+checkpoints convert by renaming nothing: ``gpt_neox.layers.{l}.attention.query_key_value`` in GPT-NeoX,
+``model.layers.{l}.self_attn.q_proj`` in Llama.
 
     model = build_model(cfg.model)
     logits = model(input_ids)          # (B, T) -> (B, T, padded_vocab_size)
@@ -29,6 +23,7 @@ from torch import nn
 
 from .attention import Attention, RotaryEmbedding, build_attention
 from .config import ModelConfig
+from .families import FAMILIES
 from .hf_remote.inference import GeluMLP, Layout, ModelCache, SwiGLU, residual_block
 from .loss import IGNORE, chunk_rows, linear_cross_entropy_sum, linear_token_nll, module_cross_entropy
 from .norms import RMSNorm, build_norm
@@ -52,7 +47,7 @@ class Block(nn.Module):
                            else ("input_layernorm", "post_attention_layernorm"))
         for name in self.norm_names:
             self.add_module(name, build_norm(cfg))
-        self.attn_name = "attention" if cfg.model_family == "gpt_neox" else "self_attn"
+        self.attn_name = FAMILIES[cfg.model_family].names.attention
         self.add_module(self.attn_name, build_attention(cfg, layer_idx))
         self.mlp = SwiGLU(cfg) if cfg.activation == "swiglu" else GeluMLP(cfg)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
@@ -82,13 +77,13 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     """Embedding, layers and final norm; ``input_ids`` (B, T) -> hidden states (B, T, d). Named as the family's
-    Hugging Face class names them (``embed_in``/``final_layer_norm`` in GPT-NeoX, ``embed_tokens``/``norm``
-    elsewhere)."""
+    Hugging Face class names them (``embed_in``/``final_layer_norm`` in GPT-NeoX, ``embed_tokens``/``norm`` in
+    Llama)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        neox = cfg.model_family == "gpt_neox"
-        self.embed_name, self.norm_name = ("embed_in", "final_layer_norm") if neox else ("embed_tokens", "norm")
+        names = FAMILIES[cfg.model_family].names
+        self.embed_name, self.norm_name = names.embed, names.final_norm
         self.add_module(self.embed_name, nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
         self.add_module(self.norm_name, build_norm(cfg))
@@ -153,14 +148,14 @@ class OutputLayer(nn.Linear):
 
 class CausalLM(nn.Module):
     """``*ForCausalLM``-shaped model: ``forward(input_ids[B,T]) -> logits[B,T,V]``. The decoder is ``gpt_neox``
-    and the head ``embed_out`` in GPT-NeoX, ``model`` and ``lm_head`` elsewhere; a tied head shares the input
+    and the head ``embed_out`` in GPT-NeoX, ``model`` and ``lm_head`` in Llama; a tied head shares the input
     embedding's weight."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        neox = cfg.model_family == "gpt_neox"
-        self.decoder_name, self.head_name = ("gpt_neox", "embed_out") if neox else ("model", "lm_head")
+        names = FAMILIES[cfg.model_family].names
+        self.decoder_name, self.head_name = names.decoder, names.head
         self.add_module(self.decoder_name, Decoder(cfg))
         self.add_module(self.head_name, OutputLayer(cfg.hidden_size, cfg.padded_vocab_size))
         self.tie_weights()

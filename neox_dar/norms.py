@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from .families import FAMILIES
+
 if TYPE_CHECKING:
     from .config import ModelConfig
 
@@ -33,5 +35,5 @@ def build_norm(cfg: ModelConfig, width: int | None = None, rms: bool | None = No
     query/key norms are RMSNorms in every family that has them)."""
     width = width or cfg.hidden_size
     if rms or (rms is None and cfg.norm == "rmsnorm"):
-        return RMSNorm(width, cfg.rms_norm_epsilon, scale_in_float32=cfg.model_family == "olmo2")
+        return RMSNorm(width, cfg.rms_norm_epsilon, FAMILIES[cfg.model_family].rms_weight_in_float32)
     return nn.LayerNorm(width, eps=cfg.layernorm_epsilon)

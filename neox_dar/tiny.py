@@ -22,33 +22,22 @@ from pathlib import Path
 
 import torch
 
+from .families import FAMILIES
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = ("gpt_neox", "llama", "olmo2", "qwen2", "qwen3")
 
 
 def tiny_hf_model(family: str, seed: int = 0, tie: bool = False, vocab: int = 96, max_pos: int = 512, **extra):
-    """The tiny ``*ForCausalLM`` of ``family`` (eval mode, float32) described in the module docstring;
-    ``extra``: more config keys of the family's config class."""
+    """The tiny ``*ForCausalLM`` of ``family`` (eval mode, float32) described in the module docstring: the shared
+    shape plus the family record's ``tiny`` keys; ``extra``: more config keys of the family's config class."""
     import transformers
 
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r} (choose from {', '.join(FAMILIES)})")
-    common = dict(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=max_pos, tie_word_embeddings=tie, attn_implementation="eager",
-                  bos_token_id=1, eos_token_id=2, pad_token_id=None)
-    if family == "gpt_neox":
-        hf_cfg = transformers.GPTNeoXConfig(intermediate_size=256, rotary_pct=0.25, use_parallel_residual=True,
-                                            **common, **extra)
-    else:
-        common.update(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-6)
-        if family == "llama":
-            common["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
-        if family == "qwen3":
-            common["head_dim"] = 32
-        cls = {"llama": transformers.LlamaConfig, "olmo2": transformers.Olmo2Config,
-               "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family]
-        hf_cfg = cls(**common, **extra)
+    hf_cfg = transformers.AutoConfig.for_model(
+        family, vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=max_pos, tie_word_embeddings=tie, attn_implementation="eager", bos_token_id=1,
+        eos_token_id=2, pad_token_id=None, **{**FAMILIES[family].tiny, **extra})
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(hf_cfg).float().eval()
     with torch.no_grad():

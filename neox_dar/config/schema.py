@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from ..attention import registry, variant_keys
+from ..families import FAMILIES
 from ..settings import ConfigError, setting
 
 
@@ -69,9 +70,9 @@ class ModelConfig:
 
     The block's components are keys; ``configs/`` holds presets for the published shapes of each family."""
 
-    model_family: Literal["gpt_neox", "llama", "olmo2", "qwen2", "qwen3"] = setting(
-        "gpt_neox", "Parameter names and the Hugging Face class of imports and exports: gpt_neox (GPTNeoXForCausalLM: "
-        "gpt_neox.*, embed_out) or llama, olmo2, qwen2, qwen3 (their *ForCausalLM: model.*, lm_head).")
+    model_family: Literal[tuple(FAMILIES)] = setting(
+        "gpt_neox", "Parameter names and the Hugging Face class of imports and exports, a record of "
+        "neox_dar/families.py: " + ", ".join(f"{f.name} ({f.hf_class})" for f in FAMILIES.values()) + ".")
     num_layers: int = setting(6, "Transformer layers.")
     hidden_size: int = setting(512, "Model width d.")
     num_attention_heads: int = setting(8, "Attention (query) heads H.")

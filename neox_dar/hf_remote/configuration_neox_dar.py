@@ -2,8 +2,10 @@
 
 Besides transformers' usual keys it holds, resolved by ``convert to-hf`` (nothing here re-derives a rule):
 
-* ``neox_dar_block``: the layer shape of the model family: ``family`` (``gpt_neox``, ``llama``, ``olmo2``,
-  ``qwen2``, ``qwen3``), ``norm`` (``layernorm``/``rmsnorm``), ``norm_eps``, ``norm_position`` (``pre``/``post``),
+* ``neox_dar_block``: the layer shape of the model family: ``family`` (``gpt_neox``, ``llama``, ...), ``names``
+  (the module names of the family's class: ``decoder``, ``embed``, ``final_norm``, ``head``, ``attention``),
+  ``norm`` (``layernorm``/``rmsnorm``), ``norm_eps``, ``rms_weight_in_float32`` (OLMo-2's RMSNorm multiplies by its
+  weight before casting back), ``norm_position`` (``pre``/``post``),
   ``parallel_residual``, ``qk_norm`` (``none``/``projection``/``head``), ``activation`` (``gelu``/``swiglu``),
   ``fused_qkv``, ``qkv_bias``, ``attention_out_bias``, ``mlp_bias``, ``rotary_ndims``, ``rope_theta``,
   ``rope_scaling`` (Llama-3's ``factor``, ``low_freq_factor``, ``high_freq_factor``,

@@ -34,9 +34,10 @@ from .inference import (DARCache, GeluMLP, HeadProjections, Layout, LinearState,
 
 def _norm(block: dict, width: int, rms: bool = False) -> nn.Module:
     """The family's norm over ``width`` features (``rms``: the query/key norms, RMSNorms in every family); OLMo-2's
-    RMSNorm multiplies by its weight in float32, the others after casting back (neox-dar's ``RMSNorm``)."""
+    RMSNorm multiplies by its weight in float32 (``rms_weight_in_float32``), the others after casting back
+    (neox-dar's ``RMSNorm``)."""
     if rms or block["norm"] == "rmsnorm":
-        return (Olmo2RMSNorm if block["family"] == "olmo2" else LlamaRMSNorm)(width, eps=block["norm_eps"])
+        return (Olmo2RMSNorm if block["rms_weight_in_float32"] else LlamaRMSNorm)(width, eps=block["norm_eps"])
     return nn.LayerNorm(width, eps=block["norm_eps"])
 
 
@@ -114,7 +115,7 @@ class NeoxDarBlock(nn.Module):
                            else ("input_layernorm", "post_attention_layernorm"))
         for name in self.norm_names:
             self.add_module(name, _norm(block, config.hidden_size))
-        self.attn_name = "attention" if block["family"] == "gpt_neox" else "self_attn"
+        self.attn_name = block["names"]["attention"]
         self.add_module(self.attn_name, NeoxDarAttention(config, spec))
         shape = SimpleNamespace(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
                                 mlp_bias=block["mlp_bias"])
@@ -128,14 +129,14 @@ class NeoxDarBlock(nn.Module):
 
 
 class NeoxDarModel(nn.Module):
-    """Embedding, layers and final norm (``embed_in``/``final_layer_norm`` in GPT-NeoX, ``embed_tokens``/``norm``
-    elsewhere): the next ``T`` tokens of every row (B, T) through the caches -> hidden states (B, T, d)."""
+    """Embedding, layers and final norm, named as ``neox_dar_block["names"]`` says (``embed_in``/``final_layer_norm``
+    in GPT-NeoX, ``embed_tokens``/``norm`` in Llama): the next ``T`` tokens of every row (B, T) through the caches ->
+    hidden states (B, T, d)."""
 
     def __init__(self, config: NeoxDarConfig):
         super().__init__()
         block = config.neox_dar_block
-        neox = block["family"] == "gpt_neox"
-        self.embed_name, self.norm_name = ("embed_in", "final_layer_norm") if neox else ("embed_tokens", "norm")
+        self.embed_name, self.norm_name = block["names"]["embed"], block["names"]["final_norm"]
         self.add_module(self.embed_name, nn.Embedding(config.vocab_size, config.hidden_size))
         self.layers = nn.ModuleList(NeoxDarBlock(config, spec) for spec in config.neox_dar_layers)
         self.add_module(self.norm_name, _norm(block, config.hidden_size))
@@ -160,8 +161,8 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: NeoxDarConfig):
         super().__init__(config)
-        neox = config.neox_dar_block["family"] == "gpt_neox"
-        self.decoder_name, self.head_name = ("gpt_neox", "embed_out") if neox else ("model", "lm_head")
+        names = config.neox_dar_block["names"]
+        self.decoder_name, self.head_name = names["decoder"], names["head"]
         self.add_module(self.decoder_name, NeoxDarModel(config))
         self.add_module(self.head_name, nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         if config.tie_word_embeddings:
