@@ -4,7 +4,7 @@ read per generated token, and decode tokens/s, at several contexts and batch siz
     python bench/decode.py [CONFIG ...] [key=value ...] [--variants vanilla,swa,mswa,aha,dar,uniform,linear]
         [--contexts 2048,8192,32768] [--batches 1,16] [--steps 4] [--warmup 1] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--aha-mu-f 0.1] [--threads N] [--out bench/results/decode_<device>.json]
-        [--markdown]
+        [--markdown] [--preset mswa-fig3|mswa-fig3-cpu|dimpo-table4|dimpo-table4-cpu]
 
 Default model: ``configs/pythia-14m.yml`` with 4 layers (d 128, 4 heads of 32: MSWA's 4 x 4 window table is the
 paper's), ``window_size: 128``, DAR/uniform ``d_down = d/4`` (``dar-latent``: DAR with ``dar_inference_cache: latent``),
@@ -21,6 +21,25 @@ the figure ``python -m neox_dar.describe`` prints (each layer's ``kv_cache_per_t
 whole cache, except AHA (the last ``w`` columns of every head, and every column for the (row, head) pairs whose gate
 is open). AHA's router is replaced by a fixed gate pattern opening a ``--aha-mu-f`` share of the (layer, row, head)
 triples (random routers open about half); the realised share is recorded.
+
+A variant ``NAME@W`` runs ``NAME`` at ``window_size = W`` (e.g. ``mswa@512``). With several contexts the report also
+holds, per variant and batch, the median step time over the contexts (``over_contexts``: MSWA Fig. 3 reports the
+median over the positions 500, 1,000, 1,500 and 2,000).
+
+Presets (:data:`PRESETS`; options given on the command line replace a preset's):
+
+- ``mswa-fig3``: MSWA Fig. 3 (Sec. 5.3, Appendix B.3): 32 layers, 16 heads of 64 (d 1,024), positions 500, 1,000,
+  1,500, 2,000 of a 2,048-token sequence, batches 8 to 512, vanilla, SWA and MSWA at base windows 128 and 512
+  (the paper names none), bfloat16 on a GPU (FlashAttention in the paper; here the project's ``sdpa`` decode).
+  Vanilla's cache at batch 512 is 128 GiB (32 x 2 x 1,024 x 2,048 x 2 bytes a sequence): an 80 GB GPU runs
+  ``--batches 8,16,64,128`` (256 fits on 141 GB).
+- ``mswa-fig3-cpu``: the same layer shape and positions with 4 layers (MSWA's 4 layer groups, one layer each) at
+  batches 8 and 16, float32, for this CPU.
+- ``dimpo-table4``: DimPO Table 4's throughput: Llama-3.2-1B's shape (``configs/llama-3.2-1b.yml``, 16 layers, 32
+  query and 8 key/value heads of 64), vanilla against ``dimpo`` (the last 8 layers' keys at ``d' = 16``: a KV-cache
+  saving of 18.75% by the paper's accounting, against its settings of about 6, 10 and 12%), contexts 4,096 and
+  8,192, batch 1, bfloat16 on a GPU (the paper's eager attention: here ``sdpa``).
+- ``dimpo-table4-cpu``: the same at 4 layers, float32, for this CPU.
 
 Writes JSON (device, versions, git commit, command, UTC date, the model, every number) to ``--out`` and prints a
 table (``--markdown``: the Markdown table of docs/inference.md). Runs on a GPU as is (``--device cuda --dtype
@@ -51,6 +70,21 @@ VARIANTS = {"vanilla": [], "swa": [], "mswa": [], "aha": [], "dar": [],
             "dar-latent": ["attention_type=dar", "dar_inference_cache=latent"], "uniform": [], "linear": [],
             "dimpo": None}  # the last half of the layers DimPO-projected to d' = d_h / 4 (set in build)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_MSWA_FIG3 = ["configs/pythia-410m.yml", "num_layers=32", "seq_length=2048", "max_position_embeddings=2048"]
+_FIG3_VARIANTS = "vanilla,swa@128,mswa@128,swa@512,mswa@512"
+_LLAMA_1B = ["configs/llama-3.2-1b.yml", "max_position_embeddings=8192"]
+PRESETS = {  # name: options (the module docstring says what each reproduces)
+    "mswa-fig3": {"config": _MSWA_FIG3, "variants": _FIG3_VARIANTS, "contexts": "500,1000,1500,2000",
+                  "batches": "8,16,64,128,256,512", "dtype": "bfloat16", "device": "cuda"},
+    "mswa-fig3-cpu": {"config": [*_MSWA_FIG3, "num_layers=4"], "variants": _FIG3_VARIANTS,
+                      "contexts": "500,1000,1500,2000", "batches": "8,16", "dtype": "float32", "device": "cpu"},
+    "dimpo-table4": {"config": _LLAMA_1B, "variants": "vanilla,dimpo", "contexts": "4096,8192", "batches": "1",
+                     "dtype": "bfloat16", "device": "cuda"},
+    "dimpo-table4-cpu": {"config": [*_LLAMA_1B, "num_layers=4"], "variants": "vanilla,dimpo",
+                         "contexts": "4096,8192", "batches": "1", "dtype": "float32", "device": "cpu"},
+}
+DEFAULTS = {"config": DEFAULT_CONFIG, "variants": ",".join(VARIANTS), "contexts": "2048,8192,32768", "batches": "1,16",
+            "dtype": "float32", "device": "cuda" if torch.cuda.is_available() else "cpu"}
 
 
 class FixedGate(nn.Module):
@@ -89,12 +123,15 @@ def kv_bytes_read(model, cache, gates: torch.Tensor | None, context: int) -> flo
 
 def build(args, variant: str, device: torch.device, dtype: torch.dtype):
     files, overrides = split_args(args.config)
-    extra = VARIANTS[variant] or [f"attention_type={variant}"]
-    if variant == "dimpo":
+    name, _, window = variant.partition("@")
+    extra = VARIANTS[name] or [f"attention_type={name}"]
+    if name == "dimpo":
         base = load_config(*files, overrides=overrides).model
         L = base.num_layers
-        extra = [f'attention_config=[[["vanilla"], {L - L // 2}], [["dimpo"], {L // 2}]]',
-                 f"dimpo_d_proj={max(1, base.head_dim // 4)}"]
+        extra = [f'attention_config=[[["vanilla"], {L - L // 2}], [["dimpo"], {L // 2}]]']
+        if not any(o.startswith("dimpo_d_proj=") for o in overrides):
+            extra.append(f"dimpo_d_proj={max(1, base.head_dim // 4)}")
+    extra += [f"window_size={window}"] if window else []
     cfg = load_config(*files, overrides=[*overrides, *extra]).model
     torch.manual_seed(0)
     model = build_model(cfg).to(device=device, dtype=dtype).eval()
@@ -153,6 +190,14 @@ def run(args) -> dict:
             r["read_vs_vanilla"] = r["kv_bytes_read_per_token"] / base["kv_bytes_read_per_token"]
             r["speed_vs_vanilla"] = r["decode_tokens_per_s"] / base["decode_tokens_per_s"]
     m = next(iter(models.values())).cfg
+    over_contexts = [{"variant": v, "batch": B, "contexts": args.contexts,
+                      "step_ms_median": statistics.median(r["step_ms_median"] for r in rows
+                                                          if r["variant"] == v and r["batch"] == B)}
+                     for B in args.batches for v in args.variants] if len(args.contexts) > 1 else []
+    for r in over_contexts:
+        base = next((x for x in over_contexts if x["variant"] == "vanilla" and x["batch"] == r["batch"]), None)
+        if base is not None:
+            r["speed_vs_vanilla"] = base["step_ms_median"] / r["step_ms_median"]
     return {"provenance": provenance(), "device": device_name(device), "torch": torch.__version__,
             "dtype": args.dtype, "threads": torch.get_num_threads(),
             "model": {"config": args.config, "num_layers": m.num_layers, "hidden_size": m.hidden_size,
@@ -160,7 +205,8 @@ def run(args) -> dict:
                       "head_dim": m.head_dim, "window_size": m.attention.window_size,
                       "dar_d_down": next((m.cfg.attention.dar_d_down for v, m in models.items()
                                           if v.startswith("dar")), None)},
-            "steps": args.steps, "warmup": args.warmup, "aha_mu_f_target": args.aha_mu_f, "results": rows}
+            "preset": args.preset, "steps": args.steps, "warmup": args.warmup, "aha_mu_f_target": args.aha_mu_f,
+            "results": rows, "over_contexts": over_contexts}
 
 
 def _line(r: dict) -> str:
@@ -178,32 +224,42 @@ def markdown(report: dict) -> str:
                      f"{r['batch']} | {r['cache_bytes_per_sequence'] / 2**20:.3f} | {r.get('cache_vs_vanilla', 1):.3f} | "
                      f"{r['kv_bytes_read_per_token'] / 2**20:.3f} | {r.get('read_vs_vanilla', 1):.3f} | "
                      f"{r['decode_tokens_per_s']:.1f} | {r.get('speed_vs_vanilla', 1):.2f} |")
+    if report.get("over_contexts"):
+        contexts = ", ".join(map(str, report["over_contexts"][0]["contexts"]))
+        lines += ["", f"Median step time over the contexts {contexts}:", "",
+                  "| variant | batch | step ms | x vanilla speed |", "|---|---:|---:|---:|"]
+        lines += [f"| {r['variant']} | {r['batch']} | {r['step_ms_median']:.2f} | {r.get('speed_vs_vanilla', 1):.2f} |"
+                  for r in report["over_contexts"]]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config", nargs="*", help="config files and key=value overrides (default: see above)")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--contexts", default="2048,8192,32768")
-    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--preset", choices=list(PRESETS), help="a paper's configuration (see above)")
+    ap.add_argument("--variants", help=f"comma-separated, from {','.join(VARIANTS)}, each optionally @WINDOW")
+    ap.add_argument("--contexts")
+    ap.add_argument("--batches")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    ap.add_argument("--device")
+    ap.add_argument("--dtype", choices=list(DTYPES))
     ap.add_argument("--aha-mu-f", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads (default 1 on the CPU: on a shared machine more threads measure the scheduler)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
-    args.config = args.config or DEFAULT_CONFIG
+    for key, value in {**DEFAULTS, **PRESETS.get(args.preset, {})}.items():
+        if not getattr(args, key):
+            setattr(args, key, value)
     if args.threads or torch.device(args.device).type == "cpu":
         torch.set_num_threads(args.threads or 1)
     args.variants = args.variants.split(",")
     args.contexts = [int(c) for c in args.contexts.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
-    unknown = sorted(set(args.variants) - set(VARIANTS))
+    unknown = sorted(v for v in args.variants if v.partition("@")[0] not in VARIANTS
+                     or not (v.partition("@")[2] or "1").isdigit())
     if unknown or args.steps < 1 or args.warmup < 0 or not 0 < args.aha_mu_f <= 1:
         print(f"error: unknown variants {unknown}" if unknown else "error: --steps >= 1, --warmup >= 0 and "
               "--aha-mu-f in (0, 1]", file=sys.stderr)
