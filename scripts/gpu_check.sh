@@ -23,8 +23,9 @@
 #   kernel-tests      tests/test_kernels.py compiled on the GPU in fp32/fp16/bf16 (one pinned tile per kernel;
 #                     the device-aware tests of the suite, the tiny model through the kernels included)
 #   identities        the same file's long-sequence checks: bf16, T = 8192, every autotune candidate at d_h = 64,
-#                     against causal SDPA through identities (DAR k_glob = k_loc, DAR w = 0, MSWA windows >= T,
-#                     AHA every row routed, GQA)
+#                     against SDPA: causal through identities (DAR k_glob = k_loc, DAR w = 0, MSWA windows >= T,
+#                     AHA every row routed, GQA) and with the variant's mask (DAR's two key sets, MSWA windows
+#                     8..512, AHA 10% routed)
 #   bench-attention   bench/attention.py at the shapes (B=8, H=12, d_h=64, T in {2048, 8192}, w=128):
 #                     DAR, MSWA (grouped and one launch), AHA at 10% routed against SDPA causal flash,
 #                     flex_attention and the reference, each output checked against the reference first
@@ -156,7 +157,7 @@ step_commands() {
     kernel-tests)
       echo "$PY -m pytest tests/test_kernels.py tests/test_attention_linear.py -q -p no:cacheprovider $XDIST -k '$KERNEL_TESTS'" ;;
     identities)
-      local workers="-n 5"
+      local workers="-n 8"  # one check per worker: each compiles and tunes its own kernels
       [ "$REHEARSE" = 1 ] && workers=$XDIST
       echo "KERNEL_TESTS_LONG_T=$LONG_T $PY -m pytest tests/test_kernels.py -q -p no:cacheprovider $workers -k long_sequence" ;;
     bench-attention)

@@ -98,7 +98,7 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
                                                                   "bench-attention", "train-throughput",
                                                                   "train-smoke", "decode"]}
     assert "rehearsal on this CPU at toy sizes" in (out / "summary.md").read_text()
-    assert re.search(r"\b5 passed\b", log) and "train-smoke: loss falls, resume continued to step 12" in log
+    assert re.search(r"\b8 passed\b", log) and "train-smoke: loss falls, resume continued to step 12" in log
     attention = json.loads((out / "attention.json").read_text())
     assert {r["kernel"] for r in attention["results"]} == {"dar", "mswa", "aha"}
     assert not [r for r in attention["results"] if r.get("error")]

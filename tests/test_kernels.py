@@ -451,17 +451,22 @@ def test_cpu_tensor_without_interpreter_is_a_clear_error():
 
 
 # ------------------------------------------------------------------------------------------------ long sequences
-# On the GPU: bf16 at T = 8192 (pipelines in steady state, the tuned wgmma tiles the H100 picks: the autotuner
-# runs over every candidate at d_h = 64) through identities that must hold, against causal SDPA. Criterion per
-# tensor (output and every gradient): the kernel's relative error against an exact float32 reference (SDPA's
-# memory-efficient backend in float32, on the same bf16 inputs) is at most twice flash SDPA's own bf16 error,
-# plus 1e-3. KERNEL_TESTS_LONG_T=<T> sets T (w = min(128, T / 4)); under the interpreter (where only that runs
-# them: `scripts/gpu_check.sh --rehearse` sets 64) the inputs are float16 (the interpreter refuses bf16) and the
-# exact reference is SDPA's math backend in float32.
+# On the GPU: bf16 at T = 8192 (pipelines in steady state, the tuned tiles the H100 picks: the autotuner runs over
+# every candidate at d_h = 64, the small-window tiles included) against SDPA on the same inputs: the causal
+# identities that must hold (DAR with k_glob = k_loc, DAR with w = 0, MSWA with every window >= T, AHA with every
+# row routed, GQA) and each variant as it trains (DAR's two key sets, MSWA windows w/16 .. 4w, AHA with 10% of rows
+# routed) as SDPA with an explicit boolean mask (DAR over its two key sets concatenated). Criterion per tensor
+# (output and every gradient): the kernel's relative error against an exact float32 reference (SDPA in float32 on
+# EXACT_BACKEND, same rounded inputs) is at most twice SDPA's own error in the input dtype (flash when causal; with a
+# mask the GPU's flash takes none, so memory-efficient) plus 1e-3; an input the reference does not read gets no
+# gradient. KERNEL_TESTS_LONG_T=<T> sets T (w = min(128, T / 4)); under the interpreter (where only that runs them:
+# `scripts/gpu_check.sh --rehearse` sets 64) the inputs are float16 (the interpreter refuses bf16), the exact
+# reference is SDPA's math backend and the yardstick its CPU flash kernel, which takes masks.
 LONG_T = int(os.environ.get("KERNEL_TESTS_LONG_T", "8192"))
 LONG = dict(B=2 if ON_GPU else 1, H=4, T=LONG_T, D=64, w=min(128, LONG_T // 4))
 LONG_DTYPE = torch.bfloat16 if ON_GPU else torch.float16
 EXACT_BACKEND = "EFFICIENT_ATTENTION" if ON_GPU else "MATH"
+MSWA_LONG_WINDOWS = [max(1, LONG["w"] // 16), LONG["w"] // 4, LONG["w"], 4 * LONG["w"]]  # one per head: 8 .. 512
 
 
 def tuned(test):
@@ -470,57 +475,92 @@ def tuned(test):
     return test
 
 
-def sdpa_causal(q, k, v, backend):
-    """Causal SDPA on one backend; key/value heads repeated for grouped queries (their gradients sum back)."""
+def sdpa(q, k, v, mask, backend):
+    """SDPA on one backend: causal when ``mask`` is None, else the boolean ``mask`` (True: attend; broadcast to
+    (B, H, T, S)); key/value heads repeated for grouped queries (their gradients sum back)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     group = q.shape[1] // k.shape[1]
     with sdpa_kernel([getattr(SDPBackend, backend)]):
         return torch.nn.functional.scaled_dot_product_attention(
-            q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=True)
+            q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), attn_mask=mask, is_causal=mask is None)
 
 
-IDENTITIES = {
-    # name: (kernel call on (q, k, v, extra k/v pair), key/value heads)
-    "dar_equal_key_sets": (lambda q, k, v, k2, v2: dar_attention(q, k, v, k, v, LONG["w"]), LONG["H"]),
-    "dar_window_0": (lambda q, k, v, k2, v2: dar_attention(q, k2, v2, k, v, 0), LONG["H"]),
-    "mswa_windows_beyond_T": (lambda q, k, v, k2, v2: mswa_attention(
-        q, k, v, torch.tensor([LONG["T"], LONG["T"] + 1, 2 * LONG["T"], 2**20])), LONG["H"]),
-    "aha_every_row_routed": (lambda q, k, v, k2, v2: aha_attention(
-        q, k, v, torch.ones(q.shape[:3], dtype=torch.bool, device=q.device), LONG["w"]), LONG["H"]),
-    "dar_equal_key_sets_gqa": (lambda q, k, v, k2, v2: dar_attention(q, k, v, k, v, LONG["w"]), LONG["H"] // 2),
+def band(lo: float, hi: float) -> torch.Tensor:
+    """(T, T) bool at the long length: ``lo <= i - j < hi``."""
+    delta = distances(LONG["T"])
+    return (delta >= lo) & (delta < hi)
+
+
+def one_key_set(k, v, k2, v2):
+    return k, v
+
+
+def both_key_sets(k, v, k2, v2):
+    """DAR's two key sets as one of 2T keys (local, then far), for SDPA with a (T, 2T) mask."""
+    return torch.cat([k, k2], 2), torch.cat([v, v2], 2)
+
+
+def causal(gate):
+    return None  # SDPA's is_causal
+
+
+W = LONG["w"]
+LONG_CHECKS = {
+    # name: (key/value heads, the kernel on (q, k, v, k2, v2, gate), SDPA's keys and values from (k, v, k2, v2),
+    #        SDPA's mask from the gate)
+    "dar_equal_key_sets": (LONG["H"], lambda q, k, v, k2, v2, g: dar_attention(q, k, v, k, v, W), one_key_set,
+                           causal),
+    "dar_window_0": (LONG["H"], lambda q, k, v, k2, v2, g: dar_attention(q, k2, v2, k, v, 0), one_key_set, causal),
+    "dar_equal_key_sets_gqa": (LONG["H"] // 2, lambda q, k, v, k2, v2, g: dar_attention(q, k, v, k, v, W),
+                               one_key_set, causal),
+    "dar_two_key_sets": (LONG["H"], lambda q, k, v, k2, v2, g: dar_attention(q, k, v, k2, v2, W), both_key_sets,
+                         lambda g: torch.cat([band(0, W), band(W, math.inf)], 1)),
+    "mswa_windows_beyond_T": (LONG["H"], lambda q, k, v, k2, v2, g: mswa_attention(
+        q, k, v, torch.tensor([LONG["T"], LONG["T"] + 1, 2 * LONG["T"], 2**20])), one_key_set, causal),
+    "mswa_windows_w16_to_4w": (LONG["H"], lambda q, k, v, k2, v2, g: mswa_attention(
+        q, k, v, torch.tensor(MSWA_LONG_WINDOWS)), one_key_set,
+        lambda g: torch.stack([band(0, x) for x in MSWA_LONG_WINDOWS])[None]),  # (1, H, T, T)
+    "aha_every_row_routed": (LONG["H"], lambda q, k, v, k2, v2, g: aha_attention(q, k, v, torch.ones_like(g), W),
+                             one_key_set, causal),
+    "aha_10pct_routed": (LONG["H"], lambda q, k, v, k2, v2, g: aha_attention(q, k, v, g, W), one_key_set,
+                         lambda g: band(0, math.inf) & (g[..., None] | band(0, W))),
 }
 
 
 @tuned
 @pytest.mark.skipif(not ON_GPU and "KERNEL_TESTS_LONG_T" not in os.environ,
                     reason="bf16 at T=8192 with the tuned tiles: GPU only (KERNEL_TESTS_LONG_T=64: interpreter, fp16)")
-@pytest.mark.parametrize("identity", list(IDENTITIES))
-def test_long_sequence_identities_match_causal_sdpa(identity):
-    call, h_kv = IDENTITIES[identity]
+@pytest.mark.parametrize("check", list(LONG_CHECKS))
+def test_long_sequence_matches_sdpa(check):
+    h_kv, kernel, key_sets, mask_of = LONG_CHECKS[check]
     B, H, T, D = LONG["B"], LONG["H"], LONG["T"], LONG["D"]
     torch.manual_seed(0)
     q = torch.randn(B, H, T, D, device=DEVICE, dtype=LONG_DTYPE).requires_grad_()
-    k, v, k2, v2 = (torch.randn(B, h_kv, T, D, device=DEVICE, dtype=LONG_DTYPE).requires_grad_()
-                    for _ in range(4))
+    kv = [torch.randn(B, h_kv, T, D, device=DEVICE, dtype=LONG_DTYPE).requires_grad_() for _ in range(4)]
+    gate = torch.rand(B, H, T, device=DEVICE) < 0.1
     grad = torch.randn(B, H, T, D, device=DEVICE, dtype=LONG_DTYPE)
+    mask = mask_of(gate)
+    yardstick = "FLASH_ATTENTION" if mask is None or not ON_GPU else "EFFICIENT_ATTENTION"
 
-    def run(fn, *inputs):
-        for x in inputs:
-            x.grad = None
+    def run(fn, inputs):
+        """Output and the inputs' gradients (None: not read), in float32."""
         out = fn(*inputs)
         out.backward(grad.to(out.dtype))
-        return [out.detach().float()] + [x.grad.float() for x in inputs[:3]]
+        return [out.detach().float()] + [None if x.grad is None else x.grad.float() for x in inputs]
 
-    ours = run(lambda q, k, v: call(q, k, v, k2, v2), q, k, v)
-    flash = run(lambda q, k, v: sdpa_causal(q, k, v, "FLASH_ATTENTION"), q, k, v)
-    exact = run(lambda q, k, v: sdpa_causal(q, k, v, EXACT_BACKEND),
-                *(x.detach().float().requires_grad_() for x in (q, k, v)))
-    for name, a, f, e in zip(["out", "dq", "dk", "dv"], ours, flash, exact):
-        err, flash_err = rel_err(a, e.double()), rel_err(f, e.double())
-        assert err <= 2 * flash_err + 1e-3, f"{identity} {name}: relative error {err:.2e}, flash SDPA {flash_err:.2e}"
-    if identity == "dar_window_0":  # every pair is far: the local key set gets no gradient
-        assert k2.grad.abs().max() == 0 and v2.grad.abs().max() == 0
+    def reference(backend, float32=False):
+        inputs = [x.detach().to(torch.float32 if float32 else x.dtype).requires_grad_() for x in (q, *kv)]
+        return run(lambda q, *kv: sdpa(q, *key_sets(*kv), mask, backend), inputs)
+
+    ours = run(lambda *x: kernel(*x, gate), [q, *kv])
+    rounded, exact = reference(yardstick), reference(EXACT_BACKEND, float32=True)
+    for name, a, r, e in zip(["out", "dq", "dk", "dv", "dk2", "dv2"], ours, rounded, exact):
+        if e is None:  # an input the reference does not read
+            assert a is None or a.abs().max() == 0, f"{check} {name}: a gradient for an input that is not read"
+            continue
+        err, sdpa_err = rel_err(a, e.double()), rel_err(r, e.double())
+        assert err <= 2 * sdpa_err + 1e-3, f"{check} {name}: relative error {err:.2e}, SDPA {yardstick} {sdpa_err:.2e}"
 
 
 # ------------------------------------------------------------------------------------------------ bench script
