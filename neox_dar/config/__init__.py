@@ -19,8 +19,8 @@ from .files import split_args
 from .loading import load_config, model_config_from_flat
 from .neox import NEOX_IGNORED_KEYS
 from .reference import derived_summary, reference_markdown
-from .rules import split_shares
-from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, attention_config_class, key_field
+from .schema import (DataConfig, ModelConfig, RunConfig, TrainingConfig, attention_config_class, key_field,
+                     split_shares)
 from .typed import Config, model_config_diff, model_flat
 
 __all__ = ["NEOX_IGNORED_KEYS", "Config", "ConfigError", "DataConfig", "Key", "ModelConfig", "RunConfig",

@@ -13,16 +13,18 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from ..attention import registry, variant_keys
 from ..families import FAMILIES
-from ..settings import ConfigError, setting
+from ..corpus_names import CORPORA
+from ..settings import ConfigError, at_least, setting, when
 
 
 @dataclass
 class AttentionBase:
-    """The attention keys every variant shares; variants add theirs (see :func:`attention_config_class`)."""
+    """The attention keys every variant shares; variants add theirs (see :func:`attention_config_class`). The type
+    of ``cfg.model.attention`` for type checkers: these keys typed, a variant's key through ``__getattr__``."""
 
     attention_type: str = setting("vanilla", "Attention variant of every layer: one of the registered names (vanilla, "
                                              "dar, uniform, swa, mswa, aha, linear, ...). With per-layer types it "
@@ -35,9 +37,14 @@ class AttentionBase:
         None, "The MSWA paper's hybrid (Sec. 4.4): four groups of L/12 linear then L/6 mswa (or swa) layers; sets "
         "attention_config (num_layers divisible by 12).", label="")
     window_size: int = setting(128, "Window w: key j is inside when i - j < w (the variants that use a window).",
-                               label="w")
+                               label="w", rule=at_least(0))
     attention_impl: Literal["auto", "reference", "triton", "sdpa"] = setting(
         "auto", "auto (triton on CUDA, else sdpa) | reference (materialized masks) | triton | sdpa.", arch=False)
+
+    if TYPE_CHECKING:  # the loaded section is attention_config_class(): these keys plus each registered variant's
+        def __getattr__(self, key: str) -> Any:
+            """A variant's key (``cfg.model.attention.dar_d_down``): Any to a type checker, its ``Key``'s type when
+            loaded."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -73,26 +80,32 @@ class ModelConfig:
     model_family: Literal[tuple(FAMILIES)] = setting(
         "gpt_neox", "Parameter names and the Hugging Face class of imports and exports, a record of "
         "neox_dar/families.py: " + ", ".join(f"{f.name} ({f.hf_class})" for f in FAMILIES.values()) + ".")
-    num_layers: int = setting(6, "Transformer layers.")
-    hidden_size: int = setting(512, "Model width d.")
-    num_attention_heads: int = setting(8, "Attention (query) heads H.")
+    num_layers: int = setting(6, "Transformer layers.", rule=at_least(1))
+    hidden_size: int = setting(512, "Model width d.", rule=at_least(1))
+    num_attention_heads: int = setting(8, "Attention (query) heads H.", rule=at_least(1))
     num_kv_heads: Optional[int] = setting(None, "Key/value heads for grouped-query attention, dividing "
-                                                "num_attention_heads (unset: num_attention_heads).")
+                                                "num_attention_heads (unset: num_attention_heads).", rule=at_least(1))
     head_dim: Optional[int] = setting(None, "Dims per head (unset: hidden_size / num_attention_heads; Qwen3 sets "
-                                            "it).")
-    intermediate_size: Optional[int] = setting(None, "MLP inner width (unset: 4 * hidden_size).")
-    seq_length: int = setting(2048, "Training sequence length (and the default evaluation window).", arch=False)
-    max_position_embeddings: int = setting(2048, "Longest position the model supports (>= seq_length).")
+                                            "it).", rule=at_least(1))
+    intermediate_size: Optional[int] = setting(None, "MLP inner width (unset: 4 * hidden_size).", rule=at_least(1))
+    seq_length: int = setting(2048, "Training sequence length (and the default evaluation window).", arch=False,
+                              rule=at_least(1))
+    max_position_embeddings: int = setting(2048, "Longest position the model supports (>= seq_length).",
+                                           rule=at_least(1))
     rotary_pct: float = setting(0.25, "Fraction of each head's dims that get rotary embeddings (Pythia 0.25, the "
-                                      "other families 1.0).")
-    rotary_emb_base: int = setting(10000, "Rotary base (Hugging Face rope_theta).")
+                                      "other families 1.0).", rule=when(lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"))
+    rotary_emb_base: int = setting(10000, "Rotary base (Hugging Face rope_theta).", rule=at_least(1))
     rope_scaling: Optional[RopeScaling] = setting(None, "Llama-3 rotary scaling (rope_type, factor, low_freq_factor, "
-                                                        "high_freq_factor, original_max_position_embeddings).")
+                                                        "high_freq_factor, original_max_position_embeddings).",
+                                                  rule=when(lambda r: r.factor > 0 and r.low_freq_factor > 0
+                                                            and r.high_freq_factor > r.low_freq_factor,
+                                                            "factor and low_freq_factor must be > 0 and "
+                                                            "high_freq_factor > low_freq_factor"))
     gpt_j_residual: bool = setting(True, "Parallel residual: x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX); false: "
                                          "sequential.")
     norm: Literal["layernorm", "rmsnorm"] = setting("layernorm", "Normalization layer.")
-    layernorm_epsilon: float = setting(1e-5, "LayerNorm epsilon.")
-    rms_norm_epsilon: float = setting(1e-6, "RMSNorm epsilon.")
+    layernorm_epsilon: float = setting(1e-5, "LayerNorm epsilon.", rule=when(lambda v: v > 0, "must be > 0"))
+    rms_norm_epsilon: float = setting(1e-6, "RMSNorm epsilon.", rule=when(lambda v: v > 0, "must be > 0"))
     norm_position: Literal["pre", "post"] = setting(
         "pre", "pre: x + f(norm(x)) (GPT-NeoX, Llama, Qwen); post: x + norm(f(x)), a norm after each sub-layer "
         "(OLMo-2).")
@@ -109,19 +122,23 @@ class ModelConfig:
     mlp_bias: bool = setting(True, "Biases in the MLP (GPT-NeoX: true).")
     no_weight_tying: bool = setting(True, "Untied input and output embeddings (Pythia: true; some Llama-3.2 and "
                                           "Qwen models tie them).")
-    vocab_size: int = setting(50277, "Tokenizer vocabulary size before padding (Pythia tokenizer: 50277).")
-    make_vocab_size_divisible_by: int = setting(128, "Pad the vocabulary to a multiple of this.")
+    vocab_size: int = setting(50277, "Tokenizer vocabulary size before padding (Pythia tokenizer: 50277).",
+                              rule=at_least(1))
+    make_vocab_size_divisible_by: int = setting(128, "Pad the vocabulary to a multiple of this.", rule=at_least(1))
     init_method: Literal["small_init", "normal"] = setting(
         "small_init", "Init of input-side weights: small_init std sqrt(2/(5d)).", arch=False)
     output_layer_init_method: Literal["wang_init", "normal"] = setting(
         "wang_init", "Init of the layer-output projections: wang_init std 2/(L*sqrt(d)).", arch=False)
     init_method_std: float = setting(0.02, "Std for the 'normal' init methods.", arch=False)
     attention_dropout: float = setting(0.0, "Dropout on attention probabilities: only 0 is supported (Pythia: 0).",
-                                       arch=False)
-    hidden_dropout: float = setting(0.0, "Dropout on residual branches (Pythia: 0).", arch=False)
+                                       arch=False,
+                                       rule=when(lambda v: v == 0.0,
+                                                 "only 0 is supported (no attention path applies dropout)"))
+    hidden_dropout: float = setting(0.0, "Dropout on residual branches (Pythia: 0).", arch=False,
+                                    rule=when(lambda v: 0.0 <= v < 1.0, "must be in [0, 1)"))
     vocab_file: Optional[str] = setting(None, "Tokenizer file (HF tokenizer.json or SentencePiece model).", arch=False)
     tokenizer_type: Literal["HFTokenizer", "SPMTokenizer"] = setting("HFTokenizer", "Tokenizer kind.", arch=False)
-    attention: Any = field(default=None, metadata={"section": True})
+    attention: AttentionBase = field(default=None, metadata={"section": True})  # an attention_config_class()
 
     @property
     def kv_groups(self) -> int:
@@ -140,9 +157,10 @@ class ModelConfig:
 
 @dataclass
 class OptimizerParams:
-    lr: float = setting(1e-3, "Peak learning rate.")
-    betas: tuple[float, float] = setting((0.9, 0.95), "Adam beta1, beta2 (Pythia: 0.9, 0.95).")
-    eps: float = setting(1e-8, "Adam epsilon.")
+    lr: float = setting(1e-3, "Peak learning rate.", rule=when(lambda v: 0 < v < math.inf, "must be > 0 and finite"))
+    betas: tuple[float, float] = setting((0.9, 0.95), "Adam beta1, beta2 (Pythia: 0.9, 0.95).",
+                                         rule=when(lambda v: all(0.0 <= b < 1.0 for b in v), "each must be in [0, 1)"))
+    eps: float = setting(1e-8, "Adam epsilon.", rule=when(lambda v: 0 < v < math.inf, "must be > 0 and finite"))
 
 
 @dataclass
@@ -154,7 +172,7 @@ class OptimizerConfig:
 
 @dataclass
 class ZeroConfig:
-    stage: int = setting(1, "DeepSpeed ZeRO stage 0..3.")
+    stage: int = setting(1, "DeepSpeed ZeRO stage 0..3.", rule=when(lambda v: 0 <= v <= 3, "must be 0, 1, 2 or 3"))
     allgather_partitions: bool = setting(True, "DeepSpeed ZeRO allgather_partitions.")
     allgather_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO allgather bucket size (elements).")
     overlap_comm: bool = setting(True, "Overlap gradient reduction with backward.")
@@ -162,7 +180,9 @@ class ZeroConfig:
     reduce_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO reduce bucket size (elements).")
     contiguous_gradients: bool = setting(True, "Copy gradients to a contiguous buffer.")
     cpu_offload: bool = setting(False, "GPT-NeoX's ZeRO-Offload switch; only false is supported (Pythia configs "
-                                       "carry it).")
+                                       "carry it).",
+                                rule=when(lambda v: not v,
+                                          "ZeRO-Offload is not supported: use a higher zero_optimization.stage"))
 
 
 @dataclass
@@ -181,26 +201,33 @@ class TrainingConfig:
 
     train_batch_size: Optional[int] = setting(None, "Global batch in sequences = micro * grad_accum * data-parallel "
                                                     "size.", label="bs")
-    train_micro_batch_size_per_gpu: int = setting(4, "Sequences per device per micro-step.")
+    train_micro_batch_size_per_gpu: int = setting(4, "Sequences per device per micro-step.", rule=at_least(1))
     gradient_accumulation_steps: Optional[int] = setting(None, "Micro-steps per optimizer step (derived from "
-                                                               "train_batch_size when unset).")
-    train_iters: int = setting(1000, "Optimizer steps.", label="iters")
-    lr_decay_iters: Optional[int] = setting(None, "Steps over which the LR decays (default train_iters).")
+                                                               "train_batch_size when unset).", rule=at_least(1))
+    train_iters: int = setting(1000, "Optimizer steps.", label="iters", rule=at_least(1))
+    lr_decay_iters: Optional[int] = setting(None, "Steps over which the LR decays (default train_iters).",
+                                            rule=at_least(1))
     lr_decay_style: Literal["cosine", "linear", "constant"] = setting("cosine", "LR decay after warmup.")
-    warmup: float = setting(0.01, "Warmup as a fraction of lr_decay_iters (Pythia: 0.01).")
+    warmup: float = setting(0.01, "Warmup as a fraction of lr_decay_iters (Pythia: 0.01).",
+                            rule=when(lambda v: 0.0 <= v <= 1.0, "is a fraction of lr_decay_iters, must be in [0, 1]"))
     min_lr: Optional[float] = setting(None, "Final LR (default optimizer.params.lr / 10, the Pythia recipe).")
     optimizer: OptimizerConfig = setting(OptimizerConfig(), "Optimizer type and params.")
-    weight_decay: float = setting(0.1, "Weight decay (not applied to biases and norm weights).")
-    gradient_clipping: float = setting(1.0, "Clip the global gradient norm to this (0 disables).")
+    weight_decay: float = setting(0.1, "Weight decay (not applied to biases and norm weights).",
+                                  rule=when(lambda v: 0 <= v < math.inf, "must be >= 0 and finite"))
+    gradient_clipping: float = setting(1.0, "Clip the global gradient norm to this (0 disables).",
+                                       rule=when(lambda v: 0 <= v < math.inf, "must be >= 0 and finite"))
     zero_optimization: ZeroConfig = setting(ZeroConfig(), "DeepSpeed ZeRO settings.")
     precision: Literal["auto", "fp32", "fp16", "bf16", "bfloat16"] = setting("auto", "auto: bf16 on GPU, fp32 on "
                                                                                      "CPU.")
-    seed: int = setting(1234, "Random seed, 0..2**32-1 (numpy's RandomState range).", label="seed")
+    seed: int = setting(1234, "Random seed, 0..2**32-1 (numpy's RandomState range).", label="seed",
+                        rule=when(lambda v: 0 <= v <= 2**32 - 1,
+                                  "must be in [0, 2**32 - 1], numpy RandomState's range"))
     checkpoint_activations: bool = setting(False, "Recompute each layer in backward to save memory.")
     trainable_params: Optional[list[str]] = setting(
         None, "fnmatch patterns over parameter names selecting what trains, e.g. ['*.dar_down.*', '*.dar_up.*'] "
         "(unset: everything; with lora: the adapters plus these). Frozen parameters get no gradient and no optimizer "
-        "state; a pattern matching no parameter is an error.")
+        "state; a pattern matching no parameter is an error.",
+        rule=when(bool, "must name at least one pattern (unset it to train every parameter)"))
     lora: Optional[LoraConfig] = setting(
         None, "LoRA adapters (peft) on target_modules: r, alpha, dropout, target_modules; the base weights freeze "
         "(trainable_params adds more), checkpoints' model.safetensors hold the merged weights.")
@@ -240,6 +267,18 @@ class TrainingConfig:
         return self.train_micro_batch_size_per_gpu * world_size * self.gradient_accumulation_for(world_size)
 
 
+def split_shares(split: str) -> list[float] | None:
+    """GPT-NeoX's ``split``: up to three ','- or '/'-separated train,valid,test shares, missing ones 0
+    ("98,2" is [98, 2, 0]); None when malformed (not numbers, negative, more than three, zero sum)."""
+    try:
+        shares = [float(p) for p in split.replace("/", ",").split(",")]
+    except ValueError:
+        return None
+    if len(shares) > 3 or not all(math.isfinite(x) and x >= 0 for x in shares) or sum(shares) <= 0:
+        return None
+    return (shares + [0.0, 0.0])[:3]
+
+
 @dataclass
 class DataConfig:
     """Training and validation datasets."""
@@ -256,7 +295,9 @@ class DataConfig:
         "grouped by length, never packed with another.")
     valid_label_data_paths: Optional[list[str]] = setting(None, "Label datasets of valid_data_paths, one per path.")
     split: str = setting("969,30,1", "train,valid,test shares of data_path's documents (',' or '/'; missing shares "
-                                     "are 0).")
+                                     "are 0).",
+                         rule=when(lambda v: split_shares(v) is not None, "must be 1 to 3 non-negative numbers "
+                                   "'train,valid,test' with a positive sum; missing shares are 0"))
     data_shuffle: bool = setting(True, "Shuffle documents and samples (seeded); false reads samples in file order "
                                        "(Pythia's preshuffled data).")
     data_fixed_length: Optional[bool] = setting(
@@ -266,21 +307,24 @@ class DataConfig:
     data_token_check: Literal["full", "sample", "skip"] = setting(
         "full", "Start-up check that token ids are in [0, vocab_size): full scan of each .bin (cached by file size "
         "and mtime), sample (64 windows of 1M tokens) or skip; headers and sizes are always checked.")
-    data_cache_path: Optional[str] = setting(None, "Directory for cached index maps (default: next to the data).")
-    num_workers: int = setting(2, "Data-loader worker processes.")
+    data_cache_path: Optional[str] = setting(None, "Directory for cached index maps (default: next to the data).",
+                                             rule=when(lambda v: bool(v.strip()), "must be a directory path"))
+    num_workers: int = setting(2, "Data-loader worker processes.", rule=at_least(0))
 
 
 @dataclass
 class CorpusEvalConfig:
     interval: int = setting(0, "Every this many steps (and after the last), the rolling-window perplexity of the "
                                "evaluation corpora inside the training job, sharded over the ranks: logged and written "
-                               "to {save}/eval/step_N.json (DAR Fig. 3). 0: never.")
+                               "to {save}/eval/step_N.json (DAR Fig. 3). 0: never.", rule=at_least(0))
     source: Literal["local", "hub"] = setting("local", "Corpora from data/eval (local) or the Hugging Face Hub.")
     corpora: list[str] = setting(["fineweb_edu", "c4", "wikitext103"], "Corpora to score (fineweb_edu, c4, "
-                                                                        "wikitext103).")
+                                                                        "wikitext103).",
+                                 rule=when(lambda v: bool(v) and all(c in CORPORA for c in v),
+                                           f"must be a non-empty list of {', '.join(CORPORA)}"))
     max_docs: Optional[int] = setting(None, "Documents per corpus (unset: every local document; the Hub's documented "
-                                            "default counts).")
-    batch_size: int = setting(8, "Windows per forward.")
+                                            "default counts).", rule=at_least(1))
+    batch_size: int = setting(8, "Windows per forward.", rule=at_least(1))
 
 
 @dataclass
@@ -299,14 +343,14 @@ class RunConfig:
         "never: start fresh.")
     overwrite: bool = setting(False, "Discard checkpoints, metrics, status and evaluations of another run found in "
                                      "save (without it such a save is an error).")
-    checkpoint_factor: int = setting(1000, "Save a checkpoint every this many steps.")
-    keep_last_n: int = setting(2, "Keep this many newest checkpoints.")
+    checkpoint_factor: int = setting(1000, "Save a checkpoint every this many steps.", rule=at_least(1))
+    keep_last_n: int = setting(2, "Keep this many newest checkpoints.", rule=at_least(1))
     exit_interval: Optional[int] = setting(None, "Checkpoint and stop (exit code 3) after every step divisible by "
-                                                 "this; rerun to continue.")
-    log_interval: int = setting(10, "Log every this many steps.")
-    eval_interval: int = setting(1000, "Validate every this many steps (0 disables).")
+                                                 "this; rerun to continue.", rule=at_least(1))
+    log_interval: int = setting(10, "Log every this many steps.", rule=at_least(1))
+    eval_interval: int = setting(1000, "Validate every this many steps (0 disables).", rule=at_least(0))
     eval_iters: int = setting(10, "Validation global batches (train_batch_size sequences each) per evaluation, "
-                                  "GPT-NeoX's count.")
+                                  "GPT-NeoX's count.", rule=at_least(1))
     eval_mode: Literal["continuous", "fixed"] = setting(
         "continuous", "continuous (GPT-NeoX): each evaluation reads the next eval_iters batches of the validation "
         "set; fixed: every evaluation reads the first eval_iters batches (the same data each time).")
