@@ -386,7 +386,9 @@ def metric_grid(columns: list[tuple[str, dict[str, dict[str, list[tuple[float, f
                 points = sorted(metrics[metric])
                 ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(FixedLocator(sorted({x for m in series.values() for x, _ in m[metric]})))
             ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.xaxis.set_minor_locator(NullLocator())
             _label(ax, xlabel, ylabel, name if row == 0 else "", legend=row == 0)
     return _save(fig, path, rect=_titled(fig, title, caption))
 
