@@ -8,9 +8,18 @@ A suite is a list of (lm-eval task, few-shot count, metric) as the paper ran it 
 length every model it compares is evaluated at (``max_length``: lm-eval keeps the last ``max_length`` tokens of a
 longer prompt; null = each checkpoint's ``seq_length``); ``--suite-file FILE.yml`` adds one (``{name: {paper,
 tasks: [[task, shots, metric], ...], min_context: window|null, relative: label, max_length: N|null}}``, with
-``--include-path DIR`` for local task YAMLs). Each task runs through the project's
+``--include-path DIR`` for local task YAMLs; ``metadata: {...}`` for tasks that read it). Each task runs through the
+project's
 lm-eval model (:mod:`eval.lm_eval_model`: the checkpoint's own attention, caches and tokenizer), with lm-eval's
-few-shot seed (1234).
+few-shot seed (1234). Consecutive rows of one task and shot count (RULER at 4k and 8k) share one evaluation.
+
+RULER (DimPO Table 4, suite ``dimpo-table4``): its tasks build their documents at each of the lengths in the
+suite's ``metadata`` (``max_seq_lengths``), sized with a tokenizer that lm-eval loads by name; the suite passes the
+checkpoint's own tokenizer (saved to a temporary folder) as ``tokenizer``. A group's score for a metric its
+aggregate does not list (lm-eval's ``ruler`` group aggregates only ``4096``) is the unweighted mean over its
+subtasks, as the group's own aggregate is (and the paper's "averages across all subtasks"). RULER needs the
+``wonderwords`` and ``nltk`` packages (``pip install lm_eval[ruler]``) and, for its essay haystacks and QA tasks,
+the Hugging Face Hub.
 
 DAR's and AHA's filter: "we exclude samples whose input context is shorter than the window size" — a suite with
 ``min_context: window`` drops, per task, every document whose prompt (few-shot examples included, as the model
@@ -40,8 +49,10 @@ Choices where the papers are silent or differ (tests/test_fidelity.py pins them)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass
@@ -68,6 +79,7 @@ class Suite:
     relative: str = "Rel. (%)"
     notes: str = ""
     max_length: int | None = None  # the context length of every model the suite compares (None: each one's own)
+    metadata: dict | None = None  # lm-eval task metadata (RULER's max_seq_lengths); the model's tokenizer is added
 
 
 def _tasks(*rows: tuple) -> tuple[SuiteTask, ...]:
@@ -78,6 +90,7 @@ _DAR_AHA = (("mmlu", 5, "acc,none", "MMLU"), ("hellaswag", 5, "acc_norm,none", "
             ("commonsense_qa", 5, "acc,none", "CSQA"))
 OLMO2_CONTEXT = 4096  # OLMo-2-0425-1B(-SFT)'s max_position_embeddings: DAR's and AHA's suites evaluate every model here
 LLAMA2_CONTEXT = 4096  # Llama-2-7B's context and MSWA's fine-tuning sequence length (Appendix B.2.2)
+RULER_CONTEXT = 8192  # DimPO Table 4's longest RULER length
 _COMMONSENSE = (("piqa", "PIQA"), ("openbookqa", "OBQA"), ("winogrande", "WinoGrande"), ("hellaswag", "HellaSwag"),
                 ("boolq", "BoolQ"), ("copa", "COPA"), ("arc_easy", "ARC-e"), ("arc_challenge", "ARC-c"))
 SUITES: dict[str, Suite] = {
@@ -102,6 +115,11 @@ SUITES: dict[str, Suite] = {
         "DimPO Tables 2-3 (Sec. 4)",
         _tasks(*((t, 0, f"{metric},none", TASK_TITLES[t]) for t, metric in PAPER_TASKS.items())),
         None, "Retain %", "relative to the unprojected model"),
+    "dimpo-table4": Suite(
+        "DimPO Table 4 (Sec. 4.2), RULER",
+        _tasks(("ruler", 0, "4096,none", "RULER 4k"), ("ruler", 0, "8192,none", "RULER 8k")),
+        None, "Retain %", "relative to the unprojected model; the mean over RULER's 13 subtasks at each length",
+        RULER_CONTEXT, {"max_seq_lengths": [4096, 8192]}),
 }
 CODE_TASKS = {"mbpp"}  # their metric runs model-written code
 
@@ -124,8 +142,11 @@ def load_suites(path: str | None) -> dict[str, Suite]:
             max_length = spec.get("max_length")
             if max_length is not None and (type(max_length) is not int or max_length < 1):
                 raise ValueError(f"max_length must be an integer >= 1 or null, got {max_length!r}")
+            metadata = spec.get("metadata")
+            if metadata is not None and not isinstance(metadata, dict):
+                raise ValueError(f"metadata must be a mapping, got {metadata!r}")
             suites[name] = Suite(spec.get("paper", name), tuple(rows), spec.get("min_context"),
-                                 spec.get("relative", "Rel. (%)"), spec.get("notes", ""), max_length)
+                                 spec.get("relative", "Rel. (%)"), spec.get("notes", ""), max_length, metadata)
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{path}: not a suite file ({type(e).__name__}: {e}); expected "
                          "{name: {tasks: [[task, shots, metric], ...]}}") from None
@@ -145,9 +166,26 @@ def _prompt_lengths(task, lm, limit: int | None) -> dict[int, int]:
     return lengths
 
 
-def run_task(lm, spec: SuiteTask, task_manager, limit: int | None, min_context: int, allow_code: bool) -> dict:
-    """Score one suite task: lm-eval's requests built once, documents whose prompt is shorter than
-    ``min_context`` tokens removed, the rest scored by lm-eval's evaluator. Returns the task's result entry."""
+def _score(results: dict, task: str, metric: str) -> tuple[float, float | None]:
+    """(score, stderr) of ``metric`` for ``task`` from lm-eval's ``results``: the task's own, else (a group whose
+    aggregate does not list it) the unweighted mean over the other entries that report it, without a stderr."""
+    own = results.get(task) or next(iter(results.values()))
+    if metric in own:
+        stderr = own.get(metric.replace(",", "_stderr,", 1))
+        return float(own[metric]), float(stderr) if isinstance(stderr, float) else None
+    leaves = [r[metric] for name, r in results.items() if name != task and metric in r]
+    if not leaves:
+        have = ", ".join(k for k in own if "," in k)
+        raise SuiteError(f"task {task} reported no {metric!r} (it has {have})")
+    return sum(map(float, leaves)) / len(leaves), None
+
+
+def run_task(lm, specs: list[SuiteTask], task_manager, limit: int | None, min_context: int,
+             allow_code: bool) -> list[dict]:
+    """Score one suite task (``specs``: its rows, one task and shot count, one metric each): lm-eval's requests
+    built once, documents whose prompt is shorter than ``min_context`` tokens removed, the rest scored by lm-eval's
+    evaluator once. Returns each row's result entry."""
+    spec = specs[0]
     from lm_eval.evaluator import evaluate
     from lm_eval.tasks import get_task_dict
 
@@ -176,19 +214,18 @@ def run_task(lm, spec: SuiteTask, task_manager, limit: int | None, min_context: 
         samples[name] = keep
         kept, dropped = kept + len(keep), dropped + len(lengths) - len(keep)
     if kept == 0:
-        return {"task": spec.task, "shots": spec.shots, "metric": spec.metric, "score": None, "docs": 0,
-                "dropped_short": dropped, "note": f"no document has a prompt of >= {min_context} tokens"}
+        return [{"task": s.task, "shots": s.shots, "metric": s.metric, "score": None, "docs": 0,
+                 "dropped_short": dropped, "note": f"no document has a prompt of >= {min_context} tokens"}
+                for s in specs]
     lm.reset_attention_stats()
     out = evaluate(lm, task_dict, samples=samples, log_samples=False, confirm_run_unsafe_code=allow_code,
                    verbosity="WARNING")
-    results = out["results"].get(spec.task) or next(iter(out["results"].values()))
-    if spec.metric not in results:
-        have = ", ".join(k for k in results if "," in k)
-        raise SuiteError(f"task {spec.task} reported no {spec.metric!r} (it has {have})")
-    stderr = results.get(spec.metric.replace(",", "_stderr,", 1))
-    return {"task": spec.task, "label": spec.label, "shots": spec.shots, "metric": spec.metric,
-            "score": float(results[spec.metric]), "stderr": float(stderr) if isinstance(stderr, float) else None,
-            "docs": kept, "dropped_short": dropped, **lm.attention_stats()}
+    rows = []
+    for s in specs:
+        score, stderr = _score(out["results"], s.task, s.metric)
+        rows.append({"task": s.task, "label": s.label, "shots": s.shots, "metric": s.metric, "score": score,
+                     "stderr": stderr, "docs": kept, "dropped_short": dropped, **lm.attention_stats()})
+    return rows
 
 
 def run_suite(checkpoint: str, suite_name: str, suites: dict[str, Suite], *, limit: int | None = None,
@@ -211,15 +248,23 @@ def run_suite(checkpoint: str, suite_name: str, suites: dict[str, Suite], *, lim
                    max_length=max_length or suite.max_length)
     if min_context is None:
         min_context = lm.window_size() if suite.min_context == "window" else 0
-    manager = TaskManager(include_path=include_path) if include_path else TaskManager()
     rows = []
-    for spec in suite.tasks:
-        rows.append(run_task(lm, spec, manager, limit, min_context, allow_code))
-        print(f"{spec.task}: {rows[-1]['score']} ({rows[-1]['docs']} documents, {rows[-1]['dropped_short']} "
-              f"shorter than {min_context} tokens dropped)", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        metadata = None
+        if suite.metadata is not None:  # tasks that size their documents with a tokenizer (RULER) get the model's
+            lm.tokenizer.save_pretrained(tokenizer_dir)
+            metadata = {**suite.metadata, "tokenizer": tokenizer_dir}
+        manager = TaskManager(include_path=include_path, metadata=metadata)
+        for _, group in itertools.groupby(suite.tasks, key=lambda t: (t.task, t.shots)):
+            group = list(group)
+            rows += run_task(lm, group, manager, limit, min_context, allow_code)
+            for row in rows[-len(group):]:
+                print(f"{row['task']} ({row['metric']}): {row['score']} ({row['docs']} documents, "
+                      f"{row['dropped_short']} shorter than {min_context} tokens dropped)", file=sys.stderr)
     lm.reset_attention_stats()
     return {"checkpoint": str(checkpoint), "suite": suite_name, "paper": suite.paper, "min_context": min_context,
-            "max_length": lm.max_length, "suite_max_length": suite.max_length, "limit": limit, "tasks": rows,
+            "max_length": lm.max_length, "suite_max_length": suite.max_length, "metadata": suite.metadata,
+            "limit": limit, "tasks": rows,
             "lm_eval_version": lm_eval_version, "model": lm.describe(),
             "seconds": round(time.time() - t0, 1)}
 
