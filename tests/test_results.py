@@ -45,8 +45,9 @@ def test_the_orderings_docs_state_for_the_cpu_replication():
     floor = abs(rel["vanilla-seed2"] - 100)
     assert rel["dar"] < rel["uniform"] and rel["uniform"] > 100 + floor
     assert [n for n, v in rel.items() if isinstance(v, float) and v > 100 + floor] == ["uniform"]
-    for name in ("dar", "swa", "mswa", "aha-w16", "aha-w64"):
+    for name in ("dar", "swa", "mswa", "aha-w16", "aha-w64", "mswa-linear"):
         assert rel[name] < 100 - floor, name
     assert rel["mswa"] < rel["swa"] and row["mswa"]["Cost"] < row["swa"]["Cost"]
     assert (row["mswa"]["KV (B/token)"], row["swa"]["KV (B/token)"]) == (225.0, 256.0)
     assert row["aha-w64"]["mu_f (%)"] < row["aha-w16"]["mu_f (%)"] and rel["aha-w64"] > rel["aha-w16"]
+    assert rel["mswa"] * 1.05 < rel["mswa-linear"] < 100 - floor
