@@ -3,6 +3,8 @@
 #   bash scripts/test.sh                          # every test, the end-to-end tier included
 #   bash scripts/test.sh --fast                   # the fast tier: pytest -m "not e2e" (the e2e list: tests/conftest.py)
 #   bash scripts/test.sh tests/test_model.py -x   # extra arguments go to pytest
+#   RECORD=bench/results/test_suite_cpu.json bash scripts/test.sh   # also write the wall time, exit and load there
+#   SETUP=0 bash scripts/test.sh ...              # the packages are installed: skip scripts/setup.sh
 # The interpreter is $PYTHON if set, else the active virtual environment's python, else python3 (setup.sh
 # installs into the same one). The suite's wall time is printed at the end.
 set -euo pipefail
@@ -17,7 +19,7 @@ if [ -z "${PYTHON:-}" ] && [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/p
 fi
 PYTHON=${PYTHON:-python3}
 export PYTHON
-bash scripts/setup.sh
+[ "${SETUP:-1}" = 0 ] || bash scripts/setup.sh
 # Nothing is JIT-compiled: training never builds DeepSpeed's CPU shm_comm op (neox_dar/training/distributed.py),
 # so no torch extension lock is taken at start-up and none is built here either.
 # The SLURM acceptance test (end-to-end tier) runs a real one-node cluster: it needs Debian's slurm-wlm and munge.
@@ -42,4 +44,16 @@ rc=0
 "$PYTHON" -m pytest "${ARGS[@]}" "$@" || rc=$?
 elapsed=$(( $(date +%s) - start ))
 printf 'test.sh: %s took %d min %02d s wall (pytest exit %d)\n' "$TIER" $((elapsed / 60)) $((elapsed % 60)) "$rc"
+if [ -n "${RECORD:-}" ]; then
+  "$PYTHON" - "$RECORD" "$TIER" "$elapsed" "$rc" "$([ "$FAST" = 1 ] && echo "--fast ")$*" <<'EOF'
+import datetime, os, sys
+from neox_dar.provenance import code_version, write_result
+out, tier, wall, rc, args = sys.argv[1:6]
+write_result({"command": f"bash scripts/test.sh {args}".strip(), "tier": tier, "wall_s": int(wall),
+              "pytest_exit": int(rc), "device": f"CPU ({os.cpu_count()} cores)",
+              "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+              "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+              **code_version()}, out)
+EOF
+fi
 exit "$rc"
