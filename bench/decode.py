@@ -14,9 +14,10 @@ Per variant, context ``C`` and batch ``B``: the model's caches are made for ``C`
 (``CausalLM.new_cache``) and their first ``C - warmup - steps`` columns are taken as written (zeros: the decode cost
 does not depend on the values, and the prefill is not timed), then ``warmup`` + ``steps`` decode steps run
 (``CausalLM.decode``, one token per row), so the timed steps see contexts just below ``C``. Variants alternate
-step by step, so they share the machine's load; a step's time is wall time (CUDA synchronised); tokens/s is
-``B / median step time``. ``cache_bytes_per_sequence`` is what the caches hold (``ModelCache.nbytes() / B``), next to
-the figure ``python -m neox_dar.describe`` prints (each layer's ``kv_cache_per_token(C) x C``, summed).
+step by step, so they share the machine's load (the 1-minute load average before and after is recorded); a step's
+time is wall time (CUDA synchronised); tokens/s is ``B / median step time``. ``cache_bytes_per_sequence`` is what
+the caches hold (``ModelCache.nbytes() / B``), next to the figure ``python -m neox_dar.describe`` prints (each
+layer's ``kv_cache_per_token(C) x C``, summed).
 ``kv_bytes_read_per_token`` counts what one decode step of the implementation reads from the caches per row: the
 whole cache, except AHA (the last ``w`` columns of every head, and every column for the (row, head) pairs whose gate
 is open). AHA's router is replaced by a fixed gate pattern opening a ``--aha-mu-f`` share of the (layer, row, head)
@@ -49,6 +50,7 @@ bfloat16``). On the CPU it uses one thread unless ``--threads`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -139,6 +141,7 @@ def build(args, variant: str, device: torch.device, dtype: torch.dtype):
 
 
 def run(args) -> dict:
+    load_before = os.getloadavg()
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     rows = []
@@ -205,6 +208,7 @@ def run(args) -> dict:
                       "head_dim": m.head_dim, "window_size": m.attention.window_size,
                       "dar_d_down": next((m.cfg.attention.dar_d_down for v, m in models.items()
                                           if v.startswith("dar")), None)},
+            "load_average": {"before": load_before, "after": os.getloadavg()},
             "preset": args.preset, "steps": args.steps, "warmup": args.warmup, "aha_mu_f_target": args.aha_mu_f,
             "results": rows, "over_contexts": over_contexts}
 

@@ -209,7 +209,7 @@ def cmd_study(args) -> int:
     from pathlib import Path
 
     from .fit import fit_settings, run_fit
-    from .study import collect, draw, fit_dir
+    from .study import collect, draw, fit_dir, tables
 
     panels = [p.strip() for p in args.panels.split(",") if p.strip()]
     unknown = [p for p in panels if p not in PANELS]
@@ -230,6 +230,8 @@ def cmd_study(args) -> int:
             run_fit(loaded.model, settings, docs, hyper, fit_dir(args.out, p, k), args.query_block)
     study = collect(args.out, ks)
     path = draw(study, Path(args.out) / "fig4.png", loaded.info["checkpoint"])
+    for t in tables(study):
+        print(to_markdown(t))
     print(f"wrote {Path(args.out) / 'study.json'} and {path}")
     return 0
 

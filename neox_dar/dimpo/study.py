@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..report.tables import Table
 from ..rundir import write_text_atomic
 from .fit import load_results
-from .methods import PAIRWISE
+from .methods import METHODS, PAIRWISE
 from .tables import METHOD_TITLES
 
 PANELS = {  # panel: (title, the paper's k, the methods it compares)
@@ -51,6 +52,19 @@ def collect(out: str | Path, ks: dict[str, list[int]]) -> dict:
                 study.setdefault(panel, {}).setdefault(method, {})[str(k)] = scores
     write_text_atomic(Path(out) / STUDY, json.dumps(study, indent=1))
     return study
+
+
+def tables(study: dict) -> list[Table]:
+    """One table per panel: ``KL / MSE`` per method (rows, Table 1's order) and k (columns)."""
+    out = []
+    for panel, methods in study.items():
+        ks = sorted({int(k) for by_k in methods.values() for k in by_k})
+        rows = [[METHOD_TITLES[m]] + [f"{methods[m][str(k)]['kl']:.3f} / {methods[m][str(k)]['mse']:.2f}"
+                                      if str(k) in methods[m] else "--" for k in ks]
+                for m in METHODS if m in methods]
+        out.append(Table(f"Fig. 4 {PANELS[panel][0]}", ["Method"] + [f"k = {k}" for k in ks],
+                         rows, ["Test KL / attention-output MSE, each averaged over the layers and d'."]))
+    return out
 
 
 def draw(study: dict, path: str | Path, source: str) -> Path:
