@@ -27,7 +27,7 @@ from .typed import Config
 
 def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = ()) -> Config:
     """Layer YAML files (later wins; nested mappings merge key by key) and ``key=value`` overrides into a
-    validated :class:`Config`. GPT-NeoX config files load as they are (:data:`NEOX_IGNORED_KEYS`)."""
+    validated :class:`Config`. GPT-NeoX config files load as they are (:data:`.neox.NEOX_IGNORED_KEYS`)."""
     layers = [(str(p), normalize_keys(read_yaml(p), str(p))) for p in yaml_paths]
     for item in overrides:
         parts, value = parse_override(item)
@@ -39,6 +39,7 @@ def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = ()) -
 
 
 def load_layers(layers: list[tuple[str, dict]]) -> Config:
+    """``(source, flat keys)`` layers, later ones winning, as one validated :class:`Config`."""
     merged: dict = {}
     origins: dict[str, str] = {}
     for source, data in layers:
