@@ -27,7 +27,7 @@ from ..hf_remote.inference import WindowedKV, aha_attention
 from .base import Attention
 from .specs.aha import AHASpec
 from .masks import masked_attention, window_mask
-from .triton_bridge import triton_kernel
+from .triton_bridge import triton_kernels
 from .windowed import causal_sdpa, windowed_sdpa
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class AHAAttention(AHASpec, Attention):
         """Each row through its gate's path on this module's ``attention_impl``; gate (B, H, T) bool."""
         impl = self.resolved_impl(q.device)
         if impl == "triton":  # reads the H_kv key/value heads directly
-            return triton_kernel("aha_attention", q.device)(q, k, v, gate.contiguous(), self.window)
+            return triton_kernels(q.device).aha_attention(q, k, v, gate.contiguous(), self.window)
         k, v = self.expand_kv(k, v)
         if impl == "reference":
             return aha_reference(q, k, v, gate, self.window)

@@ -23,7 +23,7 @@ from ..hf_remote.inference import DARCache
 from .base import Attention
 from .masks import window_mask
 from .specs.dar import DARSpec, UniformSpec
-from .triton_bridge import triton_kernel
+from .triton_bridge import triton_kernels
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -110,7 +110,7 @@ class DARAttention(DARSpec, Attention):
         k_glob, v_glob = self.global_kv(a, cos, sin)
         impl = self.resolved_impl(q.device)
         if impl == "triton":  # reads the H_kv key/value heads directly
-            return triton_kernel("dar_attention", q.device)(q, k, v, k_glob, v_glob, self.window)
+            return triton_kernels(q.device).dar_attention(q, k, v, k_glob, v_glob, self.window)
         k, v, k_glob, v_glob = self.expand_kv(k, v, k_glob, v_glob)
         if impl == "reference":
             return dar_reference(q, k, v, k_glob, v_glob, self.window)

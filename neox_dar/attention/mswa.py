@@ -11,7 +11,7 @@ from .base import Attention
 from .layers import layer_position
 from .masks import masked_attention, window_mask
 from .specs.mswa import MSWASpec, mswa_window_table
-from .triton_bridge import triton_kernel
+from .triton_bridge import triton_kernels
 from .windowed import windowed_sdpa
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class MSWAAttention(MSWASpec, Attention):
         T = q.shape[-2]
         if impl == "triton":  # reads the H_kv key/value heads directly
             windows = torch.tensor(self.windows)  # on the CPU: the kernel reads it without a device sync
-            return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
+            return triton_kernels(q.device).mswa_attention(q, k, v, windows)
         k, v = self.expand_kv(k, v)
         if impl == "reference":
             allowed = torch.stack([window_mask(T, w, q.device) for w in self.windows])  # (H, T, T)

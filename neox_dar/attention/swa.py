@@ -9,7 +9,7 @@ import torch
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .specs.swa import SWASpec
-from .triton_bridge import triton_kernel
+from .triton_bridge import triton_kernels
 from .windowed import windowed_sdpa
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class SWAAttention(SWASpec, Attention):
         impl = self.resolved_impl(q.device)
         if impl == "triton":  # reads the H_kv key/value heads directly
             windows = torch.full((self.num_heads,), self.window)  # on the CPU: read without a device sync
-            return triton_kernel("mswa_attention", q.device)(q, k, v, windows)
+            return triton_kernels(q.device).mswa_attention(q, k, v, windows)
         k, v = self.expand_kv(k, v)
         if impl == "reference":
             return masked_attention(q, k, v, window_mask(q.shape[-2], self.window, q.device))

@@ -1,4 +1,5 @@
-"""The lazy link to the Triton kernels in ``kernels/`` (``attention_impl: triton``).
+"""The lazy link to the Triton kernels (``attention_impl: triton``): ``kernels/`` at the top of the repository,
+``neox_dar.kernels`` when installed (:mod:`neox_dar.top_packages`).
 
 The kernels are imported only when a variant runs on the ``triton`` path, so the package imports and
 the other paths run without Triton. Asking for ``triton`` where it cannot run is an error, never a
@@ -7,14 +8,17 @@ silent fallback to another path.
 
 from __future__ import annotations
 
-import importlib
 import os
+from types import ModuleType
 
 import torch
 
+from ..top_packages import INSTALLED
 
-def triton_kernel(name: str, device: torch.device):
-    """The function ``kernels.<name>``; raises RuntimeError when Triton cannot run on ``device``.
+
+def triton_kernels(device: torch.device) -> ModuleType:
+    """The kernels module (``triton_kernels(q.device).mswa_attention(q, k, v, windows)``), imported on first use;
+    raises RuntimeError when Triton cannot run on ``device``.
 
     On CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``).
     """
@@ -22,10 +26,10 @@ def triton_kernel(name: str, device: torch.device):
         raise RuntimeError(f"attention_impl 'triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU); "
                            f"tensors are on '{device}'. Use attention_impl: sdpa or reference here")
     try:
-        module = importlib.import_module("kernels")
+        if INSTALLED:
+            from .. import kernels
+        else:
+            import kernels
     except ImportError as e:
         raise RuntimeError(f"attention_impl 'triton' could not import the Triton kernels ({e})") from e
-    fn = getattr(module, name, None)
-    if fn is None:
-        raise RuntimeError(f"attention_impl 'triton': kernels has no '{name}'")
-    return fn
+    return kernels

@@ -24,6 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from ..rundir import write_text_atomic
+from ..top_packages import module_name
 from .files import read_result
 from .instances import DimPOError
 from .projections import Projections, kv_cache_saving, projected_layers
@@ -91,9 +92,9 @@ def plan_grid(checkpoint: str, projections: list[tuple[str, Projections]], layer
                 "d_proj": proj.d_proj, "layers": l, "projected": projected_layers(shape["num_layers"], l),
                 "kv_cache_saving": kv_cache_saving(l, shape["num_layers"], proj.d_proj, shape["head_dim"]),
                 "projection": path if l else None, "output": str(cell_dir(out, l, proj.d_proj)),
-                "command": [sys.executable, "-m", "eval.lm_eval_cli", "--model", "neox_dar", "--model_args",
-                            model_args, "--tasks", ",".join(tasks), "--num_fewshot", "0", "--output_path",
-                            str(cell_dir(out, l, proj.d_proj)), *lm_eval_args]})
+                "command": [sys.executable, "-m", module_name("eval.lm_eval_cli"), "--model", "neox_dar",
+                            "--model_args", model_args, "--tasks", ",".join(tasks), "--num_fewshot", "0",
+                            "--output_path", str(cell_dir(out, l, proj.d_proj)), *lm_eval_args]})
     grid = {"format": FORMAT, "checkpoint": checkpoint, "shape": shape, "method": projections[0][1].method,
             "tasks": tasks, "lm_eval_version": lm_eval_version(), "paper_lm_eval_version": PAPER_LM_EVAL,
             "cells": cells}

@@ -25,6 +25,7 @@ from ..evaluation.loading import load_for_eval
 from ..evaluation.perplexity import score_corpus
 from ..rundir import EVAL_DIR, FINAL_EVAL, read_json, write_text_atomic
 from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
+from ..top_packages import module_name
 from .rundir import needs_eval
 
 
@@ -114,7 +115,7 @@ def evaluate(run_dir: Path, options: list[str], extra: dict[str, str]) -> int:
     """eval.perplexity when the run's evaluation is missing or stale, then the extra corpora; the exit code."""
     out = Path(run_dir) / EVAL_DIR / FINAL_EVAL
     if needs_eval(run_dir):
-        cmd = [sys.executable, "-m", "eval.perplexity", str(run_dir), *options, "--out", str(out)]
+        cmd = [sys.executable, "-m", module_name("eval.perplexity"), str(run_dir), *options, "--out", str(out)]
         rc = subprocess.run(cmd).returncode
         if rc != 0:
             return rc

@@ -1,0 +1,101 @@
+"""The package shadows nothing: ``kernels/``, ``eval/`` and ``data_prep/`` stay at the top of the repository and
+install inside ``neox_dar`` (setup.py), in a wheel and in an editable install, built here from a copy of the sources;
+the installed wheel runs from anywhere, and a checkout that is not installed reaches the folders by their own names
+(neox_dar.top_packages)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from builders import ROOT
+
+TOP = ("kernels", "eval", "data_prep")
+SOURCES = ("pyproject.toml", "setup.py", "requirements.txt", "README.md", "neox_dar", *TOP)
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory) -> Path:
+    """A copy of what a build reads (a build writes build/ and *.egg-info beside it)."""
+    src = tmp_path_factory.mktemp("src")
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copyfile(ROOT / name, src / name)
+    return src
+
+
+def _wheel_names(wheel: Path) -> tuple[set[str], str, str]:
+    """The wheel's top-level names, its top_level.txt and entry_points.txt."""
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
+        return ({n.split("/")[0] for n in names}, z.read(f"{info}/top_level.txt").decode(),
+                z.read(f"{info}/entry_points.txt").decode())
+
+
+def test_the_wheel_installs_the_folders_inside_neox_dar_and_runs_from_anywhere(sources, tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    tmp_path / "dist", sources], check=True, capture_output=True)
+    wheel = next((tmp_path / "dist").glob("*.whl"))
+    top, top_level, entry_points = _wheel_names(wheel)
+    assert top == {"neox_dar", wheel.name.split("-py3")[0] + ".dist-info"} and top_level.split() == ["neox_dar"]
+    assert "neox-dar-lm-eval = neox_dar.eval.lm_eval_cli:main" in entry_points
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)  # what pip install --target puts there, for a pure-Python wheel
+    assert sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info")) == ["neox_dar"]
+    script = ("import importlib.util, json, sys, torch\n"
+              "import neox_dar.eval.perplexity, neox_dar.data_prep.tokenize\n"
+              "from neox_dar.attention.triton_bridge import triton_kernels\n"
+              "from neox_dar.top_packages import INSTALLED, module_name\n"
+              "print(json.dumps([neox_dar.eval.perplexity.__file__, neox_dar.data_prep.tokenize.__file__,\n"
+              "                  triton_kernels(torch.device('cpu')).__file__, INSTALLED, module_name('eval.x')]))\n")
+    env = {**os.environ, "PYTHONPATH": str(site), "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    *files, installed, name = json.loads(out.stdout.splitlines()[-1])
+    assert all(Path(f).is_relative_to(site / "neox_dar") for f in files), files
+    assert installed and name == "neox_dar.eval.x"
+    run = subprocess.run([sys.executable, "-m", "neox_dar.data_prep.tokenize", "--help"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and "usage" in run.stdout, run.stderr[-3000:]
+
+
+def test_the_editable_install_maps_the_folders_inside_neox_dar(sources, tmp_path):
+    """``pip install -e .``: the finder setuptools installs maps neox_dar.kernels to kernels/ (and so on), no
+    top-level name but neox_dar."""
+    script = f"from setuptools import build_meta; print(build_meta.build_editable({str(tmp_path)!r}))"
+    out = subprocess.run([sys.executable, "-c", script], cwd=sources, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    wheel = tmp_path / out.stdout.split()[-1]
+    _, top_level, _ = _wheel_names(wheel)
+    with zipfile.ZipFile(wheel) as z:
+        finder = next(z.read(n).decode() for n in z.namelist() if n.endswith("_finder.py"))
+    mapping = ast.literal_eval(re.search(r"^MAPPING: .*? = (\{.*\})$", finder, re.M).group(1))
+    assert mapping == {"neox_dar": str(sources / "neox_dar"), **{f"neox_dar.{t}": str(sources / t) for t in TOP}}
+    assert top_level.split() == ["neox_dar"]
+
+
+def test_a_checkout_that_is_not_installed_reaches_the_folders_by_their_names():
+    """The repository on the path and no install (the editable finder taken out, as if none were installed):
+    the kernels, and the module a sweep runs for its evaluation, are the top-level folders."""
+    script = ("import sys, json\n"
+              "sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith('__editable__')]\n"
+              "import torch\n"
+              "from neox_dar.attention.triton_bridge import triton_kernels\n"
+              "from neox_dar.top_packages import INSTALLED, module_name\n"
+              "print(json.dumps([triton_kernels(torch.device('cpu')).__name__, INSTALLED, "
+              "module_name('eval.perplexity')]))\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.splitlines()[-1]) == ["kernels", False, "eval.perplexity"]
