@@ -580,6 +580,42 @@ def test_bench_refuses_cpu_without_interpret_flag():
     assert res.returncode == 2 and "no CUDA GPU" in res.stderr, res.stdout + res.stderr
 
 
+@pytest.mark.skipif(ON_GPU, reason="the GPU runs flex compiled by inductor, in gpu_check's bench-attention step")
+def test_bench_flex_baselines_run_forward_and_backward_within_their_compile_budget(monkeypatch):
+    """bench/attention.py's flex baselines (DAR over its two key sets, MSWA's four layers, AHA) through the bench's
+    own calls (the output check, then the timed forward and forward+backward): right outputs, a backward that runs
+    (a window buffer shared by MSWA's layers and rewritten before the backward once broke it), and dynamo's compiles
+    within the budget the bench sets (past it the bench fails rather than time flex uncompiled). On the CPU:
+    dynamo's eager backend (it compiles, and so counts, the same), a dense block-mask build, flex's refusal of a CPU
+    backward lifted (its math backward runs)."""
+    import importlib.util
+
+    import torch.nn.attention.flex_attention as fa
+
+    spec = importlib.util.spec_from_file_location("bench_attention", ROOT / "bench" / "attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    compile_, create = torch.compile, fa.create_block_mask
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **{**kw, "backend": "eager"}))
+    monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: create(*a, **{**kw, "_compile": False}))
+    monkeypatch.setattr(fa, "_validate_device", lambda *a: None)
+    for key in ("recompile_limit", "fail_on_recompile_limit_hit"):
+        monkeypatch.setattr(torch._dynamo.config, key, getattr(torch._dynamo.config, key))
+    torch._dynamo.reset()
+    args = bench.parse_args(["--batch", "2", "--heads", "4", "--head-dim", "16", "--seqlens", "32", "--window", "8",
+                             "--dtype", "fp32", "--methods", "reference", "flex", "--warmup-ms", "0", "--rep-ms", "0"])
+    timer = bench.Timer(torch, None, args, gpu=False)
+    try:
+        for name in args.kernels:
+            inputs, methods = bench.build_cases(name, 32, args, torch, DEVICE, torch.float32)
+            err = bench.check_outputs(methods, inputs, args, torch)["flex"]
+            assert isinstance(err, float) and err < 1e-5, (name, err)
+            assert bench.timed(methods["flex"], inputs, timer, torch, chunk=args.batch)["fwd_bwd_ms"] > 0
+        assert torch._dynamo.config.recompile_limit == bench.FLEX_COMPILES_PER_CASE * len(args.kernels)
+    finally:
+        torch._dynamo.reset()
+
+
 def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     """What the interpreter cannot check: every kernel compiles for sm_90a (Triton's bundled ptxas), the matrix
     products become Hopper wgmma, tile loads 16-byte cp.async, and each kernel's first candidate does not spill."""
