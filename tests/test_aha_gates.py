@@ -25,8 +25,9 @@ def test_stream_gaps_is_the_mean_spacing_of_consecutive_openings():
 
 
 def _result(tmp_path: Path) -> Path:
-    rows = [{"task": "mmlu", "label": "MMLU", "attention_stats": {"layer0/mu_f": [1.0, 0.5], "layer1/mu_f": [0.1, 0.0]}},
-            {"task": "gsm8k", "label": "GSM8K", "attention_stats": {"layer0/mu_f": [0.8, 0.25], "layer1/mu_f": [0.2, 0.0]}}]
+    stats = [{"layer0/mu_f": [1.0, 0.5], "layer1/mu_f": [0.1, 0.0]}, {"layer0/mu_f": [0.8, 0.25], "layer1/mu_f": [0.2, 0.0]}]
+    rows = [{"task": "mmlu", "label": "MMLU", "attention_stats": stats[0]},
+            {"task": "gsm8k", "label": "GSM8K", "attention_stats": stats[1]}]
     path = tmp_path / "result.json"
     path.write_text(json.dumps({"suite": "aha-table1", "tasks": rows}))
     return path

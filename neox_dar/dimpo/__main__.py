@@ -289,7 +289,8 @@ def cmd_tasks(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"fit": cmd_fit, "study": cmd_study, "table": cmd_table, "tasks": cmd_tasks, "apply": cmd_apply}[args.command](args)
+        commands = {"fit": cmd_fit, "study": cmd_study, "table": cmd_table, "tasks": cmd_tasks, "apply": cmd_apply}
+        return commands[args.command](args)
     except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -120,8 +120,8 @@ def _pair_step(method: str, w: torch.Tensor, split: LayerSplit, rows: torch.Tens
 def train_projection(method: str, hyper: Hyper, train: LayerSplit, valid: LayerSplit, d: int, epochs: int,
                      max_steps: int | None, gen: torch.Generator, block: int, desc: str,
                      pairs: KeyPairs) -> tuple[torch.Tensor, dict]:
-    """Train ``W`` (d, d_h) with ``method``'s loss on the keys ``pairs`` selects; returns the best epoch's ``W`` (lowest validation KL) and a log
-    ``{"steps", "epochs": [{"loss", "valid_kl", "valid_mse"}], "best_epoch"}``."""
+    """Train ``W`` (d, d_h) with ``method``'s loss on the keys ``pairs`` selects; returns the best epoch's ``W``
+    (lowest validation KL) and a log ``{"steps", "epochs": [{"loss", "valid_kl", "valid_mse"}], "best_epoch"}``."""
     device = train.q.device
     w = torch.empty(d, train.head_dim)
     torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=gen)  # nn.Linear's default init
