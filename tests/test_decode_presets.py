@@ -61,3 +61,27 @@ def test_a_preset_on_a_tiny_model_gives_windows_and_the_median_over_contexts(tmp
 def test_bad_variant_is_one_line(capsys):
     assert decode.main(["--variants", "vanilla,swa@x", "--contexts", "8"]) == 2
     assert capsys.readouterr().err.strip() == "error: unknown variants ['swa@x']"
+
+
+@pytest.mark.parametrize("name, render", [("mswa-fig3-cpu", "over_contexts_markdown"),
+                                          ("dimpo-table4-cpu", "markdown")])
+def test_docs_tables_are_the_committed_results(name, render):
+    report = json.loads((ROOT / "bench" / "results" / f"decode_{name.replace('-', '_')}.json").read_text())
+    assert report["preset"] == name and report["device"].startswith("CPU")
+    docs = (ROOT / "docs" / "inference.md").read_text()
+    shown = docs.split(f"<!-- {name} -->\n", 1)[1].split(f"\n<!-- /{name} -->", 1)[0]
+    assert shown == getattr(decode, render)(report)
+
+
+def test_docs_statements_on_the_cpu_presets_hold():
+    fig3 = json.loads((ROOT / "bench" / "results" / "decode_mswa_fig3_cpu.json").read_text())
+    speed = {(r["variant"], r["batch"]): round(r["speed_vs_vanilla"], 2) for r in fig3["over_contexts"]}
+    assert all(speed[v, 16] > speed[v, 8] > 1 for v in ("swa@128", "mswa@128", "swa@512", "mswa@512"))
+    assert speed["mswa@512", 8] > speed["swa@512", 8] and speed["mswa@512", 16] > speed["swa@512", 16]
+    assert (speed["swa@128", 8], speed["mswa@512", 8], speed["swa@512", 8]) == (1.28, 1.21, 1.2)
+    assert (speed["mswa@512", 16], speed["swa@512", 16]) == (1.45, 1.39)
+    t4 = json.loads((ROOT / "bench" / "results" / "decode_dimpo_table4_cpu.json").read_text())
+    dimpo = [r for r in t4["results"] if r["variant"] == "dimpo"]
+    assert [round(r["speed_vs_vanilla"], 2) for r in dimpo] == [1.05, 1.06]
+    assert all(r["cache_vs_vanilla"] == 0.8125 for r in dimpo)
+    assert all(round(x["load_average"]["before"][0], 1) == 1.6 for x in (fig3, t4))

@@ -89,3 +89,24 @@ def test_fit_with_pairs_then_study_draws_fig4(trained, tmp_path, capsys):  # noq
     assert sorted(study) == ["all", "distance"] and sorted(study["all"]) == ["dimpo", "orpo"]
     assert sorted(study["distance"]) == ["orpo"] and sorted(study["distance"]["orpo"]) == ["2", "4"]
     assert all(v["kl"] > 0 and v["mse"] > 0 for m in study.values() for ks in m.values() for v in ks.values())
+
+
+def test_docs_fig4_tables_are_the_committed_results():
+    from pathlib import Path
+
+    from neox_dar.dimpo.study import tables
+    from neox_dar.report.tables import to_markdown
+
+    root = Path(__file__).resolve().parents[1]
+    study = json.loads((root / "bench" / "results" / "dimpo_fig4_small.json").read_text())["study"]
+    docs = (root / "docs" / "dimpo.md").read_text()
+    shown = docs.split("<!-- dimpo-fig4 -->\n", 1)[1].split("\n<!-- /dimpo-fig4 -->", 1)[0]
+    assert shown == "\n".join(to_markdown(t).strip() for t in tables(study))
+    orpo = study["distance"]["orpo"]
+    assert min(orpo, key=lambda k: orpo[k]["kl"]) == "8" and max(orpo, key=lambda k: orpo[k]["kl"]) == "127"
+    assert round(orpo["8"]["kl"], 3) == 0.731 and round(orpo["127"]["kl"], 3) == 1.006
+    assert round(study["all"]["orpo"]["2"]["kl"], 3) == 0.810 and round(study["all"]["orpo"]["16"]["kl"], 3) == 0.684
+    distinct = study["distinct"]["orpo"]
+    assert round(distinct["1"]["kl"], 3) == 0.772 and round(distinct["64"]["kl"], 3) == 0.685
+    dimpo = study["all"]["dimpo"]
+    assert min(dimpo, key=lambda k: dimpo[k]["kl"]) == "8" and dimpo["16"]["mse"] < dimpo["8"]["mse"]
