@@ -133,6 +133,8 @@ def cmd_text(args) -> int:
     from neox_dar.report.figures import token_shading
     from neox_dar.tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
 
+    if args.max_tokens < 1:
+        raise GateError(f"--max-tokens must be >= 1, got {args.max_tokens}")
     loaded = load_for_eval(args.checkpoint, args.device)
     if loaded.cfg.attention.attention_type != "aha":
         raise GateError(f"{args.checkpoint} uses {loaded.cfg.attention.attention_type} attention: an AHA checkpoint "

@@ -94,6 +94,9 @@ def test_bad_input_is_one_line(aha_run, tmp_path, capsys):
     (tmp_path / "t.txt").write_text("hello")
     assert main(["text", str(vanilla), "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "f.png")]) == 2
     assert "an AHA checkpoint is needed" in capsys.readouterr().err
+    assert main(["text", str(run), "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "f.png"),
+                 "--max-tokens", "0"]) == 2
+    assert capsys.readouterr().err == "error: --max-tokens must be >= 1, got 0\n"
 
 
 def test_docs_table3_is_the_commands_output(capsys, monkeypatch):
