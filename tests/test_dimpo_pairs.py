@@ -110,3 +110,24 @@ def test_docs_fig4_tables_are_the_committed_results():
     assert round(distinct["1"]["kl"], 3) == 0.772 and round(distinct["64"]["kl"], 3) == 0.685
     dimpo = study["all"]["dimpo"]
     assert min(dimpo, key=lambda k: dimpo[k]["kl"]) == "8" and dimpo["16"]["mse"] < dimpo["8"]["mse"]
+
+
+def test_a_fit_from_before_pairs_resumes_and_another_selection_is_refused(trained, tmp_path, one_thread):  # noqa: F811
+    from test_dimpo import fit, splits
+
+    from neox_dar.dimpo import DimPOError
+    from neox_dar.dimpo.fit import fit_settings, run_fit
+    from neox_dar.evaluation.loading import load_for_eval
+
+    fit(trained, tmp_path, ["random", "pca"], [4])
+    path = tmp_path / "results.json"
+    old = json.loads(path.read_text())
+    del old["settings"]["pairs"], old["layers"]["1"]  # as written before --pairs, stopped after layer 0
+    old["complete"] = False
+    path.write_text(json.dumps(old))
+    assert fit(trained, tmp_path, ["random", "pca"], [4])["complete"]
+    loaded, docs = load_for_eval(trained[0]), splits(trained[1])
+    settings = fit_settings(loaded.info, loaded.cfg, docs, ["random", "pca"], [4], {}, 1, None, 0,
+                            PairSelection("distinct", 2))
+    with pytest.raises(DimPOError, match=r"other settings \(pairs differ\)"):
+        run_fit(loaded.model, settings, docs, {}, tmp_path)

@@ -62,6 +62,7 @@ def run_fit(model: torch.nn.Module, settings: dict, docs: dict[str, Documents], 
     shape = settings["model"]["shape"]
     if (out / RESULTS).exists():
         results = load_results(out)
+        results["settings"] = {"pairs": "top-bottom", **results["settings"]}  # fits from before --pairs
         if results["settings"] != settings:
             changed = sorted(k for k in settings if results["settings"].get(k) != settings[k])
             raise DimPOError(f"{out} holds a fit with other settings ({', '.join(changed)} differ); "
