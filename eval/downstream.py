@@ -116,7 +116,7 @@ SUITES: dict[str, Suite] = {
         _tasks(*((t, 0, f"{metric},none", TASK_TITLES[t]) for t, metric in PAPER_TASKS.items())),
         None, "Retain %", "relative to the unprojected model"),
     "dimpo-table4": Suite(
-        "DimPO Table 4 (Sec. 4.2), RULER",
+        "DimPO Table 4 (Sec. 4), RULER",
         _tasks(("ruler", 0, "4096,none", "RULER 4k"), ("ruler", 0, "8192,none", "RULER 8k")),
         None, "Retain %", "relative to the unprojected model; the mean over RULER's 13 subtasks at each length",
         RULER_CONTEXT, {"max_seq_lengths": [4096, 8192]}),
