@@ -29,7 +29,7 @@ median over the positions 500, 1,000, 1,500 and 2,000).
 
 Presets (:data:`PRESETS`; options given on the command line replace a preset's):
 
-- ``mswa-fig3``: MSWA Fig. 3 (Sec. 5.3, Appendix B.3): 32 layers, 16 heads of 64 (d 1,024), positions 500, 1,000,
+- ``mswa-fig3``: MSWA Fig. 3 (Sec. 5.3, Appendix B.2.3): 32 layers, 16 heads of 64 (d 1,024), positions 500, 1,000,
   1,500, 2,000 of a 2,048-token sequence, batches 8 to 512, vanilla, SWA and MSWA at base windows 128 and 512
   (the paper names none), bfloat16 on a GPU (FlashAttention in the paper; here the project's ``sdpa`` decode).
   Vanilla's cache at batch 512 is 128 GiB (32 x 2 x 1,024 x 2,048 x 2 bytes a sequence): an 80 GB GPU runs
