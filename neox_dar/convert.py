@@ -130,7 +130,9 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         keys = {k: v for k, v in hf["neox_dar_config"].items() if sections.get(k) in ("model", "attention")}
         _check_size({**keys, **overrides}, weight_bytes, where)
         return model_config_from_flat({**keys, **overrides}, source=f"{where}:neox_dar_config")
-    archs = hf.get("architectures") or ["GPTNeoXForCausalLM" if hf.get("model_type") == "gpt_neox" else "?"]
+    # a config.json without architectures (older Pythia ones) is the family its model_type names
+    typed = FAMILIES.get(hf["model_type"]) if isinstance(hf.get("model_type"), str) else None
+    archs = hf.get("architectures") or [typed.hf_class if typed else "?"]
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise ConfigError(f"{where}: 'architectures' must be a list of class names such as [\"LlamaForCausalLM\"], "
                           f"got {archs!r}")
