@@ -85,6 +85,21 @@ def test_the_editable_install_maps_the_folders_inside_neox_dar(sources, tmp_path
     assert top_level.split() == ["neox_dar"]
 
 
+def test_another_checkout_than_the_installed_one_uses_its_own_folders(sources):
+    """Run from the root of a second checkout (the copy) while the editable install maps this one: the kernels and
+    the evaluation module are the second checkout's, never a mix of the two."""
+    script = ("import json, torch\n"
+              "from neox_dar.attention.triton_bridge import triton_kernels\n"
+              "from neox_dar.top_packages import INSTALLED, PACKAGE\n"
+              "print(json.dumps([str(PACKAGE), triton_kernels(torch.device('cpu')).__file__, INSTALLED]))\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=sources, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    package, kernels, installed = json.loads(out.stdout.splitlines()[-1])
+    assert Path(package) == sources / "neox_dar" and Path(kernels) == sources / "kernels" / "__init__.py"
+    assert not installed
+
+
 def test_a_checkout_that_is_not_installed_reaches_the_folders_by_their_names():
     """The repository on the path and no install (the editable finder taken out, as if none were installed):
     the kernels, and the module a sweep runs for its evaluation, are the top-level folders."""
