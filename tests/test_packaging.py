@@ -43,6 +43,31 @@ def _wheel_names(wheel: Path) -> tuple[set[str], str, str]:
                 z.read(f"{info}/entry_points.txt").decode())
 
 
+# what a process finds: the package, the kernels the triton path imports, the evaluation module a sweep runs
+PROBE = """
+import importlib, json, torch
+from neox_dar.attention.triton_bridge import triton_kernels
+from neox_dar.top_packages import INSTALLED, PACKAGE, module_name
+evaluation = importlib.import_module(module_name("eval.perplexity"))
+print(json.dumps({"package": str(PACKAGE), "kernels": triton_kernels(torch.device("cpu")).__file__,
+                  "eval": evaluation.__file__, "installed": INSTALLED}))
+"""
+
+
+def _probe(cwd: Path, prelude: str = "", **env: str) -> dict:
+    """:data:`PROBE`'s answer in a fresh interpreter in ``cwd`` (``prelude`` runs first)."""
+    out = subprocess.run([sys.executable, "-c", prelude + PROBE], cwd=cwd, capture_output=True, text=True,
+                         env={**os.environ, "TRITON_INTERPRET": "1", **env})
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def _found(root: Path, package: Path, installed: bool) -> dict:
+    """The probe's answer when ``package`` is neox_dar and the folders are ``root``'s."""
+    return {"package": str(package), "kernels": str(root / "kernels" / "__init__.py"),
+            "eval": str(root / "eval" / "perplexity.py"), "installed": installed}
+
+
 def test_the_wheel_installs_the_folders_inside_neox_dar_and_runs_from_anywhere(sources, tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
                     tmp_path / "dist", sources], check=True, capture_output=True)
@@ -53,20 +78,10 @@ def test_the_wheel_installs_the_folders_inside_neox_dar_and_runs_from_anywhere(s
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)  # what pip install --target puts there, for a pure-Python wheel
     assert sorted(p.name for p in site.iterdir() if not p.name.endswith(".dist-info")) == ["neox_dar"]
-    script = ("import importlib.util, json, sys, torch\n"
-              "import neox_dar.eval.perplexity, neox_dar.data_prep.tokenize\n"
-              "from neox_dar.attention.triton_bridge import triton_kernels\n"
-              "from neox_dar.top_packages import INSTALLED, module_name\n"
-              "print(json.dumps([neox_dar.eval.perplexity.__file__, neox_dar.data_prep.tokenize.__file__,\n"
-              "                  triton_kernels(torch.device('cpu')).__file__, INSTALLED, module_name('eval.x')]))\n")
-    env = {**os.environ, "PYTHONPATH": str(site), "TRITON_INTERPRET": "1"}
-    out = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
-    *files, installed, name = json.loads(out.stdout.splitlines()[-1])
-    assert all(Path(f).is_relative_to(site / "neox_dar") for f in files), files
-    assert installed and name == "neox_dar.eval.x"
-    run = subprocess.run([sys.executable, "-m", "neox_dar.data_prep.tokenize", "--help"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True)
+    package = site / "neox_dar"
+    assert _probe(tmp_path, PYTHONPATH=str(site)) == _found(package, package, True)
+    run = subprocess.run([sys.executable, "-m", "neox_dar.data_prep.tokenize", "--help"], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
     assert run.returncode == 0 and "usage" in run.stdout, run.stderr[-3000:]
 
 
@@ -88,29 +103,12 @@ def test_the_editable_install_maps_the_folders_inside_neox_dar(sources, tmp_path
 def test_another_checkout_than_the_installed_one_uses_its_own_folders(sources):
     """Run from the root of a second checkout (the copy) while the editable install maps this one: the kernels and
     the evaluation module are the second checkout's, never a mix of the two."""
-    script = ("import json, torch\n"
-              "from neox_dar.attention.triton_bridge import triton_kernels\n"
-              "from neox_dar.top_packages import INSTALLED, PACKAGE\n"
-              "print(json.dumps([str(PACKAGE), triton_kernels(torch.device('cpu')).__file__, INSTALLED]))\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=sources, capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    package, kernels, installed = json.loads(out.stdout.splitlines()[-1])
-    assert Path(package) == sources / "neox_dar" and Path(kernels) == sources / "kernels" / "__init__.py"
-    assert not installed
+    assert _probe(sources) == _found(sources, sources / "neox_dar", False)
 
 
 def test_a_checkout_that_is_not_installed_reaches_the_folders_by_their_names():
-    """The repository on the path and no install (the editable finder taken out, as if none were installed):
-    the kernels, and the module a sweep runs for its evaluation, are the top-level folders."""
-    script = ("import sys, json\n"
-              "sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith('__editable__')]\n"
-              "import torch\n"
-              "from neox_dar.attention.triton_bridge import triton_kernels\n"
-              "from neox_dar.top_packages import INSTALLED, module_name\n"
-              "print(json.dumps([triton_kernels(torch.device('cpu')).__name__, INSTALLED, "
-              "module_name('eval.perplexity')]))\n")
-    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "TRITON_INTERPRET": "1"})
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.splitlines()[-1]) == ["kernels", False, "eval.perplexity"]
+    """The repository on the path and no install (the editable finder taken out, as if none were installed): the
+    kernels, and the module a sweep runs for its evaluation, are the top-level folders."""
+    prelude = ("import sys\n"
+               "sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith('__editable__')]\n")
+    assert _probe(ROOT, prelude) == _found(ROOT, ROOT / "neox_dar", False)
