@@ -24,12 +24,13 @@ class LogProgress:
     """tqdm's interface as :func:`progress_bar`'s users call it (``update``, ``set_postfix``, ``set_postfix_str``,
     ``close``, ``n``, ``total``, iteration, ``with``), written as whole lines: one when ``interval`` seconds have
     passed since the last line (checked at each update), and one when it closes (unless ``leave=False`` and no line
-    was written yet: a short transient bar leaves nothing). ``disable=True`` writes nothing."""
+    was written yet: a short transient bar leaves nothing; nor does one closed within ``delay`` seconds, as tqdm's
+    ``delay``). ``disable=True`` writes nothing."""
 
     def __init__(self, iterable: Iterable | None = None, desc: str | None = None, total: float | None = None,
                  leave: bool | None = True, file: IO[str] | None = None, unit: str = "it", unit_scale: bool = False,
                  disable: bool = False, initial: float = 0, postfix: dict | str | None = None,
-                 interval: float = LOG_INTERVAL, **_tqdm_only: Any):
+                 interval: float = LOG_INTERVAL, delay: float = 0.0, **_tqdm_only: Any):
         unknown = set(_tqdm_only) - TQDM_KEYS
         if unknown:
             raise TypeError(f"progress_bar: unknown argument(s) {', '.join(sorted(unknown))}")
@@ -44,7 +45,7 @@ class LogProgress:
         elif postfix is not None:
             self.set_postfix_str(postfix)
         self.start = self.last_line = monotonic()
-        self.lines = 0
+        self.lines, self.delay = 0, delay
 
     def line(self) -> str:
         """The bar's state as one line (tqdm's meter with an ASCII bar)."""
@@ -69,7 +70,8 @@ class LogProgress:
         self.postfix = str(s)
 
     def close(self) -> None:
-        if not self.disable and (self.leave or self.lines):
+        shown = self.lines or monotonic() - self.start >= self.delay  # tqdm's delay: nothing for short work
+        if not self.disable and shown and (self.leave or self.lines):
             self._write()
         self.disable = True  # a second close writes nothing
 

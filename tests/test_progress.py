@@ -92,6 +92,21 @@ def test_transient_and_disabled_bars_write_nothing(clock):
     assert len(lines(out)) == 2
 
 
+def test_a_bar_closed_within_its_delay_writes_nothing(clock):
+    """tqdm's ``delay``: work that ends sooner shows no bar (the data check's token scan of a small file); longer
+    work shows its final line."""
+    out = io.StringIO()
+    with progress_bar(total=5, delay=2.0, file=out) as bar:
+        clock.now += 1.5
+        bar.update(5)
+    assert out.getvalue() == ""
+    with progress_bar(total=5, delay=2.0, file=out) as bar:
+        clock.now += 2.5
+        bar.update(5)
+    (line,) = lines(out)
+    assert "5/5" in line
+
+
 def test_terminal_gets_tqdm_and_unknown_arguments_are_refused():
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
