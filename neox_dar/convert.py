@@ -18,8 +18,9 @@ files beside the checkpoint, else the config's ``vocab_file``, else the bundled 
 ``tokenizer_config.json``/``special_tokens_map.json`` (imported ones are kept; otherwise bos = eos = unk =
 ``<|endoftext|>``) and ``generation_config.json`` (which suppresses the vocabulary's padding ids). A vanilla model
 exports as the family's class; a model with any other attention layer as ``NeoxDarForCausalLM``, whose code
-(:mod:`neox_dar.hf_remote`: ``modeling_neox_dar.py``, ``configuration_neox_dar.py``, ``inference.py``) is copied into
-the folder and named by ``auto_map`` in ``config.json``, for ``from_pretrained(..., trust_remote_code=True)``
+(every module of :mod:`neox_dar.standalone`: ``modeling_neox_dar.py``, ``configuration_neox_dar.py`` and the
+inference code they import, one module per attention layer type) is copied into the folder and named by
+``auto_map`` in ``config.json``, for ``from_pretrained(..., trust_remote_code=True)``
 (docs/inference.md). Both carry the model config under ``neox_dar_config``, which ``from-hf`` reads back.
 """
 
@@ -192,8 +193,8 @@ def export_problems(cfg: ModelConfig) -> list[str]:
     return problems
 
 
-REMOTE_CODE = Path(__file__).resolve().parent / "hf_remote"
-REMOTE_FILES = ("configuration_neox_dar.py", "modeling_neox_dar.py", "inference.py")
+REMOTE_CODE = Path(__file__).resolve().parent / "standalone"
+REMOTE_FILES = tuple(sorted(p.name for p in REMOTE_CODE.glob("*.py") if p.name != "__init__.py"))  # all of it
 
 
 def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
@@ -218,7 +219,7 @@ def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
 
 
 def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[str, int | None]) -> dict:
-    """The ``config.json`` of ``NeoxDarForCausalLM`` (:mod:`neox_dar.hf_remote`) for ``cfg`` and its layers'
+    """The ``config.json`` of ``NeoxDarForCausalLM`` (:mod:`neox_dar.standalone`) for ``cfg`` and its layers'
     :meth:`~neox_dar.attention.Attention.remote_spec` descriptions."""
     scaling = None if cfg.rope_scaling is None else dataclasses.asdict(cfg.rope_scaling)
     rms = cfg.norm == "rmsnorm"
@@ -309,7 +310,7 @@ def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
 def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
     """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
     writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
-    model with non-vanilla layers also the modeling code of :mod:`neox_dar.hf_remote` (``auto_map``)."""
+    model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``)."""
     modules = model.attention_modules()
     layers = None
     if any(m.name != "vanilla" for m in modules):

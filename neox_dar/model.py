@@ -24,9 +24,10 @@ from torch import nn
 from .attention import Attention, RotaryEmbedding, build_attention
 from .config import ModelConfig
 from .families import FAMILIES
-from .hf_remote.inference import GeluMLP, Layout, ModelCache, SwiGLU, residual_block
 from .loss import IGNORE, chunk_rows, linear_cross_entropy_sum, linear_token_nll, module_cross_entropy
 from .norms import RMSNorm, build_norm
+from .standalone.cache import Layout, ModelCache
+from .standalone.layer import GeluMLP, SwiGLU, residual_block
 
 
 class Block(nn.Module):

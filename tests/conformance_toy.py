@@ -1,6 +1,7 @@
 """A plug-in variant written as docs/adding_a_variant.md says, for the conformance suite (tests/test_conformance.py):
 causal attention with a learned per-head query scale, its own decode through the base class's key/value cache, and
-a per-head statistic it logs per token. It has no Hugging Face export (no ``remote_spec``)."""
+a per-head statistic it logs per token. It has no Hugging Face export (it subclasses no layer type of
+``neox_dar.standalone``)."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ from builders import attention_config, model_config
 
 from neox_dar.attention import build_attention
 from neox_dar.attention.base import RotaryEmbedding
-from neox_dar.attention.linear import (LinearAttention, feature_rotary, taylor_features, taylor_linear_attention,
-                                       taylor_weights)
+from neox_dar.attention.linear import LinearAttention, taylor_linear_attention, taylor_weights
 from neox_dar.model import build_model, flops_per_token
+from neox_dar.standalone.linear import feature_rotary, taylor_features
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

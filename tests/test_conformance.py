@@ -206,7 +206,7 @@ def test_generate_names_each_statistic_and_refuses_a_variant_without_decoding(tm
 
     class NoDecode(ConformanceToy):
         name = "nodecode"
-        decode = ConformanceToy.__mro__[1].decode  # the base class's: only for windowed_softmax variants
+        decode = ConformanceToy.__mro__[1].decode  # the base class's, which only refuses
 
     register(NoDecode)
     try:

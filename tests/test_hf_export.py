@@ -1,5 +1,5 @@
 """``to-hf`` of variant models: a folder that ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``
-loads (the code of ``neox_dar/hf_remote`` copied beside the weights, ``auto_map`` in config.json), with our logits,
+loads (the code of ``neox_dar/standalone`` copied beside the weights, ``auto_map`` in config.json), with our logits,
 our greedy generations (``generate()`` on the variant's own cache, batches left-padded), also in a fresh process that
 cannot import neox_dar; vanilla models keep exporting the family's class; ``from-hf`` reads an export back."""
 

@@ -21,9 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
-from ..hf_remote.inference import WindowedKV, aha_attention
+from ..standalone.aha import AHALayer
 from .base import Attention
 from .specs.aha import AHASpec
 from .masks import masked_attention, window_mask
@@ -62,8 +61,9 @@ def aha_sdpa(q, k, v, gate: torch.Tensor, window: int) -> torch.Tensor:
     return out.view(B, H, T, D)
 
 
-class AHAAttention(AHASpec, Attention):
-    """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``).
+class AHAAttention(AHASpec, AHALayer, Attention):
+    """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``), its cache and decode
+    step from :class:`~neox_dar.standalone.aha.AHALayer`.
 
     After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / num_layers``; ``self.stats["mu_f"]`` = mean
     gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` = the gate itself, (B, T, H)
@@ -73,13 +73,11 @@ class AHAAttention(AHASpec, Attention):
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
         a = cfg.attention
-        self.window = a.window_size
-        self.threshold = a.aha_threshold
         self.l1_coef = a.aha_l1_coef
         self.ste = a.aha_ste
         self.router_init = a.aha_router_init
         self.num_layers = cfg.num_layers
-        self.router = nn.Linear(cfg.hidden_size, cfg.num_attention_heads, bias=False)
+        self.build_variant(a.window_size, a.aha_threshold)
 
     def init_new_parameters(self, inputs: torch.Tensor | None) -> None:
         """``aha_router_init: zeros``: the router starts at 0 (see the key's help for what step 0 then is)."""
@@ -98,7 +96,7 @@ class AHAAttention(AHASpec, Attention):
         return aha_sdpa(q, k, v, gate, self.window)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
-        s = torch.sigmoid(self.router(a).float())  # (B, T, H), float32 so the threshold is exact
+        s = self.router_probs(a)  # (B, T, H)
         g = s > self.threshold
         gate = g.transpose(1, 2)  # (B, H, T)
         o = self.routed(q, k, v, gate)
@@ -114,23 +112,14 @@ class AHAAttention(AHASpec, Attention):
         self.token_stats = {"mu_f": g.detach()}
         return o
 
-    # ---- inference cache: every key (any later token may route a head to full attention) ------------------------
-    def remote_spec(self) -> dict:
-        return {"type": "aha", "window": self.window, "threshold": self.threshold}
-
-    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> WindowedKV:
-        return WindowedKV(layout, [None] * self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim, device,
-                          dtype)
-
-    def decode(self, a, cache: WindowedKV, cos, sin) -> torch.Tensor:
-        """The router runs on each new token; a head routed local reads its last ``window`` keys, a routed one the
-        whole cache (:func:`~neox_dar.hf_remote.inference.aha_attention`). ``token_stats["mu_f"]``: the gates
-        (B, T, H)."""
-        q, k, v = self.split_heads(a, cos, sin)
-        g = torch.sigmoid(self.router(a).float()) > self.threshold  # (B, T, H)
+    # ---- inference: AHALayer's cache of every key (any later token may route a head to full attention) ----------
+    def gate(self, a: torch.Tensor) -> torch.Tensor:
+        """The gates of a decode step (:meth:`AHALayer.decode`), also its statistics: ``token_stats["mu_f"]`` the
+        gates (B, T, H)."""
+        g = super().gate(a)
         self.stats = {"mu_f": g.float().mean(dim=(0, 1))}
         self.token_stats = {"mu_f": g}
-        return self.merge_heads(aha_attention(q, cache, k, v, g.transpose(1, 2), self.window, self.head_dim ** -0.5))
+        return g
 
     def head_windows(self) -> list[int | None]:
         """The local path's window (the full path is extra: see :meth:`attended_keys`)."""

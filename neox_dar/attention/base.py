@@ -1,6 +1,7 @@
 """What every attention variant shares: the query/key/value projections of the model family (GPT-NeoX's fused
 ``query_key_value``, or ``q_proj``/``k_proj``/``v_proj``; query/key norms; grouped-query attention), rotary, heads,
-the output projection, the inference cache hooks and the costs. What a variant declares to the rest of the project
+the output projection (:class:`neox_dar.standalone.layer.AttentionLayer`, the code exports ship), the inference
+cache hooks and the costs. What a variant declares to the rest of the project
 (keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.attention.specs.base.Spec`.
 
 Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`` key/value heads, ``d_h`` head dims.
@@ -9,14 +10,16 @@ Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from ..hf_remote.inference import HeadProjections, Layout, WindowedKV, apply_rotary, rotary_table
 from ..norms import build_norm
 from ..settings import ConfigError
+from ..standalone.cache import Layout
+from ..standalone.layer import AttentionLayer
+from ..standalone.rotary import apply_rotary, rotary_table
 from .specs.base import Spec
 from .windowed import mean_attended_keys
 
@@ -42,7 +45,7 @@ class RotaryEmbedding(nn.Module):
         return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len, dtype, device)
 
 
-class Attention(Spec, HeadProjections, nn.Module, abc.ABC):
+class Attention(Spec, AttentionLayer, abc.ABC):
     """Base of every variant: ``forward(a[B,T,d], cos, sin) -> out[B,T,d]``.
 
     A variant subclasses this in its own module, implements :meth:`attend` over per-head ``q, k, v`` of shape
@@ -71,7 +74,6 @@ class Attention(Spec, HeadProjections, nn.Module, abc.ABC):
                                cfg.fused_qkv, cfg.qkv_bias, cfg.attention_out_bias, cfg.qk_norm,
                                lambda width: build_norm(cfg, width, rms=True))
         self.kv_groups = cfg.kv_groups
-        self.hidden_size = cfg.hidden_size
         self.rotary_ndims = cfg.rotary_ndims
         self.impl = cfg.attention.attention_impl
         self.aux_loss: torch.Tensor | None = None
@@ -111,19 +113,18 @@ class Attention(Spec, HeadProjections, nn.Module, abc.ABC):
         """Per-head attention output (B, H, T, d_h). ``a`` is the attention input (B, T, d)."""
 
     # ---- inference: the variant's cache (docs/adding_a_variant.md, "The inference cache") ---------------------
-    # The default cache keeps each key/value head's keys and values for the widest window of its query heads
-    # (head_windows(); None: every earlier key). The default decode is plain softmax attention over those windows,
-    # used only by variants that declare windowed_softmax (vanilla, SWA, MSWA); any other variant implements
-    # decode (and new_cache, remember or prefill when its cache keeps something else).
-    windowed_softmax: ClassVar[bool] = False  # attention = softmax over the keys of head_windows(), nothing more
-
+    # A built-in variant subclasses the layer type it computes (neox_dar.standalone: parameters, cache, decode step,
+    # export), which comes before this class. A plug-in gets the layer's default cache (each key/value head's keys
+    # and values for the widest window of its query heads, head_windows()) and implements decode (and new_cache,
+    # remember or prefill when its cache keeps something else).
     def new_cache(self, layout: Layout, device: torch.device, dtype: torch.dtype):
-        """An empty cache of this layer for the batch of ``layout``
-        (:class:`neox_dar.hf_remote.inference.Layout`), tensors on ``device`` in ``dtype``."""
-        if type(self).decode is Attention.decode and not self.windowed_softmax:
+        """An empty cache of this layer for the batch of ``layout`` (:class:`neox_dar.standalone.cache.Layout`),
+        tensors on ``device`` in ``dtype``."""
+        if type(self).decode is Attention.decode:
             raise ConfigError(f"attention_type '{self.name}' has no incremental decoding: its module must "
-                                      "implement decode (or declare windowed_softmax); see docs/adding_a_variant.md")
-        return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.head_dim, self.head_dim, device, dtype)
+                              "implement decode (or subclass a layer type of neox_dar.standalone); see "
+                              "docs/adding_a_variant.md")
+        return super().new_cache(layout, device, dtype)
 
     def prefill(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, rows: torch.Tensor) -> torch.Tensor:
         """The training forward on prompts of equal length (``a`` (n, T, d), positions 0..T-1, ``attention_impl``'s
@@ -141,18 +142,15 @@ class Attention(Spec, HeadProjections, nn.Module, abc.ABC):
 
     def decode(self, a: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The next ``T`` tokens of every row (``a`` (B, T, d); usually T = 1) against the cache, which stores them:
-        -> (B, T, d). ``cos``, ``sin`` (B or 1, 1, T, r): the rotary rows of each row's positions."""
-        q, k, v = self.split_heads(a, cos, sin)
-        return self.merge_heads(cache.attend(q, k, v, self.head_dim ** -0.5))
+        -> (B, T, d). ``cos``, ``sin`` (B or 1, 1, T, r): the rotary rows of each row's positions. A plug-in
+        implements it (:meth:`new_cache` refuses a variant that does not)."""
+        raise ConfigError(f"attention_type '{self.name}' has no incremental decoding")
 
     def remote_spec(self) -> dict:
-        """This layer as the exported modeling code reads it (an entry of ``neox_dar_layers`` in ``config.json``;
-        :mod:`neox_dar.hf_remote`): a ``windowed`` layer (softmax over ``head_windows()``) for the variants that
-        declare ``windowed_softmax``; any other variant overrides this, or has no Hugging Face export."""
-        if not self.windowed_softmax:
-            raise ConfigError(f"attention_type '{self.name}' has no Hugging Face export: its module must implement "
-                              "remote_spec (and the exported modeling code its layer type)")
-        return {"type": "windowed", "windows": self.head_windows()}
+        """This layer as the exported modeling code reads it (an entry of ``neox_dar_layers`` in ``config.json``):
+        the layer type of :mod:`neox_dar.standalone` a built-in variant subclasses says it; a plug-in has no export."""
+        raise ConfigError(f"attention_type '{self.name}' has no Hugging Face export: its module must subclass a "
+                          "layer type of neox_dar.standalone (whose module the export ships)")
 
     def resolved_impl(self, device: torch.device) -> str:
         """``attention_impl`` with ``auto`` resolved: ``triton`` on CUDA, ``sdpa`` elsewhere."""
@@ -161,10 +159,6 @@ class Attention(Spec, HeadProjections, nn.Module, abc.ABC):
         return self.impl
 
     # ---- costs (per layer; describe, the FLOP counter and the report read them) -----------------------------
-    def head_windows(self) -> list[int | None]:
-        """Each head's window (None: every earlier key; 0: none at full width), for ``describe``."""
-        return [None] * self.num_heads
-
     def attended_keys(self, seq_len: int) -> float:
         """Mean number of keys one query scores, over positions 0..T-1 (for the FLOP counter)."""
         return sum(mean_attended_keys(seq_len, w) for w in self.head_windows()) / self.num_heads

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..hf_remote.inference import DARCache
+from ..standalone.dar import DARCache, DARLayer
 from .base import Attention
 from .masks import window_mask
 from .specs.dar import DARSpec, UniformSpec
@@ -65,23 +64,19 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.cat((near, far), dim=-1))
 
 
-class DARAttention(DARSpec, Attention):
+class DARAttention(DARSpec, DARLayer, Attention):
     """DAR (``attention_type: dar``): full-width keys and values for the ``window_size`` nearest keys, the
     bottleneck beyond.
 
-    Parameters beyond vanilla: ``dar_down.weight`` (d_down, d) and ``dar_up.weight`` (d, d_down), no biases.
-    They are input-side matrices, so ``init_weights`` gives them ``init_method`` (small_init) like
-    ``query_key_value``.
+    Parameters beyond vanilla: ``dar_down.weight`` (d_down, d) and ``dar_up.weight`` (d, d_down), no biases
+    (:class:`~neox_dar.standalone.dar.DARLayer`, whose cache and decode step it inherits). They are input-side
+    matrices, so ``init_weights`` gives them ``init_method`` (small_init) like ``query_key_value``.
     """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        self.window = self.window_of(cfg)
-        self.d_down = cfg.attention.dar_d_down
         self.init = cfg.attention.dar_init
-        self.cache_mode = cfg.attention.dar_inference_cache
-        self.dar_down = nn.Linear(cfg.hidden_size, self.d_down, bias=False)
-        self.dar_up = nn.Linear(self.d_down, cfg.hidden_size, bias=False)
+        self.build_variant(self.window_of(cfg), cfg.attention.dar_d_down, cfg.attention.dar_inference_cache)
 
     def wants_calibration(self) -> bool:
         return self.init == "pca"
@@ -117,21 +112,8 @@ class DARAttention(DARSpec, Attention):
         return dar_sdpa(q, k, v, k_glob, v_glob, self.window)
 
     # ---- inference cache (paper Sec. 5): k_loc, v_loc of the last w tokens, dar_down(h) of every token --------
-    def remote_spec(self) -> dict:
-        return {"type": "dar", "window": self.window, "d_down": self.d_down, "cache": self.cache_mode}
-
-    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> DARCache:
-        w_k, b_k, w_v, b_v = self.key_value_weights()
-        return DARCache(layout, self.window, self.d_down, self.num_kv_heads, self.head_dim, self.rotary_ndims,
-                        w_k, b_k, w_v, b_v, self.dar_up.weight, self.normalize_keys if self.qk_norm != "none" else None,
-                        device, dtype, far_keys=self.cache_mode == "keys")
-
     def remember(self, cache: DARCache, rows, k, v, a) -> None:
         cache.write(k, v, self.dar_down(a), cache.layout.starts[int(rows[0])], rows)
-
-    def decode(self, a, cache: DARCache, cos, sin) -> torch.Tensor:
-        q, k, v = self.split_heads(a, cos, sin)
-        return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5))
 
     def head_windows(self) -> list[int | None]:
         return [self.window] * self.num_heads

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..hf_remote.inference import WindowedKV
+from ..standalone.cache import WindowedKV
+from ..standalone.dimpo import DimPOLayer
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .specs.dimpo import DimPOSpec
@@ -29,24 +29,18 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class DimPOAttention(DimPOSpec, Attention):
+class DimPOAttention(DimPOSpec, DimPOLayer, Attention):
     """``attention_type: dimpo`` (usually per layer, on the last ``l`` layers): causal attention with scores
     ``F(q) F(k)^T / sqrt(d')``.
 
     Parameter beyond vanilla: ``dimpo_proj`` (d', d_h). Paths: ``reference`` (explicit mask, float32); ``sdpa`` and
     ``triton`` call ``scaled_dot_product_attention(is_causal=True)`` on the projected queries and keys, as vanilla's
-    two do (causal attention needs no custom kernel; SDPA takes values wider than the keys). Inference cache: keys
-    at ``d'``, values at ``d_h``."""
+    two do (causal attention needs no custom kernel; SDPA takes values wider than the keys). Inference cache (keys
+    at ``d'``, values at ``d_h``) and decode step: :class:`~neox_dar.standalone.dimpo.DimPOLayer`'s."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        self.d_proj = cfg.attention.dimpo_d_proj
-        self.dimpo_proj = nn.Parameter(torch.eye(self.d_proj, self.head_dim))
-
-    def project_qk(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``x W^T`` of each (B, heads, T, d_h) -> (B, heads, T, d')."""
-        w = self.dimpo_proj.to(xs[0].dtype)
-        return tuple(x @ w.T for x in xs)
+        self.build_variant(cfg.attention.dimpo_d_proj)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         fq, fk = self.project_qk(q, k)
@@ -55,20 +49,9 @@ class DimPOAttention(DimPOSpec, Attention):
             return masked_attention(fq, fk, v, window_mask(q.shape[-2], None, q.device))  # scale 1/sqrt(d')
         return F.scaled_dot_product_attention(fq, fk, v, is_causal=True, enable_gqa=self.kv_groups > 1)
 
-    # ---- inference: keys cached at d' -----------------------------------------------------------------------
-    def remote_spec(self) -> dict:
-        return {"type": "dimpo", "d_proj": self.d_proj}
-
-    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> WindowedKV:
-        return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.d_proj, self.head_dim, device, dtype)
-
+    # ---- inference: DimPOLayer's keys cached at d' ----------------------------------------------------------
     def remember(self, cache: WindowedKV, rows, k, v, a) -> None:
         cache.write(*self.project_qk(k), v, cache.layout.starts[int(rows[0])], rows)
-
-    def decode(self, a, cache: WindowedKV, cos, sin) -> torch.Tensor:
-        q, k, v = self.split_heads(a, cos, sin)
-        fq, fk = self.project_qk(q, k)
-        return self.merge_heads(cache.attend(fq, fk, v, self.d_proj ** -0.5))
 
     def kv_cache_per_token(self, context: int) -> float:
         """Each key/value head keeps a key of ``d'`` and a value of ``d_h`` numbers for every earlier token."""

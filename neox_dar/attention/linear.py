@@ -25,10 +25,9 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from ..hf_remote.inference import LinearState, feature_rotary, linear_attention_step, taylor_features
-from .base import Attention, apply_rotary
+from ..standalone.linear import LinearLayer, LinearState, taylor_features
+from .base import Attention
 from .specs.linear import LinearSpec
 
 if TYPE_CHECKING:
@@ -98,29 +97,22 @@ def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
     return o.transpose(1, 2)
 
 
-class LinearAttention(LinearSpec, Attention):
+class LinearAttention(LinearSpec, LinearLayer, Attention):
     """Causal linear attention, Based's Taylor feature map on ``linear_feature_dim`` features (module docstring).
 
     ``forward`` takes the un-rotated ``q, k`` from :meth:`split_heads` and rotates the features instead (RoPE in
     both the linear and the local layers, as the MSWA paper's Sec. 5.1.2 setup); :meth:`attend` therefore receives
-    un-rotated ``q, k``. ``step`` is the recurrent decoding form.
+    un-rotated ``q, k``. The parameters, the recurrent decoding form (``step``) and the cache are
+    :class:`~neox_dar.standalone.linear.LinearLayer`'s.
     """
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
-        self.feature_dim = cfg.attention.linear_feature_dim
-        self.feature_q = nn.Linear(self.head_dim, self.feature_dim, bias=False)
-        self.feature_k = nn.Linear(self.head_dim, self.feature_dim, bias=False)
+        self.build_variant(cfg.attention.linear_feature_dim)
 
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])  # rotary goes on the features (attend)
         return self.merge_heads(self.attend(q, k, v, a, cos, sin))
-
-    def features(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Un-rotated ``q`` (B, H, T, d_h) and ``k`` (B, H_kv, T, d_h) -> rotated features of the same heads, d_f
-        dims each."""
-        cos_f, sin_f = feature_rotary(cos, sin, self.feature_dim)
-        return apply_rotary(self.feature_q(q), cos_f, sin_f), apply_rotary(self.feature_k(k), cos_f, sin_f)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         fq, fk = self.features(q, k, cos, sin)
@@ -129,26 +121,7 @@ class LinearAttention(LinearSpec, Attention):
             return fla_linear_attention(fq, fk, v)
         return taylor_linear_attention(fq, fk, v)
 
-    def step(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-             state: tuple[torch.Tensor, torch.Tensor] | None = None, valid: torch.Tensor | None = None):
-        """Decoding: the next tokens ``a`` (B, T, d) (usually T = 1) at the positions whose rotary rows ``cos``,
-        ``sin`` are given ((T, r), or (B, 1, T, r) per row), and the running sums of the tokens before them (None at
-        the start) -> the layer's output (B, T, d) and the new state ``(S (B, H_kv, D, d_h), z (B, H_kv, D))``,
-        float32, ``D = 1 + d_f + d_f^2`` (one state per key/value head: its query heads read the same sums).
-        ``valid`` (B, T): tokens that count (padding: False). The math: :func:`linear_attention_step`."""
-        q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])
-        fq, fk = self.features(q, k, cos, sin)
-        out, state = linear_attention_step(taylor_features(fq.float()), taylor_features(fk.float()), v.float(),
-                                           state, valid)
-        return self.merge_heads(out.to(a.dtype)), state
-
-    # ---- inference cache: the fixed state (S, z) ---------------------------------------------------------------
-    def remote_spec(self) -> dict:
-        return {"type": "linear", "feature_dim": self.feature_dim}
-
-    def new_cache(self, layout, device: torch.device, dtype: torch.dtype) -> LinearState:
-        return LinearState(layout, self.num_kv_heads, self.feature_count(), self.head_dim, device)
-
+    # ---- inference: LinearLayer's fixed state (S, z) -----------------------------------------------------------
     def prefill(self, a, cos, sin, cache: LinearState, rows: torch.Tensor) -> torch.Tensor:
         """The training forward on prompts, whose sums ``S``, ``z`` start ``rows``' states."""
         q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])
@@ -156,19 +129,10 @@ class LinearAttention(LinearSpec, Attention):
         cache.write(taylor_features(self.features(q, k, cos, sin)[1].float()), v, rows)
         return out
 
-    def decode(self, a, cache: LinearState, cos, sin) -> torch.Tensor:
-        layout = cache.layout
-        out, cache.state = self.step(a, cos, sin, cache.state, layout.valid(layout.length, a.shape[1]))
-        return out
-
     # ---- costs ----------------------------------------------------------------------------------------------
     def state_numbers(self) -> int:
         """Numbers the layer keeps while decoding: ``S`` and ``z`` of every key/value head, whatever the context."""
         return self.num_kv_heads * self.feature_count() * (self.head_dim + 1)
-
-    def feature_count(self) -> int:
-        """``D = 1 + d_f + d_f^2``, the length of ``phi(x)``."""
-        return 1 + self.feature_dim + self.feature_dim ** 2
 
     def attended_keys(self, seq_len: int) -> float:
         return 0.0  # no softmax over keys: the cost is the state's (extra_flops_per_token)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..standalone.windowed import WindowedLayer
 from .base import Attention
 from .layers import layer_position
 from .masks import masked_attention, window_mask
@@ -18,19 +19,18 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class MSWAAttention(MSWASpec, Attention):
-    """Sliding-window attention with one window per head (this layer's row of :func:`mswa_window_table`).
+class MSWAAttention(MSWASpec, WindowedLayer, Attention):
+    """Sliding-window attention with one window per head (this layer's row of :func:`mswa_window_table`; cache,
+    decode step and export: :class:`~neox_dar.standalone.windowed.WindowedLayer`).
 
     ``reference``: explicit per-head (H, T, T) band mask. ``sdpa``: heads grouped by window, one blocked
     SDPA call per distinct window (:mod:`.windowed`). ``triton``: ``kernels.mswa_attention``.
     """
 
-    windowed_softmax = True  # decoded by the base class's windowed cache
-
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
         position, _ = layer_position(cfg, layer_idx)
-        self.windows: list[int] = mswa_window_table(cfg, warn=position == 0)[position]
+        self.build_variant(mswa_window_table(cfg, warn=position == 0)[position])
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         impl = self.resolved_impl(q.device)
@@ -47,6 +47,3 @@ class MSWAAttention(MSWASpec, Attention):
             heads = torch.tensor([h for h, hw in enumerate(self.windows) if hw == w], device=q.device)
             out[:, heads] = windowed_sdpa(q[:, heads], k[:, heads], v[:, heads], w)
         return out
-
-    def head_windows(self) -> list[int | None]:
-        return list(self.windows)

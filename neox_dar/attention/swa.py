@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..standalone.windowed import WindowedLayer
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .specs.swa import SWASpec
@@ -16,18 +17,18 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class SWAAttention(SWASpec, Attention):
-    """One window ``w = window_size`` for every head and layer.
+class SWAAttention(SWASpec, WindowedLayer, Attention):
+    """One window ``w = window_size`` for every head and layer (cache, decode step and export:
+    :class:`~neox_dar.standalone.windowed.WindowedLayer`).
 
     ``reference``: explicit (T, T) band mask. ``sdpa``: blocked SDPA in O(T w) (:mod:`.windowed`).
     ``triton``: ``kernels.mswa_attention`` with the same window for every head.
     """
 
-    windowed_softmax = True  # decoded by the base class's windowed cache
-
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
         self.window = cfg.attention.window_size
+        self.build_variant([self.window] * self.num_heads)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         impl = self.resolved_impl(q.device)
@@ -38,6 +39,3 @@ class SWAAttention(SWASpec, Attention):
         if impl == "reference":
             return masked_attention(q, k, v, window_mask(q.shape[-2], self.window, q.device))
         return windowed_sdpa(q, k, v, self.window)
-
-    def head_windows(self) -> list[int | None]:
-        return [self.window] * self.num_heads

@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
+from ..standalone.windowed import WindowedLayer
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .specs.vanilla import VanillaSpec
 
+if TYPE_CHECKING:
+    from ..config import ModelConfig
 
-class VanillaAttention(VanillaSpec, Attention):
-    """Causal softmax attention over all ``j <= i``.
+
+class VanillaAttention(VanillaSpec, WindowedLayer, Attention):
+    """Causal softmax attention over all ``j <= i``: a ``windowed`` layer whose every head sees every earlier key
+    (cache, decode step and export: :class:`~neox_dar.standalone.windowed.WindowedLayer`).
 
     ``reference`` materializes the causal mask; ``sdpa`` and ``triton`` both call
     ``scaled_dot_product_attention(is_causal=True)``, which is the FlashAttention kernel on CUDA
     (vanilla attention needs no custom kernel).
     """
 
-    windowed_softmax = True  # decoded by the base class's windowed cache
+    def __init__(self, cfg: ModelConfig, layer_idx: int):
+        super().__init__(cfg, layer_idx)
+        self.build_variant([None] * self.num_heads)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         if self.resolved_impl(q.device) == "reference":

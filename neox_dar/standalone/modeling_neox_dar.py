@@ -1,19 +1,20 @@
 """neox-dar models in transformers (``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)``): the
 GPT-NeoX, Llama, OLMo-2, Qwen2 and Qwen3 blocks with neox-dar's attention variants (DAR, uniform, SWA, MSWA, AHA,
-linear attention; one type per layer), for inference.
+linear attention, DimPO; one type per layer), for inference.
 
-``python -m neox_dar.convert to-hf`` writes this file beside ``config.json`` (whose ``auto_map`` names the classes
-here), ``configuration_neox_dar.py`` and ``inference.py``; it needs torch and transformers only. Parameter names are
-neox-dar's: each family's Hugging Face names plus the variants' ``dar_down``, ``dar_up``, ``router``, ``feature_q``,
-``feature_k``.
+``python -m neox_dar.convert to-hf`` copies this file beside ``config.json`` (whose ``auto_map`` names the classes
+here) with the rest of :mod:`neox_dar.standalone`; it needs torch and transformers only. Each layer's attention is
+the class of its type (:data:`LAYER_TYPES`, one module per type: its parameters, cache and decode step), the classes
+neox-dar's own attention modules subclass. Parameter names are neox-dar's: each family's Hugging Face names plus the
+variants' ``dar_down``, ``dar_up``, ``router``, ``feature_q``, ``feature_k``, ``dimpo_proj``.
 
-Every forward runs through the variants' inference caches (``inference.py``, the code ``neox_dar.generate`` decodes
-with): a prompt is written into empty caches and attended in one chunk (explicit masks: O(T^2) scores for T prompt
-tokens), and ``generate()`` then feeds one token per step, each layer reading only what its cache keeps (DAR: the
-window's keys and values and ``dar_down(h)`` of every token; SWA and MSWA: each key/value head's window; AHA: the
-window, and the whole cache for the heads the router sends to full attention; linear attention: its fixed state).
-Batches must be left-padded (``attention_mask`` zeros on the left, transformers' padding for decoder-only
-generation). Beam search is not supported (the caches do not reorder rows). Training belongs to neox-dar.
+Every forward runs through the layer types' inference caches (the code ``neox_dar.generate`` decodes with): a prompt
+is written into empty caches and attended in one chunk (explicit masks: O(T^2) scores for T prompt tokens), and
+``generate()`` then feeds one token per step, each layer reading only what its cache keeps (DAR: the window's keys
+and values and ``dar_down(h)`` of every token; SWA and MSWA: each key/value head's window; AHA: the window, and the
+whole cache for the heads the router sends to full attention; linear attention: its fixed state). Batches must be
+left-padded (``attention_mask`` zeros on the left, transformers' padding for decoder-only generation). Beam search
+is not supported (the caches do not reorder rows). Training belongs to neox-dar.
 """
 
 from types import SimpleNamespace
@@ -26,10 +27,15 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
+from .aha import AHALayer
+from .cache import Layout, ModelCache
 from .configuration_neox_dar import NeoxDarConfig
-from .inference import (DARCache, GeluMLP, HeadProjections, Layout, LinearState, ModelCache, SwiGLU, WindowedKV,
-                        aha_attention, apply_rotary, feature_rotary, linear_attention_step, residual_block,
-                        rotary_table, taylor_features)
+from .dar import DARLayer
+from .dimpo import DimPOLayer
+from .layer import AttentionLayer, GeluMLP, SwiGLU, residual_block
+from .linear import LinearLayer
+from .rotary import rotary_table
+from .windowed import WindowedLayer
 
 
 def _norm(block: dict, width: int, rms: bool = False) -> nn.Module:
@@ -41,67 +47,25 @@ def _norm(block: dict, width: int, rms: bool = False) -> nn.Module:
     return nn.LayerNorm(width, eps=block["norm_eps"])
 
 
-class NeoxDarAttention(HeadProjections, nn.Module):
-    """One layer's attention: the family's projections and the layer's variant (``spec``, an entry of
-    ``config.neox_dar_layers``), reading and writing the layer's cache."""
+# the layer types an export may name (``neox_dar_layers``), each in its own module
+LAYER_TYPES = {cls.layer_type: cls for cls in (WindowedLayer, DARLayer, AHALayer, LinearLayer, DimPOLayer)}
 
-    def __init__(self, config: NeoxDarConfig, spec: dict):
-        super().__init__()
-        block, d = config.neox_dar_block, config.hidden_size
-        self.build_projections(d, config.num_attention_heads, config.num_key_value_heads, config.head_dim,
-                               block["fused_qkv"], block["qkv_bias"], block["attention_out_bias"], block["qk_norm"],
-                               lambda width: _norm(block, width, rms=True))
-        self.spec, self.kind = spec, spec["type"]
-        self.rotary_ndims = block["rotary_ndims"]
-        if self.kind == "dar":
-            self.dar_down = nn.Linear(d, spec["d_down"], bias=False)
-            self.dar_up = nn.Linear(spec["d_down"], d, bias=False)
-        elif self.kind == "aha":
-            self.router = nn.Linear(d, config.num_attention_heads, bias=False)
-        elif self.kind == "linear":
-            self.feature_q = nn.Linear(config.head_dim, spec["feature_dim"], bias=False)
-            self.feature_k = nn.Linear(config.head_dim, spec["feature_dim"], bias=False)
-        elif self.kind == "dimpo":  # DimPO: scores F(q) F(k)^T / sqrt(d'), F(x) = x W^T after rotary
-            self.dimpo_proj = nn.Parameter(torch.eye(spec["d_proj"], config.head_dim))
-        elif self.kind != "windowed":
-            raise ValueError(f"neox_dar_layers: unknown attention type {self.kind!r}")
 
-    def new_cache(self, layout: Layout, device: torch.device, dtype: torch.dtype):
-        H, Hk, D = self.num_heads, self.num_kv_heads, self.head_dim
-        if self.kind == "dar":
-            return DARCache(layout, self.spec["window"], self.spec["d_down"], Hk, D, self.rotary_ndims,
-                            *self.key_value_weights(), self.dar_up.weight,
-                            self.normalize_keys if self.qk_norm != "none" else None, device, dtype,
-                            far_keys=self.spec.get("cache", "keys") == "keys")
-        if self.kind == "linear":
-            f = self.spec["feature_dim"]
-            return LinearState(layout, Hk, 1 + f + f * f, D, device)
-        if self.kind == "dimpo":
-            return WindowedKV(layout, [None] * H, Hk, self.spec["d_proj"], D, device, dtype)
-        windows = [None] * H if self.kind == "aha" else self.spec["windows"]
-        return WindowedKV(layout, windows, Hk, D, D, device, dtype)
-
-    def forward(self, a: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The next ``T`` tokens of every row (``a`` (B, T, d)) against the cache, which stores them -> (B, T, d)."""
-        scale = self.head_dim ** -0.5
-        if self.kind == "linear":  # rotary on the features (neox-dar's LinearAttention.step)
-            q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])
-            cos_f, sin_f = feature_rotary(cos, sin, self.spec["feature_dim"])
-            fq, fk = (apply_rotary(proj(x), cos_f, sin_f) for proj, x in ((self.feature_q, q), (self.feature_k, k)))
-            layout = cache.layout
-            out, cache.state = linear_attention_step(taylor_features(fq.float()), taylor_features(fk.float()),
-                                                     v.float(), cache.state, layout.valid(layout.length, a.shape[1]))
-            return self.merge_heads(out.to(a.dtype))
-        q, k, v = self.split_heads(a, cos, sin)
-        if self.kind == "dar":
-            return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), scale))
-        if self.kind == "aha":
-            gate = torch.sigmoid(self.router(a).float()) > self.spec["threshold"]
-            return self.merge_heads(aha_attention(q, cache, k, v, gate.transpose(1, 2), self.spec["window"], scale))
-        if self.kind == "dimpo":
-            w = self.dimpo_proj.to(q.dtype)
-            return self.merge_heads(cache.attend(q @ w.T, k @ w.T, v, self.spec["d_proj"] ** -0.5))
-        return self.merge_heads(cache.attend(q, k, v, scale))
+def attention_layer(config: NeoxDarConfig, spec: dict) -> AttentionLayer:
+    """One layer's attention: the class of its type (``spec``, an entry of ``config.neox_dar_layers``) with the
+    family's projections and the type's parameters."""
+    block = config.neox_dar_block
+    args = dict(spec)
+    kind = args.pop("type")
+    if kind not in LAYER_TYPES:
+        raise ValueError(f"neox_dar_layers: unknown attention type {kind!r}")
+    layer = LAYER_TYPES[kind]()
+    layer.build_projections(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                            config.head_dim, block["fused_qkv"], block["qkv_bias"], block["attention_out_bias"],
+                            block["qk_norm"], lambda width: _norm(block, width, rms=True))
+    layer.rotary_ndims = block["rotary_ndims"]
+    layer.build_variant(**args)
+    return layer
 
 
 class NeoxDarBlock(nn.Module):
@@ -116,7 +80,7 @@ class NeoxDarBlock(nn.Module):
         for name in self.norm_names:
             self.add_module(name, _norm(block, config.hidden_size))
         self.attn_name = block["names"]["attention"]
-        self.add_module(self.attn_name, NeoxDarAttention(config, spec))
+        self.add_module(self.attn_name, attention_layer(config, spec))
         shape = SimpleNamespace(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
                                 mlp_bias=block["mlp_bias"])
         self.mlp = SwiGLU(shape) if block["activation"] == "swiglu" else GeluMLP(shape)
@@ -124,8 +88,8 @@ class NeoxDarBlock(nn.Module):
     def forward(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         attention = getattr(self, self.attn_name)
         norm1, norm2 = (getattr(self, n) for n in self.norm_names)
-        return residual_block(x, lambda a: attention(a, cache, cos, sin), self.mlp, norm1, norm2, self.post_norm,
-                              self.parallel)
+        return residual_block(x, lambda a: attention.decode(a, cache, cos, sin), self.mlp, norm1, norm2,
+                              self.post_norm, self.parallel)
 
 
 class NeoxDarModel(nn.Module):
@@ -172,7 +136,7 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
-        return False  # the variants' own caches (inference.py), made by forward
+        return False  # the layer types' own caches, made by forward
 
     def get_input_embeddings(self) -> nn.Embedding:
         decoder = getattr(self, self.decoder_name)

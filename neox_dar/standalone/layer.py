@@ -1,0 +1,171 @@
+"""The decoder layer of the model families at inference, and what every attention layer type shares: the query/key/
+value and output projections (:class:`HeadProjections`), the base of the layer types (:class:`AttentionLayer`), the
+MLPs and the residual wiring. Plain PyTorch (the package's rule, :mod:`neox_dar.standalone`).
+
+Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`` key/value heads, ``d_h`` head dims.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from .cache import WindowedKV
+from .rotary import apply_rotary
+
+
+class HeadProjections:
+    """Query/key/value and output projections of the model families, mixed into a ``torch.nn.Module``: GPT-NeoX's
+    fused ``query_key_value`` (each head's rows ``[q, k, v]``) and ``dense``, or ``q_proj``, ``k_proj``, ``v_proj``,
+    ``o_proj``; the optional query/key RMSNorms before rotary (over the whole projection: OLMo-2; per head: Qwen3);
+    grouped-query attention (``H_kv`` key/value heads)."""
+
+    def build_projections(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, fused: bool,
+                          qkv_bias: bool, out_bias: bool, qk_norm: str, rms_norm: Callable[[int], torch.nn.Module]):
+        """Create the projection modules; ``rms_norm(width)`` makes the family's query/key norm."""
+        self.hidden_size = hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.fused, self.qk_norm = fused, qk_norm
+        width, kv_width = num_heads * head_dim, num_kv_heads * head_dim
+        if fused:  # GPT-NeoX: one projection, output rows per head as [q (d_h), k (d_h), v (d_h)]
+            self.query_key_value = torch.nn.Linear(hidden_size, 3 * width, bias=qkv_bias)
+            self.dense = torch.nn.Linear(width, hidden_size, bias=out_bias)
+        else:
+            self.q_proj = torch.nn.Linear(hidden_size, width, bias=qkv_bias)
+            self.k_proj = torch.nn.Linear(hidden_size, kv_width, bias=qkv_bias)
+            self.v_proj = torch.nn.Linear(hidden_size, kv_width, bias=qkv_bias)
+            self.o_proj = torch.nn.Linear(width, hidden_size, bias=out_bias)
+        if qk_norm != "none":  # over the whole projection (OLMo-2) or each head (Qwen3)
+            per_head = qk_norm == "head"
+            self.q_norm = rms_norm(head_dim if per_head else width)
+            self.k_norm = rms_norm(head_dim if per_head else kv_width)
+
+    def project(self, h: torch.Tensor, query: bool = True):
+        """``h`` (B, T, d) -> ``q`` (B, T, H, d_h) (None without ``query``), ``k``, ``v`` (B, T, H_kv, d_h), with the
+        family's query/key norms applied (before rotary). Without ``query`` only the key and value weights are
+        applied (DAR's bottlenecked keys and values)."""
+        B, T, _ = h.shape
+        H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.fused:
+            weight, bias = self.query_key_value.weight, self.query_key_value.bias
+            if not query:
+                weight = weight.view(H, 3, D, -1)[:, 1:].reshape(2 * H * D, -1)
+                bias = None if bias is None else bias.view(H, 3, D)[:, 1:].reshape(2 * H * D)
+            parts = F.linear(h, weight, bias).view(B, T, H, -1).split(D, dim=-1)
+            q, (k, v) = (parts[0], parts[1:]) if query else (None, parts)
+        else:
+            q = self.q_proj(h).view(B, T, H, D) if query else None
+            k, v = self.k_proj(h).view(B, T, G, D), self.v_proj(h).view(B, T, G, D)
+        if self.qk_norm == "head":
+            q = self.q_norm(q) if query else None
+        elif self.qk_norm == "projection":
+            q = self.q_norm(q.reshape(B, T, H * D)).view(B, T, H, D) if query else None
+        return q, self.normalize_keys(k), v
+
+    def normalize_keys(self, k: torch.Tensor) -> torch.Tensor:
+        """The family's key norm (before rotary) of ``k`` (B, T, H_kv, d_h): per head (Qwen3), over the whole
+        projection (OLMo-2), or none."""
+        if self.qk_norm == "head":
+            return self.k_norm(k)
+        if self.qk_norm == "projection":
+            return self.k_norm(k.flatten(-2)).view(k.shape)
+        return k
+
+    def key_value_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+        """``(W_k, b_k, W_v, b_v)``: the key and value projections as (H_kv d_h, d) matrices and (H_kv d_h,) biases
+        (None without), GPT-NeoX's rows of ``query_key_value`` or ``k_proj``/``v_proj``."""
+        if not self.fused:
+            return self.k_proj.weight, self.k_proj.bias, self.v_proj.weight, self.v_proj.bias
+        H, D = self.num_heads, self.head_dim
+        w = self.query_key_value.weight.view(H, 3, D, -1)
+        b = None if self.query_key_value.bias is None else self.query_key_value.bias.view(H, 3, D)
+        rows = [(w[:, i].reshape(H * D, -1), None if b is None else b[:, i].reshape(H * D)) for i in (1, 2)]
+        return (*rows[0], *rows[1])
+
+    def split_heads(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """``h`` (B, T, d) -> rotary-applied ``q`` (B, H, T, d_h) and ``k``, ``v`` (B, H_kv, T, d_h)."""
+        q, k, v = self.project(h)
+        return apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
+
+    def merge_heads(self, o: torch.Tensor) -> torch.Tensor:
+        """(B, H, T, d_h) -> the output projection of (B, T, H d_h)."""
+        B, H, T, D = o.shape
+        out = o.transpose(1, 2).reshape(B, T, H * D)
+        return self.dense(out) if self.fused else self.o_proj(out)
+
+
+class AttentionLayer(HeadProjections, torch.nn.Module):
+    """One attention layer at inference: the family's projections (:meth:`build_projections`, which sets the shapes)
+    and the layer type's parameters, cache and decode step. Each layer type subclasses it in its own module
+    (:mod:`.windowed`, :mod:`.dar`, :mod:`.aha`, :mod:`.linear`, :mod:`.dimpo`) with:
+
+    * ``layer_type``: its name in an export's ``config.json`` (``neox_dar_layers``);
+    * ``build_variant(**args)``: its parameters, made after the projections; ``args`` are what :meth:`remote_spec`
+      returns besides ``type``;
+    * ``remote_spec()``: the layer as ``neox_dar_layers`` lists it, ``{"type": layer_type, **args}``;
+    * ``new_cache(layout, device, dtype)``: an empty cache of the layer for the batch of ``layout``
+      (:class:`~.cache.Layout`); default a :class:`~.cache.WindowedKV` of each key/value head's keys and values
+      for the widest window of its query heads (:meth:`head_windows`);
+    * ``decode(a, cache, cos, sin)``: the next ``T`` tokens of every row (``a`` (B, T, d); usually T = 1) against
+      the cache, which stores them -> (B, T, d); ``cos``, ``sin`` (B or 1, 1, T, r): the rotary rows of each row's
+      positions.
+
+    The exported model builds the type its ``config.json`` names; ``neox_dar.attention``'s modules subclass the
+    type they compute, so ``neox_dar.generate`` and the export decode through the same code. Whoever builds the
+    layer sets ``rotary_ndims``."""
+
+    layer_type: ClassVar[str] = ""
+    rotary_ndims: int
+
+    def head_windows(self) -> list[int | None]:
+        """Each query head's window (None: every earlier key; 0: none at full width)."""
+        return [None] * self.num_heads
+
+    def new_cache(self, layout, device: torch.device, dtype: torch.dtype):
+        return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.head_dim, self.head_dim, device, dtype)
+
+
+class GeluMLP(torch.nn.Module):
+    """``dense_4h_to_h(gelu(dense_h_to_4h(m)))`` with exact (erf) GeLU (GPT-NeoX); (B, T, d) -> (B, T, d). ``cfg``:
+    anything with ``hidden_size``, ``intermediate_size``, ``mlp_bias``."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.dense_h_to_4h = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.dense_4h_to_h = torch.nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(m)))
+
+
+class SwiGLU(torch.nn.Module):
+    """``down_proj(silu(gate_proj(m)) * up_proj(m))`` (Llama, OLMo-2, Qwen); (B, T, d) -> (B, T, d)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.up_proj = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = torch.nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, m: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
+
+
+def residual_block(x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor], mlp: torch.nn.Module,
+                   norm1: torch.nn.Module, norm2: torch.nn.Module, post_norm: bool, parallel: bool,
+                   dropout: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+    """One decoder layer around ``attend`` (attention input (B, T, d) -> output):
+
+    * pre-norm, parallel (GPT-NeoX): ``x + Attn(N1(x)) + MLP(N2(x))``
+    * pre-norm, sequential (Llama, Qwen): ``y = x + Attn(N1(x)); y + MLP(N2(y))``
+    * post-norm (OLMo-2): ``y = x + N1(Attn(x)); y + N2(MLP(y))``"""
+    if post_norm:
+        y = x + dropout(norm1(attend(x)))
+        return y + dropout(norm2(mlp(y)))
+    attn = dropout(attend(norm1(x)))
+    if parallel:
+        return x + attn + dropout(mlp(norm2(x)))
+    y = x + attn
+    return y + dropout(mlp(norm2(y)))
