@@ -55,7 +55,7 @@ def test_dry_run_prints_the_quick_plan_inside_one_command():
     throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
     assert len(throughput) == 4 and all("pythia-70m" in t and "torch_compile=false" in t for t in throughput)
     assert "train_batch_size=64" in throughput[0]  # two of the config's 32-sample micro-batches
-    assert "-k long_sequence" in res.stdout and "-k 'not long_sequence'" in res.stdout
+    assert "-k long_sequence" in res.stdout and "-k 'not long_sequence and not float32]'" in res.stdout
     assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
     assert "bench/decode.py --dtype bfloat16 --steps 2 --warmup 1" in res.stdout
 
@@ -66,6 +66,7 @@ def test_full_plan_covers_the_throughput_grid_and_steps_run_in_plan_order():
     throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
     # 70M and 160M x torch_compile off/on x (vanilla on sdpa + DAR, MSWA, AHA on triton and on sdpa)
     assert len(throughput) == 2 * 2 * 7
+    assert "-k 'not long_sequence'" in res.stdout  # every kernel test, float32 included
     assert {(m, c) for m in ("70m", "160m") for c in ("false", "true")} == {
         (re.search(r"pythia-(\w+)\.yml", t).group(1), re.search(r"torch_compile=(\w+)", t).group(1))
         for t in throughput}

@@ -149,11 +149,16 @@ def with_dtypes(cases, half_cases):
             if dt == torch.float32 or ON_GPU or n in half_cases]
 
 
+def dtype_id(value):
+    """Test ids name the dtype (``float32``), so that a run can select by dtype with -k; other values as pytest's."""
+    return str(value).removeprefix("torch.") if isinstance(value, torch.dtype) else None
+
+
 DAR_CASES = [(2, 2, 37, 16, 0), (2, 3, 45, 32, 1), (1, 2, 70, 64, 5), (2, 2, 33, 128, 128), (2, 2, 50, 32, 50),
              (1, 2, 69, 16, 20), (1, 2, 64, 32, 16)]
 
 
-@pytest.mark.parametrize("B,H,T,D,w,dtype", with_dtypes(DAR_CASES, half_cases=(1, 5)))
+@pytest.mark.parametrize("B,H,T,D,w,dtype", with_dtypes(DAR_CASES, half_cases=(1, 5)), ids=dtype_id)
 def test_dar_matches_reference(B, H, T, D, w, dtype):
     torch.manual_seed(T * 1000 + w)
     inputs = leaves(5, (B, H, T, D), dtype)
@@ -170,7 +175,7 @@ MSWA_CASES = [(2, 4, 53, 32, [1, 5, 17, 128]), (1, 4, 40, 16, [0, 2, 16, 64]), (
               (1, 3, 50, 128, [8, 33, 1]), (1, 2, 30, 24, [4, 30])]  # d_h = 24: padded, masked columns
 
 
-@pytest.mark.parametrize("B,H,T,D,windows,dtype", with_dtypes(MSWA_CASES, half_cases=(0,)))
+@pytest.mark.parametrize("B,H,T,D,windows,dtype", with_dtypes(MSWA_CASES, half_cases=(0,)), ids=dtype_id)
 def test_mswa_matches_reference(B, H, T, D, windows, dtype):
     torch.manual_seed(T)
     win = torch.tensor(windows, device=DEVICE)
@@ -208,7 +213,7 @@ AHA_CASES = [(2, 2, 45, 32, 5, 0.1), (1, 2, 70, 16, 20, 0.5), (2, 2, 37, 64, 1, 
              (2, 2, 33, 16, 4, 0.0)]
 
 
-@pytest.mark.parametrize("B,H,T,D,w,frac,dtype", with_dtypes(AHA_CASES, half_cases=(0,)))
+@pytest.mark.parametrize("B,H,T,D,w,frac,dtype", with_dtypes(AHA_CASES, half_cases=(0,)), ids=dtype_id)
 def test_aha_matches_reference(B, H, T, D, w, frac, dtype):
     torch.manual_seed(T + w)
     q, k, v = leaves(3, (B, H, T, D), dtype)
