@@ -27,36 +27,20 @@ from .families import FAMILIES
 from .loss import IGNORE, chunk_rows, linear_cross_entropy_sum, linear_token_nll, module_cross_entropy
 from .norms import RMSNorm, build_norm
 from .standalone.cache import Layout, ModelCache
-from .standalone.layer import GeluMLP, SwiGLU, residual_block
+from .standalone.decoder import DecoderLayer, DecoderStack, build_mlp
 
 
-class Block(nn.Module):
-    """One decoder layer: ``attention`` (``self_attn`` outside GPT-NeoX), ``mlp`` and two norms.
-
-    * pre-norm, parallel (GPT-NeoX): ``x + Attn(N1(x)) + MLP(N2(x))``
-    * pre-norm, sequential (Llama, Qwen): ``y = x + Attn(N1(x)); y + MLP(N2(y))``
-    * post-norm (OLMo-2): ``y = x + N1(Attn(x)); y + N2(MLP(y))``
-
-    The norms are ``input_layernorm`` and ``post_attention_layernorm`` before the sub-layers, or
-    ``post_attention_layernorm`` and ``post_feedforward_layernorm`` after them."""
+class Block(DecoderLayer):
+    """One decoder layer (:class:`~neox_dar.standalone.decoder.DecoderLayer`: the names, the wiring and the decode
+    step): the family's norms, the layer's attention variant, the MLP, ``hidden_dropout`` on each branch."""
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__()
-        self.parallel = cfg.gpt_j_residual
-        self.post_norm = cfg.norm_position == "post"
-        self.norm_names = (("post_attention_layernorm", "post_feedforward_layernorm") if self.post_norm
-                           else ("input_layernorm", "post_attention_layernorm"))
-        for name in self.norm_names:
-            self.add_module(name, build_norm(cfg))
-        self.attn_name = FAMILIES[cfg.model_family].names.attention
-        self.add_module(self.attn_name, build_attention(cfg, layer_idx))
-        self.mlp = SwiGLU(cfg) if cfg.activation == "swiglu" else GeluMLP(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
-
-    @property
-    def attn(self) -> Attention:
-        """The layer's attention module (``attention`` or ``self_attn``)."""
-        return getattr(self, self.attn_name)
+        self.build_layer(lambda: build_norm(cfg), FAMILIES[cfg.model_family].names.attention,
+                         build_attention(cfg, layer_idx),
+                         build_mlp(cfg.activation, cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias),
+                         post_norm=cfg.norm_position == "post", parallel=cfg.gpt_j_residual,
+                         dropout=nn.Dropout(cfg.hidden_dropout))
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         attention = self.attn
@@ -66,41 +50,25 @@ class Block(nn.Module):
         """:meth:`forward` on prompts, filling ``rows`` of the layer's ``cache`` (:meth:`Attention.prefill`)."""
         return self.residual(x, lambda a: self.attn.prefill(a, cos, sin, cache, rows))
 
-    def decode(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """The next tokens (B, T, d) of every row against the layer's ``cache`` (:meth:`Attention.decode`)."""
-        return self.residual(x, lambda a: self.attn.decode(a, cache, cos, sin))
 
-    def residual(self, x: torch.Tensor, attend) -> torch.Tensor:
-        """The block around ``attend`` (the attention input (B, T, d) -> its output)."""
-        norm1, norm2 = (getattr(self, n) for n in self.norm_names)
-        return residual_block(x, attend, self.mlp, norm1, norm2, self.post_norm, self.parallel, self.dropout)
-
-
-class Decoder(nn.Module):
-    """Embedding, layers and final norm; ``input_ids`` (B, T) -> hidden states (B, T, d). Named as the family's
-    Hugging Face class names them (``embed_in``/``final_layer_norm`` in GPT-NeoX, ``embed_tokens``/``norm`` in
-    Llama)."""
+class Decoder(DecoderStack):
+    """Embedding, layers and final norm (:class:`~neox_dar.standalone.decoder.DecoderStack`: the names and the decode
+    step through the caches); ``input_ids`` (B, T) -> hidden states (B, T, d)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         names = FAMILIES[cfg.model_family].names
-        self.embed_name, self.norm_name = names.embed, names.final_norm
-        self.add_module(self.embed_name, nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size))
-        self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.add_module(self.norm_name, build_norm(cfg))
+        self.build_decoder(names.embed, nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size),
+                           (Block(cfg, i) for i in range(cfg.num_layers)), names.final_norm, build_norm(cfg),
+                           dropout=nn.Dropout(cfg.hidden_dropout))
         self.rotary_emb = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rope_scaling)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
-
-    @property
-    def embed(self) -> nn.Embedding:
-        return getattr(self, self.embed_name)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.dropout(self.embed(input_ids))
         cos, sin = self.rotary_emb(input_ids.shape[1], x.dtype, x.device)
         for layer in self.layers:
             x = layer(x, cos, sin)
-        return getattr(self, self.norm_name)(x)
+        return self.final_norm(x)
 
     def prefill(self, input_ids: torch.Tensor, cache: ModelCache, rows: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` on prompts of one length (n, T), filling ``rows`` of every layer's cache -> (n, T, d)."""
@@ -108,22 +76,7 @@ class Decoder(nn.Module):
         cos, sin = self.rotary_emb(input_ids.shape[1], x.dtype, x.device)
         for layer, layer_cache in zip(self.layers, cache.layers):
             x = layer.prefill(x, cos, sin, layer_cache, rows)
-        return getattr(self, self.norm_name)(x)
-
-    def decode(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
-        """The next ``T`` tokens of every row (B, T), each at its row's next position, through the caches (which
-        store them) -> (B, T, d)."""
-        layout = cache.layout
-        T = input_ids.shape[1]
-        if layout.capacity is not None and layout.length + T > layout.capacity:
-            raise ValueError(f"the cache holds {layout.capacity} tokens per row; {layout.length} are used and "
-                             f"{T} more were given")
-        x = self.dropout(self.embed(input_ids))
-        cos, sin = layout.rotary(layout.length, T)  # (B or 1, T, r): each row's positions
-        for layer, layer_cache in zip(self.layers, cache.layers):
-            x = layer.decode(x, layer_cache, cos[:, None], sin[:, None])
-        layout.advance(T)
-        return getattr(self, self.norm_name)(x)
+        return self.final_norm(x)
 
 
 class OutputLayer(nn.Linear):

@@ -1,6 +1,6 @@
 """What every attention variant shares: the query/key/value projections of the model family (GPT-NeoX's fused
 ``query_key_value``, or ``q_proj``/``k_proj``/``v_proj``; query/key norms; grouped-query attention), rotary, heads,
-the output projection (:class:`neox_dar.standalone.layer.AttentionLayer`, the code exports ship), the inference
+the output projection (:class:`neox_dar.standalone.attention.AttentionLayer`, the code exports ship), the inference
 cache hooks and the costs. What a variant declares to the rest of the project
 (keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.attention.specs.base.Spec`.
 
@@ -17,8 +17,8 @@ from torch import nn
 
 from ..norms import build_norm
 from ..settings import ConfigError
+from ..standalone.attention import AttentionLayer
 from ..standalone.cache import Layout
-from ..standalone.layer import AttentionLayer
 from ..standalone.rotary import apply_rotary, rotary_table
 from .specs.base import Spec
 from .windowed import mean_attended_keys

@@ -5,14 +5,16 @@ runs them without neox-dar.
 
 * :mod:`.rotary`: rotary tables; :mod:`.cache`: where a batch's tokens are in the caches (``Layout``), the ring
   buffers, the key/value cache of softmax attention and the caches of a model (``ModelCache``);
-* :mod:`.layer`: the decoder layer: the families' attention projections, :class:`~.layer.AttentionLayer` (the base of
-  every attention layer type), the MLPs and the residual wiring;
+* :mod:`.attention`: the families' attention projections and :class:`~.attention.AttentionLayer`, the base of every
+  attention layer type;
 * one module per attention layer type, its parameters, cache and decode step: :mod:`.windowed` (vanilla, SWA, MSWA),
   :mod:`.dar` (DAR, uniform), :mod:`.aha`, :mod:`.linear`, :mod:`.dimpo`;
+* :mod:`.decoder`: the MLPs, the decoder layer (names and residual wiring) and the stack, with the decode step
+  through the caches;
 * ``configuration_neox_dar.py``, ``modeling_neox_dar.py``: the ``transformers`` config and model classes the exported
   ``config.json`` names in ``auto_map``.
 
-neox-dar's model builds its layers from :mod:`.layer`, and each attention module of ``neox_dar.attention`` subclasses
-the layer type it computes, so training, ``neox_dar.generate`` and the export run one implementation. This package
-file imports nothing, so neox-dar imports these modules without ``transformers``.
+neox-dar's model builds on :mod:`.decoder`, and each attention module of ``neox_dar.attention`` subclasses the layer
+type it computes, so training, ``neox_dar.generate`` and the export run one implementation. This package file
+imports nothing, so neox-dar imports these modules without ``transformers``.
 """

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .attention import AttentionLayer
 from .cache import NO_WINDOW, WindowedKV, grouped_attention, step_keys, window_allowed
-from .layer import AttentionLayer
 
 
 def aha_attention(q: torch.Tensor, kv: WindowedKV, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor,

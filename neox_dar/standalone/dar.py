@@ -12,8 +12,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .attention import AttentionLayer
 from .cache import Layout, RingBuffer, group_rows, step_keys, window_allowed
-from .layer import AttentionLayer
 from .rotary import apply_rotary
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .attention import AttentionLayer
 from .cache import WindowedKV
-from .layer import AttentionLayer
 
 
 class DimPOLayer(AttentionLayer):

@@ -10,8 +10,8 @@ import math
 import torch
 from torch import nn
 
+from .attention import AttentionLayer
 from .cache import Layout
-from .layer import AttentionLayer
 from .rotary import apply_rotary
 
 

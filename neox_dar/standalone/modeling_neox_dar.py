@@ -28,11 +28,12 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
 from .aha import AHALayer
+from .attention import AttentionLayer
 from .cache import Layout, ModelCache
 from .configuration_neox_dar import NeoxDarConfig
 from .dar import DARLayer
+from .decoder import DecoderLayer, DecoderStack, build_mlp
 from .dimpo import DimPOLayer
-from .layer import AttentionLayer, GeluMLP, SwiGLU, residual_block
 from .linear import LinearLayer
 from .rotary import rotary_table
 from .windowed import WindowedLayer
@@ -68,51 +69,30 @@ def attention_layer(config: NeoxDarConfig, spec: dict) -> AttentionLayer:
     return layer
 
 
-class NeoxDarBlock(nn.Module):
-    """One decoder layer, named as the family's Hugging Face class names it."""
+class NeoxDarBlock(DecoderLayer):
+    """One decoder layer: the family's norms and MLP, the attention of the layer's entry ``spec`` of
+    ``neox_dar_layers``."""
 
     def __init__(self, config: NeoxDarConfig, spec: dict):
         super().__init__()
         block = config.neox_dar_block
-        self.parallel, self.post_norm = block["parallel_residual"], block["norm_position"] == "post"
-        self.norm_names = (("post_attention_layernorm", "post_feedforward_layernorm") if self.post_norm
-                           else ("input_layernorm", "post_attention_layernorm"))
-        for name in self.norm_names:
-            self.add_module(name, _norm(block, config.hidden_size))
-        self.attn_name = block["names"]["attention"]
-        self.add_module(self.attn_name, attention_layer(config, spec))
-        shape = SimpleNamespace(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-                                mlp_bias=block["mlp_bias"])
-        self.mlp = SwiGLU(shape) if block["activation"] == "swiglu" else GeluMLP(shape)
-
-    def forward(self, x: torch.Tensor, cache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        attention = getattr(self, self.attn_name)
-        norm1, norm2 = (getattr(self, n) for n in self.norm_names)
-        return residual_block(x, lambda a: attention.decode(a, cache, cos, sin), self.mlp, norm1, norm2,
-                              self.post_norm, self.parallel)
+        self.build_layer(lambda: _norm(block, config.hidden_size), block["names"]["attention"],
+                         attention_layer(config, spec),
+                         build_mlp(block["activation"], config.hidden_size, config.intermediate_size,
+                                   block["mlp_bias"]),
+                         post_norm=block["norm_position"] == "post", parallel=block["parallel_residual"])
 
 
-class NeoxDarModel(nn.Module):
-    """Embedding, layers and final norm, named as ``neox_dar_block["names"]`` says (``embed_in``/``final_layer_norm``
-    in GPT-NeoX, ``embed_tokens``/``norm`` in Llama): the next ``T`` tokens of every row (B, T) through the caches ->
-    hidden states (B, T, d)."""
+class NeoxDarModel(DecoderStack):
+    """Embedding, layers and final norm, named as ``neox_dar_block["names"]`` says; :meth:`decode` runs tokens through
+    the caches."""
 
     def __init__(self, config: NeoxDarConfig):
         super().__init__()
         block = config.neox_dar_block
-        self.embed_name, self.norm_name = block["names"]["embed"], block["names"]["final_norm"]
-        self.add_module(self.embed_name, nn.Embedding(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(NeoxDarBlock(config, spec) for spec in config.neox_dar_layers)
-        self.add_module(self.norm_name, _norm(block, config.hidden_size))
-
-    def forward(self, input_ids: torch.Tensor, cache: ModelCache) -> torch.Tensor:
-        layout = cache.layout
-        x = getattr(self, self.embed_name)(input_ids)
-        cos, sin = layout.rotary(layout.length, input_ids.shape[1])
-        for layer, layer_cache in zip(self.layers, cache.layers):
-            x = layer(x, layer_cache, cos[:, None], sin[:, None])
-        layout.advance(input_ids.shape[1])
-        return getattr(self, self.norm_name)(x)
+        self.build_decoder(block["names"]["embed"], nn.Embedding(config.vocab_size, config.hidden_size),
+                           (NeoxDarBlock(config, spec) for spec in config.neox_dar_layers),
+                           block["names"]["final_norm"], _norm(block, config.hidden_size))
 
 
 class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
@@ -139,8 +119,7 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
         return False  # the layer types' own caches, made by forward
 
     def get_input_embeddings(self) -> nn.Embedding:
-        decoder = getattr(self, self.decoder_name)
-        return getattr(decoder, decoder.embed_name)
+        return getattr(self, self.decoder_name).embed
 
     def get_output_embeddings(self) -> nn.Linear:
         return getattr(self, self.head_name)
@@ -168,8 +147,7 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
         layout = Layout(starts, None, lambda n: rotary_table(block["rotary_ndims"], block["rope_theta"], scaling, n,
                                                              dtype, device), device)
         decoder = getattr(self, self.decoder_name)
-        return ModelCache(layout, [getattr(layer, layer.attn_name).new_cache(layout, device, dtype)
-                                   for layer in decoder.layers])
+        return ModelCache(layout, [layer.attn.new_cache(layout, device, dtype) for layer in decoder.layers])
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 past_key_values: ModelCache | None = None, use_cache: bool | None = None,
@@ -177,7 +155,7 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
         """Logits (B, T, V) of ``input_ids`` (B, T), the tokens after those in ``past_key_values`` (none: a new
         batch, left-padded per ``attention_mask``); ``labels``: the mean next-token cross-entropy (-100 ignored)."""
         cache = past_key_values if past_key_values is not None else self.new_cache(attention_mask, input_ids)
-        logits = self.get_output_embeddings()(getattr(self, self.decoder_name)(input_ids, cache))
+        logits = self.get_output_embeddings()(getattr(self, self.decoder_name).decode(input_ids, cache))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import torch
 
-from .layer import AttentionLayer
+from .attention import AttentionLayer
 
 
 class WindowedLayer(AttentionLayer):

@@ -1,6 +1,6 @@
-"""The decoder layer of the model families at inference, and what every attention layer type shares: the query/key/
-value and output projections (:class:`HeadProjections`), the base of the layer types (:class:`AttentionLayer`), the
-MLPs and the residual wiring. Plain PyTorch (the package's rule, :mod:`neox_dar.standalone`).
+"""What every attention layer type shares: the query/key/value and output projections of the model families
+(:class:`HeadProjections`) and the base of the layer types (:class:`AttentionLayer`). Plain PyTorch (the package's
+rule, :mod:`neox_dar.standalone`).
 
 Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`` key/value heads, ``d_h`` head dims.
 """
@@ -125,47 +125,3 @@ class AttentionLayer(HeadProjections, torch.nn.Module):
 
     def new_cache(self, layout, device: torch.device, dtype: torch.dtype):
         return WindowedKV(layout, self.head_windows(), self.num_kv_heads, self.head_dim, self.head_dim, device, dtype)
-
-
-class GeluMLP(torch.nn.Module):
-    """``dense_4h_to_h(gelu(dense_h_to_4h(m)))`` with exact (erf) GeLU (GPT-NeoX); (B, T, d) -> (B, T, d). ``cfg``:
-    anything with ``hidden_size``, ``intermediate_size``, ``mlp_bias``."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.dense_h_to_4h = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.dense_4h_to_h = torch.nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-
-    def forward(self, m: torch.Tensor) -> torch.Tensor:
-        return self.dense_4h_to_h(F.gelu(self.dense_h_to_4h(m)))
-
-
-class SwiGLU(torch.nn.Module):
-    """``down_proj(silu(gate_proj(m)) * up_proj(m))`` (Llama, OLMo-2, Qwen); (B, T, d) -> (B, T, d)."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.up_proj = torch.nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=cfg.mlp_bias)
-        self.down_proj = torch.nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
-
-    def forward(self, m: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(m)) * self.up_proj(m))
-
-
-def residual_block(x: torch.Tensor, attend: Callable[[torch.Tensor], torch.Tensor], mlp: torch.nn.Module,
-                   norm1: torch.nn.Module, norm2: torch.nn.Module, post_norm: bool, parallel: bool,
-                   dropout: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
-    """One decoder layer around ``attend`` (attention input (B, T, d) -> output):
-
-    * pre-norm, parallel (GPT-NeoX): ``x + Attn(N1(x)) + MLP(N2(x))``
-    * pre-norm, sequential (Llama, Qwen): ``y = x + Attn(N1(x)); y + MLP(N2(y))``
-    * post-norm (OLMo-2): ``y = x + N1(Attn(x)); y + N2(MLP(y))``"""
-    if post_norm:
-        y = x + dropout(norm1(attend(x)))
-        return y + dropout(norm2(mlp(y)))
-    attn = dropout(attend(norm1(x)))
-    if parallel:
-        return x + attn + dropout(mlp(norm2(x)))
-    y = x + attn
-    return y + dropout(mlp(norm2(y)))
