@@ -340,7 +340,7 @@ do_cpu() {  # the text, the byte-level tokens, the sweep's runs one after anothe
     { gunzip -c "$text/wiki_heldout.jsonl.gz" | head -n 100 || true; } | gzip -n > "$data/wiki_heldout100.jsonl.gz.tmp"
     mv "$data/wiki_heldout100.jsonl.gz.tmp" "$data/wiki_heldout100.jsonl.gz"
   fi
-  if [ "$(realpath -m "$WORK")" != "$ROOT/runs/replicate-cpu" ] || [ "$MODE" = cpu-toy ]; then
+  if [ "$(realpath -m "$WORK")" != "$(realpath -m "$ROOT/runs/replicate-cpu")" ] || [ "$MODE" = cpu-toy ]; then
     # the sweep with its paths under $WORK (the shipped file names runs/replicate-cpu/...)
     sweep_file=$WORK/replicate-cpu.yml
     TOY=$([ "$MODE" = cpu-toy ] && echo 1 || echo 0) "$PY" - "$CPU_SWEEP" "$sweep_file" "$WORK" <<'EOF'
@@ -377,7 +377,7 @@ case "$MODE" in
   smoke)
     # the same pipeline at toy size on CPU: a tiny model, few articles and documents, two steps per run
     [ -n "$WORK" ] || WORK=$(mktemp -d "${TMPDIR:-/tmp}/replicate-smoke.XXXXXX")
-    [ "$(realpath -m "$WORK")" != "$ROOT/runs/replicate" ] || die "--smoke must not write into runs/replicate"
+    [ "$(realpath -m "$WORK")" != "$(realpath -m "$ROOT/runs/replicate")" ] || die "--smoke must not write into runs/replicate"
     PACK=$WORK/pack
     PART_SECONDS=${PART_SECONDS_GIVEN:-600}
     RUNS="vanilla-seed1 dar uniform mswa-w128 aha-w32"   # every attention path once (SWA's is MSWA's)
@@ -394,7 +394,7 @@ train_micro_batch_size_per_gpu=2 train_iters=2 log_interval=1"
     WORK=${WORK:-runs/replicate-cpu}
     if [ "$MODE" = cpu-toy ]; then
       # the same at toy size: a few articles and documents, a tiny model, two steps per run, two of the runs
-      [ "$(realpath -m "$WORK")" != "$ROOT/runs/replicate-cpu" ] || die "--cpu --smoke needs --work DIR (not runs/replicate-cpu)"
+      [ "$(realpath -m "$WORK")" != "$(realpath -m "$ROOT/runs/replicate-cpu")" ] || die "--cpu --smoke needs --work DIR (not runs/replicate-cpu)"
       CPU_TEXT_ARGS="--max-articles 20 --heldout-articles 3 --test-articles 1"
       CPU_MIB=1
       RUNS="vanilla-seed1 vanilla-seed2"   # the baseline and the noise floor

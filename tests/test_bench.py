@@ -77,7 +77,8 @@ def check_loss_memory(r: dict) -> None:
 def check_quickstart(r: dict) -> None:
     """The README's first command ran whole (tokenize, train and evaluate both variants, the table) and timed."""
     assert list(r["phases_s"]) == ["tokenize", "train vanilla", "evaluate vanilla", "train dar", "evaluate dar"]
-    assert r["steps"] == 2 and r["wall_s"] >= sum(r["phases_s"].values()) and r["cpu_s"] > 0
+    # whole seconds each: their sum may pass the wall time by up to one per phase
+    assert r["steps"] == 2 and r["wall_s"] + len(r["phases_s"]) >= sum(r["phases_s"].values()) and r["cpu_s"] > 0
     assert "Rel. (%)" in r["table"] and "DAR w=16 d_down=16" in r["table"]
 
 
