@@ -25,9 +25,10 @@ from .attention import Attention, RotaryEmbedding, build_attention
 from .config import ModelConfig
 from .families import FAMILIES
 from .loss import IGNORE, chunk_rows, linear_cross_entropy_sum, linear_token_nll, module_cross_entropy
-from .norms import RMSNorm, build_norm
+from .norms import build_norm
 from .standalone.cache import Layout, ModelCache
 from .standalone.decoder import DecoderLayer, DecoderStack, build_mlp
+from .standalone.norms import RMSNorm
 
 
 class Block(DecoderLayer):

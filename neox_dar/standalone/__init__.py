@@ -10,7 +10,7 @@ runs them without neox-dar.
 * one module per attention layer type, its parameters, cache and decode step: :mod:`.windowed` (vanilla, SWA, MSWA),
   :mod:`.dar` (DAR, uniform), :mod:`.aha`, :mod:`.linear`, :mod:`.dimpo`;
 * :mod:`.decoder`: the MLPs, the decoder layer (names and residual wiring) and the stack, with the decode step
-  through the caches;
+  through the caches; :mod:`.norms`: LayerNorm and RMSNorm;
 * ``configuration_neox_dar.py``, ``modeling_neox_dar.py``: the ``transformers`` config and model classes the exported
   ``config.json`` names in ``auto_map``.
 

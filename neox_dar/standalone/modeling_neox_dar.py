@@ -24,8 +24,6 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
-from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
 
 from .aha import AHALayer
 from .attention import AttentionLayer
@@ -35,17 +33,14 @@ from .dar import DARLayer
 from .decoder import DecoderLayer, DecoderStack, build_mlp
 from .dimpo import DimPOLayer
 from .linear import LinearLayer
+from .norms import make_norm
 from .rotary import rotary_table
 from .windowed import WindowedLayer
 
 
 def _norm(block: dict, width: int, rms: bool = False) -> nn.Module:
-    """The family's norm over ``width`` features (``rms``: the query/key norms, RMSNorms in every family); OLMo-2's
-    RMSNorm multiplies by its weight in float32 (``rms_weight_in_float32``), the others after casting back
-    (neox-dar's ``RMSNorm``)."""
-    if rms or block["norm"] == "rmsnorm":
-        return (Olmo2RMSNorm if block["rms_weight_in_float32"] else LlamaRMSNorm)(width, eps=block["norm_eps"])
-    return nn.LayerNorm(width, eps=block["norm_eps"])
+    """The family's norm over ``width`` features (``rms``: the query/key norms, RMSNorms in every family)."""
+    return make_norm(rms or block["norm"] == "rmsnorm", width, block["norm_eps"], block["rms_weight_in_float32"])
 
 
 # the layer types an export may name (``neox_dar_layers``), each in its own module
