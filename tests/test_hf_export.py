@@ -14,6 +14,7 @@ from tokenizers import Tokenizer
 from test_generate import family_model
 from transformers import AutoModelForCausalLM
 
+from neox_dar.attention import build_attention, variants
 from neox_dar.convert import REMOTE_FILES, from_hf, main as convert_main, to_hf
 from neox_dar.generate import generate
 from neox_dar.tokenizer import DEFAULT_TOKENIZER
@@ -81,6 +82,20 @@ def test_dar_export_decodes_through_the_compressed_cache(tmp_path, mode):
     assert [c.near.nbytes() for c in caches] == [c.near.nbytes() for c in ours.layers]
     assert all(c.far.data["c"].shape[-1] == model.cfg.attention.dar_d_down for c in caches)
     assert all(set(c.far.data) == ({"c", "k"} if mode == "keys" else {"c"}) for c in caches)
+
+
+@pytest.mark.parametrize("name", sorted(variants()))
+def test_each_variant_is_the_layer_type_it_exports_as(name):
+    """One implementation: a built-in variant's module is an instance of the exported layer type its entry of
+    ``neox_dar_layers`` names, so the export builds, caches and decodes with the code ``neox_dar.generate`` runs."""
+    from builders import model_config
+
+    from neox_dar.standalone.modeling_neox_dar import LAYER_TYPES
+
+    layer = build_attention(model_config(num_layers=2, hidden_size=64, num_attention_heads=4, window_size=4,
+                                         attention_type=name), 1)
+    layer_type = LAYER_TYPES[layer.remote_spec()["type"]]
+    assert isinstance(layer, layer_type) and type(layer).decode is layer_type.decode
 
 
 def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):
