@@ -149,11 +149,6 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _e2e_entry(item.nodeid) is not None:
             item.add_marker(pytest.mark.e2e)
-    # files holding end-to-end tests first (each file's tests kept together and in order, so module fixtures are
-    # made once): the long tests start early and the two workers end together on short ones
-    first = {item.path for item in items if item.get_closest_marker("e2e")}
-    order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (item.path not in first, order[id(item)]))
     stale = _stale_e2e_entries(config.rootpath)
     if stale:
         import warnings
