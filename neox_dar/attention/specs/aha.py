@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING, Literal
 
 from ...settings import Key
@@ -45,11 +44,8 @@ class AHASpec(Spec):
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
         cls.require_window(cfg)
-        w, T = cfg.attention.window_size, cfg.seq_length
-        if w >= T:
-            warnings.warn(f"window_size={w} >= seq_length={T}: AHA's local path sees every key, so both paths are "
-                          "full attention (vanilla attention plus a router and its L1 term); a later config file or "
-                          "key may have replaced the model config's window", stacklevel=6)
+        cls.warn_if_window_holds_every_key(cfg, "AHA's local path sees every key, so both paths are full attention "
+                                                "(vanilla attention plus a router and its L1 term)")
 
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:

@@ -3,6 +3,7 @@ model-dependent defaults and descriptions. Torch-free: the config reads these al
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ...settings import Key, check
@@ -47,6 +48,14 @@ class Spec:
         """``window_size >= 1``: for variants whose local path must see at least the token itself."""
         w = cfg.attention.window_size
         check(w >= 1, "window_size", f"must be >= 1 for attention_type '{cls.name}'", w)
+
+    @classmethod
+    def warn_if_window_holds_every_key(cls, cfg: ModelConfig, consequence: str) -> None:
+        """Warn when ``window_size >= seq_length``: ``consequence`` says what the variant then computes."""
+        w, T = cfg.attention.window_size, cfg.seq_length
+        if w >= T:
+            warnings.warn(f"window_size={w} >= seq_length={T}: {consequence}; a later config file or key may have "
+                          "replaced the model config's window", stacklevel=7)
 
     # ---- descriptions -------------------------------------------------------------------------------------
     @classmethod

@@ -45,11 +45,8 @@ class DARSpec(Spec):
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
-        w, T = cfg.attention.window_size, cfg.seq_length
-        if w >= T:
-            warnings.warn(f"window_size={w} >= seq_length={T}: every key is inside DAR's window, so this is vanilla "
-                          "attention (the bottleneck is never used); a later config file or key may have replaced "
-                          "the model config's window", stacklevel=6)
+        cls.warn_if_window_holds_every_key(cfg, "every key is inside DAR's window, so this is vanilla attention (the "
+                                                "bottleneck is never used)")
 
     @classmethod
     def resolve(cls, cfg: ModelConfig) -> dict[str, Any]:

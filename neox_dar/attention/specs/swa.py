@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from typing import TYPE_CHECKING
 
 from .base import Spec
@@ -27,11 +26,7 @@ class SWASpec(Spec):
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
         cls.require_window(cfg)
-        w, T = cfg.attention.window_size, cfg.seq_length
-        if w >= T:
-            warnings.warn(f"window_size={w} >= seq_length={T}: SWA's window holds every key, so this is vanilla "
-                          "attention; a later config file or key may have replaced the model config's window",
-                          stacklevel=6)
+        cls.warn_if_window_holds_every_key(cfg, "SWA's window holds every key, so this is vanilla attention")
 
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:
