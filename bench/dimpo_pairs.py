@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dimpo_small import add_arguments, fit_options, train_timed  # noqa: E402
 
-from neox_dar.provenance import provenance, write_result  # noqa: E402
+from neox_dar.provenance import device_name, provenance, write_result  # noqa: E402
 
 
 def main() -> None:
@@ -48,7 +48,9 @@ def main() -> None:
         if code != 0:
             raise SystemExit(code)
         study = json.loads((out / "study.json").read_text())
-        report = {**provenance(), "threads": args.threads, "train_steps": args.train_steps,
+        import torch
+
+        report = {**provenance(), "device": device_name(torch.device("cpu")), "threads": args.threads, "train_steps": args.train_steps,
                   "train_seconds": round(trained, 1), "study_seconds": round(time.perf_counter() - start, 1),
                   "seq_len": args.seq_len, "docs": args.docs, "epochs": args.epochs, "lr_scale": args.lr_scale,
                   "study": study}
