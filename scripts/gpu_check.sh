@@ -4,8 +4,9 @@
 # folder, prints the versions and the GPU, runs the checks below in order (each timed, each under its own time
 # limit, a failed one does not stop the next) and ends with a summary table. Logs and results go to $OUT when it
 # is set (the device tool's output folder), else runs/gpu_check/ (--rehearse: runs/gpu_check_rehearse/):
-# gpu_check.log (every step's output), summary.md, attention.json, train_throughput.json, decode.json (copy the
-# JSON of a GPU run into bench/results/ to keep them).
+# gpu_check.log (every step's output), summary.md (the steps, then the issue's targets judged by
+# bench/gpu_targets.py), targets.json, attention.json, train_throughput.json, decode.json (copy the JSON of a GPU
+# run into bench/results/ to keep them).
 #
 #   bash scripts/gpu_check.sh                # --quick: every step, sized to end inside one 10-minute command
 #   bash scripts/gpu_check.sh --full         # the whole grid and longer timings: ~30 minutes, so split it:
@@ -31,9 +32,9 @@
 #   bench-attention   bench/attention.py at the issue's shapes (B=8, H=12, d_h=64, T in {2048, 8192}, w=128):
 #                     DAR, MSWA (grouped and one launch), AHA at 10% routed against SDPA causal flash,
 #                     flex_attention and the reference, each output checked against the reference first
-#   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 70M,
-#                     torch_compile off, the triton path; --full: 70M and 160M, torch_compile off and on,
-#                     attention_impl triton and sdpa) for vanilla, DAR, MSWA, AHA
+#   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 160M,
+#                     the MFU target's model, torch_compile off, the triton path; --full: 70M and 160M,
+#                     torch_compile off and on, attention_impl triton and sdpa) for vanilla, DAR, MSWA, AHA
 #   train-smoke       train.py, bf16: 200 steps of Pythia-14M on the tokenized sample, stopped with a checkpoint
 #                     at step 100 and resumed; the loss must fall and the resumed run continue from step 101 (the
 #                     kernels train in the throughput step)
@@ -137,7 +138,7 @@ fi
 # ------------------------------------------------------------------------------------------------ the commands
 throughput_runs() {
   # one line per run: "<model> <attention> <attention_impl> <torch_compile>"
-  local models=70m compiles=false impls=triton
+  local models=160m compiles=false impls=triton
   if [ "$MODE" = full ]; then models="70m 160m"; compiles="false true"; impls="triton sdpa"; fi
   for m in $models; do
     for c in $compiles; do
@@ -343,6 +344,10 @@ summary() {
       local st=${STATUS[$s]:-not run}
       echo "| $s | $st | ${SECONDS_TAKEN[$s]:--} | $(limit "$s") |"
     done
+    echo
+    echo "Targets (bench/gpu_targets.py: ratios measured in this run; judged only on a GPU):"
+    echo
+    "$PY" bench/gpu_targets.py "$LOG_DIR" --out "$LOG_DIR/targets.json" 2>&1
   } > "$LOG_DIR/summary.md"
   echo
   echo "gpu_check.sh --$MODE summary ($LOG_DIR/summary.md; full log $LOG_DIR/gpu_check.log):"

@@ -19,9 +19,13 @@ SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
 def check_attention(r: dict) -> None:
     assert r["label"].startswith("Triton CPU interpreter smoke timings")
     methods = {x["method"]: x for x in r["results"] if x["kernel"] == "dar"}
-    assert set(methods) == {"triton", "reference", "sdpa_path"}
+    assert set(methods) == {"triton", "reference", "sdpa_path", "sdpa_causal"}  # flex: minutes to compile on a CPU
     assert all(x["fwd_ms"] > 0 and x["fwd_bwd_ms"] > 0 and "error" not in x for x in methods.values()), methods
     assert methods["triton"]["rel_err_vs_reference"] < 1e-3
+    assert methods["sdpa_causal"]["rel_err_vs_reference"] is None  # another mask: the targets' speed baseline
+    assert [t["target"] for t in r["targets"]] == ["dar T=32: triton / sdpa_causal fwd+bwd <= 1.15",
+                                                   "dar T=32: reference / triton fwd+bwd >= 5"]
+    assert all(t["value"] > 0 and t["met"] is None for t in r["targets"])  # computed, not judged off a GPU
 
 
 def check_data_prep(r: dict) -> None:
@@ -90,6 +94,20 @@ def check_startup(r: dict) -> None:
                                             "engine", "checkpoint and logs", "first step"]
 
 
+def gpu_targets_args(tmp_path: Path) -> list[str]:
+    """A kit output folder holding only a decode result (bench/decode.py's shape, CPU numbers)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"variant": v, "context": 64, "batch": 1, "speed_vs_vanilla": s} for v, s in [("vanilla", 1.0), ("dar", 1.5)]]
+    (run / "decode.json").write_text(json.dumps({"device": "CPU x86_64 (2 threads)", "results": rows}))
+    return [str(run)]
+
+
+def check_gpu_targets(r: dict) -> None:
+    assert r["missing"] == ["attention.json", "train_throughput.json"]
+    assert [(t["value"], t["met"], t["judged"]) for t in r["targets"]] == [(1.5, None, False)]
+
+
 def check_train_throughput(r: dict) -> None:
     e, hf = r["engine"], r["vs_hf"]
     assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16
@@ -97,13 +115,14 @@ def check_train_throughput(r: dict) -> None:
     assert hf["ours_step_s"] > 0 and hf["hf_step_s"] > 0 and hf["ours_attention_impl"] == "sdpa"
 
 
-# script: (its smallest arguments, without --out; the check of its JSON result)
+# script: (its smallest arguments, without --out, or a function of tmp_path making them; the check of its JSON result)
 SMALLEST = {
     "attention.py": (["--interpret", "--kernels", "dar", "--warmup-ms", "0", "--rep-ms", "0"], check_attention),
     "data_prep.py": (["--corpus", "data/sample/pile_text.jsonl", "--workers", "1", "--repeats", "1"], check_data_prep),
     "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0"], check_decode),
     "eval_vs_lmeval.py": (["--quick"], check_eval_vs_lmeval),
     "generate_vs_hf.py": (["--quick"], check_generate_vs_hf),
+    "gpu_targets.py": (gpu_targets_args, check_gpu_targets),
     "dimpo_memory.py": (["--docs", "1", "--layers", "1", "--seq-len", "16", "--max-steps", "1"], check_dimpo_memory),
     "dimpo_small.py": (["--train-steps", "1", "--epochs", "1", "--lr-scale", "1", "--seq-len", "16", "--docs", "1",
                         "1", "1"], check_dimpo_small),
@@ -126,6 +145,7 @@ SMALLEST = {
 def test_bench_script_runs_one_tiny_step_on_cpu(script, tmp_path):
     assert script in SMALLEST, f"bench/{script} has no smoke run: give it its smallest arguments in {__file__}"
     args, check = SMALLEST[script]
+    args = args(tmp_path) if callable(args) else args
     out = tmp_path / "result.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     res = subprocess.run([sys.executable, f"bench/{script}", *args, "--out", str(out)], cwd=ROOT, env=env,

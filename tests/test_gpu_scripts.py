@@ -40,8 +40,9 @@ def plan_commands(out: str) -> dict[str, list[str]]:
 
 
 def summary_rows(path: Path) -> dict[str, str]:
-    """summary.md's table: step -> status."""
-    rows = [r.split("|") for r in path.read_text().splitlines() if r.startswith("| ") and not r.startswith("| step ")]
+    """summary.md's first table: step -> status."""
+    table = path.read_text().split("| step |", 1)[1].split("\n\n", 1)[0]
+    rows = [r.split("|") for r in table.splitlines() if r.startswith("| ")]
     return {r[1].strip(): r[2].strip() for r in rows}
 
 
@@ -53,8 +54,9 @@ def test_dry_run_prints_the_quick_plan_inside_one_command():
     total = int(re.search(r"time limit in all: (\d+)s", res.stdout).group(1))
     assert total <= COMMAND_LIMIT_S - 30, "the quick plan must end (summary included) inside one command"
     throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
-    assert len(throughput) == 4 and all("pythia-70m" in t and "torch_compile=false" in t for t in throughput)
-    assert "train_batch_size=64" in throughput[0]  # two of the config's 32-sample micro-batches
+    # the MFU target's model: Pythia-160M
+    assert len(throughput) == 4 and all("pythia-160m" in t and "torch_compile=false" in t for t in throughput)
+    assert "train_batch_size=32" in throughput[0]  # two of the config's 16-sample micro-batches
     assert "-k long_sequence" in res.stdout and "-k 'not long_sequence and not float32]'" in res.stdout
     assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
     assert "bench/decode.py --dtype bfloat16 --steps 2 --warmup 1" in res.stdout
@@ -109,6 +111,13 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     assert all(r["engine"]["tokens_per_sec"] > 0 and r["device"].startswith("CPU") for r in runs)
     decode = json.loads((out / "decode.json").read_text())
     assert decode["dtype"] == "bfloat16" and {r["context"] for r in decode["results"]} == {64}
+    # the issue's targets, from the same files: every ratio computed, none judged off a GPU
+    targets = json.loads((out / "targets.json").read_text())
+    assert targets["missing"] == [] and {t["area"] for t in targets["targets"]} == {"attention", "training", "decode"}
+    assert all(t["met"] is None and not t["judged"] for t in targets["targets"])
+    # every ratio measured but flex's (not run on a CPU: minutes to compile) and the MFU (no peak FLOP/s for a CPU)
+    assert all(t["value"] > 0 for t in targets["targets"] if not {"MFU", "flex"} & set(t["target"].split()))
+    assert "| decode | context 64, batch 1: dar tokens/s / vanilla > 1 |" in (out / "summary.md").read_text()
 
 
 @pytest.mark.parametrize("args,message", [

@@ -1,0 +1,115 @@
+"""bench/gpu_targets.py: the GPU issue's targets judged from one kit run's result files (made up here, in the
+shapes bench/attention.py, bench/train_throughput.py and bench/decode.py write)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.gpu_targets import judge, markdown  # noqa: E402
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+def attention_file(times: dict[tuple[str, int, str], float], device: str = H100) -> dict:
+    return {"device": device, "cuda": "12.8" if device == H100 else None,
+            "results": [{"kernel": k, "T": T, "method": m, "fwd_bwd_ms": ms} for (k, T, m), ms in times.items()]}
+
+
+def throughput_run(attention: str, tokens_per_sec: float, mfu: float | None, hidden=768, layers=12, impl="triton",
+                   device: str = H100) -> dict:
+    return {"device": device, "cuda": "12.8" if device == H100 else None,
+            "config": {"hidden_size": hidden, "num_layers": layers, "attention_type": attention,
+                       "attention_impl": impl, "torch_compile": False},
+            "engine": {"tokens_per_sec": tokens_per_sec, "mfu": mfu}}
+
+
+def decode_file(rows: list[tuple[str, int, int, float]], device: str = H100) -> dict:
+    return {"device": device, "results": [{"variant": v, "context": c, "batch": b, "speed_vs_vanilla": s}
+                                          for v, c, b, s in rows]}
+
+
+def write(folder: Path, **files: dict) -> Path:
+    folder.mkdir(exist_ok=True)
+    for name, content in files.items():
+        (folder / f"{name}.json").write_text(json.dumps(content))
+    return folder
+
+
+def by_target(report: dict) -> dict[str, dict]:
+    return {t["target"]: t for t in report["targets"]}
+
+
+def test_attention_targets_at_every_and_at_the_longest_length(tmp_path):
+    times = {}
+    for T, sdpa in [(2048, 1.0), (8192, 10.0)]:
+        times |= {("dar", T, "sdpa_causal"): sdpa, ("dar", T, "triton"): sdpa * (1.1 if T == 2048 else 1.2),
+                  ("dar", T, "reference"): sdpa * 8, ("mswa", T, "sdpa_causal"): sdpa,
+                  ("mswa", T, "triton"): sdpa * 0.3, ("mswa", T, "flex"): sdpa * 0.4,
+                  ("aha", T, "sdpa_causal"): sdpa, ("aha", T, "triton"): sdpa * 0.5}
+    times[("mswa", 2048, "flex")] = None  # not timed (e.g. out of memory)
+    t = by_target(judge(write(tmp_path / "run", attention=attention_file(times))))
+    assert t["dar T=2048: triton / sdpa_causal fwd+bwd <= 1.15"]["met"] is True
+    assert t["dar T=8192: triton / sdpa_causal fwd+bwd <= 1.15"]["met"] is False
+    assert t["dar T=8192: reference / triton fwd+bwd >= 5"]["value"] == pytest.approx(8 / 1.2)
+    assert "dar T=2048: reference / triton fwd+bwd >= 5" not in t  # only at the longest T
+    assert t["mswa T=2048: triton / flex fwd+bwd < 1"]["met"] is None  # flex not timed
+    assert t["mswa T=2048: triton / flex fwd+bwd < 1"]["note"] == "flex not timed"
+    assert t["mswa T=8192: triton / sdpa_causal fwd+bwd < 0.5"]["met"] is True
+    assert t["aha T=8192: triton / sdpa_causal fwd+bwd < 0.4"]["met"] is False
+
+
+def test_training_targets_judge_mfu_for_pythia_160m_only(tmp_path):
+    runs = [throughput_run("vanilla", 100_000, 0.47, impl="sdpa"), throughput_run("dar", 91_000, 0.40),
+            throughput_run("vanilla", 200_000, 0.30, hidden=512, layers=6, impl="sdpa"),
+            throughput_run("dar", 190_000, 0.29, hidden=512, layers=6)]
+    t = by_target(judge(write(tmp_path / "run", train_throughput={"runs": runs})))
+    assert t["d 768 x 12 layers, torch_compile false: vanilla MFU >= 0.45"]["met"] is True
+    assert t["d 768 x 12 layers, torch_compile false: DAR (triton) tokens/s / vanilla >= 0.92"]["met"] is False
+    small = t["d 512 x 6 layers, torch_compile false: vanilla MFU >= 0.45"]
+    assert small["met"] is None and not small["judged"] and "reported only" in small["note"]
+    assert t["d 512 x 6 layers, torch_compile false: DAR (triton) tokens/s / vanilla >= 0.92"]["met"] is True
+
+
+def test_decode_target_at_the_longest_context_and_batch_16(tmp_path):
+    rows = [("vanilla", 32768, 16, 1.0), ("dar", 32768, 16, 1.4), ("dar-latent", 32768, 16, 0.8),
+            ("dar", 32768, 1, 0.5), ("dar", 8192, 16, 0.9), ("dar", 32768, 32, 0.1)]
+    t = by_target(judge(write(tmp_path / "run", decode=decode_file(rows))))
+    assert set(t) == {"context 32768, batch 16: dar tokens/s / vanilla > 1",
+                      "context 32768, batch 16: dar-latent tokens/s / vanilla > 1"}
+    assert t["context 32768, batch 16: dar tokens/s / vanilla > 1"]["met"] is True
+    assert t["context 32768, batch 16: dar-latent tokens/s / vanilla > 1"]["met"] is False
+
+
+def test_cpu_results_are_computed_not_judged_and_missing_files_named(tmp_path):
+    cpu = "CPU x86_64 (2 threads)"
+    folder = write(tmp_path / "run", decode=decode_file([("vanilla", 64, 1, 1.0), ("dar", 64, 1, 1.3)], cpu),
+                   train_throughput={"runs": [throughput_run("vanilla", 10, None, device=cpu),
+                                              throughput_run("dar", 12, None, device=cpu)]})
+    report = judge(folder)
+    assert report["missing"] == ["attention.json"]
+    assert all(not t["judged"] and t["met"] is None for t in report["targets"])
+    table = markdown(report)
+    assert "| decode | context 64, batch 1: dar tokens/s / vanilla > 1 | 1.300 | not judged |" in table
+    assert "| 1.200 | not judged |" in table and "Not measured (no result file): attention.json." in table
+
+
+def test_command_line(tmp_path):
+    folder = write(tmp_path / "run", decode=decode_file([("vanilla", 64, 16, 1.0), ("dar", 64, 16, 2.0)]))
+    res = subprocess.run([sys.executable, "bench/gpu_targets.py", str(folder), "--out", str(tmp_path / "t.json")],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "| decode | context 64, batch 16: dar tokens/s / vanilla > 1 | 2.000 | yes |" in res.stdout
+    assert json.loads((tmp_path / "t.json").read_text())["targets"][0]["met"] is True
+    (folder / "decode.json").write_text('{"results": [{"variant": "dar"}]}')
+    res = subprocess.run([sys.executable, "bench/gpu_targets.py", str(folder)], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
+    assert "is not one the kit writes" in res.stderr
