@@ -14,7 +14,9 @@ Fairness: every method gets q/k/v as the model makes them (strided views of a fu
 model's attention does (``o.transpose(1, 2).reshape(B, T, H * d_h)``, whose backward hands a strided ``do``); each
 method's output is checked against the reference (batch row 0) before it is timed, on the full batch (so the
 autotuner tunes for the timed shapes); a wrong or failing method is recorded, not timed, and the exit status is 1.
-``sdpa_causal`` computes another attention (plain causal) and is not compared.
+``sdpa_causal`` computes another attention (plain causal) and is not compared. The JSON is rewritten after each
+(kernel, T) with ``"complete": false`` until the run ends, and flex (compiled by inductor per shape and grad mode,
+the slowest part on a GPU) runs last, in a pass of its own: a run stopped by a time limit keeps the rest.
 The JSON records which flash kernels SDPA ran (profiler names) and PyTorch's active flash implementation.
 
 Modes:
@@ -32,6 +34,7 @@ Writes JSON (device, torch/triton versions, git commit, command, UTC date, every
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -352,46 +355,63 @@ def timed(fn, inputs, timer, torch, chunk: int) -> dict:
     return {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
 
 
-def run_benchmarks(args, torch, triton) -> dict:
+def run_benchmarks(args, torch, triton, save=None) -> dict:
+    """Check and time every method for each kernel and T; ``save(report)`` after each (kernel, T), so that a run
+    stopped by a time limit keeps what it measured (``"complete": False`` until the end). Flex runs last, in a pass
+    of its own: inductor compiles it per shape and grad mode, the slowest part of a run on the GPU."""
+    import argparse
+
     gpu = not args.interpret
     device = torch.device("cuda" if gpu else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     timer = Timer(torch, triton, args, gpu)
-    results = []
-    for name in args.kernels:
-        for T in args.seqlens:
-            inputs, methods = build_cases(name, T, args, torch, device, dtype)
-            errs = check_outputs(methods, inputs, args, torch) if "reference" in methods else {}
-            for method, fn in methods.items():
-                err = errs.get(method)
-                r = {"kernel": name, "T": T, "method": method, "rel_err_vs_reference": err,
-                     "fwd_ms": None, "fwd_bwd_ms": None, "peak_mib": None}
-                if isinstance(err, str):
-                    r["error"] = f"{err}: not timed"
-                elif err is not None and not err <= CHECK_TOL[args.dtype]:
-                    r["error"] = (f"output differs from the reference (relative error {err:.3g} > "
-                                  f"{CHECK_TOL[args.dtype]:g}): not timed")
-                else:
-                    try:
-                        r.update(measure(fn, inputs, timer, torch))
-                    except Exception as e:  # noqa: BLE001  (recorded, printed, and the exit status says so)
-                        r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                results.append(r)
-                shown = f"{err:.2e}" if isinstance(err, float) else "-"
-                print(f"{name:5s} T={T:6d} {method:17s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
-                      f"  peak {fmt(r['peak_mib'])} MiB  err {shown} {r.get('error', '')}{r.get('note', '')}",
-                      flush=True)
-                if gpu:
-                    torch.cuda.empty_cache()
     from bench.gpu_targets import attention_targets
 
-    report = {"results": results, "targets": attention_targets(results, judged=gpu)}
+    results = []
+    report = {"complete": False, "results": results, "targets": []}
+    passes = [[m for m in args.methods if m != "flex"], [m for m in args.methods if m == "flex"]]
+    for timed_methods in filter(None, passes):
+        # the reference is built in every pass (the outputs' check needs it), timed only where asked for
+        pass_args = argparse.Namespace(**{**vars(args), "methods": [*timed_methods, "reference"]})
+        for name in args.kernels:
+            for T in args.seqlens:
+                inputs, methods = build_cases(name, T, pass_args, torch, device, dtype)
+                errs = check_outputs(methods, inputs, args, torch)
+                for method in [m for m in timed_methods if m in methods]:  # (triton_one_launch: MSWA only)
+                    results.append(check_and_time(name, T, method, methods[method], errs.get(method), inputs, args,
+                                                  timer, torch))
+                    if gpu:
+                        torch.cuda.empty_cache()
+                report["targets"] = attention_targets(results, judged=gpu)
+                if save is not None:
+                    save(report)
     if gpu and "sdpa_causal" in args.methods:
         report["sdpa_flash"] = sdpa_flash_kernels(torch)
     if _FLEX is not None:
         report["flex"] = {"compiled_once": True, "recompile_limit": torch._dynamo.config.recompile_limit,
                           "fail_on_recompile_limit_hit": torch._dynamo.config.fail_on_recompile_limit_hit}
+    report["complete"] = True
     return report
+
+
+def check_and_time(name: str, T: int, method: str, fn, err, inputs, args, timer, torch) -> dict:
+    """One result row: timed unless the method raised or its output differs from the reference (``err``)."""
+    r = {"kernel": name, "T": T, "method": method, "rel_err_vs_reference": err,
+         "fwd_ms": None, "fwd_bwd_ms": None, "peak_mib": None}
+    if isinstance(err, str):
+        r["error"] = f"{err}: not timed"
+    elif err is not None and not err <= CHECK_TOL[args.dtype]:
+        r["error"] = (f"output differs from the reference (relative error {err:.3g} > "
+                      f"{CHECK_TOL[args.dtype]:g}): not timed")
+    else:
+        try:
+            r.update(measure(fn, inputs, timer, torch))
+        except Exception as e:  # noqa: BLE001  (recorded, printed, and the exit status says so)
+            r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    shown = f"{err:.2e}" if isinstance(err, float) else "-"
+    print(f"{name:5s} T={T:6d} {method:17s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
+          f"  peak {fmt(r['peak_mib'])} MiB  err {shown} {r.get('error', '')}{r.get('note', '')}", flush=True)
+    return r
 
 
 def fmt(x) -> str:
@@ -500,6 +520,11 @@ def main(argv=None) -> int:
     import torch
     import triton
 
+    from neox_dar.provenance import write_result
+
+    def out_path(report: dict, tag: str) -> Path:
+        return args.out or ROOT / "bench" / "results" / f"attention-{tag}-{report['date_utc'].replace(':', '')}.json"
+
     if args.compile_only:
         report = {**environment(args, torch, triton), **compile_report(args)}
         report["device"] = "none (compiled for sm_90a)"
@@ -510,13 +535,18 @@ def main(argv=None) -> int:
                   "smoke run (interpreter timings, not GPU performance) or --compile-only.", file=sys.stderr)
             return 2
         report = environment(args, torch, triton)
-        report.update(run_benchmarks(args, torch, triton))
-        print_table(report)
         tag = "interpreter-smoke" if args.interpret else report["device"].replace(" ", "_")
-    from neox_dar.provenance import write_result
+        path = out_path(report, tag)
 
-    stamp = report["date_utc"].replace(":", "")
-    write_result(report, args.out or ROOT / "bench" / "results" / f"attention-{tag}-{stamp}.json")
+        def save(partial: dict) -> None:  # after each (kernel, T): a stopped run keeps what it measured
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps({**report, **partial}, indent=1) + "\n")
+            tmp.replace(path)
+
+        report.update(run_benchmarks(args, torch, triton, save))
+        print_table(report)
+    write_result(report, out_path(report, tag))
     failed = [f"{r['kernel']} T={r['T']} {r['method']}" for r in report["results"] if r.get("error")
               and r["error"] != "out of memory"]
     if failed:

@@ -3,7 +3,8 @@
     python bench/gpu_targets.py DIR [--out DIR/targets.json]
 
 ``DIR`` holds ``attention.json`` (bench/attention.py), ``train_throughput.json`` (the kit's throughput runs) and
-``decode.json`` (bench/decode.py); a missing file leaves its targets "not measured". Each target is a ratio of two
+``decode.json`` (bench/decode.py); a missing file leaves its targets "not measured" (an ``attention.json`` left by a
+run stopped at its time limit holds the cases it finished, and is named as incomplete). Each target is a ratio of two
 numbers measured in the same run (side by side: bench/attention.py alternates methods on one input; the throughput
 runs follow each other on the same GPU; bench/decode.py alternates variants step by step):
 
@@ -133,7 +134,9 @@ def judge(folder: Path) -> dict:
         rows += decode_targets(decode)
     missing = [n for n, d in [("attention.json", attention), ("train_throughput.json", throughput),
                               ("decode.json", decode)] if d is None]
-    return {"folder": str(folder), "targets": rows, "missing": missing}
+    # bench/attention.py saves after each (kernel, T): a run stopped by its time limit leaves "complete": false
+    incomplete = ["attention.json"] if attention is not None and attention.get("complete") is False else []
+    return {"folder": str(folder), "targets": rows, "missing": missing, "incomplete": incomplete}
 
 
 def markdown(report: dict) -> str:
@@ -148,6 +151,8 @@ def markdown(report: dict) -> str:
         lines.append(f"| {t['area']} | {t['target']}{note} | {value} | {met} |")
     if report["missing"]:
         lines.append(f"\nNot measured (no result file): {', '.join(report['missing'])}.")
+    if report["incomplete"]:
+        lines.append(f"\nStopped before the end (what it measured is above): {', '.join(report['incomplete'])}.")
     return "\n".join(lines) + "\n"
 
 

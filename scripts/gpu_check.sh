@@ -275,19 +275,14 @@ do_kernel_tests() { eval "$(step_commands kernel-tests)"; }
 do_identities() { eval "$(step_commands identities)"; }
 do_bench_attention() { eval "$(step_commands bench-attention)"; }
 
-do_train_throughput() {
-  rm -rf "$WORK/throughput"
-  mkdir -p "$WORK/throughput"
-  local failed=0 cmd
-  while read -r cmd; do
-    echo "--- ${cmd##*/}"
-    eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
-  done < <(step_commands train-throughput)
-  "$PY" - "$WORK/throughput" "$LOG_DIR/train_throughput.json" "$(throughput_runs | wc -l)" <<'EOF' || failed=1
+merge_throughput() {  # merge_throughput [--table]: the runs so far into train_throughput.json (--table: and print them)
+  "$PY" - "$WORK/throughput" "$LOG_DIR/train_throughput.json" "$(throughput_runs | wc -l)" "$@" <<'EOF'
 import json, sys
 from pathlib import Path
 runs = [json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("*.json"))]
 Path(sys.argv[2]).write_text(json.dumps({"runs": runs}, indent=1) + "\n")
+if "--table" not in sys.argv:
+    sys.exit(0)
 if len(runs) != int(sys.argv[3]):
     print(f"{len(runs)} of {sys.argv[3]} runs wrote a result")
 print(f"{'model':28s} {'attention':9s} {'impl':6s} {'compile':7s} {'tokens/s':>12s} {'TFLOP/s':>8s} {'MFU':>6s}")
@@ -298,6 +293,18 @@ for r in runs:
           f"{str(c.get('torch_compile', '')):7s} {e['tokens_per_sec']:12,.0f} {e['tflops_per_device']:8.1f} {mfu:>6s}")
 sys.exit(len(runs) != int(sys.argv[3]))
 EOF
+}
+
+do_train_throughput() {
+  rm -rf "$WORK/throughput" "$LOG_DIR/train_throughput.json"
+  mkdir -p "$WORK/throughput"
+  local failed=0 cmd
+  while read -r cmd; do
+    echo "--- ${cmd##*/}"
+    eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
+    merge_throughput  # after each run: a step stopped by its time limit keeps the runs it finished
+  done < <(step_commands train-throughput)
+  merge_throughput --table || failed=1
   return $failed
 }
 
@@ -363,6 +370,7 @@ mkdir -p "$LOG_DIR" "$WORK"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 LOG=$LOG_DIR/gpu_check.log
 : > "$LOG"
+rm -f "$LOG_DIR"/{attention,train_throughput,decode,targets}.json  # a step that fails leaves none of an earlier run's
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline
 if [ "$REHEARSE" = 1 ]; then  # the CPU, the kernels interpreted; DeepSpeed's CPU op from this machine's cache
   export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES=""

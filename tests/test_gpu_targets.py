@@ -55,7 +55,9 @@ def test_attention_targets_at_every_and_at_the_longest_length(tmp_path):
                   ("mswa", T, "triton"): sdpa * 0.3, ("mswa", T, "flex"): sdpa * 0.4,
                   ("aha", T, "sdpa_causal"): sdpa, ("aha", T, "triton"): sdpa * 0.5}
     times[("mswa", 2048, "flex")] = None  # not timed (e.g. out of memory)
-    t = by_target(judge(write(tmp_path / "run", attention=attention_file(times))))
+    report = judge(write(tmp_path / "run", attention=attention_file(times)))
+    assert report["incomplete"] == [] and report["missing"] == ["train_throughput.json", "decode.json"]
+    t = by_target(report)
     assert t["dar T=2048: triton / sdpa_causal fwd+bwd <= 1.15"]["met"] is True
     assert t["dar T=8192: triton / sdpa_causal fwd+bwd <= 1.15"]["met"] is False
     assert t["dar T=8192: reference / triton fwd+bwd >= 5"]["value"] == pytest.approx(8 / 1.2)
@@ -113,3 +115,11 @@ def test_command_line(tmp_path):
                          text=True)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1
     assert "is not one the kit writes" in res.stderr
+
+
+def test_a_stopped_attention_run_is_named_incomplete(tmp_path):
+    """bench/attention.py rewrites its JSON after each (kernel, T) with "complete": false until it ends."""
+    partial = attention_file({("dar", 2048, "triton"): 1.0, ("dar", 2048, "sdpa_causal"): 1.0}) | {"complete": False}
+    report = judge(write(tmp_path / "run", attention=partial))
+    assert report["incomplete"] == ["attention.json"] and len(report["targets"]) == 2
+    assert "Stopped before the end (what it measured is above): attention.json." in markdown(report)
