@@ -17,18 +17,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from neox_dar.provenance import provenance, write_result  # noqa: E402
+from neox_dar.timing import run_child  # noqa: E402
 
 PHASE = re.compile(r"^\[quickstart\] (?P<name>[^:]+): (?P<s>\d+) s$")
 
@@ -38,24 +36,17 @@ def run_quickstart(out: Path, steps: int | None, docs: int | None, setup: bool) 
     and the table it printed."""
     env = {**os.environ, "OUT": str(out), "SETUP": "1" if setup else "0"}
     env.update({k: str(v) for k, v in (("STEPS", steps), ("DOCS", docs)) if v is not None})
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(["bash", "scripts/quickstart.sh"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    phases, lines = {}, []
-    for text in proc.stdout:
-        lines.append(text)
-        m = PHASE.match(text.strip())
-        if m:
+    phases = {}
+
+    def phase(text: str, _seconds: float) -> None:
+        if m := PHASE.match(text.strip()):
             phases[m["name"]] = int(m["s"])
             print(text.strip(), flush=True)
-    rc = proc.wait()
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if rc != 0:
-        sys.exit(f"scripts/quickstart.sh failed (exit {rc}):\n{''.join(lines)[-3000:]}")
-    return {"wall_s": round(wall, 1),
-            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
+
+    run = run_child(["bash", "scripts/quickstart.sh"], phase, cwd=ROOT, env=env)
+    if run.returncode != 0:
+        sys.exit(f"scripts/quickstart.sh failed (exit {run.returncode}):\n{run.tail()}")
+    return {"wall_s": round(run.wall_s, 1), "cpu_s": round(run.cpu_s, 1),
             "script_total_s": phases.pop("total"), "phases_s": phases, "table": (out / "table.md").read_text()}
 
 

@@ -20,19 +20,18 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from neox_dar.provenance import device_name, provenance, write_result  # noqa: E402
+from neox_dar.timing import run_child  # noqa: E402
 from neox_dar.training import startup  # noqa: E402
 
 STEP_LINE = re.compile(r"step 1/\d+ \| loss")
@@ -45,23 +44,18 @@ def launch(code: Path, nproc: int, configs: list[str], data: str, save: Path, th
     cmd = ([sys.executable, *train] if nproc == 1 else
            [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *train])
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(code)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first_step, lines = None, []
-    for text in proc.stdout:
-        lines.append(text)
-        if first_step is None and STEP_LINE.search(text):
-            first_step = time.perf_counter() - t0
-    rc = proc.wait()
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    err = "".join(lines)
-    if rc != 0 or first_step is None:
-        sys.exit(f"{' '.join(cmd)} failed (exit {rc}):\n{err[-3000:]}")
-    return {"launch_to_first_step_s": round(first_step, 2), "process_wall_s": round(wall, 2),
-            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2),
-            "startup_line": startup.parse(err)}
+    first_step = []
+
+    def step(text: str, seconds: float) -> None:
+        if not first_step and STEP_LINE.search(text):
+            first_step.append(seconds)
+
+    run = run_child(cmd, step, cwd=code, env=env)
+    if run.returncode != 0 or not first_step:
+        sys.exit(f"{' '.join(cmd)} failed (exit {run.returncode}):\n{run.tail()}")
+    return {"launch_to_first_step_s": round(first_step[0], 2), "process_wall_s": round(run.wall_s, 2),
+            "cpu_s": round(run.cpu_s, 2),
+            "startup_line": startup.parse("".join(run.lines))}
 
 
 def main() -> None:

@@ -1,10 +1,13 @@
-"""Side-by-side timing for the benchmarks that compare us with a peer (``bench/eval_vs_lmeval.py``,
-``bench/generate_vs_hf.py``): every side run once per round, in turn, so that the machine's load falls on all of them
-alike."""
+"""Timing for the benchmarks: side by side for those that compare us with a peer (``bench/eval_vs_lmeval.py``,
+``bench/generate_vs_hf.py``: every side run once per round, in turn, so that the machine's load falls on all of them
+alike), and of a child process whose output is read as it comes (``bench/quickstart.py``, ``bench/startup.py``)."""
 
 from __future__ import annotations
 
+import resource
+import subprocess
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 
@@ -27,3 +30,36 @@ def interleaved(sides: dict[str, Callable[[], Any]], warmup: int, repeats: int, 
             line.append(f"{name} {wall:.2f} s wall / {cpu:.2f} s CPU")
         print(f"{label}{'warm-up' if rnd < warmup else f'round {rnd - warmup + 1}'}: " + ", ".join(line), flush=True)
     return times, results
+
+
+@dataclass
+class ChildRun:
+    """What :func:`run_child` saw: exit status, the output lines, wall seconds, and CPU seconds (user + system) of
+    the child and everything it waited for."""
+
+    returncode: int
+    lines: list[str]
+    wall_s: float
+    cpu_s: float
+
+    def tail(self, chars: int = 3000) -> str:
+        return "".join(self.lines)[-chars:]
+
+
+def run_child(cmd: list[str], on_line: Callable[[str, float], None] | None = None, **popen: Any) -> ChildRun:
+    """Run ``cmd`` (stdout and stderr merged, text), calling ``on_line(line, seconds since the start)`` for each line
+    as it comes; ``popen`` goes to :class:`subprocess.Popen` (``cwd``, ``env``). The CPU time is the difference of
+    ``RUSAGE_CHILDREN`` around the run: run one child at a time."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    lines = []
+    for text in proc.stdout:
+        lines.append(text)
+        if on_line is not None:
+            on_line(text, time.perf_counter() - t0)
+    rc = proc.wait()
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return ChildRun(rc, lines, wall, cpu)
