@@ -40,18 +40,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args else 2
-    from neox_dar.config import ConfigError, load_config, split_args
+    from neox_dar.config import ConfigError, split_args
     from neox_dar.training import startup  # the time per start-up phase, logged after the first step
-    from neox_dar.training.checks import check_training_config, check_what_trains, epochs_line
+    from neox_dar.training.checks import check_training_config, epochs_line, load_checked
     from neox_dar.training.distributed import world_size_from_env
 
     startup.mark("imports")
     paths, overrides = split_args(args)
-    try:
-        cfg = load_config(*paths, overrides=overrides)
-        check_what_trains(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+    cfg = load_checked(paths, overrides)
+    if cfg is None:
         return 2
     explained = _explained_errors()
     try:

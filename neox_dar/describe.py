@@ -20,9 +20,9 @@ import typing
 import torch
 
 from .attention import variant
-from .config import Config, ConfigError, load_config, split_args
+from .config import Config, split_args
 from .model import build_model, count_parameters, flops_per_token
-from .training.checks import check_what_trains
+from .training.checks import load_checked
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -108,11 +108,8 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
         parser.error("give at least one CONFIG.yml")
     if args.context is not None and args.context < 1:
         parser.error("--context must be >= 1")
-    try:
-        cfg = load_config(*paths, overrides=overrides)
-        check_what_trains(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+    cfg = load_checked(paths, overrides)
+    if cfg is None:
         return 2
     print(describe(cfg, args.context, args.dtype))
     return 0

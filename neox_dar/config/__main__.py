@@ -5,10 +5,8 @@ from __future__ import annotations
 import sys
 import typing
 
-from ..settings import ConfigError
 from . import __doc__ as package_doc
 from .files import split_args
-from .loading import load_config
 from .reference import derived_summary, reference_markdown
 
 
@@ -20,14 +18,11 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
     if argv == ["--reference"]:
         print(reference_markdown(), end="")
         return 0
-    from ..training.checks import check_what_trains  # imports torch: not for --help and --reference
+    from ..training.checks import load_checked  # imports torch: not for --help and --reference
 
     paths, overrides = split_args(argv)
-    try:
-        cfg = load_config(*paths, overrides=overrides)
-        check_what_trains(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
+    cfg = load_checked(paths, overrides)
+    if cfg is None:
         return 2
     print(cfg.to_yaml(), end="")
     print("# derived: " + ", ".join(f"{k}={v}" for k, v in derived_summary(cfg).items()))

@@ -3,9 +3,10 @@ directory or the data files."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from ..config import Config, ConfigError, split_shares
+from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError, check_data_files
 
 # a token budget that reads the training data more often than this is warned about (repeating data beyond about
@@ -29,6 +30,19 @@ def check_what_trains(cfg: Config) -> None:
     with torch.device("meta"):
         model = build_model(cfg.model)
     cfg.validate(lambda c: check_trainable(c, model))
+
+
+def load_checked(paths: list[str], overrides: list[str]) -> Config | None:
+    """The config of ``paths`` and ``overrides`` (:func:`~neox_dar.config.load_config`) checked by
+    :func:`check_what_trains`; on a ConfigError, prints ``config error: ...`` on stderr and returns None (the commands
+    then exit with status 2)."""
+    try:
+        cfg = load_config(*paths, overrides=overrides)
+        check_what_trains(cfg)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return None
+    return cfg
 
 
 def check_training_config(cfg: Config, world_size: int) -> None:
