@@ -220,7 +220,7 @@ def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
 
 def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[str, int | None]) -> dict:
     """The ``config.json`` of ``NeoxDarForCausalLM`` (:mod:`neox_dar.standalone`) for ``cfg`` and its layers'
-    :meth:`~neox_dar.attention.Attention.remote_spec` descriptions."""
+    :meth:`~neox_dar.attention.Attention.export_spec` descriptions."""
     scaling = None if cfg.rope_scaling is None else dataclasses.asdict(cfg.rope_scaling)
     rms = cfg.norm == "rmsnorm"
     family = FAMILIES[cfg.model_family]
@@ -314,7 +314,7 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
     modules = model.attention_modules()
     layers = None
     if any(m.name != "vanilla" for m in modules):
-        layers = [m.remote_spec() for m in modules]
+        layers = [m.export_spec() for m in modules]
     elif problems := export_problems(cfg):
         raise ConfigError(f"{FAMILIES[cfg.model_family].hf_class} cannot express this model: {'; '.join(problems)}")
     out = Path(out_dir)

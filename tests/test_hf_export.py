@@ -94,7 +94,7 @@ def test_each_variant_is_the_layer_type_it_exports_as(name):
 
     layer = build_attention(model_config(num_layers=2, hidden_size=64, num_attention_heads=4, window_size=4,
                                          attention_type=name), 1)
-    layer_type = LAYER_TYPES[layer.remote_spec()["type"]]
+    layer_type = LAYER_TYPES[layer.export_spec()["type"]]
     assert isinstance(layer, layer_type) and type(layer).decode is layer_type.decode
 
 

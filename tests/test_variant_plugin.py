@@ -91,7 +91,7 @@ def test_model_builds_and_describe_reads_the_variant():
     with pytest.raises(ConfigError, match="attention_type 'toy' has no incremental decoding"):
         model.new_cache([3], 2)
     with pytest.raises(ConfigError, match="attention_type 'toy' has no Hugging Face export"):
-        model.attention_modules()[0].remote_spec()
+        model.attention_modules()[0].export_spec()
 
 
 _TRAIN = """

@@ -146,7 +146,7 @@ class Attention(Spec, AttentionLayer, abc.ABC):
         implements it (:meth:`new_cache` refuses a variant that does not)."""
         raise ConfigError(f"attention_type '{self.name}' has no incremental decoding")
 
-    def remote_spec(self) -> dict:
+    def export_spec(self) -> dict:
         """This layer as the exported modeling code reads it (an entry of ``neox_dar_layers`` in ``config.json``):
         the layer type of :mod:`neox_dar.standalone` a built-in variant subclasses says it; a plug-in has no export."""
         raise ConfigError(f"attention_type '{self.name}' has no Hugging Face export: its module must subclass a "

@@ -50,7 +50,7 @@ class AHALayer(AttentionLayer):
         self.window, self.threshold = window, threshold
         self.router = nn.Linear(self.hidden_size, self.num_heads, bias=False)
 
-    def remote_spec(self) -> dict:
+    def export_spec(self) -> dict:
         return {"type": self.layer_type, "window": self.window, "threshold": self.threshold}
 
     def router_probs(self, a: torch.Tensor) -> torch.Tensor:

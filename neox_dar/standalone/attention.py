@@ -102,9 +102,9 @@ class AttentionLayer(HeadProjections, torch.nn.Module):
     (:mod:`.windowed`, :mod:`.dar`, :mod:`.aha`, :mod:`.linear`, :mod:`.dimpo`) with:
 
     * ``layer_type``: its name in an export's ``config.json`` (``neox_dar_layers``);
-    * ``build_variant(**args)``: its parameters, made after the projections; ``args`` are what :meth:`remote_spec`
+    * ``build_variant(**args)``: its parameters, made after the projections; ``args`` are what :meth:`export_spec`
       returns besides ``type``;
-    * ``remote_spec()``: the layer as ``neox_dar_layers`` lists it, ``{"type": layer_type, **args}``;
+    * ``export_spec()``: the layer as ``neox_dar_layers`` lists it, ``{"type": layer_type, **args}``;
     * ``new_cache(layout, device, dtype)``: an empty cache of the layer for the batch of ``layout``
       (:class:`~.cache.Layout`); default a :class:`~.cache.WindowedKV` of each key/value head's keys and values
       for the widest window of its query heads (:meth:`head_windows`);

@@ -160,7 +160,7 @@ class DARLayer(AttentionLayer):
         self.dar_down = nn.Linear(self.hidden_size, d_down, bias=False)
         self.dar_up = nn.Linear(d_down, self.hidden_size, bias=False)
 
-    def remote_spec(self) -> dict:
+    def export_spec(self) -> dict:
         return {"type": self.layer_type, "window": self.window, "d_down": self.d_down, "cache": self.cache_mode}
 
     def new_cache(self, layout: Layout, device: torch.device, dtype: torch.dtype) -> DARCache:

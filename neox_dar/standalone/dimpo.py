@@ -24,7 +24,7 @@ class DimPOLayer(AttentionLayer):
         self.d_proj = d_proj
         self.dimpo_proj = nn.Parameter(torch.eye(d_proj, self.head_dim))
 
-    def remote_spec(self) -> dict:
+    def export_spec(self) -> dict:
         return {"type": self.layer_type, "d_proj": self.d_proj}
 
     def project_qk(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -91,7 +91,7 @@ class LinearLayer(AttentionLayer):
         self.feature_q = nn.Linear(self.head_dim, feature_dim, bias=False)
         self.feature_k = nn.Linear(self.head_dim, feature_dim, bias=False)
 
-    def remote_spec(self) -> dict:
+    def export_spec(self) -> dict:
         return {"type": self.layer_type, "feature_dim": self.feature_dim}
 
     def feature_count(self) -> int:

@@ -21,7 +21,7 @@ class WindowedLayer(AttentionLayer):
         """``windows``: one per query head."""
         self.windows = list(windows)
 
-    def remote_spec(self) -> dict:
+    def export_spec(self) -> dict:
         return {"type": self.layer_type, "windows": self.head_windows()}
 
     def head_windows(self) -> list[int | None]:
