@@ -295,7 +295,14 @@ def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> 
 
 
 def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
-    """Copy the :data:`TOKENIZER_FILES` that ``hf_dir`` holds into ``out_dir``; returns their names."""
+    """Copy the :data:`TOKENIZER_FILES` that the Hugging Face folder ``hf_dir`` holds into ``out_dir``, names
+    unchanged; returns their names (``convert from-hf``: the import keeps the folder's tokenizer as it is).
+
+    Not :func:`neox_dar.tokenizer.copy_tokenizer`, which starts from one ``tokenizer.json`` that must exist and
+    takes the files beside it only when a ``tokenizer_config.json`` is there: this copies whatever the folder
+    holds, including nothing (a model folder without a tokenizer imports, as tests/test_finetune.py's does), the
+    slow formats without a ``tokenizer.json`` (``tokenizer.model``, ``vocab.json`` and ``merges.txt``), and
+    ``special_tokens_map.json`` and the rest with no ``tokenizer_config.json``."""
     present = [name for name in TOKENIZER_FILES if (Path(hf_dir) / name).is_file()]
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     for name in present:

@@ -145,7 +145,13 @@ def companion_files(tokenizer_json: str | Path) -> list[Path]:
 
 def copy_tokenizer(tokenizer_json: str | Path, out_dir: str | Path) -> list[str]:
     """Copy :func:`companion_files` of ``tokenizer_json`` into ``out_dir`` (the tokenizer as ``tokenizer.json``);
-    returns the names written."""
+    returns the names written.
+
+    For one chosen tokenizer file, which must exist and may have any name in any folder (a config's ``vocab_file``
+    such as ``data/20B_tokenizer.json``, ``--tokenizer``, a run's or checkpoint's recorded copy): the files beside
+    it travel only where a ``tokenizer_config.json`` makes the folder a Hugging Face one, the file
+    :func:`special_tokens` reads the special tokens from. ``convert from-hf`` copies an imported folder with
+    :func:`neox_dar.convert.copy_tokenizer_files` instead, which takes whatever tokenizer files the folder holds."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = []
