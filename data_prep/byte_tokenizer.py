@@ -36,9 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(DEFAULT_PATH), help="where to write tokenizer.json (default: %(default)s)")
     args = p.parse_args(argv)
     try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         build().save(args.out)
-    except OSError as e:
-        print(f"data_prep.byte_tokenizer: error: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001  (tokenizers reports a failed write as a plain Exception)
+        print(f"data_prep.byte_tokenizer: error: cannot write {args.out}: {e}", file=sys.stderr)
         return 2
     print(f"wrote {args.out}: 257 tokens (256 bytes + {EOD_TOKEN})", file=sys.stderr)
     return 0

@@ -40,8 +40,18 @@ def enwik8_like(pages: int = 60) -> bytes:
     return "".join(out).encode("utf-8")
 
 
-def test_the_shipped_byte_tokenizer_is_the_one_data_prep_builds():
-    assert Tokenizer.from_file(str(BYTE_TOKENIZER)).to_str() == byte_tokenizer.build().to_str()
+def test_the_shipped_byte_tokenizer_is_the_one_data_prep_builds(tmp_path):
+    """`python -m data_prep.byte_tokenizer --out F` (docs/data.md) writes the shipped file's tokenizer."""
+    out = tmp_path / "byte_tokenizer.json"
+    res = subprocess.run([sys.executable, "-m", "data_prep.byte_tokenizer", "--out", str(out)], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 0 and "257 tokens" in res.stderr, res.stderr
+    assert Tokenizer.from_file(str(BYTE_TOKENIZER)).to_str() == Tokenizer.from_file(str(out)).to_str()
+    assert byte_tokenizer.build().to_str() == Tokenizer.from_file(str(out)).to_str()
+    res = subprocess.run([sys.executable, "-m", "data_prep.byte_tokenizer", "--out", str(out / "x.json")], cwd=ROOT,
+                         capture_output=True, text=True)  # a file where its folder should be: one line, no traceback
+    assert res.returncode == 2 and res.stderr.startswith("data_prep.byte_tokenizer: error: cannot write"), res.stderr
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_byte_tokenizer_round_trips_enwik8_like_text_exactly(tmp_path):
