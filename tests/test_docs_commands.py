@@ -39,7 +39,7 @@ def named() -> tuple[set[str], set[str]]:
     return modules, scripts
 
 
-def tests_text() -> str:
+def text_of_tests() -> str:
     return "\n".join(p.read_text() for p in (ROOT / "tests").glob("*.py") if p.name != Path(__file__).name)
 
 
@@ -70,7 +70,7 @@ def test_the_indirect_chains_hold():
 def test_every_named_module_is_run_by_a_test():
     modules, _ = named()
     assert {"eval.perplexity", "neox_dar.convert", "data_prep.tokenize"} <= modules  # the scan finds them
-    text = tests_text()
+    text = text_of_tests()
     missing = sorted(m for m in modules - indirect() if not module_is_run(m, text))
     assert not missing, f"named in the README/docs/GPU kit, run by no test: {missing}"
 
@@ -78,7 +78,7 @@ def test_every_named_module_is_run_by_a_test():
 def test_every_named_script_is_run_by_a_test():
     _, scripts = named()
     assert {"train.py", "scripts/gpu_check.sh", "bench/gpu_targets.py"} <= scripts  # the scan finds them
-    text = tests_text()
+    text = text_of_tests()
     bench_smoke = (ROOT / "tests" / "test_bench.py").read_text()
     missing = []
     for path in sorted(scripts - RUN_BY_CI - indirect()):
