@@ -581,28 +581,6 @@ def record_job(run_dir: str | Path, job_id: str) -> None:
         os.close(fd)
 
 
-@dataclass
-class RunDir:
-    """Paths of one run directory (``save``)."""
-
-    path: Path
-
-    def __post_init__(self):
-        self.path = Path(self.path)
-
-    @property
-    def checkpoints(self) -> Path:
-        return self.path / CHECKPOINTS
-
-    @property
-    def config(self) -> Path:
-        return self.path / CONFIG
-
-    def has_checkpoints(self) -> bool:
-        """True when any ``step_*`` directory is there (complete or not)."""
-        return bool(step_dirs(self.checkpoints))
-
-
 # ----------------------------------------------------------------------------------------------
 # the trainer's lock
 
