@@ -1,6 +1,7 @@
 """The timings in the README and the docs are the committed result files' (the quickstart from
 ``bench/quickstart.py``, the suite and its fast tier from ``RECORD=... bash scripts/test.sh``, docs/training.md's CPU
-throughput from ``bench/train_throughput.py``): no typed number."""
+throughput from ``bench/train_throughput.py``, the comparisons with lm-eval and transformers in docs/evaluation.md and
+docs/inference.md): no typed number."""
 
 from __future__ import annotations
 
@@ -42,3 +43,29 @@ def test_training_docs_throughput_row_is_the_result_file(result):
     cells = [c.strip() for c in rows[0].split("|")[-5:-1]]
     assert cells == [f"{e['tokens_per_sec']:,.0f}", f"{hf['ours_step_s']:.3f} s", f"{hf['hf_step_s']:.3f} s",
                      f"{hf['hf_over_ours']:.3f}"], f"docs/training.md's row for bench/results/{result}"
+
+
+def test_evaluation_docs_cite_the_lm_eval_comparison():
+    """docs/evaluation.md's speed against lm-eval is bench/results/eval_vs_lmeval_cpu.json's."""
+    record = json.loads((ROOT / "bench" / "results" / "eval_vs_lmeval_cpu.json").read_text())
+    origin = record["provenance"]
+    assert not origin["git_dirty"]
+    text = " ".join((ROOT / "docs" / "evaluation.md").read_text().split())
+    assert f"**{record['ratio_ours_vs_lm_eval']:.2f}x lm-eval's tokens/s**" in text
+    assert f"Ours scored {record['ours']['tokens_per_s']:,.0f} tokens per CPU-second" in text
+    assert f"commit {origin['git_commit'][:7]}" in text
+
+
+def test_inference_docs_table_is_the_transformers_comparison():
+    """docs/inference.md's generation table against transformers is bench/results/generate_vs_hf_cpu.json's."""
+    record = json.loads((ROOT / "bench" / "results" / "generate_vs_hf_cpu.json").read_text())
+    assert not record["provenance"]["git_dirty"]
+    docs = (ROOT / "docs" / "inference.md").read_text()
+    for r in record["results"]:
+        name = {"ours": "neox_dar vanilla", "transformers": "transformers vanilla"}.get(r["side"], f"neox_dar {r['side']}")
+        name += f" (mu_f {r['mu_f']:.2f})" if "mu_f" in r else ""
+        versus = f"{r['ratio_vs_hf']:.2f}" if r["side"] == "ours" else "1.00" if r["side"] == "transformers" else ""
+        vanilla = "1.00" if r["side"] == "ours" else f"{r['vs_vanilla']:.2f}" if "vs_vanilla" in r else ""
+        row = f"| {name} | {r['batch']} | {r['tokens_per_s']:.1f} | {versus} | {vanilla} |"
+        assert row in docs, f"docs/inference.md lacks the row {row}"
+    assert f"commit {record['provenance']['git_commit'][:7]}" in " ".join(docs.split())
