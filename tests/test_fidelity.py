@@ -236,6 +236,11 @@ def test_inference_doc_mswa_cache_is_the_decode_results():
         cells = f"| {c} | {b} | {r['cache_bytes_per_sequence'] / 2 ** 20:.3f} |"
         if variant in ("swa", "mswa", "vanilla"):
             assert f"| {variant} {cells}" in (ROOT / "docs/inference.md").read_text(), (variant, c, b)
+        assert f"| {r['decode_tokens_per_s']:.1f} | {r['speed_vs_vanilla']:.2f} |" in text, (variant, c, b)
+    dar = [by["dar", c, b]["speed_vs_vanilla"] for c in (2048, 8192) for b in (1, 16)]
+    assert (f"(1.33x at batch 1, 1.62x at batch 16; {min(dar):.2f}-{max(dar):.2f}x at 2k and 8k)" in text
+            and by["dar", 32768, 1]["speed_vs_vanilla"] == pytest.approx(1.33, abs=0.005)
+            and by["dar", 32768, 16]["speed_vs_vanilla"] == pytest.approx(1.62, abs=0.005))
 
 
 def test_attention_doc_dar_cache_numbers_are_the_codes():
