@@ -130,6 +130,7 @@ def main() -> None:
     if args.worker:
         print(json.dumps(worker(args.worker, args)))
         return
+    load_before = [round(x, 2) for x in os.getloadavg()]
 
     import torch
 
@@ -163,7 +164,6 @@ def main() -> None:
                       "cpu_time_chunked_over_full": round(table["chunked"][phase]["cpu_s"]
                                                           / table["full"][phase]["cpu_s"], 3)}
               for phase in ("train", "eval")}
-    load = os.getloadavg()
     report = {
         "provenance": provenance(),
         "device": device_name(torch.device("cpu")).replace(f"({torch.get_num_threads()} threads)",
@@ -176,9 +176,7 @@ def main() -> None:
         "memory_measure": "Linux VmHWM of the process over the measured steps (reset via /proc/self/clear_refs "
                           "before them); step_peak_mb = that peak minus VmRSS just before them",
         "time_measure": "median per step of wall clock and of process CPU time (time.process_time)",
-        "load_average_at_end": [round(x, 2) for x in load],
-        "machine_note": "shared machine: a background experiment held one of the 2 cores at high priority; "
-                        "CPU times are the steadier figures, wall times are depressed by the load",
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
         "summary": table, "ratios": ratios, "max_loss_diff": loss_diff,
         "logits_fp32_mb": runs[0]["logits_fp32_mb"], "runs": runs,
     }

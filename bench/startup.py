@@ -70,6 +70,7 @@ def main() -> None:
     args = p.parse_args()
     if args.repeats < 1 or min(args.nproc) < 1:
         p.error("--repeats and --nproc must be >= 1")
+    load_before = [round(x, 2) for x in os.getloadavg()]
 
     import torch
 
@@ -115,9 +116,7 @@ def main() -> None:
         "provenance": provenance(),
         "device": device_name(torch.device("cpu")).split(" (")[0] + f" ({os.cpu_count()} cores)",
         "torch": torch.__version__, "threads_per_process": args.threads, "repeats": args.repeats,
-        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
-        "machine_note": "shared machine: a background experiment held one of the 2 cores at high priority and "
-                        "other jobs ran beside it; wall times carry that load, CPU times less so",
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
         "measure": "launch_to_first_step_s: wall time from starting the command to the first step's log line "
                    "(median over repeats); cpu_s: user+system CPU of the launched processes; phases: "
                    "train.py's start-up line (rank 0, wall seconds from its process's creation)",

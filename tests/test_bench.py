@@ -73,6 +73,7 @@ def check_generate_vs_hf(r: dict) -> None:
 
 def check_loss_memory(r: dict) -> None:
     assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16 and r["max_loss_diff"] < 1e-4
+    assert [len(r["load_average"][k]) for k in ("before", "after")] == [3, 3]  # measured, not a typed note
     for mode in ("full", "chunked"):
         for phase in ("train", "eval"):
             row = r["summary"][mode][phase]
@@ -89,6 +90,7 @@ def check_quickstart(r: dict) -> None:
 
 def check_startup(r: dict) -> None:
     (row,) = r["summary"]
+    assert [len(r["load_average"][k]) for k in ("before", "after")] == [3, 3]  # measured, not a typed note
     assert row["code"] == "current" and row["nproc"] == 1 and row["launch_to_first_step_s"] > 0 and row["cpu_s"] > 0
     assert list(row["phases_median_s"]) == ["imports", "config", "process group", "run directory", "data index",
                                             "engine", "checkpoint and logs", "first step"]
