@@ -69,3 +69,19 @@ def test_inference_docs_table_is_the_transformers_comparison():
         row = f"| {name} | {r['batch']} | {r['tokens_per_s']:.1f} | {versus} | {vanilla} |"
         assert row in docs, f"docs/inference.md lacks the row {row}"
     assert f"commit {record['provenance']['git_commit'][:7]}" in " ".join(docs.split())
+
+
+def test_training_docs_loss_memory_table_is_the_result_file():
+    """docs/training.md's chunked-loss table is bench/results/loss_memory_cpu.json's (medians, ratios)."""
+    record = json.loads((ROOT / "bench" / "results" / "loss_memory_cpu.json").read_text())
+    assert not record["provenance"]["git_dirty"]
+    full, chunked = record["summary"]["full"], record["summary"]["chunked"]
+    rows = [("training: memory peak above the resident set before the steps (`VmHWM`)", "train", "step_peak_mb"),
+            ("training: CPU time", "train", "cpu_s"), ("validation forward: memory peak", "eval", "step_peak_mb"),
+            ("validation forward: CPU time", "eval", "cpu_s")]
+    docs = (ROOT / "docs" / "training.md").read_text()
+    for label, phase, key in rows:
+        a, b = full[phase][key], chunked[phase][key]
+        cells = (f"{a:.0f} MB | {b:.0f} MB | {a / b:.1f}x" if key == "step_peak_mb"
+                 else f"{a:.3f} s | {b:.3f} s | {b / a:.2f}x")
+        assert f"| {label} | {cells} |" in docs, f"docs/training.md's row '{label}' should read {cells}"
