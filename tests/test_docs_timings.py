@@ -85,3 +85,15 @@ def test_training_docs_loss_memory_table_is_the_result_file():
         cells = (f"{a:.0f} MB | {b:.0f} MB | {a / b:.1f}x" if key == "step_peak_mb"
                  else f"{a:.3f} s | {b:.3f} s | {b / a:.2f}x")
         assert f"| {label} | {cells} |" in docs, f"docs/training.md's row '{label}' should read {cells}"
+
+
+def test_training_docs_startup_table_is_the_result_file():
+    """docs/training.md's start-up table is bench/results/startup_cpu.json's medians."""
+    record = json.loads((ROOT / "bench" / "results" / "startup_cpu.json").read_text())
+    assert not record["provenance"]["git_dirty"]
+    by = {(s["code"].split()[0], s["nproc"]): s for s in record["summary"]}
+    docs = (ROOT / "docs" / "training.md").read_text()
+    for label, nproc in [("`python train.py` (1 process)", 1), ("`torchrun --nproc_per_node 2`", 2)]:
+        cells = " | ".join(f"{by[code, nproc][key]:.1f} s" for code in ("baseline", "current")
+                           for key in ("launch_to_first_step_s", "cpu_s"))
+        assert f"| {label} | {cells} |" in docs, f"docs/training.md's start-up row for {label} should read {cells}"
