@@ -16,10 +16,14 @@ micro-batch size, so a resumed run reads exactly what an uninterrupted one reads
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from .indexed import IndexedDataset, IndexedDatasetError
+
+if TYPE_CHECKING:
+    import torch
 
 IGNORE = -100
 LENGTH_GROUP_CHUNK = 64  # global micro-batches sorted by length together
@@ -93,4 +97,6 @@ def pad_collate(samples: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Ten
     for row, (t, lab) in enumerate(samples):
         tokens[row, :len(t)] = t
         labels[row, :len(lab)] = lab
+    import torch  # here only: data_prep imports this package, and torch would add ~180 MB to each of its processes
+
     return torch.from_numpy(tokens), torch.from_numpy(labels)
