@@ -97,3 +97,20 @@ def test_training_docs_startup_table_is_the_result_file():
         cells = " | ".join(f"{by[code, nproc][key]:.1f} s" for code in ("baseline", "current")
                            for key in ("launch_to_first_step_s", "cpu_s"))
         assert f"| {label} | {cells} |" in docs, f"docs/training.md's start-up row for {label} should read {cells}"
+
+
+def test_data_docs_throughput_table_is_the_result_file():
+    """docs/data.md's data preparation table is bench/results/data_prep_wiki_part00.json's."""
+    record = json.loads((ROOT / "bench" / "results" / "data_prep_wiki_part00.json").read_text())
+    assert not record["git_dirty"]
+    base, two, one = (record["baseline_encode_batch_fast"], record["pipeline"]["workers_2"],
+                      record["pipeline"]["workers_1"])
+    best = " | ".join([f"{base['seconds']:.1f} s, {base['tokens_per_s']:,} tok/s",
+                       f"{two['seconds']:.1f} s, {two['tokens_per_s']:,} tok/s (**{two['rate_vs_baseline_best']:.2f}x**)",
+                       f"{one['seconds']:.1f} s, {one['tokens_per_s']:,} tok/s ({one['rate_vs_baseline_best']:.2f}x)"])
+    docs = (ROOT / "docs" / "data.md").read_text()
+    assert f"| best wall | {best} |" in docs
+    assert (f"| median of side-by-side ratios | | {two['rate_vs_baseline_median_pairwise']:.2f}x | "
+            f"{one['rate_vs_baseline_median_pairwise']:.2f}x |") in docs
+    assert f"main {two['peak_rss_mb']['main']:.0f} MB, each worker {two['peak_rss_mb']['tokenizer_process']:.0f} MB" in docs
+    assert f"commit {record['git_commit'][:7]}" in docs
