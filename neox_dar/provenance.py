@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,17 +16,25 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def code_version() -> dict:
-    """Package version, git commit of the code and whether the tree had local changes (when run from a checkout)."""
+    """Package version, git commit of the code and whether the tree had local changes (when run from a checkout).
+
+    A copy of the tree without its ``.git`` (the GPU machine gets one) has no commit to read: there the commit is
+    ``$NEOX_DAR_GIT_COMMIT`` when set (the caller names the commit it copied), else None, and ``git_dirty`` None. A
+    git repository above the code (an installed package inside someone's project) is not the code's."""
     from . import __version__
 
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
+
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip() != ""
-        return {"package_version": __version__, "git_commit": commit, "git_dirty": dirty}
+        if Path(git("rev-parse", "--show-toplevel")).resolve() == REPO:
+            return {"package_version": __version__, "git_commit": git("rev-parse", "HEAD"),
+                    "git_dirty": git("status", "--porcelain", "--untracked-files=no") != ""}
     except (OSError, subprocess.SubprocessError):
-        return {"package_version": __version__, "git_commit": None}
+        pass
+    return {"package_version": __version__, "git_commit": os.environ.get("NEOX_DAR_GIT_COMMIT") or None,
+            "git_dirty": None}
 
 
 def provenance(argv: list[str] | None = None) -> dict:

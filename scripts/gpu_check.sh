@@ -6,7 +6,9 @@
 # is set (the device tool's output folder), else runs/gpu_check/ (--rehearse: runs/gpu_check_rehearse/):
 # gpu_check.log (every step's output), summary.md (the steps, then the issue's targets judged by
 # bench/gpu_targets.py), targets.json, attention.json, train_throughput.json, decode.json (copy the JSON of a GPU
-# run into bench/results/ to keep them).
+# run into bench/results/ to keep them). No .git travels to the GPU machine: name the commit the copy is of,
+# NEOX_DAR_GIT_COMMIT=<hash> bash scripts/gpu_check.sh (the hash written out: it is read there), and every result
+# file and the summary record it.
 #
 #   bash scripts/gpu_check.sh                # --quick: every step, sized to end inside one 10-minute command
 #   bash scripts/gpu_check.sh --full         # the whole grid and longer timings: ~30 minutes, so split it:
@@ -338,12 +340,20 @@ do_decode() {
   eval "$(step_commands decode)"
 }
 
+commit() {  # the checkout's commit, else the one the caller named (a copy without .git), else "unknown"
+  if [ "$(git -C "$ROOT" rev-parse --show-toplevel 2>/dev/null)" = "$(cd "$ROOT" && pwd -P)" ]; then
+    git -C "$ROOT" rev-parse --short HEAD
+  else
+    echo "${NEOX_DAR_GIT_COMMIT:-unknown (set NEOX_DAR_GIT_COMMIT)}"
+  fi
+}
+
 summary() {
   local on
   on="GPU $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n 1)"
   [ "$REHEARSE" = 1 ] && on="rehearsal on this CPU at toy sizes (no timing here is a GPU number)"
   {
-    echo "gpu_check.sh --$MODE, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null): $on"
+    echo "gpu_check.sh --$MODE, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(commit): $on"
     echo
     echo "| step | status | seconds | time limit |"
     echo "|---|---|---|---|"

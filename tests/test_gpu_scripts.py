@@ -148,6 +148,29 @@ def test_steps_are_timed_logged_and_summarized_past_a_failure_and_a_time_limit(t
     assert "no wheels in" in log and "=================== kernel-tests: TIMEOUT" in log
 
 
+def test_a_copy_without_git_records_the_commit_it_is_named(tmp_path):
+    """The GPU machine gets the tree without .git: NEOX_DAR_GIT_COMMIT names the commit, and the summary and every
+    result file record it (not None, not a git repository above the copy)."""
+    copy = tmp_path / "tree"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for name in filter(None, files.split("\0")):
+        if (ROOT / name).is_file():
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            (copy / name).write_bytes((ROOT / name).read_bytes())
+    (tmp_path / "no_wheels").mkdir()
+    res = subprocess.run(["bash", str(copy / "scripts" / "gpu_check.sh"), "--steps", "decode"], cwd=copy,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OUT": str(tmp_path / "out"), "GPU_WHEELS": str(tmp_path / "no_wheels"),
+                              "TMPDIR": str(tmp_path), "NEOX_DAR_GIT_COMMIT": "cafe1234",
+                              "GPU_CHECK_DECODE_ARGS": "--contexts 64 --batches 1 --steps 1 --warmup 0 --dtype float32"})
+    assert summary_rows(tmp_path / "out" / "summary.md")["decode"] == "ok", res.stdout[-3000:] + res.stderr[-2000:]
+    assert "commit cafe1234:" in (tmp_path / "out" / "summary.md").read_text()
+    decode = json.loads((tmp_path / "out" / "decode.json").read_text())["provenance"]
+    assert decode["git_commit"] == "cafe1234" and decode["git_dirty"] is None
+    targets = json.loads((tmp_path / "out" / "targets.json").read_text())
+    assert targets["git_commit"] == "cafe1234"
+
+
 needs_wheels = pytest.mark.skipif(not (WHEELS.is_dir() and (SAMPLE / "c4_sample.bin").is_file()),
                                   reason=".whl/ or runs/gpu_sample/ not built: run bash scripts/gpu_wheels.sh (PyPI)")
 
