@@ -114,3 +114,15 @@ def test_data_docs_throughput_table_is_the_result_file():
             f"{one['rate_vs_baseline_median_pairwise']:.2f}x |") in docs
     assert f"main {two['peak_rss_mb']['main']:.0f} MB, each worker {two['peak_rss_mb']['tokenizer_process']:.0f} MB" in docs
     assert f"commit {record['git_commit'][:7]}" in docs
+
+
+def test_dimpo_docs_memory_table_is_the_result_file():
+    """docs/dimpo.md's fit-memory table is bench/results/dimpo_memory_cpu.json's."""
+    record = json.loads((ROOT / "bench" / "results" / "dimpo_memory_cpu.json").read_text())
+    assert not record["git_dirty"]
+    docs = (ROOT / "docs" / "dimpo.md").read_text()
+    for r in record["runs"]:
+        row = (f"| {r['docs_per_split']} | {r['layers']} | {r['model_mb']:.0f} | {r['fit_mb']:.0f} | "
+               f"{r['fit_minus_model_mb']:.0f} | {r['train_copy_gb']:.1f} / {r['test_copy_gb']:.1f} |")
+        assert row in docs, f"docs/dimpo.md lacks the row {row}"
+    assert f"measured at commit {record['git_commit'][:7]}" in " ".join(docs.split())
