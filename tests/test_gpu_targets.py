@@ -123,3 +123,13 @@ def test_a_stopped_attention_run_is_named_incomplete(tmp_path):
     report = judge(write(tmp_path / "run", attention=partial))
     assert report["incomplete"] == ["attention.json"] and len(report["targets"]) == 2
     assert "Stopped before the end (what it measured is above): attention.json." in markdown(report)
+
+
+def test_a_cuda_build_of_torch_on_the_cpu_is_not_judged(tmp_path):
+    """The rehearsal hides the GPU: a CUDA build of torch then records its CUDA version on CPU numbers."""
+    cpu = "CPU x86_64 (2 threads)"
+    runs = [throughput_run(a, t, None, device=cpu) | {"cuda": "13.0"} for a, t in (("vanilla", 10), ("dar", 12))]
+    times = {("dar", 32, "triton"): 2.0, ("dar", 32, "sdpa_causal"): 1.0}
+    report = judge(write(tmp_path / "run", train_throughput={"runs": runs},
+                         attention=attention_file(times, device="cpu (TRITON_INTERPRET=1)") | {"cuda": "13.0"}))
+    assert report["targets"] and all(t["met"] is None and not t["judged"] for t in report["targets"])
