@@ -28,8 +28,9 @@ def code_version() -> dict:
                               check=True).stdout.strip()
 
     try:
-        if Path(git("rev-parse", "--show-toplevel")).resolve() == REPO:
-            return {"package_version": __version__, "git_commit": git("rev-parse", "HEAD"),
+        toplevel, commit = git("rev-parse", "--show-toplevel", "HEAD").splitlines()
+        if Path(toplevel).resolve() == REPO:
+            return {"package_version": __version__, "git_commit": commit,
                     "git_dirty": git("status", "--porcelain", "--untracked-files=no") != ""}
     except (OSError, subprocess.SubprocessError):
         pass
