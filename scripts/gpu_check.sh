@@ -340,12 +340,8 @@ do_decode() {
   eval "$(step_commands decode)"
 }
 
-commit() {  # the checkout's commit, else the one the caller named (a copy without .git), else "unknown"
-  if [ "$(git -C "$ROOT" rev-parse --show-toplevel 2>/dev/null)" = "$(cd "$ROOT" && pwd -P)" ]; then
-    git -C "$ROOT" rev-parse --short HEAD
-  else
-    echo "${NEOX_DAR_GIT_COMMIT:-unknown (set NEOX_DAR_GIT_COMMIT)}"
-  fi
+commit() {  # what the result files record (neox_dar.provenance: the checkout's commit, else NEOX_DAR_GIT_COMMIT)
+  "$PY" -c 'from neox_dar.provenance import code_version; print(code_version()["git_commit"] or "unknown (set NEOX_DAR_GIT_COMMIT)")'
 }
 
 summary() {
