@@ -359,8 +359,6 @@ def run_benchmarks(args, torch, triton, save=None) -> dict:
     """Check and time every method for each kernel and T; ``save(report)`` after each (kernel, T), so that a run
     stopped by a time limit keeps what it measured (``"complete": False`` until the end). Flex runs last, in a pass
     of its own: inductor compiles it per shape and grad mode, the slowest part of a run on the GPU."""
-    import argparse
-
     gpu = not args.interpret
     device = torch.device("cuda" if gpu else "cpu")
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
