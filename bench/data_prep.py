@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from neox_dar.provenance import provenance, write_result  # noqa: E402
+from neox_dar.provenance import machine_cpu, provenance, write_result  # noqa: E402
 
 WIKI = ROOT.parent / "shared/data/wikipedia/enwiki2015.train.part00.jsonl.zst"
 
@@ -160,7 +160,7 @@ def main() -> int:
         **provenance(["bench/data_prep.py", *sys.argv[1:]]),
         "corpus": args.corpus, "corpus_bytes": os.path.getsize(args.corpus),
         "documents": runs["baseline"][0]["documents"], "tokens": tokens, "shard_bytes": args.shard_bytes,
-        "cpu_count": os.cpu_count(), "load_avg_1m_at_each_repeat": [round(x, 2) for x in loads],
+        "device": machine_cpu(), "load_avg_1m_at_each_repeat": [round(x, 2) for x in loads],
         "python": platform.python_version(), "repeats": args.repeats,
         "baseline_encode_batch_fast": summary("baseline"),
         "pipeline": {f"workers_{w}": summary(f"workers_{w}") for w in args.workers},

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from neox_dar.provenance import provenance, write_result  # noqa: E402
+from neox_dar.provenance import machine_cpu, provenance, write_result  # noqa: E402
 
 HIDDEN, HEADS, VOCAB, D_PROJ = 256, 4, 1024, 16
 # glibc raises its mmap threshold each time a large mmapped block is freed, after which large blocks come from the
@@ -116,7 +116,8 @@ def main() -> None:
         runs.append({"docs_per_split": docs, "layers": layers, **{k: round(v, 1) for k, v in m.items()},
                      **{k: round(v, 2) for k, v in old_copies_gb(docs, args.seq_len).items()}})
         print(json.dumps(runs[-1]), file=sys.stderr)
-    report = {**provenance(), "python": platform.python_version(), "malloc_env": MALLOC_ENV, "seq_len": args.seq_len,
+    report = {**provenance(), "device": machine_cpu(), "python": platform.python_version(), "malloc_env": MALLOC_ENV,
+              "seq_len": args.seq_len,
               "model": {"hidden_size": HIDDEN, "heads": HEADS, "head_dim": HIDDEN // HEADS, "vocab": VOCAB},
               "methods": "random,pca,simpo,dimpo", "d_proj": D_PROJ, "max_steps": args.max_steps, "runs": runs}
     print(json.dumps(report, indent=1))

@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from neox_dar.provenance import provenance, write_result  # noqa: E402
+from neox_dar.provenance import device_name, provenance, write_result  # noqa: E402
 
 C4 = ROOT / "data" / "sample" / "c4_sample.jsonl"
 DIMPO_DOCS = 200  # the first C4 documents: DimPO's; the model trains on the others
@@ -107,8 +107,8 @@ def main() -> None:
             raise SystemExit(code)
         results = load_results(fit)
         markdown = to_markdown(table1(str(fit)))
-    report = {**provenance(), "threads": args.threads, "train_steps": args.train_steps,
-              "train_seconds": round(trained, 1),
+    report = {**provenance(), "device": device_name(torch.device("cpu")), "threads": args.threads,
+              "train_steps": args.train_steps, "train_seconds": round(trained, 1),
               "fit_seconds": round(sum(l["seconds"] for l in results["layers"].values()), 1),
               "table_markdown": markdown, "results": results}
     if args.out:

@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from neox_dar.provenance import device_name, provenance, write_result  # noqa: E402
+from neox_dar.provenance import machine_cpu, provenance, write_result  # noqa: E402
 from neox_dar.timing import run_child  # noqa: E402
 from neox_dar.training import startup  # noqa: E402
 
@@ -114,7 +114,7 @@ def main() -> None:
                             "cpu_s": round(statistics.median(r["cpu_s"] for r in rows), 2), "phases_median_s": phases})
     report = {
         "provenance": provenance(),
-        "device": device_name(torch.device("cpu")).split(" (")[0] + f" ({os.cpu_count()} cores)",
+        "device": machine_cpu(),
         "torch": torch.__version__, "threads_per_process": args.threads, "repeats": args.repeats,
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
         "measure": "launch_to_first_step_s: wall time from starting the command to the first step's log line "

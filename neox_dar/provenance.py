@@ -57,13 +57,23 @@ def write_result(report: dict, path: str | Path) -> Path:
 
 def device_name(device) -> str:
     """What a benchmark ran on: the CUDA device's name, or the CPU and torch's thread count."""
-    import platform
-
     import torch
 
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU {platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)"
+    return f"{_cpu()} ({torch.get_num_threads()} threads)"
+
+
+def machine_cpu() -> str:
+    """What a benchmark ran on when the work is not one torch process's (several processes, or no torch): the CPU
+    and the machine's core count."""
+    return f"{_cpu()} ({os.cpu_count()} cores)"
+
+
+def _cpu() -> str:
+    import platform
+
+    return f"CPU {platform.processor() or platform.machine()}"
 
 
 def synchronize(device) -> None:

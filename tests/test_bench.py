@@ -156,4 +156,6 @@ def test_bench_script_runs_one_tiny_step_on_cpu(script, tmp_path):
     report = json.loads(out.read_text())
     origin = report.get("provenance", report)  # decode.py nests it
     assert origin["git_commit"] and origin["date_utc"] and f"bench/{script}" in origin["command"], origin
+    if script != "gpu_targets.py":  # it judges other results' numbers and measures none itself
+        assert report.get("device"), f"bench/{script}'s result records no device"
     check(report)
