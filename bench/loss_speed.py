@@ -1,9 +1,10 @@
 """Time and kernel launches of the training loss (output layer + cross-entropy, forward and backward) on the
-device present, at a model's shape: :func:`neox_dar.loss.linear_cross_entropy_sum` at several chunk sizes against
-the plain ``F.cross_entropy(F.linear(h, W).float(), y)``.
+device present, at a model's shape: :func:`neox_dar.loss.linear_cross_entropy_sum` at several chunk sizes, reduced
+by PyTorch operators (``chunked``, the CPU's way) and, on CUDA, by the Triton kernel (``fused``, the GPU's way),
+against the plain ``F.cross_entropy(F.linear(h, W).float(), y)``.
 
     python bench/loss_speed.py [--positions 32768] [--hidden 768] [--vocab 50304] [--dtype bfloat16]
-        [--rows 166 2048 4096] [--repeats 5] [--out bench/results/loss_speed_<device>.json]
+        [--rows 166 2048] [--fused-rows 2048 8192] [--repeats 5] [--out bench/results/loss_speed_<device>.json]
 
 Defaults: one Pythia-160M micro-batch (16 x 2048 positions, d = 768, the padded 50,304-token vocabulary), bf16 on a
 GPU, float32 on the CPU. Each way runs ``--repeats`` timed forward+backward passes after one warm-up (synchronised
@@ -74,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="default: bfloat16 on a GPU, float32 on the CPU")
     p.add_argument("--rows", type=int, nargs="+", default=None,
-                   help="positions per chunk to time (default: the default chunk, 2048 and 4096)")
+                   help="chunked: positions per chunk to time (default: the CPU's default chunk and 2048)")
+    p.add_argument("--fused-rows", type=int, nargs="*", default=None,
+                   help="fused (CUDA only): positions per chunk (default: the fused default chunk, 2048 and 8192)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-plain", action="store_true", help="leave out the plain (full logits) way")
     p.add_argument("--out", type=Path, default=None)
@@ -85,8 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     h = (torch.randn(args.positions, args.hidden, generator=gen)).to(device, dtype).requires_grad_()
     w = (torch.randn(args.vocab, args.hidden, generator=gen) * 0.02).to(device, dtype).requires_grad_()
     y = torch.randint(0, args.vocab, (args.positions,), generator=gen).to(device)
-    ways = {f"chunked rows={r}": (lambda r: lambda h, w, y: linear_cross_entropy_sum(h, w, y, rows=r))(r)
-            for r in (args.rows or [chunk_rows(args.vocab), 2048, 4096])}
+    def way(rows: int, fused: bool):
+        return lambda h, w, y: linear_cross_entropy_sum(h, w, y, rows=rows, fused=fused)
+
+    ways = {f"chunked rows={r}": way(r, False) for r in (args.rows or [chunk_rows(args.vocab), 2048])}
+    if device.type == "cuda":
+        default = chunk_rows(args.vocab, fused=True, itemsize=h.element_size())
+        for r in (args.fused_rows if args.fused_rows is not None else [default, 2048, 8192]):
+            ways[f"fused rows={r}"] = way(r, True)
     if not args.no_plain:
         ways = {"plain": plain, **ways}
     results, ref = {}, None

@@ -80,6 +80,21 @@ def check_loss_memory(r: dict) -> None:
             assert row["peak_rss_mb"] > 0 and row["step_peak_mb"] >= 0 and row["cpu_s"] > 0, (mode, phase, row)
 
 
+def check_loss_speed(r: dict) -> None:
+    ways = r["ways"]
+    assert r["device"].startswith("CPU") and list(ways) == ["plain", "chunked rows=7", "chunked rows=64"]
+    assert all(w["seconds"] > 0 and w["launches"] > 0 and w["loss_diff"] < 1e-3 and w["grad_weight_max_diff"] < 1e-4
+               for w in ways.values()), ways
+    assert ways["chunked rows=7"]["launches"] > ways["chunked rows=64"]["launches"]  # more chunks, more launches
+
+
+def check_profile_step(r: dict) -> None:
+    p = r["profile"]
+    assert r["device"].startswith("CPU") and r["config"]["seq_length"] == 16
+    assert p["step_wall_ms"] > 0 and p["kernel_ms"] > 0 and p["launches"] > 0 and p["top"]
+    assert sum(p["categories_ms"].values()) == pytest.approx(p["kernel_ms"]) and "matmul" in p["categories_ms"]
+
+
 def check_quickstart(r: dict) -> None:
     """The README's first command ran whole (tokenize, train and evaluate both variants, the table) and timed."""
     assert list(r["phases_s"]) == ["tokenize", "train vanilla", "evaluate vanilla", "train dar", "evaluate dar"]
@@ -133,6 +148,11 @@ SMALLEST = {
     # the --compare-hf part (the default on CPU) included
     "loss_memory.py": (["configs/tiny.yml", "seq_length=16", "train_micro_batch_size_per_gpu=1", "train_batch_size=1",
                         "--steps", "1", "--warmup", "0", "--repeats", "1"], check_loss_memory),
+    "loss_speed.py": (["--positions", "64", "--hidden", "8", "--vocab", "300", "--rows", "7", "64", "--repeats", "1"],
+                      check_loss_speed),
+    "profile_step.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=2",
+                         "train_micro_batch_size_per_gpu=1", "--steps", "1", "--warmup", "1", "--top", "5"],
+                        check_profile_step),
     # the README's quickstart itself, at 2 steps and 1 document per corpus
     "quickstart.py": (["--steps", "2", "--docs", "1", "--no-setup"], check_quickstart),
     "startup.py": (["configs/tiny.yml", "configs/attention/vanilla.yml", "seq_length=16", "train_batch_size=1",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 if not ON_GPU:
@@ -286,6 +287,71 @@ def test_kernels_inside_torch_compile_run_eagerly_between_graphs():
     ref = dar_attention(*inputs, 5) * 2.0
     ref.sum().backward()
     assert torch.equal(out, ref) and all(torch.equal(g, t.grad) for g, t in zip(grads, inputs))
+
+
+# ------------------------------------------------------------------------------------------------ the loss
+# kernels/cross_entropy.py and neox_dar.loss's fused path (the one CUDA training takes): vocabularies of two whole
+# blocks of the row loop plus a ragged tail, ignored targets, several chunks.
+LOSS_TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def loss_vocab() -> int:
+    from kernels.cross_entropy import BLOCK_V
+
+    return 2 * BLOCK_V + 37
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_cross_entropy_rows_gives_the_nll_and_writes_the_logits_gradient_in_place(dtype):
+    from kernels.cross_entropy import cross_entropy_rows
+
+    torch.manual_seed(2)
+    n, V = 11, loss_vocab()
+    logits = (torch.randn(n, V, device=DEVICE) * 4).to(dtype)
+    targets = torch.randint(0, V, (n,), device=DEVICE)
+    targets[[1, 6]] = -100
+    targets[3] = V - 1  # the last logit, in the ragged tail
+    ref = logits.float().requires_grad_()
+    ref_nll = F.cross_entropy(ref, targets, ignore_index=-100, reduction="none")
+    ref_nll.sum().backward()
+    out = logits.clone()
+    nll = cross_entropy_rows(out, targets, grad=True)
+    assert nll.dtype == torch.float32 and nll[[1, 6]].eq(0).all()
+    torch.testing.assert_close(nll, ref_nll, rtol=1e-5, atol=1e-5)
+    # the gradient as autograd casts it back: float32 softmax - onehot, rounded once to the logits' dtype
+    torch.testing.assert_close(out, ref.grad.to(dtype), rtol=0, atol=1e-6 if dtype == torch.float32 else 0)
+    assert out[[1, 6]].eq(0).all()
+    untouched = logits.clone()
+    torch.testing.assert_close(cross_entropy_rows(untouched, targets), ref_nll, rtol=1e-5, atol=1e-5)
+    assert torch.equal(untouched, logits)  # without grad the logits are left as they were
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("rows", [16, None], ids=["rows16", "default_rows"])
+def test_fused_linear_cross_entropy_matches_the_full_logits_loss(dtype, rows):
+    """neox_dar.loss with ``fused=True``: the summed loss and both gradients of F.cross_entropy over the full
+    logits (the weight's gradient accumulated in float32, so in half precision closer to float64 than autograd's
+    half product), and linear_token_nll's per-position values."""
+    from neox_dar.loss import linear_cross_entropy_sum, linear_token_nll
+
+    torch.manual_seed(3)
+    N, d, V = 53, 32, loss_vocab()
+    hidden = torch.randn(N, d, device=DEVICE).to(dtype).requires_grad_()
+    weight = (torch.randn(V, d, device=DEVICE) * 0.3).to(dtype).requires_grad_()
+    targets = torch.randint(0, V, (N,), device=DEVICE)
+    targets[::7] = -100
+    exact = [t.detach().double().requires_grad_() for t in (hidden, weight)]
+    ref = F.cross_entropy(F.linear(*exact), targets, ignore_index=-100, reduction="sum")
+    ref.backward()
+    out = linear_cross_entropy_sum(hidden, weight, targets, rows=rows, fused=True)
+    out.backward()
+    assert out.dtype == torch.float32 and hidden.grad.dtype == dtype and weight.grad.dtype == dtype
+    tol = LOSS_TOL[dtype]
+    assert rel_err(out, ref) < tol
+    assert rel_err(hidden.grad, exact[0].grad) < tol and rel_err(weight.grad, exact[1].grad) < tol
+    per = linear_token_nll(hidden.detach(), weight.detach(), targets, rows=rows, fused=True)
+    ref_per = F.cross_entropy(F.linear(*[t.detach() for t in exact]), targets, ignore_index=-100, reduction="none")
+    assert per.dtype == torch.float32 and rel_err(per, ref_per) < tol and per[::7].eq(0).all()
 
 
 # ------------------------------------------------------------------------------------------------ errors
