@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# Results, second round (issue 35; docs/experiments.md, "Results, second round"): the CPU runs of
+# configs/sweeps/results-round2.yml (then results-round2-finetune.yml), two at a time, one thread each, resumable.
+#
+#   bash scripts/results_round2.sh            # data (skipped when there), plan, then two background workers that
+#                                             #   take the runs in the sweep's order; a worker already running is
+#                                             #   left alone, so running it again is safe (and resumes everything)
+#   bash scripts/results_round2.sh --status   # where each run is (python -m neox_dar.sweep ... status)
+#   bash scripts/results_round2.sh --stop     # the workers start no new run (the running ones finish); --go undoes it
+#   bash scripts/results_round2.sh --publish RUN...  # copy finished runs into results/results-round2 (the report,
+#                                             #   docs/experiments.md's table, and data.json: torch, sha256 of the bytes)
+#
+# Each worker (logs: runs/results-round2/logs/worker-N.log) goes through the task list (--list) in order, takes the
+# first task no other worker holds (a flock on runs/results-round2/claims/TASK.lock, released by the kernel however
+# the worker ends) and runs it: `python -m neox_dar.sweep SWEEP run --local --only RUN` trains (continuing from the
+# run's newest checkpoint) and evaluates it, and skips a run that is done. A worker starts no task after STOP_AT
+# (HH:MM UTC, optional) or while runs/results-round2/STOP exists, and ends when a pass over the list started nothing.
+# The list and each task are read from this file when they run, so an edit here reaches running workers.
+# Environment: SHARED (default ../shared/data), WORKERS (2), OMP_NUM_THREADS (1), STOP_AT, PYTHON.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+SHARED=${SHARED:-../shared/data}
+WORKERS=${WORKERS:-2}
+WORK=runs/results-round2
+DATA=runs/replicate-cpu/data
+TEXT=runs/replicate-cpu/text
+SWEEP=configs/sweeps/results-round2.yml
+FT_SWEEP=configs/sweeps/results-round2-finetune.yml
+FT_WORK=runs/results-round2-finetune
+REUSED="vanilla-seed1 vanilla-seed2 dar uniform swa mswa aha-w16 aha-w64"   # round 1's runs, same configs
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+log() { echo "[round2 $(date -u +%H:%M:%S)] $*"; }
+
+prepare_data() {  # as scripts/replicate.sh --cpu: the text, byte-level tokens, WikiText-103 test, 100 held-out articles
+  mkdir -p "$DATA"
+  [ -f "$TEXT/manifest.json" ] || "$PY" -m data_prep.wikipedia --wikipedia "$SHARED/wikipedia" \
+    --wikitext "$SHARED/wikitext103" --out "$TEXT" --max-mib 4
+  local name
+  for name in wiki_train:wiki_train.jsonl.zst wiki_heldout:wiki_heldout.jsonl.gz; do
+    [ -f "$DATA/${name%%:*}.idx" ] || "$PY" -m data_prep.tokenize "$TEXT/${name#*:}" \
+      --tokenizer data/byte_tokenizer.json --out "$DATA/${name%%:*}" --no-progress
+  done
+  if [ ! -f "$DATA/wiki.test.tokens" ]; then
+    gunzip -c "$TEXT/wiki.test.tokens.gz" > "$DATA/wiki.test.tokens.tmp" && mv "$DATA/wiki.test.tokens.tmp" "$DATA/wiki.test.tokens"
+  fi
+  if [ ! -f "$DATA/wiki_heldout100.jsonl.gz" ]; then
+    { gunzip -c "$TEXT/wiki_heldout.jsonl.gz" | head -n 100 || true; } | gzip -n > "$DATA/wiki_heldout100.jsonl.gz.tmp"
+    mv "$DATA/wiki_heldout100.jsonl.gz.tmp" "$DATA/wiki_heldout100.jsonl.gz"
+  fi
+}
+
+reuse_round1() {  # round 1's trained and evaluated runs (same configs: only save and wandb_group differ) join round 2
+  local run src
+  for run in $REUSED; do
+    src=results/replicate-cpu/runs/$run dst=$WORK/$run
+    [ -f "$dst/status.json" ] && continue
+    mkdir -p "$dst/eval"
+    cp "$src/status.json" "$src/metrics.jsonl" "$dst/"
+    cp "$src/eval/"*.json "$dst/eval/"
+    log "reused $run from $src"
+  done
+}
+
+plan_finetune() {  # the fine-tuning sweep starts from vanilla-seed3's checkpoint: planned once vanilla-seed3 is trained
+  if [ -f "$FT_SWEEP" ] && grep -q '"state": "done"' "$WORK/vanilla-seed3/status.json" 2>/dev/null; then
+    "$PY" -m neox_dar.sweep "$FT_SWEEP" plan --out "$FT_WORK" >/dev/null
+  fi
+}
+
+plan() {
+  "$PY" -m neox_dar.sweep "$SWEEP" plan --out "$WORK" >/dev/null
+  reuse_round1
+  plan_finetune
+}
+
+runs_of() {  # the run names of a sweep file, in order
+  "$PY" -c 'import sys
+from neox_dar.sweep import load_sweep
+print(" ".join(r.name for r in load_sweep(sys.argv[1]).runs))' "$1"
+}
+
+list_tasks() {  # every task, in priority order: sweep runs as SWEEP_FILE:RUN, then the DimPO study
+  local run
+  for run in $(runs_of "$SWEEP"); do
+    case " $REUSED " in *" $run "*) continue ;; esac
+    echo "$SWEEP:$run"
+  done
+  if [ -f "$FT_SWEEP" ]; then
+    for run in $(runs_of "$FT_SWEEP"); do echo "$FT_SWEEP:$run"; done
+  fi
+}
+
+run_task() {  # run_task TASK: train and evaluate one sweep run (skipped when done)
+  local task=$1 sweep run out
+  sweep=${task%%:*} run=${task#*:}
+  out=$WORK
+  [ "$sweep" = "$FT_SWEEP" ] && out=$FT_WORK
+  if [ "$sweep" = "$FT_SWEEP" ] && [ ! -f "$FT_WORK/$run/config.yml" ]; then
+    plan_finetune
+    [ -f "$FT_WORK/$run/config.yml" ] || { log "$run: not planned yet (needs vanilla-seed3 trained)"; return 4; }
+  fi
+  "$PY" -m neox_dar.sweep "$sweep" run --local --out "$out" --only "$run"
+}
+
+stopped() {
+  [ -e "$WORK/STOP" ] && return 0
+  [ -n "${STOP_AT:-}" ] && [ "$(date -u +%H%M)" -ge "${STOP_AT/:/}" ] && return 0
+  return 1
+}
+
+worker() {  # worker N: passes over the task list until one starts nothing
+  local n=$1 task name started failed=" " rc
+  mkdir -p "$WORK/claims"
+  log "worker $n: pid $$, OMP_NUM_THREADS=$OMP_NUM_THREADS${STOP_AT:+, no new task after $STOP_AT UTC}"
+  while true; do
+    started=0
+    for task in $(bash "$0" --list); do
+      if stopped; then log "worker $n: stopped (STOP file or STOP_AT): no new task"; return 0; fi
+      name=${task##*/}
+      name=${name//:/__}
+      case "$failed" in *" $task "*) continue ;; esac
+      exec {fd}>"$WORK/claims/$name.lock"
+      if ! flock -n "$fd"; then exec {fd}>&-; continue; fi
+      if bash "$0" --done "$task"; then exec {fd}>&-; continue; fi
+      log "worker $n: $task"
+      started=1
+      rc=0
+      bash "$0" --task "$task" || rc=$?
+      exec {fd}>&-
+      if ((rc == 4)); then started=0; continue; fi
+      if ((rc != 0)); then
+        log "worker $n: $task exited with $rc"
+        ((rc == 3)) && return 3   # stopped by a signal: the worker stops too
+        failed+="$task "
+      fi
+      break   # after each task, a fresh list from the top (the highest-priority task first)
+    done
+    ((started)) || { log "worker $n: nothing left to start"; return 0; }
+  done
+}
+
+is_done() {  # is_done TASK: exit 0 when the run is trained and evaluated
+  local task=$1 sweep run out
+  sweep=${task%%:*} run=${task#*:}
+  out=$WORK
+  [ "$sweep" = "$FT_SWEEP" ] && out=$FT_WORK
+  [ -f "$out/$run/config.yml" ] || return 1
+  "$PY" - "$out/$run" "$sweep" <<'EOF'
+import sys
+from neox_dar.sweep import load_sweep
+from neox_dar.sweep.rundir import run_state
+from neox_dar.sweep.slurm import extra_corpora
+ev = load_sweep(sys.argv[2]).eval
+sys.exit(0 if run_state(sys.argv[1], True, extra=list(extra_corpora(ev))).state == "done" else 1)
+EOF
+}
+
+launch() {
+  mkdir -p "$WORK/logs"
+  log "data: $DATA"
+  prepare_data
+  log "plan: $SWEEP -> $WORK"
+  plan
+  local n
+  for ((n = 1; n <= WORKERS; n++)); do
+    exec {lk}>"$WORK/logs/worker-$n.pid.lock"
+    if ! flock -n "$lk"; then log "worker $n is running already: left alone"; exec {lk}>&-; continue; fi
+    exec {lk}>&-
+    # the worker holds its own lock file for its life (flock on fd 9 of the setsid'd shell)
+    setsid nohup bash -c 'exec 9>"$1"; flock -n 9 || exit 0; echo $$ > "$1.pid"; exec bash "$2" --worker "$3"' \
+      _ "$WORK/logs/worker-$n.pid.lock" "$0" "$n" >> "$WORK/logs/worker-$n.log" 2>&1 < /dev/null &
+    log "worker $n started (log: $WORK/logs/worker-$n.log)"
+    sleep 20   # staggered: the second worker takes the second run
+  done
+}
+
+publish() {  # publish RUN...: the runs into results/results-round2, with the bytes' hashes and torch's version
+  local out=results/results-round2
+  if [ -f "$out/provenance.json" ]; then
+    "$PY" -m neox_dar.report.publish "$WORK" "$out" --only "$@" --command "$PUBLISH_COMMAND" \
+      --docs docs/experiments.md --marker results-round2
+  else
+    "$PY" -m neox_dar.report.publish "$WORK" "$out" --command "$PUBLISH_COMMAND" \
+      --docs docs/experiments.md --marker results-round2
+  fi
+  "$PY" - "$out" $REUSED <<'EOF'
+import hashlib, json, sys
+from pathlib import Path
+import torch
+out, reused = Path(sys.argv[1]), sys.argv[2:]
+# the reused runs have no checkpoint here: their training record is round 1's (results/replicate-cpu)
+meta = json.loads((out / "provenance.json").read_text())
+first = json.loads(Path("results/replicate-cpu/provenance.json").read_text())["runs"]
+for run in reused:
+    if run in meta["runs"] and not meta["runs"][run].get("trained_with"):
+        meta["runs"][run].update({k: first[run][k] for k in ("step", "trained_with", "saved_at")},
+                                 reused_from=f"results/replicate-cpu/runs/{run}")
+(out / "provenance.json").write_text(json.dumps(meta, indent=1) + "\n")
+def sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+data = "runs/replicate-cpu/data"
+files = {f"{data}/{n}": sha(f"{data}/{n}") for n in ("wiki_train.bin", "wiki_train.idx", "wiki_heldout.bin",
+         "wiki_heldout.idx", "wiki.test.tokens", "wiki_heldout100.jsonl.gz")}
+files["data/byte_tokenizer.json"] = sha("data/byte_tokenizer.json")
+(out / "data.json").write_text(json.dumps({
+    "torch": torch.__version__,
+    "note": "sha256 of the training, validation and evaluation bytes every run here read (scripts/results_round2.sh "
+            "prepares them from ../shared/data as scripts/replicate.sh --cpu does); torch: the version that "
+            "published these files (the runs trained with the same environment)",
+    "sha256": files}, indent=1) + "\n")
+EOF
+}
+
+PUBLISH_COMMAND="bash scripts/results_round2.sh (from the repository root; data from ../shared/data, as scripts/replicate.sh --cpu): python -m neox_dar.sweep configs/sweeps/results-round2.yml plan --out runs/results-round2, then two workers, OMP_NUM_THREADS=1 each, each run: python -m neox_dar.sweep configs/sweeps/results-round2.yml run --local --out runs/results-round2 --only RUN (train.py RUN/config.yml, then python -m neox_dar.sweep.evaluate RUN with the sweep's eval: arguments); round 1's runs (reused_from) copied from results/replicate-cpu/runs"
+
+main() {
+  case "${1:-}" in
+    "") launch ;;
+    --list) list_tasks ;;
+    --task) run_task "$2" ;;
+    --done) is_done "$2" ;;
+    --worker) worker "$2" ;;
+    --status) "$PY" -m neox_dar.sweep "$SWEEP" status --out "$WORK"
+              [ -d "$FT_WORK" ] && "$PY" -m neox_dar.sweep "$FT_SWEEP" status --out "$FT_WORK"; true ;;
+    --stop) mkdir -p "$WORK"; touch "$WORK/STOP"; log "no new runs will start (rm $WORK/STOP or --go to undo)" ;;
+    --go) rm -f "$WORK/STOP"; log "workers may start new runs (run the script to start them)" ;;
+    --publish) shift; publish "$@" ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;
+    *) echo "results_round2.sh: unknown argument '$1' (see --help)" >&2; return 2 ;;
+  esac
+}
+
+main "$@"; exit $?
