@@ -9,6 +9,7 @@
 #   bash scripts/results_round2.sh --stop     # the workers start no new run (the running ones finish); --go undoes it
 #   bash scripts/results_round2.sh --publish RUN...  # copy finished runs into results/results-round2 (the report,
 #                                             #   docs/experiments.md's table, and data.json: torch, sha256 of the bytes)
+#   bash scripts/results_round2.sh --publish-finetune RUN...   # the same for results/results-round2-finetune
 #
 # Each worker (logs: runs/results-round2/logs/worker-N.log) goes through the task list (--list) in order, takes the
 # first task no other worker holds (a flock on runs/results-round2/claims/TASK.lock, released by the kernel however
@@ -19,7 +20,11 @@
 # Environment: SHARED (default ../shared/data), WORKERS (2), OMP_NUM_THREADS (1), STOP_AT, PYTHON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
 PY=${PYTHON:-python3}
+CODE=runs/round2-code                                   # a git worktree of the code the runs use (setup_code)
+CODE_COMMIT=${CODE_COMMIT:-3e08c0d8f91cbc8455ba9a90c0a04b07373dbece}
+SITE=runs/round2-site
 SHARED=${SHARED:-../shared/data}
 WORKERS=${WORKERS:-2}
 WORK=runs/results-round2
@@ -28,10 +33,43 @@ TEXT=runs/replicate-cpu/text
 SWEEP=configs/sweeps/results-round2.yml
 FT_SWEEP=configs/sweeps/results-round2-finetune.yml
 FT_WORK=runs/results-round2-finetune
+DIMPO_WORK=runs/results-round2-dimpo
+# DimPO Table 1's protocol on vanilla-seed3 (bench/dimpo_small.py's small-scale schedule: 8 epochs, Table 6's learning
+# rates x 10) with held-out Wikipedia bytes: the first 4 / next 2 / next 2 held-out articles, their first 512 bytes
+DIMPO_ARGS="--dims 16,8,4 --seq-len 512 --train-docs 4 --valid-docs 2 --test-docs 2 --epochs 8 --lr-scale 10 --device cpu"
 REUSED="vanilla-seed1 vanilla-seed2 dar uniform swa mswa aha-w16 aha-w64"   # round 1's runs, same configs
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 log() { echo "[round2 $(date -u +%H:%M:%S)] $*"; }
+
+setup_code() {  # the code the runs train and evaluate with: a git worktree at CODE_COMMIT (others' edits in the main
+  # tree never reach a running sweep, and every checkpoint records a clean commit), its runs/ the main tree's runs/
+  if [ ! -f "$CODE/train.py" ]; then
+    git worktree prune
+    git worktree add --detach "$CODE" "$CODE_COMMIT" >/dev/null
+  fi
+  [ -L "$CODE/runs" ] || ln -sfn "$ROOT/runs" "$CODE/runs"
+  mkdir -p "$SITE"
+  # the package is installed editable from the main tree, and its finder maps neox_dar.eval, .kernels and .data_prep
+  # there: this sitecustomize (on PYTHONPATH) points the finder at the worktree's folders instead
+  cat > "$SITE/sitecustomize.py" <<'EOF'
+import os
+import sys
+
+code = os.environ.get("NEOX_DAR_CODE")
+if code:
+    for name, module in list(sys.modules.items()):
+        mapping = getattr(module, "MAPPING", None) if name.startswith("__editable__") else None
+        if isinstance(mapping, dict) and "neox_dar" in mapping:
+            root = os.path.dirname(mapping["neox_dar"])
+            for key, path in mapping.items():
+                mapping[key] = os.path.join(code, os.path.relpath(path, root))
+EOF
+}
+
+in_code() {  # in_code CMD...: CMD from the worktree, with its own package
+  (cd "$CODE" && PYTHONPATH="$ROOT/$SITE${PYTHONPATH:+:$PYTHONPATH}" NEOX_DAR_CODE="$ROOT/$CODE" "$@")
+}
 
 prepare_data() {  # as scripts/replicate.sh --cpu: the text, byte-level tokens, WikiText-103 test, 100 held-out articles
   mkdir -p "$DATA"
@@ -65,12 +103,13 @@ reuse_round1() {  # round 1's trained and evaluated runs (same configs: only sav
 
 plan_finetune() {  # the fine-tuning sweep starts from vanilla-seed3's checkpoint: planned once vanilla-seed3 is trained
   if [ -f "$FT_SWEEP" ] && grep -q '"state": "done"' "$WORK/vanilla-seed3/status.json" 2>/dev/null; then
-    "$PY" -m neox_dar.sweep "$FT_SWEEP" plan --out "$FT_WORK" >/dev/null
+    in_code "$PY" -m neox_dar.sweep "$ROOT/$FT_SWEEP" plan --out "$ROOT/$FT_WORK" >/dev/null
   fi
 }
 
 plan() {
-  "$PY" -m neox_dar.sweep "$SWEEP" plan --out "$WORK" >/dev/null
+  setup_code
+  in_code "$PY" -m neox_dar.sweep "$ROOT/$SWEEP" plan --out "$ROOT/$WORK" >/dev/null
   reuse_round1
   plan_finetune
 }
@@ -90,10 +129,22 @@ list_tasks() {  # every task, in priority order: sweep runs as SWEEP_FILE:RUN, t
   if [ -f "$FT_SWEEP" ]; then
     for run in $(runs_of "$FT_SWEEP"); do echo "$FT_SWEEP:$run"; done
   fi
+  echo "dimpo:vanilla-seed3"
 }
 
-run_task() {  # run_task TASK: train and evaluate one sweep run (skipped when done)
+dimpo_task() {  # DimPO fit and table on vanilla-seed3's checkpoint (the fit resumes when run again)
+  grep -q '"state": "done"' "$WORK/vanilla-seed3/status.json" 2>/dev/null || { log "dimpo: vanilla-seed3 not trained yet"; return 4; }
+  mkdir -p "$DIMPO_WORK"
+  # shellcheck disable=SC2086
+  in_code "$PY" -m neox_dar.dimpo fit "$WORK/vanilla-seed3" --train "$DATA/wiki_heldout" --out "$DIMPO_WORK" $DIMPO_ARGS \
+    > >(tee -a "$DIMPO_WORK/fit.log") 2>&1
+  in_code "$PY" -m neox_dar.dimpo table "$DIMPO_WORK" > "$DIMPO_WORK/table.md.tmp"
+  mv "$DIMPO_WORK/table.md.tmp" "$DIMPO_WORK/table.md"
+}
+
+run_task() {  # run_task TASK: train and evaluate one sweep run (skipped when done), or the DimPO study
   local task=$1 sweep run out
+  [ "$task" = dimpo:vanilla-seed3 ] && { dimpo_task; return; }
   sweep=${task%%:*} run=${task#*:}
   out=$WORK
   [ "$sweep" = "$FT_SWEEP" ] && out=$FT_WORK
@@ -101,7 +152,7 @@ run_task() {  # run_task TASK: train and evaluate one sweep run (skipped when do
     plan_finetune
     [ -f "$FT_WORK/$run/config.yml" ] || { log "$run: not planned yet (needs vanilla-seed3 trained)"; return 4; }
   fi
-  "$PY" -m neox_dar.sweep "$sweep" run --local --out "$out" --only "$run"
+  in_code "$PY" -m neox_dar.sweep "$ROOT/$sweep" run --local --out "$ROOT/$out" --only "$run"
 }
 
 stopped() {
@@ -141,8 +192,9 @@ worker() {  # worker N: passes over the task list until one starts nothing
   done
 }
 
-is_done() {  # is_done TASK: exit 0 when the run is trained and evaluated
+is_done() {  # is_done TASK: exit 0 when the run is trained and evaluated (DimPO: its table written)
   local task=$1 sweep run out
+  [ "$task" = dimpo:vanilla-seed3 ] && { [ -f "$DIMPO_WORK/table.md" ]; return; }
   sweep=${task%%:*} run=${task#*:}
   out=$WORK
   [ "$sweep" = "$FT_SWEEP" ] && out=$FT_WORK
@@ -176,15 +228,22 @@ launch() {
   done
 }
 
-publish() {  # publish RUN...: the runs into results/results-round2, with the bytes' hashes and torch's version
-  local out=results/results-round2
-  if [ -f "$out/provenance.json" ]; then
-    "$PY" -m neox_dar.report.publish "$WORK" "$out" --only "$@" --command "$PUBLISH_COMMAND" \
-      --docs docs/experiments.md --marker results-round2
-  else
-    "$PY" -m neox_dar.report.publish "$WORK" "$out" --command "$PUBLISH_COMMAND" \
-      --docs docs/experiments.md --marker results-round2
+publish() {  # publish WORK OUT RUN...: finished runs into OUT (results/...): run files, provenance, report, the docs'
+  # table between <!-- NAME:start/end --> (NAME = OUT's folder name), and OUT/data.json (torch, sha256 of the bytes)
+  local work=$1 out=$2
+  shift 2
+  if [ ! -f "$out/provenance.json" ]; then   # a new folder: only the runs named are published (not the pending ones)
+    mkdir -p "$out/runs"
+    cp "$work/sweep.yml" "$out/runs/sweep.yml"
+    "$PY" - "$out" "$PUBLISH_COMMAND" <<'EOF'
+import json, sys
+from pathlib import Path
+from neox_dar.report.publish import cpu_name
+Path(sys.argv[1], "provenance.json").write_text(json.dumps(
+    {"device": cpu_name(), "training_command": sys.argv[2], "runs": {}}, indent=1) + "\n")
+EOF
   fi
+  "$PY" -m neox_dar.report.publish "$work" "$out" --only "$@" --command "$PUBLISH_COMMAND" --docs docs/experiments.md
   "$PY" - "$out" $REUSED <<'EOF'
 import hashlib, json, sys
 from pathlib import Path
@@ -210,9 +269,9 @@ files = {f"{data}/{n}": sha(f"{data}/{n}") for n in ("wiki_train.bin", "wiki_tra
 files["data/byte_tokenizer.json"] = sha("data/byte_tokenizer.json")
 (out / "data.json").write_text(json.dumps({
     "torch": torch.__version__,
-    "note": "sha256 of the training, validation and evaluation bytes every run here read (scripts/results_round2.sh "
-            "prepares them from ../shared/data as scripts/replicate.sh --cpu does); torch: the version that "
-            "published these files (the runs trained with the same environment)",
+    "note": "sha256 of the training, validation and evaluation bytes the runs read (scripts/results_round2.sh "
+            "prepares them from ../shared/data as scripts/replicate.sh --cpu does) and of the tokenizer; torch: the "
+            "version in the environment that trained and published these runs",
     "sha256": files}, indent=1) + "\n")
 EOF
 }
@@ -230,7 +289,8 @@ main() {
               [ -d "$FT_WORK" ] && "$PY" -m neox_dar.sweep "$FT_SWEEP" status --out "$FT_WORK"; true ;;
     --stop) mkdir -p "$WORK"; touch "$WORK/STOP"; log "no new runs will start (rm $WORK/STOP or --go to undo)" ;;
     --go) rm -f "$WORK/STOP"; log "workers may start new runs (run the script to start them)" ;;
-    --publish) shift; publish "$@" ;;
+    --publish) shift; publish "$WORK" results/results-round2 "$@" ;;
+    --publish-finetune) shift; publish "$FT_WORK" results/results-round2-finetune "$@" ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;
     *) echo "results_round2.sh: unknown argument '$1' (see --help)" >&2; return 2 ;;
   esac
