@@ -257,6 +257,15 @@ for run in reused:
         meta["runs"][run].update({k: first[run][k] for k in ("step", "trained_with", "saved_at")},
                                  reused_from=f"results/replicate-cpu/runs/{run}")
 (out / "provenance.json").write_text(json.dumps(meta, indent=1) + "\n")
+# repository-relative paths: the copied configs (save) and evaluations (checkpoint) name the run directories by
+# absolute path on the machine that trained them
+# (round 1's reused runs: under its worktrees /work/repl and /work/repl2, provenance.json of results/replicate-cpu)
+roots = [str(Path.cwd()) + "/", "/work/repl/", "/work/repl2/"]
+for path in sorted(out.glob("runs/*/config.yml")) + sorted(out.glob("runs/*/eval/*.json")):
+    text = path.read_text()
+    for root in roots:
+        text = text.replace(f": {root}runs/", ": runs/").replace(f'"{root}runs/', '"runs/')
+    path.write_text(text)
 def sha(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -271,7 +280,8 @@ files["data/byte_tokenizer.json"] = sha("data/byte_tokenizer.json")
     "torch": torch.__version__,
     "note": "sha256 of the training, validation and evaluation bytes the runs read (scripts/results_round2.sh "
             "prepares them from ../shared/data as scripts/replicate.sh --cpu does) and of the tokenizer; torch: the "
-            "version in the environment that trained and published these runs",
+            "version in the environment that trained and published these runs; paths in the copied run files are relative to "
+            "the repository's root (the runs trained under it, in runs/)",
     "sha256": files}, indent=1) + "\n")
 EOF
 }
