@@ -4,6 +4,9 @@ Every row runs the local (sliding-window) pass; each head's routed rows are comp
 positions (a stable sort of the gate, no host synchronization) and attend to every causal key in a second kernel
 that overwrites their output and LSE. The backward is one key-major launch: the local pairs of every row, then,
 into the same accumulators, the far pairs (``i - j >= w``) of the routed rows only.
+
+Forward and backward are ``torch.library`` custom ops (``aha_forward``, ``aha_backward`` in the
+:data:`~kernels.runtime.OPS` namespace) with shape-only fake implementations: torch.compile traces through them.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from .banded import banded_backward, banded_forward, routed_forward
-from .runtime import check_device, check_qkv, head_windows, unit_last_dim
+from .runtime import OPS, check_device, check_qkv, check_spans, check_window, head_windows, new_heads, unit_last_dim
 
 
 def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,28 +29,57 @@ def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows.to(torch.int32).contiguous(), flat.sum(1, dtype=torch.int32)
 
 
-class AHAKernelFunction(torch.autograd.Function):
-    """Routed attention; no gradient for the gate (the module applies the straight-through rule outside)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, gate, windows):
-        o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
-        rows, counts = route_rows(gate)
-        routed_forward(q, k, v, o, lse, windows, rows, counts)
-        ctx.save_for_backward(q, k, v, o, lse, rows, counts)
-        ctx.windows = windows
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse, rows, counts = ctx.saved_tensors
-        (do,) = unit_last_dim(do)
-        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, do, ctx.windows, has_far=False,
-                                           routed=(rows, counts))
-        return dq, dk, dv, None, None
+@torch.library.custom_op(f"{OPS}::aha_forward", mutates_args=())
+def aha_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, window: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``o`` (B, H, T, d_h), its base-2 LSE (B*H, T) float32 and the routed rows and counts (:func:`route_rows`);
+    inputs validated by :func:`aha_attention`."""
+    check_spans("aha_attention", q, k, v)
+    windows = head_windows("aha_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
+    o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
+    rows, counts = route_rows(gate)
+    routed_forward(q, k, v, o, lse, windows, rows, counts)
+    return o, lse, rows, counts
 
 
-@torch.compiler.disable  # host-side launch logic: runs eagerly between compiled graphs
+@aha_forward.register_fake
+def _(q, k, v, gate, window):
+    B, H, T, _ = q.shape
+    return (new_heads(q), q.new_empty((B * H, T), dtype=torch.float32),
+            q.new_empty((B * H, T), dtype=torch.int32), q.new_empty((B * H,), dtype=torch.int32))
+
+
+@torch.library.custom_op(f"{OPS}::aha_backward", mutates_args=())
+def aha_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                 rows: torch.Tensor, counts: torch.Tensor, do: torch.Tensor, window: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dq, dk, dv`` of :func:`aha_forward` for the output gradient ``do`` (none for the gate: the module applies
+    the straight-through rule outside)."""
+    windows = head_windows("aha_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
+    dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), windows, has_far=False,
+                                       routed=(rows, counts))
+    return dq, dk, dv
+
+
+@aha_backward.register_fake
+def _(q, k, v, o, lse, rows, counts, do, window):
+    return new_heads(q), new_heads(k), new_heads(k)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, _, window = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.window = window
+    ctx.mark_non_differentiable(*output[2:])
+
+
+def _backward(ctx, do, _dlse, _drows, _dcounts):
+    return (*aha_backward(*ctx.saved_tensors, do, ctx.window), None, None)
+
+
+aha_forward.register_autograd(_backward, setup_context=_setup)
+
+
 def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
     """Row ``(b, h, i)`` is full causal attention if ``gate[b, h, i]`` else attention over keys ``i - j < window``.
 
@@ -55,7 +87,7 @@ def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
     bool (B, H, T), per query head, no gradient. Returns (B, H, T, d_h), scale ``1/sqrt(d_h)``. Far keys are read
     only for routed rows, in the forward and in the backward.
     """
-    kv_group = check_qkv("aha_attention", q, k=k, v=v)
+    check_qkv("aha_attention", q, k=k, v=v)
     B, H, T, _ = q.shape
     if gate.dtype != torch.bool or tuple(gate.shape) != (B, H, T):
         raise ValueError(f"aha_attention: gate must be a bool tensor of shape {(B, H, T)}, "
@@ -63,5 +95,5 @@ def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
     check_device("aha_attention", gate)
     if gate.device != q.device:
         raise ValueError(f"aha_attention: gate is on {gate.device} but q is on {q.device}")
-    windows = head_windows("aha_attention", window, H, T, q.device, kv_group=kv_group)
-    return AHAKernelFunction.apply(*unit_last_dim(q, k, v), gate.detach(), windows)
+    window = min(check_window("aha_attention", window), 2**30)
+    return aha_forward(*unit_last_dim(q, k, v), gate.detach(), window)[0]

@@ -1,32 +1,58 @@
-"""DAR two-path attention: local keys/values inside the window, the bottleneck's global ones beyond it."""
+"""DAR two-path attention: local keys/values inside the window, the bottleneck's global ones beyond it.
+
+Forward and backward are ``torch.library`` custom ops (``dar_forward``, ``dar_backward`` in the
+:data:`~kernels.runtime.OPS` namespace) with shape-only fake implementations: torch.compile traces through them.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from .banded import banded_backward, banded_forward
-from .runtime import check_qkv, head_windows, unit_last_dim
+from .runtime import OPS, check_qkv, check_spans, check_window, head_windows, new_heads, unit_last_dim
 
 
-class DARKernelFunction(torch.autograd.Function):
-    """Fused DAR attention; gradients for all five inputs. See :func:`dar_attention`."""
-
-    @staticmethod
-    def forward(ctx, q, k_loc, v_loc, k_glob, v_glob, windows):
-        o, lse = banded_forward(q, k_loc, v_loc, k_glob, v_glob, windows, has_local=True, has_far=True)
-        ctx.save_for_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse)
-        ctx.windows = windows
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k_loc, v_loc, k_glob, v_glob, o, lse = ctx.saved_tensors
-        (do,) = unit_last_dim(do)
-        grads = banded_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse, do, ctx.windows, has_far=True)
-        return (*grads, None)
+@torch.library.custom_op(f"{OPS}::dar_forward", mutates_args=())
+def dar_forward(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob: torch.Tensor,
+                v_glob: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``o`` (B, H, T, d_h) and its base-2 LSE (B*H, T) float32; inputs validated by :func:`dar_attention`."""
+    check_spans("dar_attention", q, k_loc, v_loc, k_glob, v_glob)
+    win = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k_loc.shape[1])
+    return banded_forward(q, k_loc, v_loc, k_glob, v_glob, win, has_local=True, has_far=True)
 
 
-@torch.compiler.disable  # host-side launch logic: runs eagerly between compiled graphs
+@dar_forward.register_fake
+def _(q, k_loc, v_loc, k_glob, v_glob, window):
+    B, H, T, _ = q.shape
+    return new_heads(q), q.new_empty((B * H, T), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{OPS}::dar_backward", mutates_args=())
+def dar_backward(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob: torch.Tensor,
+                 v_glob: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, window: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The gradients of all five inputs of :func:`dar_forward` for the output gradient ``do``."""
+    win = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k_loc.shape[1])
+    return banded_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse, *unit_last_dim(do), win, has_far=True)
+
+
+@dar_backward.register_fake
+def _(q, k_loc, v_loc, k_glob, v_glob, o, lse, do, window):
+    return new_heads(q), *(new_heads(k_loc) for _ in range(4))
+
+
+def _setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:5], *output)
+    ctx.window = inputs[5]
+
+
+def _backward(ctx, do, _dlse):
+    return (*dar_backward(*ctx.saved_tensors, do, ctx.window), None)
+
+
+dar_forward.register_autograd(_backward, setup_context=_setup)
+
+
 def dar_attention(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob: torch.Tensor,
                   v_glob: torch.Tensor, window: int) -> torch.Tensor:
     """Causal attention where pair ``(i, j)`` uses ``k_loc[j], v_loc[j]`` if ``i - j < window`` else
@@ -36,6 +62,6 @@ def dar_attention(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_g
     attention: query head ``h`` reads key/value head ``h // (H // H_kv)``); same dtype (float16/bfloat16/float32)
     and device. Returns (B, H, T, d_h).
     """
-    kv_group = check_qkv("dar_attention", q, k_loc=k_loc, v_loc=v_loc, k_glob=k_glob, v_glob=v_glob)
-    windows = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device, kv_group=kv_group)
-    return DARKernelFunction.apply(*unit_last_dim(q, k_loc, v_loc, k_glob, v_glob), windows)
+    check_qkv("dar_attention", q, k_loc=k_loc, v_loc=v_loc, k_glob=k_glob, v_glob=v_glob)
+    window = min(check_window("dar_attention", window), 2**30)
+    return dar_forward(*unit_last_dim(q, k_loc, v_loc, k_glob, v_glob), window)[0]

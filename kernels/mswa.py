@@ -1,45 +1,75 @@
-"""Sliding-window attention with one window per head (SWA when all windows are equal, MSWA otherwise)."""
+"""Sliding-window attention with one window per head (SWA when all windows are equal, MSWA otherwise).
+
+Forward and backward are ``torch.library`` custom ops (``mswa_forward``, ``mswa_backward`` in the
+:data:`~kernels.runtime.OPS` namespace) with shape-only fake implementations, so torch.compile traces a model
+through them without a graph break; the windows travel as a list of ints.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from .banded import banded_backward, banded_forward
-from .runtime import check_qkv, head_windows, unit_last_dim
+from .runtime import OPS, check_qkv, check_spans, head_windows, new_heads, unit_last_dim, window_values
 
 
-class MSWAKernelFunction(torch.autograd.Function):
-    """Per-head sliding-window attention (one launch per window group, or one for all heads). See
-    :func:`mswa_attention`."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, windows):
-        o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
-        ctx.save_for_backward(q, k, v, o, lse)
-        ctx.windows = windows
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
-        (do,) = unit_last_dim(do)
-        dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, do, ctx.windows, has_far=False)
-        return dq, dk, dv, None
+@torch.library.custom_op(f"{OPS}::mswa_forward", mutates_args=())
+def mswa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[int],
+                 group_by_window: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``o`` (B, H, T, d_h) and its base-2 LSE (B*H, T) float32; inputs validated by :func:`mswa_attention`."""
+    check_spans("mswa_attention", q, k, v)
+    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window,
+                       q.shape[1] // k.shape[1])
+    return banded_forward(q, k, v, k, v, win, has_local=True, has_far=False)
 
 
-@torch.compiler.disable  # host-side launch logic: runs eagerly between compiled graphs
-def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: torch.Tensor,
-                   group_by_window: bool = True) -> torch.Tensor:
+@mswa_forward.register_fake
+def _(q, k, v, windows, group_by_window):
+    B, H, T, _ = q.shape
+    return new_heads(q), q.new_empty((B * H, T), dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{OPS}::mswa_backward", mutates_args=())
+def mswa_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                  do: torch.Tensor, windows: list[int], group_by_window: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dq, dk, dv`` of :func:`mswa_forward` for the output gradient ``do``."""
+    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window,
+                       q.shape[1] // k.shape[1])
+    dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), win, has_far=False)
+    return dq, dk, dv
+
+
+@mswa_backward.register_fake
+def _(q, k, v, o, lse, do, windows, group_by_window):
+    return new_heads(q), new_heads(k), new_heads(k)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, windows, group_by_window = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.windows, ctx.group_by_window = windows, group_by_window
+
+
+def _backward(ctx, do, _dlse):
+    return (*mswa_backward(*ctx.saved_tensors, do, ctx.windows, ctx.group_by_window), None, None)
+
+
+mswa_forward.register_autograd(_backward, setup_context=_setup)
+
+
+def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows, group_by_window: bool = True
+                   ) -> torch.Tensor:
     """Causal attention where query head ``h`` sees keys with ``i - j < windows[h]``, scale ``1/sqrt(d_h)``.
 
     ``q``: (B, H, T, d_h); ``k, v``: (B, H_kv, T, d_h) with H_kv dividing H (grouped-query attention: query head
-    ``h`` reads key/value head ``h // (H // H_kv)``); ``windows``: integer tensor (H,), one per query head, each
-    >= 0 (a row with no key gives zeros), best on the CPU: the kernels read it on the host (a CUDA tensor costs a
-    device synchronization). Each program starts its key loop at its own head's window, so work scales with the
-    sum of the windows. ``group_by_window``: one launch per group of heads with similar windows, each with its own
-    tuned tile, groups tuned to the same tile merged (default); ``False``: all heads in one launch with one tile
-    shape (kept to measure the choice).
+    ``h`` reads key/value head ``h // (H // H_kv)``); ``windows``: one int per query head (a list, or an integer
+    tensor (H,) read on the host, best on the CPU), or one int for every head, each >= 0 (a row with no key gives
+    zeros). Each program starts its key loop at its own head's window, so work scales with the sum of the
+    windows. ``group_by_window``: one launch per group of heads with similar windows, each with its own tuned tile,
+    groups tuned to the same tile merged (default); ``False``: all heads in one launch with one tile shape (kept to
+    measure the choice).
     """
-    kv_group = check_qkv("mswa_attention", q, k=k, v=v)
-    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window, kv_group)
-    return MSWAKernelFunction.apply(*unit_last_dim(q, k, v), win)
+    check_qkv("mswa_attention", q, k=k, v=v)
+    values = window_values("mswa_attention", windows, q.shape[1])
+    return mswa_forward(*unit_last_dim(q, k, v), values, group_by_window)[0]

@@ -20,6 +20,10 @@ from triton import knobs
 INTERPRET: bool = bool(knobs.runtime.interpret)
 """True when this process imported the kernels under ``TRITON_INTERPRET=1`` (CPU interpreter)."""
 
+OPS = "neox_dar" if __package__ == "neox_dar.kernels" else "neox_dar_checkout"
+"""The ``torch.library`` namespace of the kernels' custom ops (``torch.ops.neox_dar.mswa_forward``): the installed
+package's; a checkout's top-level ``kernels`` folder registers its own, so both can live in one process."""
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 # Tiles. The interpreter runs every program serially in numpy: 16 x 16 tiles keep the tests fast and make
@@ -157,11 +161,8 @@ def check_qkv(fn: str, q: torch.Tensor, **kv: torch.Tensor) -> int:
         raise ValueError(f"{fn}: need 1 <= T and d_h <= 256, got shape {tuple(q.shape)}")
     if B * H > 65535:
         raise ValueError(f"{fn}: batch x heads = {B * H} exceeds the 65535 programs of a grid axis; split the batch")
-    spans = [t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
-             for t in (q, *kv.values())]
-    if max(spans) >= 2**31 or B * H * T * D >= 2**31:
-        raise ValueError(f"{fn}: tensors spanning 2**31 or more elements are unsupported (int32 offsets); "
-                         "split the batch")
+    if B * H * T * D >= 2**31:
+        raise ValueError(f"{fn}: tensors of 2**31 or more elements are unsupported (int32 offsets); split the batch")
     check_device(fn, q)
     first = next(iter(kv))
     h_kv = kv[first].shape[1] if kv[first].dim() == 4 else 0
@@ -176,6 +177,15 @@ def check_qkv(fn: str, q: torch.Tensor, **kv: torch.Tensor) -> int:
     if h_kv == 0 or H % h_kv:
         raise ValueError(f"{fn}: key/value heads ({h_kv}) must divide query heads ({H})")
     return H // h_kv
+
+
+def check_spans(fn: str, *tensors: torch.Tensor) -> None:
+    """The kernels address with int32 offsets: each tensor's storage span (offset and strides, which only the eager
+    tensors a custom op receives have; checked there) must stay under 2**31 elements."""
+    for t in tensors:
+        if t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) >= 2**31:
+            raise ValueError(f"{fn}: tensors spanning 2**31 or more elements are unsupported (int32 offsets); "
+                             "split the batch")
 
 
 def check_window(fn: str, window) -> int:
@@ -253,27 +263,34 @@ def _grouped_windows(values: tuple[int, ...], t_bucket: int, device: torch.devic
     return HeadWindows(int32(values), groups, {})
 
 
-def head_windows(fn: str, windows: torch.Tensor | int, num_heads: int, seq_len: int, device: torch.device,
-                 group_by_window: bool = True, kv_group: int = 1) -> HeadWindows:
-    """Validate per-head windows (an int for every query head, or an integer tensor (H,)), place them on
-    ``device`` and group the key/value heads (``kv_group`` query heads each) by tune bucket (or, without
-    ``group_by_window``, all in one group tuned for the largest window).
-
-    Windows are read on the host: a CPU tensor (or an int) costs nothing; a CUDA tensor costs one device
-    synchronization per call. Values are clamped to 2**30 (beyond any sequence).
-    """
+def window_values(fn: str, windows, num_heads: int) -> list[int]:
+    """Validated per-query-head windows as Python ints, each clamped to 2**30 (beyond any sequence): ``windows`` an
+    int (every head), a list/tuple of ints or an integer tensor (H,). A tensor is read on the host: a CPU tensor
+    costs nothing, a CUDA tensor a device synchronization (and, under torch.compile, a graph break)."""
     if isinstance(windows, torch.Tensor):
         if windows.dim() != 1 or windows.shape[0] != num_heads:
             raise ValueError(f"{fn}: windows must have shape ({num_heads},), got {tuple(windows.shape)}")
         if windows.dtype.is_floating_point or windows.dtype == torch.bool:
             raise TypeError(f"{fn}: windows must be an integer tensor, got {windows.dtype}")
         values = windows.tolist()
-        if min(values) < 0:
-            raise ValueError(f"{fn}: every window must be >= 0, got {values}")
+    elif isinstance(windows, (list, tuple)):
+        if len(windows) != num_heads:
+            raise ValueError(f"{fn}: windows must hold one window per query head ({num_heads}), got {len(windows)}")
+        values = [check_window(fn, w) for w in windows]
     else:
         values = [check_window(fn, windows)] * num_heads
-    return _grouped_windows(tuple(min(v, 2**30) for v in values), seq_bucket(seq_len), device, group_by_window,
-                            kv_group)
+    if min(values) < 0:
+        raise ValueError(f"{fn}: every window must be >= 0, got {values}")
+    return [min(v, 2**30) for v in values]
+
+
+def head_windows(fn: str, windows, num_heads: int, seq_len: int, device: torch.device,
+                 group_by_window: bool = True, kv_group: int = 1) -> HeadWindows:
+    """Validate per-head windows (:func:`window_values`), place them on ``device`` and group the key/value heads
+    (``kv_group`` query heads each) by tune bucket (or, without ``group_by_window``, all in one group tuned for the
+    largest window); built once per distinct argument set (cached)."""
+    return _grouped_windows(tuple(window_values(fn, windows, num_heads)), seq_bucket(seq_len), device,
+                            group_by_window, kv_group)
 
 
 def tile_of(config: triton.Config) -> tuple[int, int, int, int]:

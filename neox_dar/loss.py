@@ -108,6 +108,30 @@ def _sum_and_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     return total, grad_hidden, grad_weight
 
 
+@torch.library.custom_op("neox_dar::fused_linear_cross_entropy", mutates_args=())
+def _fused_sum_and_grads(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int,
+                         need_hidden: bool, need_weight: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`_sum_and_grads` through the kernel, as a custom op (torch.compile calls it whole: it launches a
+    Triton kernel per chunk and writes into its own buffers); a gradient not asked for is an empty tensor."""
+    total, grad_hidden, grad_weight = _sum_and_grads(hidden, weight, targets, rows, need_hidden, need_weight, True)
+    return (total, hidden.new_empty(0) if grad_hidden is None else grad_hidden,
+            weight.new_empty(0, dtype=torch.float32) if grad_weight is None else grad_weight)
+
+
+@_fused_sum_and_grads.register_fake
+def _(hidden, weight, targets, rows, need_hidden, need_weight):
+    return (hidden.new_empty((), dtype=torch.float32), hidden.new_empty(hidden.shape if need_hidden else 0),
+            weight.new_empty(weight.shape if need_weight else 0, dtype=torch.float32))
+
+
+def _sum_and_grads_on(hidden, weight, targets, rows, need_hidden, need_weight, fused):
+    """:func:`_sum_and_grads`, through the custom op when ``fused``."""
+    if not fused:
+        return _sum_and_grads(hidden, weight, targets, rows, need_hidden, need_weight, False)
+    total, grad_hidden, grad_weight = _fused_sum_and_grads(hidden, weight, targets, rows, need_hidden, need_weight)
+    return total, grad_hidden if need_hidden else None, grad_weight if need_weight else None
+
+
 class _LinearCrossEntropySum(torch.autograd.Function):
     """``sum_i CE(hidden_i @ W^T, targets_i)`` over the non-ignored targets, chunk by chunk, with the gradients
     computed in the forward (see the module docstring)."""
@@ -115,8 +139,8 @@ class _LinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, rows: int,
                 fused: bool) -> torch.Tensor:
-        total, grad_hidden, grad_weight = _sum_and_grads(hidden, weight, targets, rows, *ctx.needs_input_grad[:2],
-                                                         fused)
+        total, grad_hidden, grad_weight = _sum_and_grads_on(hidden, weight, targets, rows,
+                                                            *ctx.needs_input_grad[:2], fused)
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.dtypes = hidden.dtype, weight.dtype
         return total
@@ -145,7 +169,7 @@ def linear_cross_entropy_sum(hidden: torch.Tensor, weight: torch.Tensor, targets
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         return _LinearCrossEntropySum.apply(hidden, weight, targets, rows, fused)
-    return _sum_and_grads(hidden, weight, targets, rows, False, False, fused)[0]  # validation: the loss alone
+    return _sum_and_grads_on(hidden, weight, targets, rows, False, False, fused)[0]  # validation: the loss alone
 
 
 @torch.no_grad()

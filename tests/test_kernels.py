@@ -273,20 +273,62 @@ def test_grouped_query_attention_matches_reference(variant, B, H, Hkv, T, D):
     check_against_reference(out, [q, *kv], ref, torch.float32, f"{variant} gqa H={H} H_kv={Hkv}")
 
 
-def test_kernels_inside_torch_compile_run_eagerly_between_graphs():
-    """A model compiled with torch.compile (``torch_compile: true``) calls the kernels as opaque eager calls: dynamo
-    does not trace their launch logic (under the interpreter it used to trace into Triton itself and fail)."""
-    torch.manual_seed(1)
-    inputs = leaves(5, (1, 2, 24, 16), torch.float32)
-    compiled = torch.compile(lambda *x: dar_attention(*x, 5) * 2.0, backend="eager")
-    out = compiled(*inputs)
-    out.sum().backward()
-    grads = [t.grad.clone() for t in inputs]
-    for t in inputs:
-        t.grad = None
-    ref = dar_attention(*inputs, 5) * 2.0
-    ref.sum().backward()
-    assert torch.equal(out, ref) and all(torch.equal(g, t.grad) for g, t in zip(grads, inputs))
+def kernel_ops():
+    """Each kernel's forward and backward custom op with arguments (small, random; the gate routes ~40%)."""
+    from kernels.aha import aha_backward, aha_forward
+    from kernels.dar import dar_backward, dar_forward
+    from kernels.mswa import mswa_backward, mswa_forward
+
+    torch.manual_seed(6)
+    x = lambda: torch.randn(1, 2, 20, 16, device=DEVICE)  # noqa: E731
+    q, k, v, kg, vg, do = (x() for _ in range(6))
+    gate = torch.rand(1, 2, 20, device=DEVICE) < 0.4
+    mswa_o, mswa_lse = mswa_forward(q, k, v, [4, 9], True)
+    dar_o, dar_lse = dar_forward(q, k, v, kg, vg, 5)
+    aha_out = aha_forward(q, k, v, gate, 5)
+    return {"mswa_forward": (mswa_forward, (q, k, v, [4, 9], True)),
+            "mswa_backward": (mswa_backward, (q, k, v, mswa_o, mswa_lse, do, [4, 9], True)),
+            "dar_forward": (dar_forward, (q, k, v, kg, vg, 5)),
+            "dar_backward": (dar_backward, (q, k, v, kg, vg, dar_o, dar_lse, do, 5)),
+            "aha_forward": (aha_forward, (q, k, v, gate, 5)),
+            "aha_backward": (aha_backward, (q, k, v, aha_out[0], aha_out[1], aha_out[2], aha_out[3], do, 5))}
+
+
+def test_kernels_are_custom_ops_whose_fakes_and_autograd_pass_opcheck():
+    """torch.library.opcheck: schema, autograd registration, the fake implementation's shapes, strides and dtypes
+    against the real outputs, and AOT dispatch with dynamic shapes (what torch.compile relies on)."""
+    for name, (op, args) in kernel_ops().items():
+        inputs = [a.clone().requires_grad_(a.is_floating_point() and name.endswith("forward"))
+                  if isinstance(a, torch.Tensor) else a for a in args]
+        result = torch.library.opcheck(op, inputs)
+        assert set(result.values()) == {"SUCCESS"}, (name, result)
+
+
+@pytest.mark.filterwarnings("ignore:MSWA")
+@pytest.mark.parametrize("attention_type,window", [("dar", 5), ("swa", 6), ("mswa", 8), ("aha", 6)])
+def test_tiny_model_on_the_kernels_compiles_in_one_graph_and_matches_eager(attention_type, window):
+    """The model on ``attention_impl: triton`` under torch.compile(fullgraph=True): no graph break at the kernels
+    (custom ops), the same loss and every parameter's gradient as eager."""
+    cfg = load_config(TINY, overrides=(f"attention_type={attention_type}", f"window_size={window}",
+                                       "attention_impl=triton", "precision=fp32", "num_layers=2")).model
+    torch.manual_seed(0)
+    model = build_model(cfg).to(DEVICE).train()
+    tokens = torch.randint(0, cfg.vocab_size, (2, 29), device=DEVICE)
+
+    def step(fn):
+        model.zero_grad(set_to_none=True)
+        loss = fn(tokens[:, :-1], tokens[:, 1:])
+        aux = model.aux_loss()
+        (loss + (aux if aux is not None else 0.0)).backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    eager_loss, eager_grads = step(model)
+    torch._dynamo.reset()
+    loss, grads = step(torch.compile(model, backend="aot_eager", fullgraph=True))
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == eager_grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, eager_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ------------------------------------------------------------------------------------------------ the loss
@@ -352,6 +394,31 @@ def test_fused_linear_cross_entropy_matches_the_full_logits_loss(dtype, rows):
     per = linear_token_nll(hidden.detach(), weight.detach(), targets, rows=rows, fused=True)
     ref_per = F.cross_entropy(F.linear(*[t.detach() for t in exact]), targets, ignore_index=-100, reduction="none")
     assert per.dtype == torch.float32 and rel_err(per, ref_per) < tol and per[::7].eq(0).all()
+
+
+def test_fused_loss_is_a_custom_op_that_compiles_in_one_graph():
+    from neox_dar.loss import _fused_sum_and_grads, linear_cross_entropy_sum
+
+    torch.manual_seed(4)
+    N, d, V = 40, 16, loss_vocab()
+    hidden = torch.randn(N, d, device=DEVICE, requires_grad=True)
+    weight = torch.randn(V, d, device=DEVICE, requires_grad=True)
+    targets = torch.randint(0, V, (N,), device=DEVICE)
+    targets[::5] = -100
+    for need in [(True, True), (True, False), (False, False)]:
+        result = torch.library.opcheck(_fused_sum_and_grads, (hidden.detach(), weight.detach(), targets, 16, *need),
+                                       test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+        assert set(result.values()) == {"SUCCESS"}, (need, result)
+    eager = linear_cross_entropy_sum(hidden, weight, targets, rows=16, fused=True)
+    eager.backward()
+    expected = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    torch._dynamo.reset()
+    loss = torch.compile(lambda h, w: linear_cross_entropy_sum(h, w, targets, rows=16, fused=True),
+                         backend="aot_eager", fullgraph=True)(hidden, weight)
+    loss.backward()
+    torch.testing.assert_close(loss, eager)
+    torch.testing.assert_close((hidden.grad, weight.grad), expected)
 
 
 # ------------------------------------------------------------------------------------------------ errors

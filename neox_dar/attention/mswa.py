@@ -36,8 +36,7 @@ class MSWAAttention(MSWASpec, WindowedLayer, Attention):
         impl = self.resolved_impl(q.device)
         T = q.shape[-2]
         if impl == "triton":  # reads the H_kv key/value heads directly
-            windows = torch.tensor(self.windows)  # on the CPU: the kernel reads it without a device sync
-            return triton_kernels(q.device).mswa_attention(q, k, v, windows)
+            return triton_kernels(q.device).mswa_attention(q, k, v, list(self.windows))
         k, v = self.expand_kv(k, v)
         if impl == "reference":
             allowed = torch.stack([window_mask(T, w, q.device) for w in self.windows])  # (H, T, T)

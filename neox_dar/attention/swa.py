@@ -33,8 +33,7 @@ class SWAAttention(SWASpec, WindowedLayer, Attention):
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         impl = self.resolved_impl(q.device)
         if impl == "triton":  # reads the H_kv key/value heads directly
-            windows = torch.full((self.num_heads,), self.window)  # on the CPU: read without a device sync
-            return triton_kernels(q.device).mswa_attention(q, k, v, windows)
+            return triton_kernels(q.device).mswa_attention(q, k, v, self.window)
         k, v = self.expand_kv(k, v)
         if impl == "reference":
             return masked_attention(q, k, v, window_mask(q.shape[-2], self.window, q.device))

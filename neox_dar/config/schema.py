@@ -231,7 +231,12 @@ class TrainingConfig:
     lora: Optional[LoraConfig] = setting(
         None, "LoRA adapters (peft) on target_modules: r, alpha, dropout, target_modules; the base weights freeze "
         "(trainable_params adds more), checkpoints' model.safetensors hold the merged weights.")
-    torch_compile: bool = setting(False, "Compile the model with torch.compile.")
+    torch_compile: bool = setting(
+        False, "Compile the model with torch.compile (DeepSpeed's engine.compile); the Triton attention kernels "
+        "and the loss are traced without a graph break.")
+    torch_compile_backend: Literal["inductor", "aot_eager", "eager"] = setting(
+        "inductor", "torch.compile's backend with torch_compile: inductor (fused kernels, the fast one), aot_eager "
+        "or eager (trace only, for debugging).")
 
     @property
     def warmup_iters(self) -> int:

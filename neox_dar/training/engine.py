@@ -108,5 +108,5 @@ def build_engine(cfg: Config, info: DistInfo, prepare: Callable[[CausalLM], None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg, info.world_size))
     if cfg.training.torch_compile:
-        engine.compile()
+        engine.compile(backend=cfg.training.torch_compile_backend)
     return engine, model, flops

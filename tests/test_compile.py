@@ -1,0 +1,72 @@
+"""torch.compile over the whole model: every registered variant traces in one graph (``fullgraph=True``: forward,
+the chunked loss, AHA's straight-through router and auxiliary loss, backward) and trains to the same losses and
+parameters as eager; ``torch_compile: true`` in train.py likewise. The Triton kernel path of the same check runs
+in tests/test_kernels.py (the interpreter there, compiled on a GPU).
+
+Backend ``aot_eager``: dynamo's graph capture and AOT autograd's joint graph as inductor receives them, run by eager
+kernels (inductor's C++ build of the CPU graphs takes minutes on two cores; the GPU kit runs inductor).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from neox_dar.attention import registry
+from neox_dar.model import build_model
+
+from builders import attention_config
+from trainrun import losses, train
+
+VARIANTS = list(registry.variants())
+# Every variant's reference path, and the sdpa paths that differ from it in the code they trace (training on a GPU
+# without Triton). AHA on sdpa gathers the (batch, head) slices that route a row through each path (.nonzero():
+# shapes that depend on the data), which dynamo cannot trace in one graph; its reference and Triton paths trace.
+PATHS = [(v, "reference") for v in VARIANTS] + [(v, "sdpa") for v in ("vanilla", "dar", "mswa")]
+
+
+def train_steps(model, steps: int = 2) -> list[float]:
+    """``steps`` AdamW steps on fixed random batches: the loss (+ the variant's aux loss) of each."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(4)
+    out = []
+    for _ in range(steps):
+        tokens = torch.randint(0, model.cfg.vocab_size, (2, 25), generator=gen)
+        loss = model(tokens[:, :-1], tokens[:, 1:])
+        aux = model.aux_loss()
+        total = loss + (aux if aux is not None else 0.0)
+        total.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(total.item())
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:MSWA")
+@pytest.mark.parametrize("variant,impl", PATHS, ids=[f"{v}-{i}" for v, i in PATHS])
+def test_every_variant_compiles_in_one_graph_and_trains_as_eager(variant, impl):
+    cfg = attention_config(variant, impl, window_size=6, num_layers=2)
+    torch.manual_seed(0)
+    eager = build_model(cfg).train()
+    compiled_model = build_model(cfg).train()
+    compiled_model.load_state_dict(eager.state_dict())
+    torch._dynamo.reset()
+    compiled = torch.compile(compiled_model, backend="aot_eager", fullgraph=True)
+    compiled.cfg, compiled.aux_loss = compiled_model.cfg, compiled_model.aux_loss
+    expected = train_steps(eager)
+    got = train_steps(compiled)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(eager.named_parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:MSWA")
+def test_train_py_torch_compile_trains_mswa_to_the_eager_losses(tmp_path, tokenized_sample):
+    """``torch_compile=true`` (DeepSpeed's engine.compile with the configured backend): the same loss at every
+    logged step as the eager run of the same config, MSWA (per-head windows) on the sdpa path."""
+    common = ("configs/attention/mswa.yml", "train_iters=4", "checkpoint_factor=4", "eval_interval=4")
+    train(tmp_path / "eager", tokenized_sample, *common)
+    train(tmp_path / "compiled", tokenized_sample, *common, "torch_compile=true", "torch_compile_backend=aot_eager")
+    eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
+    assert list(eager) == [1, 2, 3, 4] and compiled.keys() == eager.keys()
+    assert compiled == pytest.approx(eager, rel=1e-5)
