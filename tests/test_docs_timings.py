@@ -126,3 +126,51 @@ def test_dimpo_docs_memory_table_is_the_result_file():
                f"{r['fit_minus_model_mb']:.0f} | {r['train_copy_gb']:.1f} / {r['test_copy_gb']:.1f} |")
         assert row in docs, f"docs/dimpo.md lacks the row {row}"
     assert f"measured at commit {record['git_commit'][:7]}" in " ".join(docs.split())
+
+
+GPU_RUN = ROOT / "bench" / "results" / "gpu-h200-2026-11-27-fused-loss"
+
+
+def thousands(tokens_per_sec: float) -> str:
+    return f"{tokens_per_sec / 1e3:.1f}k"
+
+
+def test_training_docs_gpu_table_is_the_h200_result_files():
+    """docs/training.md's GPU speed table: every tokens/s, MFU and ratio is its committed H200 result file's."""
+    docs = (ROOT / "docs" / "training.md").read_text()
+    engine = {p.stem.removeprefix("tp_"): json.loads(p.read_text())["engine"] for p in GPU_RUN.glob("tp_*.json")}
+    assert set(engine) == {"vanilla", "mswa", "dar", "aha", "vanilla_compile", "mswa_compile"}
+    rows = {"vanilla": "| vanilla (sdpa) |", "mswa": "| MSWA (triton) |", "dar": "| DAR (triton) |",
+            "aha": "| AHA, 10% routed (triton) |", "vanilla_compile": "| vanilla (sdpa), `torch_compile: true` |",
+            "mswa_compile": "| MSWA (triton), `torch_compile: true` |"}
+    for name, label in rows.items():
+        (row,) = [line for line in docs.splitlines() if line.startswith(label)]
+        baseline = engine["vanilla_compile" if name.endswith("compile") else "vanilla"]["tokens_per_sec"]
+        assert thousands(engine[name]["tokens_per_sec"]) in row, (name, row)
+        assert f"{engine[name]['tokens_per_sec'] / baseline:.3f}" in row or name.startswith("vanilla"), (name, row)
+        if name.startswith("vanilla"):
+            assert f"MFU {100 * engine[name]['mfu']:.1f}%" in row, (name, row)
+    before = json.loads((ROOT / "bench/results/gpu-h200-2026-11-27/train_throughput.json").read_text())["runs"]
+    for run in before:
+        label = rows[run["config"]["attention_type"]]
+        (row,) = [line for line in docs.splitlines() if line.startswith(label)]
+        assert f"| {thousands(run['engine']['tokens_per_sec'])}" in row, (label, row)
+
+
+def test_readme_gpu_sentence_is_the_h200_result_files():
+    engine = {p.stem.removeprefix("tp_"): json.loads(p.read_text())["engine"] for p in GPU_RUN.glob("tp_*.json")}
+    v, vc = engine["vanilla"], engine["vanilla_compile"]
+    text = " ".join(README.split())
+    assert (f"{thousands(v['tokens_per_sec'])} tokens/s (MFU {100 * v['mfu']:.1f}%) with vanilla attention, "
+            f"{thousands(vc['tokens_per_sec'])} ({100 * vc['mfu']:.1f}%)") in text
+    for name, label in [("mswa", "MSWA at"), ("aha", "AHA"), ("dar", "DAR")]:
+        assert f"{label} {engine[name]['tokens_per_sec'] / v['tokens_per_sec']:.3f}x" in text, name
+
+
+def test_training_docs_loss_table_is_the_h200_loss_file():
+    docs = (ROOT / "docs" / "training.md").read_text()
+    ways = json.loads((GPU_RUN / "loss_speed.json").read_text())["ways"]
+    for key, label in [("fused rows=5336", "| fused (the Triton kernel"), ("chunked rows=166", "| chunked by PyTorch"),
+                       ("plain", "| full float32 logits")]:
+        (row,) = [line for line in docs.splitlines() if line.startswith(label)]
+        assert row.endswith(f"| {1e3 * ways[key]['seconds']:.1f} ms | {ways[key]['launches']:,} |"), (key, row)
