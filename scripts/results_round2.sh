@@ -256,7 +256,8 @@ for run in reused:
     if run in meta["runs"] and not meta["runs"][run].get("trained_with"):
         meta["runs"][run].update({k: first[run][k] for k in ("step", "trained_with", "saved_at")},
                                  reused_from=f"results/replicate-cpu/runs/{run}")
-(out / "provenance.json").write_text(json.dumps(meta, indent=1) + "\n")
+# repository-relative paths: publish records the command that ran it by the script's absolute path
+(out / "provenance.json").write_text(json.dumps(meta, indent=1).replace(str(Path.cwd()) + "/", "") + "\n")
 # repository-relative paths: the copied configs (save) and evaluations (checkpoint) name the run directories by
 # absolute path on the machine that trained them
 # (round 1's reused runs: under its worktrees /work/repl and /work/repl2, provenance.json of results/replicate-cpu)
@@ -284,6 +285,7 @@ files["data/byte_tokenizer.json"] = sha("data/byte_tokenizer.json")
             "the repository's root (the runs trained under it, in runs/)",
     "sha256": files}, indent=1) + "\n")
 EOF
+  "$PY" scripts/results_round2_figures.py results/results-round2
 }
 
 PUBLISH_COMMAND="bash scripts/results_round2.sh (from the repository root; data from ../shared/data, as scripts/replicate.sh --cpu): python -m neox_dar.sweep configs/sweeps/results-round2.yml plan --out runs/results-round2, then two workers, OMP_NUM_THREADS=1 each, each run: python -m neox_dar.sweep configs/sweeps/results-round2.yml run --local --out runs/results-round2 --only RUN (train.py RUN/config.yml, then python -m neox_dar.sweep.evaluate RUN with the sweep's eval: arguments); round 1's runs (reused_from) copied from results/replicate-cpu/runs"
