@@ -6,9 +6,9 @@ math), ``sdpa_path`` (the model's SDPA path for the variant), ``sdpa_causal`` (p
 ``scaled_dot_product_attention`` forced to the flash backend, same q/k/v shapes: the speed of light for dense causal
 attention) and ``flex`` (``flex_attention`` compiled, with the variant's mask; block-mask build not timed; DAR
 over its two key sets concatenated, ``2T`` keys, the concatenation timed as part of the method; compiled once for
-the whole run, and reaching dynamo's recompile limit is an error, not a silent fall back to uncompiled flex). MSWA
-is timed over the four layer groups of the SPEC's window table (base ``w``: windows ``w/16 .. 4w``), every other
-method likewise four times, and summed.
+the whole run, and reaching dynamo's recompile limit is an error, not a silent fall back to uncompiled flex). SWA is
+the MSWA kernel with every head's window ``w``, one call. MSWA is timed over the four layer groups of the SPEC's
+window table (base ``w``: windows ``w/16 .. 4w``), every other method likewise four times, and summed.
 
 Fairness: every method gets q/k/v as the model makes them (strided views of a fused projection) and ends as the
 model's attention does (``o.transpose(1, 2).reshape(B, T, H * d_h)``, whose backward hands a strided ``do``); each
@@ -21,7 +21,8 @@ The JSON records which flash kernels SDPA ran (profiler names) and PyTorch's act
 
 Modes:
   python bench/attention.py                      # CUDA (the target). Defaults: bf16, B=8, H=12, d_h=64,
-                                                 #   T in {2048, 8192}, w=128, AHA 10% rows routed global
+                                                 #   T in {2048, 8192}, w=128, DAR, SWA, MSWA, AHA (10% of
+                                                 #   rows routed global)
   python bench/attention.py --interpret          # CPU smoke run under TRITON_INTERPRET=1, tiny shapes;
                                                  #   timings are the interpreter's, NOT GPU performance
   python bench/attention.py --compile-only       # no GPU needed: compile every kernel for sm_90a and report
@@ -54,7 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--compile-filter", nargs="+", default=[""],
                    help="--compile-only: only kernels whose name contains one of these")
     p.add_argument("--compile-configs", type=int, default=2, help="--compile-only: autotune configs per kernel")
-    p.add_argument("--kernels", nargs="+", default=["dar", "mswa", "aha"], choices=["dar", "mswa", "aha"])
+    p.add_argument("--kernels", nargs="+", default=["dar", "swa", "mswa", "aha"], choices=["dar", "swa", "mswa", "aha"],
+                   help="swa: the MSWA kernel with every head at --window, one layer")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--head-dim", type=int, default=64)
@@ -272,6 +274,16 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
 
             flex = [flex_fn(window_mask_mod(torch.tensor(row, device=device)), None) for row in table]
             methods["flex"] = layers(lambda q, k, v, n: flex[n](q, k, v))
+    elif name == "swa":
+        inputs = [qkv]
+        methods = {"triton": lambda q, k, v: kernels.mswa_attention(q, k, v, w),
+                   "reference": lambda q, k, v: masked_attention(q, k, v, window_mask(T, w, device)),
+                   "sdpa_path": lambda q, k, v: windowed_sdpa(q, k, v, w),
+                   "sdpa_causal": sdpa_causal}
+        if "flex" in args.methods:
+            flex = flex_fn(lambda b, h, qi, ki: (qi >= ki) & (qi - ki < w), None)
+            methods["flex"] = lambda q, k, v: flex(q, k, v)
+        methods = {m: (lambda f: lambda x: merged(f(*heads(x, 3))))(f) for m, f in methods.items()}
     else:  # aha
         gate = (torch.rand(B, H, T, generator=gen) < args.aha_frac).to(device)
         inputs = [qkv, gate]  # the gate rides along so batch chunks slice it

@@ -4,7 +4,7 @@ read per generated token, and decode tokens/s, at several contexts and batch siz
     python bench/decode.py [CONFIG ...] [key=value ...] [--variants vanilla,swa,mswa,aha,dar,uniform,linear]
         [--contexts 2048,8192,32768] [--batches 1,16] [--steps 4] [--warmup 1] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--aha-mu-f 0.1] [--threads N] [--out bench/results/decode_<device>.json]
-        [--markdown] [--preset mswa-fig3|mswa-fig3-cpu|dimpo-table4|dimpo-table4-cpu]
+        [--markdown] [--preset pythia-160m|mswa-fig3|mswa-fig3-cpu|dimpo-table4|dimpo-table4-cpu]
 
 Default model: ``configs/pythia-14m.yml`` with 4 layers (d 128, 4 heads of 32: MSWA's 4 x 4 window table is the
 paper's), ``window_size: 128``, DAR/uniform ``d_down = d/4`` (``dar-latent``: DAR with ``dar_inference_cache: latent``),
@@ -29,6 +29,9 @@ median over the positions 500, 1,000, 1,500 and 2,000).
 
 Presets (:data:`PRESETS`; options given on the command line replace a preset's):
 
+- ``pythia-160m``: the GPU kit's decode step (scripts/gpu_check.sh): Pythia-160M's shape (12 layers, 12 heads of 64),
+  ``window_size: 128``, vanilla, SWA, MSWA, AHA, DAR and DAR's latent cache at contexts 8,192 and 32,768, batch 16,
+  bfloat16 on a GPU, 20 timed steps after 3 warm-up steps.
 - ``mswa-fig3``: MSWA Fig. 3 (Sec. 5.3, Appendix B.2.3): 32 layers, 16 heads of 64 (d 1,024), positions 500, 1,000,
   1,500, 2,000 of a 2,048-token sequence, batches 8 to 512, vanilla, SWA and MSWA at base windows 128 and 512
   (the paper names none), bfloat16 on a GPU (FlashAttention in the paper; here the project's ``sdpa`` decode).
@@ -76,6 +79,9 @@ _MSWA_FIG3 = ["configs/pythia-410m.yml", "num_layers=32", "seq_length=2048", "ma
 _FIG3_VARIANTS = "vanilla,swa@128,mswa@128,swa@512,mswa@512"
 _LLAMA_1B = ["configs/llama-3.2-1b.yml", "max_position_embeddings=8192"]
 PRESETS = {  # name: options (the module docstring says what each reproduces)
+    "pythia-160m": {"config": ["configs/pythia-160m.yml", "window_size=128", "max_position_embeddings=65536"],
+                    "variants": "vanilla,swa,mswa,aha,dar,dar-latent", "contexts": "8192,32768", "batches": "16",
+                    "dtype": "bfloat16", "steps": 20, "warmup": 3},
     "mswa-fig3": {"config": _MSWA_FIG3, "variants": _FIG3_VARIANTS, "contexts": "500,1000,1500,2000",
                   "batches": "8,16,64,128,256,512", "dtype": "bfloat16", "device": "cuda"},
     "mswa-fig3-cpu": {"config": [*_MSWA_FIG3, "num_layers=4"], "variants": _FIG3_VARIANTS,
@@ -86,7 +92,7 @@ PRESETS = {  # name: options (the module docstring says what each reproduces)
                          "contexts": "4096,8192", "batches": "1", "dtype": "float32", "device": "cpu"},
 }
 DEFAULTS = {"config": DEFAULT_CONFIG, "variants": ",".join(VARIANTS), "contexts": "2048,8192,32768", "batches": "1,16",
-            "dtype": "float32", "device": "cuda" if torch.cuda.is_available() else "cpu"}
+            "dtype": "float32", "device": "cuda" if torch.cuda.is_available() else "cpu", "steps": 4, "warmup": 1}
 
 
 class FixedGate(nn.Module):
@@ -176,11 +182,14 @@ def run(args) -> dict:
                 formula = (sum(m.kv_cache_per_token(C) for m in model.attention_modules()) * C
                            * torch.finfo(dtype).bits / 8)
                 step_s = statistics.median(times)
+                q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s] * 3
                 rows.append({"variant": v, "context": C, "batch": B,
                              "cache_bytes_per_sequence": cache.nbytes() / B,
                              "describe_bytes_per_sequence": formula,
                              "kv_bytes_read_per_token": kv_bytes_read(model, cache, gates, C),
                              "step_ms_median": 1e3 * step_s, "step_ms_all": [1e3 * t for t in times],
+                             "step_ms_spread": {"min": 1e3 * min(times), "q1": 1e3 * q[0], "q3": 1e3 * q[2],
+                                                "max": 1e3 * max(times)},
                              "decode_tokens_per_s": B / step_s,
                              **({"mu_f": gates.float().mean().item()} if gates is not None else {})})
                 print(_line(rows[-1]), flush=True)
@@ -214,9 +223,11 @@ def run(args) -> dict:
 
 
 def _line(r: dict) -> str:
+    spread = r["step_ms_spread"]
     return (f"{r['variant']:>8} C={r['context']:>6} B={r['batch']:>3}: cache {r['cache_bytes_per_sequence'] / 2**20:9.2f} "
             f"MiB/seq (describe {r['describe_bytes_per_sequence'] / 2**20:9.2f}), read "
-            f"{r['kv_bytes_read_per_token'] / 2**20:9.2f} MiB/token, {r['decode_tokens_per_s']:9.1f} tokens/s")
+            f"{r['kv_bytes_read_per_token'] / 2**20:9.2f} MiB/token, {r['decode_tokens_per_s']:9.1f} tokens/s "
+            f"(step {r['step_ms_median']:.2f} ms, quartiles {spread['q1']:.2f}-{spread['q3']:.2f})")
 
 
 def markdown(report: dict) -> str:
@@ -250,8 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", help=f"comma-separated, from {','.join(VARIANTS)}, each optionally @WINDOW")
     ap.add_argument("--contexts")
     ap.add_argument("--batches")
-    ap.add_argument("--steps", type=int, default=4)
-    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=None, help="timed decode steps per point (default 4)")
+    ap.add_argument("--warmup", type=int, default=None, help="untimed steps before them (default 1)")
     ap.add_argument("--device")
     ap.add_argument("--dtype", choices=list(DTYPES))
     ap.add_argument("--aha-mu-f", type=float, default=0.1)
@@ -261,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     for key, value in {**DEFAULTS, **PRESETS.get(args.preset, {})}.items():
-        if not getattr(args, key):
+        if getattr(args, key) is None:
             setattr(args, key, value)
     if args.threads or torch.device(args.device).type == "cpu":
         torch.set_num_threads(args.threads or 1)

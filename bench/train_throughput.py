@@ -14,6 +14,9 @@ micro-batch, both models in the config's precision (fp32 on CPU), identical weig
 alternate so both see the same machine load; the median step time of each is reported (on CPU the process's
 CPU time, robust to other processes on a shared machine; on GPU synchronised wall time).
 
+On CUDA the engine part also records ``attention_kernels``: the attention kernels one more step launched
+(profiler names; for ``attention_impl: sdpa`` they say which SDPA backend ran).
+
 Writes JSON (device, driver, CUDA/torch/Triton versions, git commit, command, UTC date, every number) to ``--out``
 (default ``bench/results/train_throughput_<device>.json``) and prints a summary.
 """
@@ -21,6 +24,7 @@ Writes JSON (device, driver, CUDA/torch/Triton versions, git commit, command, UT
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import tempfile
@@ -74,7 +78,23 @@ def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
            "mfu": flops * tokens_per_sec / peak if peak else None}
     if info.device.type == "cuda":
         out["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(info.device) / 1e9
+        out["attention_kernels"] = attention_kernels(step)
     return out
+
+
+ATTENTION_KERNEL = re.compile(r"flash|fmha|cudnn|attention|sdpa|_fwd_kernel|_bwd_kernel|_routed|_delta", re.I)
+
+
+def attention_kernels(step) -> list[str]:
+    """The attention kernels one more ``step()`` launches on CUDA, by profiler name: which SDPA backend ran
+    (cuDNN's, FlashAttention's, the memory-efficient one) or which Triton kernels (names cut at 120 characters)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    return sorted({e.name[:120] for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and ATTENTION_KERNEL.search(e.name)})
 
 
 def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) -> dict:

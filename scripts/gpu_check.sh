@@ -10,7 +10,11 @@
 # NEOX_DAR_GIT_COMMIT=<hash> bash scripts/gpu_check.sh (the hash written out: it is read there), and every result
 # file and the summary record it.
 #
-#   bash scripts/gpu_check.sh                # --quick: every step, sized to end inside one 10-minute command
+#   bash scripts/gpu_check.sh --part 1       # --quick, kernels: kernel-tests, identities, bench-attention (< 10 min)
+#   bash scripts/gpu_check.sh --part 2       # --quick, training: train-throughput, train-smoke, decode (< 10 min)
+#                                            #   (the device tool's command limit is 10 minutes: the quick kit is
+#                                            #   two commands; a later part on a warm machine reuses the install)
+#   bash scripts/gpu_check.sh                # --quick, every step in one command (over 10 minutes in all)
 #   bash scripts/gpu_check.sh --full         # the whole grid and longer timings: ~30 minutes, so split it:
 #                                            #   --full --steps kernel-tests,identities   (then bench-attention,
 #                                            #   then train-throughput, then train-smoke,decode)
@@ -32,18 +36,21 @@
 #                     AHA every row routed, GQA) and with the variant's mask (DAR's two key sets, MSWA windows
 #                     8..512, AHA 10% routed)
 #   bench-attention   bench/attention.py at the issue's shapes (B=8, H=12, d_h=64, T in {2048, 8192}, w=128):
-#                     DAR, MSWA (grouped and one launch), AHA at 10% routed against SDPA causal flash,
+#                     DAR, SWA, MSWA (grouped and one launch), AHA at 10% routed against SDPA causal flash,
 #                     flex_attention and the reference, each output checked against the reference first
 #   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 160M,
-#                     the MFU target's model, torch_compile off, the triton path; --full: 70M and 160M,
-#                     torch_compile off and on, attention_impl triton and sdpa) for vanilla, DAR, MSWA, AHA
+#                     the MFU target's model, the triton path, torch_compile off for vanilla, DAR, SWA, MSWA, AHA
+#                     and on for vanilla and MSWA; --full: 70M and 160M, torch_compile off and on, attention_impl
+#                     triton and sdpa); each result records the attention kernels one step ran (SDPA's backend)
 #   train-smoke       train.py, bf16: 200 steps of Pythia-14M on the tokenized sample, stopped with a checkpoint
 #                     at step 100 and resumed; the loss must fall and the resumed run continue from step 101 (the
 #                     kernels train in the throughput step)
-#   decode            bench/decode.py in bfloat16 (--quick: 2 timed steps per point)
+#   decode            bench/decode.py in bfloat16, the Pythia-160M shape (--quick: contexts 8k and 32k, batch 16)
 # --rehearse sizes: kernel tests one grouped-query case per kernel (fla's is CUDA only, skipped); identities at
 # T = 64 in fp16; bench/attention.py --interpret (B=1, H=4, d_h=16, T=32, w=8, fp32); throughput and smoke fp32, 2
-# layers x 64 wide at T = 32 and 14M at T = 64 for 12 steps (stopped at 6); decode at context 64, batch 1.
+# layers x 64 wide at T = 32 (without the torch_compile runs: inductor's C++ build of CPU graphs takes minutes on two
+# cores; tests/test_compile.py trains torch_compile=true on the CPU) and 14M at T = 64 for 12 steps (stopped at 6);
+# decode at context 64, batch 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -68,6 +75,14 @@ while [ $# -gt 0 ]; do
       mode_set=$1; MODE=${1#--} ;;
     --dry-run) DRY=1 ;;
     --rehearse) REHEARSE=1 ;;
+    --part)
+      case "${2:-}" in
+        1) wanted="kernel-tests identities bench-attention" ;;
+        2) wanted="train-throughput train-smoke decode" ;;
+        *) die "--part needs 1 (kernel-tests, identities, bench-attention) or 2 (train-throughput, train-smoke, decode)" ;;
+      esac
+      STEPS=$wanted
+      shift ;;
     --steps)
       [ $# -ge 2 ] || die "--steps needs a comma-separated list of: ${ALL_STEPS// /, }"
       wanted=${2//,/ }
@@ -84,11 +99,13 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# Time limit of each step, seconds: --quick sums (with install) to under 10 minutes; --full is split by --steps.
-# They are estimates made without a GPU: the summary's measured seconds say how to rebalance them.
-# GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
-declare -A LIMIT_QUICK=([install]=40 [kernel-tests]=130 [identities]=90 [bench-attention]=130
-                        [train-throughput]=90 [train-smoke]=50 [decode]=40)
+# Time limit of each step, seconds: each --quick part sums (with install) to under 10 minutes; --full is split by
+# --steps. From the first H200 run's measured seconds (bench/results/gpu-h200-2026-11-27*): install 18,
+# kernel-tests 95, identities 64, bench-attention over 120 (stopped before AHA and flex: autotuning compiles every
+# candidate tile), a 160M throughput run ~25 s without torch_compile and ~100 s with it, train-smoke 52, decode 20
+# (then 2 steps of a 4-layer model). GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
+declare -A LIMIT_QUICK=([install]=40 [kernel-tests]=140 [identities]=90 [bench-attention]=300
+                        [train-throughput]=360 [train-smoke]=80 [decode]=90)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
                        [train-throughput]=1500 [train-smoke]=120 [decode]=300)
 # --rehearse: the CPU's times (a shared 2-core machine: each step takes 10-60 s), limits that only catch a hang
@@ -116,11 +133,12 @@ if [ "$REHEARSE" = 0 ]; then
   MICRO=""                        # the config's micro-batch
   MODEL_SIZE=""
   SMOKE_SIZE="seq_length=512 train_batch_size=16 train_micro_batch_size_per_gpu=16" SMOKE_ITERS=200 SMOKE_LOG=10
-  DECODE_SIZE=""                  # bench/decode.py's contexts and batches
+  DECODE_SIZE="--preset pythia-160m"  # the 160M shape: contexts 8k and 32k, batch 16, 20 timed steps after 3
+  DECODE_STEPS=""
   if [ "$MODE" = quick ]; then
-    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100" THROUGHPUT_STEPS="--steps 4 --warmup 2" DECODE_STEPS="--steps 2 --warmup 1"
+    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100" THROUGHPUT_STEPS="--steps 4 --warmup 2"
   else
-    ATTENTION_SIZE="" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS=""
+    ATTENTION_SIZE="" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
   fi
 else
   XDIST="-n 0"                    # a few tests on 2 cores: no worker processes
@@ -140,12 +158,18 @@ fi
 # ------------------------------------------------------------------------------------------------ the commands
 throughput_runs() {
   # one line per run: "<model> <attention> <attention_impl> <torch_compile>"
-  local models=160m compiles=false impls=triton
-  if [ "$MODE" = full ]; then models="70m 160m"; compiles="false true"; impls="triton sdpa"; fi
-  for m in $models; do
-    for c in $compiles; do
+  if [ "$MODE" = quick ]; then
+    for a in vanilla dar swa mswa aha; do
+      if [ "$a" = vanilla ]; then echo "160m vanilla sdpa false"; else echo "160m $a triton false"; fi
+    done
+    # with torch_compile: inductor on the GPU; left out of the rehearsal (see the header)
+    [ "$REHEARSE" = 1 ] || printf '160m vanilla sdpa true\n160m mswa triton true\n'
+    return
+  fi
+  for m in 70m 160m; do
+    for c in false true; do
       echo "$m vanilla sdpa $c"
-      for a in dar mswa aha; do for i in $impls; do echo "$m $a $i $c"; done; done
+      for a in dar swa mswa aha; do for i in triton sdpa; do echo "$m $a $i $c"; done; done
     done
   done
 }
@@ -205,6 +229,8 @@ print_plan() {
     step_commands "$s" | sed 's/^/     /'
   done
   if [ "$REHEARSE" = 1 ]; then echo "time limit in all: ${total}s (rehearsal limits: they only catch a hang)"
+  elif [ "$total" -gt 570 ]; then
+    echo "time limit in all: ${total}s, over the device tool's 600s command limit: run --part 1, then --part 2"
   else echo "time limit in all: ${total}s (the device tool's command limit is 600s)"; fi
 }
 
@@ -239,9 +265,16 @@ do_install() {
     eval "$(step_commands install)" || return 1
   else
     ls "$WHEELS"/*.whl >/dev/null 2>&1 || { echo "no wheels in $WHEELS/: run scripts/gpu_wheels.sh and carry it"; return 1; }
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
-      || return 1
-    echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE"
+    local wanted
+    wanted=$(cd "$WHEELS" && ls -- *.whl | sort | sha256sum)
+    if [ "$(cat "$SITE/.neox_dar_wheels" 2>/dev/null)" = "$wanted" ]; then  # a later part on the same machine
+      echo "the same $(ls "$WHEELS"/*.whl | wc -l) wheels are installed in $SITE already (an earlier part)"
+    else
+      "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
+        "$WHEELS"/*.whl || return 1
+      echo "$wanted" > "$SITE/.neox_dar_wheels"
+      echo "installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE"
+    fi
     PYTHONPATH=$SITE "$PY" -m pip check || echo "(pip check lists the conflicts above; steps that need them may fail)"
   fi
   REHEARSE=$REHEARSE "$PY" - <<'EOF'

@@ -23,7 +23,7 @@ def check_attention(r: dict) -> None:
     assert all(x["fwd_ms"] > 0 and x["fwd_bwd_ms"] > 0 and "error" not in x for x in methods.values()), methods
     assert methods["triton"]["rel_err_vs_reference"] < 1e-3
     assert methods["sdpa_causal"]["rel_err_vs_reference"] is None  # another mask: the targets' speed baseline
-    assert [t["target"] for t in r["targets"]] == ["dar T=32: triton / sdpa_causal fwd+bwd <= 1.15",
+    assert [t["target"] for t in r["targets"]] == ["dar T=32: triton / sdpa_causal fwd+bwd <= 1.1",
                                                    "dar T=32: reference / triton fwd+bwd >= 5"]
     assert all(t["value"] > 0 and t["met"] is None for t in r["targets"])  # computed, not judged off a GPU
 

@@ -41,6 +41,23 @@ def test_dimpo_table4_preset_is_llama_1b_at_4k_and_8k():
     assert preset["contexts"] == "4096,8192" and preset["variants"] == "vanilla,dimpo"
 
 
+def test_pythia_160m_preset_is_the_kits_decode_check_with_enough_steps_for_a_spread(tmp_path):
+    preset = decode.PRESETS["pythia-160m"]
+    m = _model(preset["config"])
+    assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.attention.window_size) == (12, 768, 12, 128)
+    assert preset["contexts"] == "8192,32768" and preset["batches"] == "16" and m.max_position_embeddings >= 32768
+    assert preset["steps"] >= 20 and preset["warmup"] >= 3
+    out = tmp_path / "r.json"
+    assert decode.main(["--preset", "pythia-160m", "configs/tiny.yml", "--device", "cpu", "--dtype", "float32",
+                        "--contexts", "24", "--batches", "2", "--steps", "4", "--variants", "vanilla,aha",
+                        "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["steps"] == 4 and r["warmup"] == 3  # the command line replaces the preset's steps, not its warm-up
+    for row in r["results"]:
+        spread = row["step_ms_spread"]
+        assert len(row["step_ms_all"]) == 4 and spread["min"] <= spread["q1"] <= spread["q3"] <= spread["max"]
+
+
 def test_a_preset_on_a_tiny_model_gives_windows_and_the_median_over_contexts(tmp_path):
     out = tmp_path / "r.json"
     assert decode.main(["--preset", "mswa-fig3-cpu", "configs/tiny.yml",
