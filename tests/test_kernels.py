@@ -331,6 +331,103 @@ def test_tiny_model_on_the_kernels_compiles_in_one_graph_and_matches_eager(atten
         torch.testing.assert_close(g, eager_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+# ------------------------------------------------------------------------------------------------ launches
+class Launches:
+    """Counts what a call launches: Triton kernels by name (every ``run`` of a kernel, the autotuner's direct
+    launches included) and PyTorch operators that run a kernel (views and allocations left out), by name."""
+
+    def __init__(self, monkeypatch):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        from kernels import banded, cross_entropy
+
+        self.triton: list[str] = []
+        self.torch: list[str] = []
+        self.in_triton = False  # the interpreter moves a kernel's tensors with PyTorch operators: not launches
+        outer = self
+        for cls in {type(banded._delta_kernel), type(banded._fwd_kernel.fn), type(cross_entropy._cross_entropy_kernel)}:
+            def run(kernel, *args, _run=cls.run, **kwargs):
+                outer.triton.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+                outer.in_triton = True
+                try:
+                    return _run(kernel, *args, **kwargs)
+                finally:
+                    outer.in_triton = False
+            monkeypatch.setattr(cls, "run", run)
+
+        class Ops(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if not (outer.in_triton or func.is_view or func.__name__.startswith(("empty", "new_empty"))):
+                    outer.torch.append(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        self.mode = Ops
+
+    def __call__(self, fn):
+        """``fn()``'s launches: (Triton kernel names, PyTorch operator names)."""
+        self.triton.clear()
+        self.torch.clear()
+        with self.mode():
+            out = fn()
+        return out, list(self.triton), list(self.torch)
+
+
+def test_each_kernel_pass_launches_what_it_must_and_nothing_more(monkeypatch):
+    """Launches per call once tuned (the interpreter offers one tile, so a call's head groups share one launch; the
+    merge on the GPU: test_tuned_launch_tunes_each_group_once_then_launches_directly_merged_by_tile). Forward:
+    one banded kernel (AHA: and the routed rows' kernel, after compacting the rows: five small PyTorch operators).
+    Backward: the row deltas (which also zero the float32 dq accumulator) and the key-major kernel (then, for half
+    inputs, dq's cast); autograd makes no zero gradient for the LSE (or AHA's rows)."""
+    from kernels import banded
+    from kernels.aha import route_rows
+
+    count = Launches(monkeypatch)
+    torch.manual_seed(7)
+    q, k, v, kg, vg = (torch.randn(1, 24, 2, 16, device=DEVICE).transpose(1, 2).requires_grad_() for _ in range(5))
+    gate = torch.rand(1, 2, 24, device=DEVICE) < 0.4
+    do = torch.randn(1, 24, 2, 16, device=DEVICE).transpose(1, 2)  # the model's strided output gradient
+    calls = {"mswa": lambda: mswa_attention(q, k, v, [4, 9]), "dar": lambda: dar_attention(q, k, v, kg, vg, 5),
+             "aha": lambda: aha_attention(q, k, v, gate, 5)}
+    for name, call in calls.items():
+        call().backward(do)  # tunes
+        out, triton_fwd, torch_fwd = count(call)
+        _, triton_bwd, torch_bwd = count(lambda: out.backward(do))
+        assert triton_fwd == (["_fwd_kernel", "_routed_fwd_kernel"] if name == "aha" else ["_fwd_kernel"]), name
+        assert torch_fwd == [f"{name}_forward"], name  # the custom op, nothing around it
+        assert triton_bwd == ["_delta_kernel", "_bwd_kernel"], name
+        assert torch_bwd == [f"{name}_backward"] + ["add_"] * (5 if name == "dar" else 3), name  # + grad accumulation
+    # inside the ops: what PyTorch itself launches
+    from kernels.runtime import head_windows
+
+    win = head_windows("t", 5, 2, 24, DEVICE)
+    (o, lse), triton_fwd, torch_fwd = count(lambda: banded.banded_forward(q, k, v, k, v, win, True, False))
+    assert torch_fwd == [] and triton_fwd == ["_fwd_kernel"]
+    banded.banded_backward(q, k, v, k, v, o, lse, do, win, False)  # tunes (AHA's backward tuned the routed one)
+    _, triton_bwd, torch_bwd = count(lambda: banded.banded_backward(q, k, v, k, v, o, lse, do, win, False))
+    assert triton_bwd == ["_delta_kernel", "_bwd_kernel"] and torch_bwd == []  # half inputs: + dq's cast
+    _, _, torch_rows = count(lambda: route_rows(gate))
+    assert torch_rows == ["bitwise_not", "_to_copy", "sort", "_to_copy", "sum"]
+
+
+def test_the_fused_loss_launches_a_fixed_few_kernels_per_chunk(monkeypatch):
+    from neox_dar.loss import linear_cross_entropy_sum
+
+    count = Launches(monkeypatch)
+    torch.manual_seed(8)
+    hidden = torch.randn(48, 16, device=DEVICE, requires_grad=True)
+    weight = torch.randn(loss_vocab(), 16, device=DEVICE, requires_grad=True)
+    targets = torch.randint(0, weight.shape[0], (48,), device=DEVICE)
+    per_chunks = {}
+    for rows in (48, 16):
+        hidden.grad = weight.grad = None
+        loss, triton_fwd, _ = count(lambda: linear_cross_entropy_sum(hidden, weight, targets, rows=rows, fused=True))
+        _, _, torch_bwd = count(loss.backward)
+        chunks = 48 // rows
+        assert triton_fwd == ["_cross_entropy_kernel"] * chunks
+        per_chunks[chunks] = torch_bwd
+    assert per_chunks[1] == per_chunks[3]  # the backward only scales the gradients made in the forward
+
+
 # ------------------------------------------------------------------------------------------------ the loss
 # kernels/cross_entropy.py and neox_dar.loss's fused path (the one CUDA training takes): vocabularies of two whole
 # blocks of the row loop plus a ragged tail, ignored targets, several chunks.
