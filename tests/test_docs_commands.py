@@ -91,3 +91,41 @@ def test_every_named_script_is_run_by_a_test():
         if not ok:
             missing.append(path)
     assert not missing, f"named in the README/docs/GPU kit, run by no test: {missing}"
+
+
+def test_training_examples_in_the_docs_run_the_variant_they_name():
+    """Every `python train.py ...` example in the README and the docs that names an attention preset loads (data and
+    run folder aside) without the warning that its window spans the whole sequence: such an example would train
+    vanilla attention under the variant's name."""
+    import shlex
+    import warnings
+
+    from neox_dar.config import load_config, split_args
+
+    examples = []
+    for doc in NAMING[:-1]:
+        text = re.sub(r"\\\n\s*", " ", doc.read_text())  # continued lines joined
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("python train.py ") and "configs/attention/" in line and "..." not in line:
+                examples.append((doc.name, line))
+    assert len(examples) >= 3
+    for doc, line in examples:
+        args = [a for a in shlex.split(line)[2:]
+                if not a.startswith(("data_path=", "save=", "train_data_paths=", "valid_data_paths="))]
+        paths, overrides = split_args(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            try:
+                load_config(*(ROOT / p for p in paths), overrides=overrides)
+            except UserWarning as w:
+                raise AssertionError(f"{doc}: `{line}` warns: {w}") from None
+
+
+def test_every_relative_data_path_in_the_docs_is_one_a_shown_command_writes():
+    """A `data_path=` under runs/ in the README or the docs is the `--out` of a `data_prep.tokenize` command they
+    show (so copying the commands in order works); absolute paths and placeholders stand for the user's data."""
+    text = "\n".join(p.read_text() for p in NAMING[:-1])
+    written = set(re.findall(r"data_prep\.tokenize [^\n`]*--out (\S+)", text))
+    used = set(re.findall(r"data_path=(runs/[\w/.-]+)", text))
+    assert used and used <= written, f"data paths no shown command writes: {sorted(used - written)}"
