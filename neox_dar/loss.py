@@ -56,6 +56,7 @@ def _mm_float32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _use_fused(fused: bool | None, hidden: torch.Tensor) -> bool:
+    """The caller's choice, else the kernel for CUDA tensors and PyTorch operators elsewhere."""
     return hidden.is_cuda if fused is None else fused
 
 

@@ -545,6 +545,10 @@ def test_bad_inputs_raise_clear_errors():
         mswa_attention(q, q, q, torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="every window must be >= 0"):
         mswa_attention(q, q, q, torch.tensor([1, -2]))
+    with pytest.raises(ValueError, match=r"one window per query head \(2\), got 3"):
+        mswa_attention(q, q, q, [1, 2, 3])
+    with pytest.raises(ValueError, match="window must be an integer >= 0, got -2"):
+        mswa_attention(q, q, q, [1, -2])
     with pytest.raises(ValueError, match="gate must be a bool tensor"):
         aha_attention(q, q, q, torch.ones(1, 2, 8), 4)
     if not ON_GPU:
