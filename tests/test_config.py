@@ -130,8 +130,11 @@ def test_batch_mismatch_is_a_config_error():
     assert cfg.training.gradient_accumulation_for(4) == 2
     with pytest.raises(ConfigError, match="train_batch_size=256 !="):
         cfg.training.gradient_accumulation_for(2)
-    with pytest.raises(ConfigError, match="not divisible"):
+    with pytest.raises(ConfigError, match="not divisible.*3 ranks do not divide it: a global batch of"):
         load_config(ROOT / "configs/pythia-70m.yml").training.gradient_accumulation_for(3)
+    # the error names the micro-batches that would fit (pythia-160m: 896 sequences, micro-batch 16, on 16 GPUs)
+    with pytest.raises(ConfigError, match=r"micro-batches that fit 16 ranks: 1, 2, 4, 7, 8, 14, 28$"):
+        load_config(ROOT / "configs/pythia-160m.yml").training.gradient_accumulation_for(16)
 
 
 def test_variant_key_on_vanilla_warns():
