@@ -38,9 +38,10 @@ import socket
 import shutil
 import signal
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import xxhash
 
@@ -215,6 +216,35 @@ def remove_tree(path: Path) -> None:
     os.rename(path, doomed)
     fault_point("prune-renamed")
     shutil.rmtree(doomed)
+
+
+@contextmanager
+def staged_dir(final: str | Path, keep: bool = False) -> Iterator[Path]:
+    """A fresh folder ``.tmp-<name>.<pid>`` beside ``final`` (with ``keep``: a copy of ``final`` as it is) to build
+    ``final``'s new contents in. When the block completes, the folder replaces ``final``: the old one is renamed
+    to ``.del-<name>``, the new one renamed into place, then the old one deleted; when the block raises (an error,
+    Ctrl-C), the folder is removed and ``final`` is left as it was."""
+    final = Path(final)
+    tmp = final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        if keep and final.is_dir():
+            shutil.copytree(final, tmp, symlinks=True)
+        else:
+            tmp.mkdir(parents=True)
+        yield tmp
+        fsync_tree(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = final.with_name(f"{DEL_PREFIX}{final.name}.{os.getpid()}")
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -513,3 +513,39 @@ def test_publish_only_adds_a_later_run_and_keeps_the_others(noisy, tmp_path):
     assert (out / "runs" / "dar" / "metrics.jsonl").read_text() != ""
     assert "swa" in (out / "report" / "table.md").read_text()
     assert publish_main([str(root), str(out), "--only", "nope"]) == 2
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` by relative path, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_publish_checks_every_argument_before_it_touches_the_publication(noisy, tmp_path, capsys):
+    """A mistyped RUNS_DIR, --sweep, --only or --docs, or a report that fails, is a one-line error (exit 2) that
+    leaves an existing publication byte for byte as it was (no half-built folder beside it); a re-publication
+    keeps the files that publish does not write."""
+    from neox_dar.report.publish import main as publish_main
+
+    root, _ = noisy
+    out = tmp_path / "results" / "noisy"
+    assert publish_main([str(root), str(out)]) == 0
+    (out / "data.json").write_text("{}\n")  # written by another tool
+    before = _tree(out)
+    doc = tmp_path / "doc.md"
+    doc.write_text("no markers\n")
+    capsys.readouterr()
+    for argv in ([str(root) + "-typo", str(out)], [str(tmp_path), str(out)], [str(root), str(out), "--sweep", "x.yml"],
+                 [str(root), str(out), "--only", "nope"], [str(root), str(out), "--docs", str(doc)],
+                 [str(root), str(root)], [str(root), str(out / "data.json")]):
+        assert publish_main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("publish error: ") and err.count("\n") == 1, err
+        assert _tree(out) == before, argv
+    (root / "dar" / "eval" / "perplexity.json").write_text('{"corpora": ')  # the report fails on the copy
+    assert publish_main([str(root), str(out)]) == 2
+    assert _tree(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == ["noisy"]
+    (root / "dar" / "eval" / "perplexity.json").unlink()
+    assert publish_main([str(root), str(out)]) == 0
+    assert (out / "data.json").read_text() == "{}\n"
+    assert not (out / "runs" / "dar" / "eval" / "perplexity.json").exists()
