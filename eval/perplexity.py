@@ -27,6 +27,7 @@ from neox_dar.evaluation.corpora import ALL_CORPORA, CORPORA, CorpusError, manif
 from neox_dar.evaluation.loading import DTYPES, load_for_eval
 from neox_dar.evaluation.perplexity import (SWEEP_MANIFEST, load_corpora, pinned_corpora, score_corpus,
                                           sweep_manifest_path)
+from neox_dar.rundir import check_writable, write_error, write_text_atomic
 from neox_dar.tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
 
 
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        for flag, path in (("--out", args.out), ("--write-manifest", args.write_manifest)):
+            if path:
+                check_writable(path, flag)
         names = [c.strip() for c in args.corpora.split(",") if c.strip()]
         unknown = [c for c in names if c not in ALL_CORPORA]
         if unknown or not names:
@@ -122,21 +126,21 @@ def main(argv: list[str] | None = None) -> int:
         corpora = {name: score_corpus(loaded.model, tokenizer, docs[name], max_length, prefix, args.stride,
                                       args.batch_size, args.device, not args.no_progress, name, args.per_document)
                    for name in names}
-    except (FileNotFoundError, CorpusError, ValueError) as e:
+        for name in names:
+            corpora[name]["manifest_sha256"] = entries[name]["sha256"]
+            corpora[name]["source"] = entries[name]["source"]
+        results = {**loaded.info, "manifest_hash": manifest_hash(entries), "max_length": max_length,
+                   "stride": args.stride or max_length, "dtype": args.dtype, "device": str(args.device),
+                   "corpora": corpora}
+        text = json.dumps(results, indent=2)
+        if args.write_manifest:
+            write_output(args.write_manifest, json.dumps({"corpora": entries}, indent=1))
+        if args.out:
+            write_output(args.out, text + "\n")
+    except (OSError, CorpusError, ValueError) as e:  # RunWriteError is an OSError, RunFileError a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for name in names:
-        corpora[name]["manifest_sha256"] = entries[name]["sha256"]
-        corpora[name]["source"] = entries[name]["source"]
-    results = {**loaded.info, "manifest_hash": manifest_hash(entries), "max_length": max_length,
-               "stride": args.stride or max_length, "dtype": args.dtype, "device": str(args.device),
-               "corpora": corpora}
-    text = json.dumps(results, indent=2)
-    if args.write_manifest:
-        Path(args.write_manifest).write_text(json.dumps({"corpora": entries}, indent=1))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
         for name, r in corpora.items():
             print(f"{name}: token ppl {r['token_perplexity']:.3f}  word ppl {r['word_perplexity']:.3f}  "
                   f"bits/byte {r['bits_per_byte']:.4f}  bits/char {r['bits_per_char']:.4f}  "
@@ -146,6 +150,16 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_wandb:
         log_to_wandb(Path(loaded.info["checkpoint"]), results)
     return 0
+
+
+def write_output(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (its folder created first; :func:`write_text_atomic`): a
+    failed write leaves an earlier file there as it was."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(path, e) from None
+    write_text_atomic(path, text)
 
 
 def log_to_wandb(checkpoint: Path, results: dict) -> None:

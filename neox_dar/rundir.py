@@ -172,6 +172,23 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise write_error(path, e) from None
 
 
+def check_writable(path: str | Path, option: str, folder: bool = False) -> None:
+    """RunFileError (one line naming ``option``) unless ``path`` can be written, checked before any work: a file
+    (``folder``: a folder) or nothing at ``path``, the nearest existing folder above it a folder this process may
+    write (the missing ones are created when it is written), an existing file writable too."""
+    p = Path(path)
+    if p.exists() and p.is_dir() != folder:
+        raise RunFileError(f"{option} {p} is a {'file' if folder else 'directory'}: name a "
+                           f"{'folder' if folder else 'file'} to write")
+    above = p.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise RunFileError(f"{option} {p}: {above} is a file, not a folder")
+    if not os.access(above, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise RunFileError(f"{option} {p} is not writable (no permission on {p if p.exists() else above})")
+
+
 def free_space(path: str | Path) -> str:
     """``"N GiB free on PATH"`` for the file system holding ``path`` (its nearest existing parent)."""
     p = Path(path).absolute()
@@ -514,10 +531,20 @@ def clean_leftovers(root: Path, warn: Callable[[str], Any] = log.warning) -> lis
 
 
 def read_json(path: Path) -> Any:
+    """The JSON value in a run file; RunFileError (one line) naming it and how to recover when it is not valid JSON
+    (a write cut short by an older version, a full disk, an edit)."""
     try:
         return json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise RunFileError(f"{path}: not valid JSON ({e})") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise RunFileError(f"{path}: not valid JSON ({e}); {recovery(Path(path))}") from None
+
+
+def recovery(path: Path) -> str:
+    """How to recover from a damaged run file ``path``: what to delete and which command writes it again."""
+    if path.parent.name == EVAL_DIR:
+        return (f"delete it and evaluate the run again (python -m eval.perplexity RUN --out {path}, or the sweep's "
+                "run --local)")
+    return "restore it from a copy, or delete it and run the command that writes it again"
 
 
 def write_status(run_dir: str | Path, state: str, step: int, train_iters: int, **extra) -> None:

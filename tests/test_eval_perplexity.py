@@ -182,3 +182,39 @@ def test_max_docs_per_corpus(tiny, tmp_path, capsys):
         assert main([str(root), "--corpora", "c4", "--max-docs", bad]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: --max-docs") and err.count("\n") == 1, err
+
+
+def test_outputs_are_checked_before_scoring_and_written_whole(tiny, tmp_path, capsys, monkeypatch):
+    """An --out or --write-manifest that cannot be written (a directory, a path under a file) is a one-line error
+    before any document is scored; a write that fails (here a file-size limit, as a full disk) is a one-line error
+    that leaves the previous results file whole."""
+    import resource
+    import signal
+
+    import eval.perplexity as cli
+
+    root, _, _ = tiny
+    scored = []
+    monkeypatch.setattr(cli, "score_corpus", lambda *a, **k: scored.append(a) or {})
+    (tmp_path / "README.md").write_text("a file\n")
+    args = [str(root), "--corpora", "c4", "--max-docs", "1", "--no-progress", "--no-wandb"]
+    for flag in ("--out", "--write-manifest"):
+        for bad in (tmp_path / "README.md" / "x.json", tmp_path):
+            assert main([*args, flag, str(bad)]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith("error: ") and f"{flag} {bad}" in err and err.count("\n") == 1, err
+    assert not scored
+    monkeypatch.undo()
+    out = tmp_path / "run" / "eval" / "perplexity.json"
+    assert main([*args, "--out", str(out)]) == 0
+    before = out.read_text()
+    limits, handler = resource.getrlimit(resource.RLIMIT_FSIZE), signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, limits[1]))
+    try:
+        code = main([*args, "--max-docs", "2", "--out", str(out)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"error: cannot write {out}") and err.count("\n") == 1, err
+    assert out.read_text() == before and sorted(p.name for p in out.parent.iterdir()) == ["perplexity.json"]

@@ -549,3 +549,22 @@ def test_publish_checks_every_argument_before_it_touches_the_publication(noisy, 
     assert publish_main([str(root), str(out)]) == 0
     assert (out / "data.json").read_text() == "{}\n"
     assert not (out / "runs" / "dar" / "eval" / "perplexity.json").exists()
+
+
+def test_report_out_under_a_file_and_a_torn_evaluation_are_one_line_errors(sweep_dir, tmp_path, capsys):
+    """report --out under a file or naming a file is a one-line error; a torn eval/perplexity.json (a write cut
+    short) stops report and sweep status with one line naming the file and how to recover."""
+    from neox_dar.sweep.__main__ import main as sweep_main
+
+    root, _ = sweep_dir
+    (tmp_path / "README.md").write_text("a file\n")
+    for out in (tmp_path / "README.md" / "report", tmp_path / "README.md"):
+        assert report_main([str(root), "--out", str(out), "--no-figures"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"report error: --out {out}") and err.count("\n") == 1, err
+    torn = root / "vanilla" / "eval" / "perplexity.json"
+    torn.write_text(torn.read_text()[:100])
+    assert report_main([str(root), "--no-figures"]) == 2
+    assert sweep_main([str(root / "sweep.yml"), "status", "--out", str(root)]) == 2
+    for err in capsys.readouterr().err.splitlines():
+        assert f"{torn}: not valid JSON" in err and "delete it and evaluate the run again" in err, err

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..rundir import RunFileError
+from ..rundir import RunFileError, check_writable, write_text_atomic
 from ..sweep.spec import SweepError
 from .collect import collect
 from .figures import draw_all
@@ -59,15 +59,16 @@ def main(argv: list[str] | None = None) -> int:
         tables = report_tables(runs, report)
         table = tables[0]
         out = Path(args.out) if args.out else root / "report"
+        check_writable(out, "--out", folder=True)
         out.mkdir(parents=True, exist_ok=True)
         md = "\n".join(to_markdown(t) for t in tables)
-        (out / "table.md").write_text(md)
-        (out / "table.tex").write_text("\n".join(to_latex(t) for t in tables))
+        write_text_atomic(out / "table.md", md)
+        write_text_atomic(out / "table.tex", "\n".join(to_latex(t) for t in tables))
         body = {"title": table.title, "columns": table.columns, "rows": table.rows, "notes": table.notes}
         if len(tables) > 1:
             body["averaged"] = {"title": tables[1].title, "columns": tables[1].columns, "rows": tables[1].rows,
                                 "notes": tables[1].notes}
-        (out / "table.json").write_text(json.dumps(body, indent=1) + "\n")
+        write_text_atomic(out / "table.json", json.dumps(body, indent=1) + "\n")
         print(md)
         files = [out / "table.md", out / "table.tex", out / "table.json"]
         if not args.no_figures:
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"figure skipped: {s}")
         print("wrote " + ", ".join(str(f) for f in files))
         return 0
-    except (SweepError, RunFileError) as e:
+    except (SweepError, RunFileError, OSError) as e:  # RunWriteError is an OSError
         print(f"report error: {e}", file=sys.stderr)
         return 2
 
