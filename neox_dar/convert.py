@@ -22,6 +22,10 @@ exports as the family's class; a model with any other attention layer as ``NeoxD
 inference code they import, one module per attention layer type) is copied into the folder and named by
 ``auto_map`` in ``config.json``, for ``from_pretrained(..., trust_remote_code=True)``
 (docs/inference.md). Both carry the model config under ``neox_dar_config``, which ``from-hf`` reads back.
+
+``OUT_DIR`` must be new, empty, or an earlier output of the same command for a model of the same config (a newer
+checkpoint of the same run exported again), which is then replaced; a run directory, a folder of other files or
+another model's export or import is a one-line error naming it (:func:`check_out_dir`).
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from transformers import GenerationConfig
 
-from .checkpoint import load_model, save_weights
+from .checkpoint import load_model, read_model_config, save_weights
 from .config import ConfigError, ModelConfig, model_config_from_flat, model_flat
 from .config.schema import key_sections
 from .families import FAMILIES
 from .model import CausalLM, build_model, init_weights
-from .rundir import CheckpointError, resolve_checkpoint
+from .rundir import (CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, resolve_checkpoint,
+                     staged_dir)
 from .tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, copy_tokenizer, special_token_ids, tokenizer_file
 
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
@@ -488,6 +493,42 @@ def vanilla_weight_names(cfg: ModelConfig) -> set[str]:
         return set(build_model(vanilla).weights())
 
 
+def folder_model(folder: Path, direction: str) -> ModelConfig | None:
+    """The model config of an earlier ``direction`` output in ``folder`` (``to-hf``: its ``config.json``'s
+    ``neox_dar_config``; ``from-hf``: the weights folder's ``model.yml``), or None when ``folder`` is no such output
+    (a run directory, a training checkpoint, other files)."""
+    if (folder / CONFIG).exists() or (folder / CHECKPOINTS).exists():
+        return None
+    try:
+        if direction == "to-hf":
+            hf = _read_json(folder / "config.json") if (folder / "config.json").is_file() else None
+            ours = isinstance(hf, dict) and "neox_dar_config" in hf
+            return config_from_hf(hf, str(folder / "config.json")) if ours else None
+        ours = (folder / MODEL_CONFIG).is_file() and (folder / STATE).is_file()
+        return read_model_config(folder) if ours else None
+    except (ConfigError, CheckpointError):
+        return None
+
+
+def check_out_dir(out: Path, cfg: ModelConfig, direction: str) -> None:
+    """ConfigError (one line naming ``out``) unless ``direction`` may write the model ``cfg`` into ``out``: missing,
+    empty, or an earlier ``direction`` output of a model with the same config (a newer checkpoint of the same run,
+    exported again), which is then replaced. A run directory, a folder of other files, another model's export or
+    import is never overwritten."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file: name a folder to write")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    kind = "Hugging Face export (to-hf)" if direction == "to-hf" else "import (from-hf)"
+    found = folder_model(out, direction)
+    if found is None:
+        raise ConfigError(f"{out} is not empty and is not an earlier {kind}: name a new or empty folder (nothing "
+                          "was written)")
+    if found != cfg:
+        raise ConfigError(f"{out} holds the {kind} of another model (its config differs): name a new or empty "
+                          "folder (nothing was written)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m neox_dar.convert", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="direction", required=True)
@@ -503,16 +544,20 @@ def main(argv: list[str] | None = None) -> int:
                    help="model config keys on top of the import, e.g. attention_type=dar dar_d_down=512")
     args = parser.parse_args(argv)
     try:
+        out = Path(args.out_dir)
         if args.direction == "to-hf":
             step_dir = resolve_checkpoint(args.checkpoint)
+            check_out_dir(out, read_model_config(step_dir), args.direction)
             model, cfg = load_model(step_dir)
-            to_hf(model, cfg, args.out_dir, tokenizer_file(cfg, args.tokenizer, step_dir))
+            to_hf(model, cfg, out, tokenizer_file(cfg, args.tokenizer, step_dir))
         else:
             if (Path(args.hf_dir) / "tokenizer.json").is_file():  # before anything is read or written
                 check_tokenizer_json(Path(args.hf_dir) / "tokenizer.json")
             model, cfg = from_hf(args.hf_dir, overrides=_parse_overrides(args.overrides))
-            copy_tokenizer_files(args.hf_dir, args.out_dir)  # first: the checkpoint's manifest lists them
-            save_weights(model, cfg, args.out_dir)
+            check_out_dir(out, cfg, args.direction)
+            with staged_dir(out) as stage:  # an earlier import is replaced whole, once the new one is written
+                copy_tokenizer_files(args.hf_dir, stage)  # first: the checkpoint's manifest lists them
+                save_weights(model, cfg, stage)
     except (OSError, ValueError) as e:  # ConfigError and CheckpointError are ValueErrors
         print(f"convert error: {e}", file=sys.stderr)
         return 2

@@ -241,7 +241,7 @@ def staged_dir(final: str | Path, keep: bool = False) -> Iterator[Path]:
     ``final``'s new contents in. When the block completes, the folder replaces ``final``: the old one is renamed
     to ``.del-<name>``, the new one renamed into place, then the old one deleted; when the block raises (an error,
     Ctrl-C), the folder is removed and ``final`` is left as it was."""
-    final = Path(final)
+    final = Path(final).absolute()  # "." has no name to put beside
     tmp = final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -350,17 +350,21 @@ def newest_checkpoint(run_dir: str | Path, checksums: bool = True,
 
 
 def is_checkpoint_dir(path: str | Path) -> bool:
-    """A directory that is itself one checkpoint (a step directory or a weights folder), not a run directory."""
+    """A directory that is itself one checkpoint (a step directory or a weights folder), not a run directory: one
+    with a ``checkpoints`` directory is a run's, whatever weights lie beside it (an older version's import or
+    export into the run directory)."""
     p = Path(path)
+    if (p / CHECKPOINTS).is_dir():
+        return False
     return (p / STATE).is_file() or (p / WEIGHTS).is_file() or p.name.startswith(STEP_PREFIX)
 
 
 def resolve_checkpoint(path: str | Path, checksums: bool = True,
                        warn: Callable[[str], Any] | None = log.warning) -> Path:
     """The checkpoint ``path`` names, verified against its manifest: ``path`` itself when it is one checkpoint
-    directory, else the newest complete one under a run or ``checkpoints`` directory. CheckpointError (one line)
-    when there is none or the named one fails the check. A weights folder without a manifest (``save_weights`` of
-    an older version) is accepted as it is."""
+    directory, else the newest complete one under a run (never weights at its root) or ``checkpoints`` directory.
+    CheckpointError (one line) when there is none or the named one fails the check. A weights folder without a
+    manifest (``save_weights`` of an older version) is accepted as it is."""
     p = Path(path)
     if not p.exists():
         raise CheckpointError(f"checkpoint not found: {p}")

@@ -255,3 +255,39 @@ def test_config_from_hf_answers_every_value_with_a_config_or_a_config_error(fami
                 config_from_hf({**hf, key: value}, weight_bytes=weight_bytes)
             except ConfigError:
                 pass
+
+
+# ----------------------------------------------------------------------------------------------
+# the output folder: only an export or import of the same model is replaced
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_convert_refuses_a_folder_that_is_not_an_export_of_the_same_model(tmp_path, capsys):
+    """to-hf and from-hf into a run directory, a folder of other files, or an export/import of another model are
+    one-line errors naming the folder (exit 2), the folder unchanged; an export or import of the same model is
+    replaced (a newer checkpoint of the run exported again)."""
+    from builders import saved_run
+    from neox_dar.convert import main
+
+    run_a, hf, back, other = tmp_path / "a", tmp_path / "hf", tmp_path / "back", tmp_path / "other"
+    saved_run(run_a)
+    saved_model(other, "num_layers=1")
+    assert main(["to-hf", str(run_a), str(hf)]) == 0
+    assert main(["to-hf", str(run_a), str(hf)]) == 0  # the same run's export, replaced
+    assert main(["from-hf", str(hf), str(back)]) == 0
+    assert main(["from-hf", str(hf), str(back)]) == 0  # the same import, replaced
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine\n")
+    capsys.readouterr()
+    for argv, folder in ((["from-hf", hf, run_a], run_a), (["to-hf", run_a, run_a], run_a),
+                         (["to-hf", run_a, tmp_path / "notes"], tmp_path / "notes"), (["to-hf", other, hf], hf),
+                         (["from-hf", hf, other], other)):
+        before = _files(folder)
+        assert main([str(a) for a in argv]) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("convert error: ") and str(folder) in err and err.count("\n") == 1, err
+        assert _files(folder) == before, argv
+

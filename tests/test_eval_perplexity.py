@@ -218,3 +218,19 @@ def test_outputs_are_checked_before_scoring_and_written_whole(tiny, tmp_path, ca
     err = capsys.readouterr().err
     assert code == 2 and err.startswith(f"error: cannot write {out}") and err.count("\n") == 1, err
     assert out.read_text() == before and sorted(p.name for p in out.parent.iterdir()) == ["perplexity.json"]
+
+
+def test_a_run_is_scored_at_its_newest_checkpoint_beside_stale_root_weights(tmp_path, capsys):
+    """eval.perplexity RUN scores the run's newest checkpoint even when the run's root holds weights (an older
+    version's import or export into the run directory), never those."""
+    from neox_dar.checkpoint import save_weights
+
+    from builders import tiny_model
+
+    run = tmp_path / "run"
+    saved_run(run)
+    save_weights(*tiny_model(seed=3, seq_length=32), run)  # stale weights at the root
+    out = tmp_path / "res.json"
+    assert main([str(run), "--corpora", "c4", "--max-docs", "1", "--no-progress", "--no-wandb", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["step"] == 7 and res["checkpoint"].endswith("step_00000007")
