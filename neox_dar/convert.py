@@ -322,7 +322,9 @@ def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
 def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
     """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
     writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
-    model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``)."""
+    model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``). All of it goes into a
+    folder beside ``out_dir`` that replaces it once complete (:func:`~neox_dar.rundir.staged_dir`): a failure or
+    a kill part-way leaves an earlier export whole."""
     modules = model.attention_modules()
     layers = None
     if any(m.name != "vanilla" for m in modules):
@@ -330,14 +332,14 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
     elif problems := export_problems(cfg):
         raise ConfigError(f"{FAMILIES[cfg.model_family].hf_class} cannot express this model: {'; '.join(problems)}")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, out)
-    tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.weights().items()}
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    config = hf_config_dict(cfg, special_ids) if layers is None else remote_config_dict(cfg, layers, special_ids)
-    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in REMOTE_FILES if layers is not None else ():
-        shutil.copyfile(REMOTE_CODE / name, out / name)
+    with staged_dir(out) as stage:
+        special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, stage)
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.weights().items()}
+        save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
+        config = hf_config_dict(cfg, special_ids) if layers is None else remote_config_dict(cfg, layers, special_ids)
+        (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in REMOTE_FILES if layers is not None else ():
+            shutil.copyfile(REMOTE_CODE / name, stage / name)
     return out
 
 

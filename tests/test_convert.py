@@ -291,3 +291,31 @@ def test_convert_refuses_a_folder_that_is_not_an_export_of_the_same_model(tmp_pa
         assert err.startswith("convert error: ") and str(folder) in err and err.count("\n") == 1, err
         assert _files(folder) == before, argv
 
+
+
+def test_to_hf_replaces_an_export_whole_or_not_at_all(tmp_path, monkeypatch, capsys):
+    """to-hf writes into a folder beside OUT and renames it into place: a failure after the weights are written
+    (a full disk before config.json) leaves the earlier export byte for byte and nothing beside it; the next
+    export replaces it whole."""
+    import errno
+
+    import neox_dar.convert as convert
+    from builders import saved_run
+
+    first, second, hf = tmp_path / "first", tmp_path / "second", tmp_path / "hf"
+    saved_run(first, seed=0)
+    saved_run(second, seed=1)  # the same model, other weights (a newer checkpoint)
+    assert convert.main(["to-hf", str(first), str(hf)]) == 0
+    before = _files(hf)
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(convert, "hf_config_dict", full_disk)
+    capsys.readouterr()
+    assert convert.main(["to-hf", str(second), str(hf)]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    assert _files(hf) == before and sorted(p.name for p in tmp_path.iterdir()) == ["first", "hf", "second"]
+    monkeypatch.undo()
+    assert convert.main(["to-hf", str(second), str(hf)]) == 0
+    assert _files(hf)["model.safetensors"] != before["model.safetensors"] and _files(hf).keys() == before.keys()
