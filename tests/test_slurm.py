@@ -315,3 +315,50 @@ def test_term_during_the_evaluation_stops_the_job(tmp_path, fake_slurm):
     log = (run_dir / "logs" / "job.log").read_text()
     assert "received TERM: stopping the evaluation" in log and "evaluation stopped (TERM)" in log
     assert _requeues(rec) == []
+
+
+def _sbatch_arguments(line: str) -> list[str]:
+    """The arguments sbatch reads from one ``#SBATCH`` line, by SLURM's rules (``get_argument`` in its
+    ``src/sbatch/opt.c``): quotes group characters, a backslash escapes the next one (inside quotes too), an
+    unquoted ``#`` starts a comment, whitespace separates."""
+    args, arg, quote, escaped, started = [], "", "", False, False
+    for ch in line.removeprefix("#SBATCH") + " ":
+        if escaped:
+            arg, escaped, started = arg + ch, False, True
+        elif ch == "\\":
+            escaped = True
+        elif quote:
+            quote, arg = ("", arg) if ch == quote else (quote, arg + ch)
+        elif ch in "\"'":
+            quote, started = ch, True
+        elif ch == "#" or ch.isspace():
+            if started:
+                args.append(arg)
+            arg, started = "", False
+            if ch == "#":
+                break
+        else:
+            arg, started = arg + ch, True
+    return args
+
+
+def test_submit_writes_a_log_folder_with_spaces_as_one_output_argument(tmp_path, tokenized_sample, capsys):
+    """sweep submit into a folder whose name holds spaces, a '#' and quotes: the script's #SBATCH --output line is
+    one argument, the log path, as sbatch reads it; a folder name with a line break is a one-line error."""
+    import yaml
+
+    from neox_dar.sweep.__main__ import main as sweep_main
+
+    path = tmp_path / "s.yml"
+    path.write_text(yaml.safe_dump({**SWEEP, "set": {"train_iters": 20, "data_path": tokenized_sample}}))
+    out = tmp_path / "my runs #1 \"new\" it's"
+    argv = [str(path), "submit", "--dry-run", "--gpus-per-node", "0", "--nproc-per-node", "1", "--out"]
+    assert sweep_main([*argv, str(out)]) == 0
+    script = out / "slurm" / "tiny-sweep.sbatch"
+    line = next(x for x in _sbatch_lines(script.read_text()) if x.startswith("#SBATCH --output"))
+    assert _sbatch_arguments(line) == [f"--output={out}/slurm/logs/%x-%A_%a.out"], line
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    capsys.readouterr()
+    assert sweep_main([*argv, str(tmp_path / "two\nlines")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep error: ") and "line break" in err and err.count("\n") == 1, err

@@ -109,6 +109,18 @@ def render(template: str, values: dict[str, object]) -> str:
     return "\n".join(out) + "\n"
 
 
+def sbatch_quote(value: str) -> str:
+    """``value`` as one argument of an ``#SBATCH`` line. sbatch reads such a line as arguments (its
+    ``get_argument``): quotes group characters (spaces, ``#``), a backslash escapes the next character, even
+    inside quotes, and an unquoted ``#`` starts a comment; a line ends the directive, so a value holding one is a
+    SweepError."""
+    if "\n" in value or "\r" in value:
+        raise SweepError(f"{value!r} holds a line break, which an #SBATCH line cannot carry: choose another folder")
+    if value and not re.search(r"[\s\"'\\#]", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def eval_args(ev: dict | None) -> list[str]:
     """eval.perplexity options from the sweep's ``eval:`` mapping; [] = no evaluation.
 
@@ -182,7 +194,7 @@ def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log
         "mail_user": settings.mail_user,
         "mail_type": settings.mail_type,
         "array": spec if array else None,
-        "output": str(log_dir / ("%x-%A_%a.out" if array else "%x-%j.out")),
+        "output": sbatch_quote(str(log_dir / ("%x-%A_%a.out" if array else "%x-%j.out"))),
         "signal_seconds": settings.signal_seconds,
         "max_requeues": settings.max_requeues,
         "extra_sbatch": "\n".join(f"#SBATCH {opt}" for opt in settings.extra_sbatch),
