@@ -6,7 +6,8 @@
 #                                             #   take the runs in the sweep's order; a worker already running is
 #                                             #   left alone, so running it again is safe (and resumes everything)
 #   bash scripts/results_round2.sh --status   # where each run is (python -m neox_dar.sweep ... status)
-#   bash scripts/results_round2.sh --stop     # the workers start no new run (the running ones finish); --go undoes it
+#   bash scripts/results_round2.sh --stop     # the workers start no new run (the running ones finish); --go, or
+#                                             #   launching again, undoes it
 #   bash scripts/results_round2.sh --publish RUN...  # copy finished runs into results/results-round2 (the report,
 #                                             #   docs/experiments.md's table, and data.json: torch, sha256 of the bytes)
 #   bash scripts/results_round2.sh --publish-finetune RUN...   # the same for results/results-round2-finetune
@@ -211,6 +212,7 @@ EOF
 
 launch() {
   mkdir -p "$WORK/logs"
+  [ ! -e "$WORK/STOP" ] || { rm -f "$WORK/STOP"; log "removed $WORK/STOP (left by --stop): the workers take new runs again"; }
   log "data: $DATA"
   prepare_data
   log "plan: $SWEEP -> $WORK"
