@@ -234,9 +234,9 @@ publish() {  # publish WORK OUT RUN...: finished runs into OUT (results/...): ru
   # table between <!-- NAME:start/end --> (NAME = OUT's folder name), and OUT/data.json (torch, sha256 of the bytes)
   local work=$1 out=$2
   shift 2
+  mkdir -p "$out/runs"
+  cp "$work/sweep.yml" "$out/runs/sweep.yml"   # the sweep as last planned (runs added to it since are in it)
   if [ ! -f "$out/provenance.json" ]; then   # a new folder: only the runs named are published (not the pending ones)
-    mkdir -p "$out/runs"
-    cp "$work/sweep.yml" "$out/runs/sweep.yml"
     "$PY" - "$out" "$PUBLISH_COMMAND" <<'EOF'
 import json, sys
 from pathlib import Path

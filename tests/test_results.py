@@ -89,3 +89,28 @@ def test_round2_provenance_names_torch_the_bytes_and_no_absolute_path(folder):
         assert "save: runs/" in config, run
         for ev in (folder / "runs" / run / "eval").glob("*.json"):
             assert '"/' not in ev.read_text(), ev
+
+
+def round2_rel() -> tuple[dict, float]:
+    """Rel. (%) per run of results/results-round2's first table, and the noise floor from the vanilla seeds."""
+    runs, sweep, _ = collect(ROOT / "results" / "results-round2" / "runs")
+    table = report_tables(runs, sweep.report)[0]
+    rel = {r[0]: dict(zip(table.columns, r))["Rel. (%)"] for r in table.rows}
+    seeds = [rel[n] for n in ("vanilla-seed2", "vanilla-seed3") if isinstance(rel.get(n), float)]
+    return rel, max(abs(v - 100) for v in seeds)
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "results-round2").is_dir(), reason="round 2 not published")
+def test_the_orderings_docs_state_for_round2_seeds_and_dar_threshold():
+    """docs/experiments.md, "Results, second round", (a) and (b)."""
+    rel, floor = round2_rel()
+    assert round(floor, 2) == 1.00 and abs(rel["vanilla-seed3"] - 100) <= floor  # (a): seed 3 within seed 2's floor
+    assert round(rel["vanilla-seed3"], 2) == 100.62
+    dar = {"64": "dar-d64", "32": "dar", "16": "dar-d16"}
+    uni = {"64": "uniform-d64", "32": "uniform", "16": "uniform-d16"}
+    for d in dar:  # (b): uniform far above DAR at every d_down
+        assert rel[uni[d]] > rel[dar[d]] + 10 * floor, d
+    assert rel["uniform-d64"] > rel["uniform"] + floor and rel["dar-d64"] > rel["dar"] + floor  # 64 worse than 32
+    assert rel["uniform-d16"] > rel["uniform-d64"]
+    assert abs(rel["dar"] - rel["swa"]) <= floor and abs(rel["dar-d16"] - rel["swa"]) <= floor
+    assert round(rel["dar-d64"] - rel["swa"], 2) == 2.77
