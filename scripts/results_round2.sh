@@ -90,10 +90,16 @@ prepare_data() {  # as scripts/replicate.sh --cpu: the text, byte-level tokens, 
   fi
 }
 
-reuse_round1() {  # round 1's trained and evaluated runs (same configs: only save and wandb_group differ) join round 2
-  local run src
-  for run in $REUSED; do
-    src=results/replicate-cpu/runs/$run dst=$WORK/$run
+reuse_round1() {  # round 1's trained and evaluated runs (same configs: only save and wandb_group differ) join round 2;
+  # on a machine whose runs/ lost round 2's finished runs, their published files come back the same way (but
+  # vanilla-seed3, whose checkpoint the fine-tuning and DimPO start from: it is trained again, deterministically)
+  local run src dst
+  for src in results/replicate-cpu/runs/* results/results-round2/runs/*; do
+    run=${src##*/}
+    [ -f "$src/status.json" ] && [ -f "$WORK/$run/config.yml" ] || continue
+    case "$src" in results/replicate-cpu/*) case " $REUSED " in *" $run "*) ;; *) continue ;; esac ;; esac
+    [ "$run" = vanilla-seed3 ] && continue
+    dst=$WORK/$run
     [ -f "$dst/status.json" ] && continue
     mkdir -p "$dst/eval"
     cp "$src/status.json" "$src/metrics.jsonl" "$dst/"
