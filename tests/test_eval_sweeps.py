@@ -27,10 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_shipped_sweeps_evaluate_the_hub_corpora_with_the_default_counts():
-    """Every shipped sweep but those that score local files: the two replications (their local files and extra
-    corpus: tests/test_replicate.py, tests/test_results.py) and MSWA's enwik8 sweep (the enwik8 test split, bits per
-    character), whose last --corpora names enwik8 alone."""
-    local = {"replicate-small.yml", "replicate-cpu.yml", "mswa-enwik8.yml"}
+    """Every shipped sweep but those that score local files: the replications and the second round of results
+    (their local files and extra corpus: tests/test_replicate.py, tests/test_results.py) and MSWA's enwik8 sweep
+    (the enwik8 test split, bits per character), whose last --corpora names enwik8 alone."""
+    local = {"replicate-small.yml", "replicate-cpu.yml", "results-round2.yml", "results-round2-finetune.yml",
+             "mswa-enwik8.yml"}
     enwik8 = build_parser().parse_args(["run", *eval_args(load_sweep(ROOT / "configs/sweeps/mswa-enwik8.yml").eval)])
     assert enwik8.source == "local" and enwik8.corpora == "enwik8"
     for path in sorted((ROOT / "configs/sweeps").glob("*.yml")):
