@@ -50,24 +50,9 @@ def category(name: str) -> str:
 def profile(cfg, steps: int, warmup: int, top: int) -> dict:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    from neox_dar.training.batches import micro_batch_loss
-    from neox_dar.training.distributed import init_distributed
-    from neox_dar.training.engine import build_engine
+    from bench.train_throughput import engine_step
 
-    info = init_distributed()
-    engine, model, _ = build_engine(cfg, info)
-    grad_accum = engine.gradient_accumulation_steps()
-    micro = cfg.training.train_micro_batch_size_per_gpu
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.model.vocab_size, (grad_accum, micro, cfg.model.seq_length + 1),
-                           generator=gen).to(info.device)
-
-    def step() -> None:
-        for m in range(grad_accum):
-            x, y = tokens[m, :, :-1], tokens[m, :, 1:]
-            engine.backward(micro_batch_loss(engine, x, y) + model.aux_loss().float())
-            engine.step()
-
+    info, step, grad_accum, micro, _ = engine_step(cfg)
     for _ in range(warmup):
         step()
     synchronize(info.device)

@@ -44,8 +44,9 @@ from neox_dar.provenance import device_name, provenance, synchronize, write_resu
 from neox_dar.training.metrics import peak_flops  # noqa: E402
 
 
-def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
-    """tokens/s, TFLOP/s and MFU of ``steps`` optimizer steps of train.py's DeepSpeed engine (1 rank)."""
+def engine_step(cfg: Config):
+    """train.py's DeepSpeed engine (1 rank) and one optimizer step of it on fixed random tokens: returns
+    ``(info, step, grad_accum, micro, flops)``, ``step()`` running ``grad_accum`` micro-batches of ``micro``."""
     from neox_dar.training.batches import micro_batch_loss
     from neox_dar.training.distributed import init_distributed
     from neox_dar.training.engine import build_engine
@@ -62,6 +63,13 @@ def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
             x, y = tokens[m, :, :-1], tokens[m, :, 1:]
             engine.backward(micro_batch_loss(engine, x, y) + model.aux_loss().float())
             engine.step()
+
+    return info, step, grad_accum, micro, flops
+
+
+def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
+    """tokens/s, TFLOP/s and MFU of ``steps`` optimizer steps of train.py's DeepSpeed engine (1 rank)."""
+    info, step, grad_accum, micro, flops = engine_step(cfg)
 
     for _ in range(warmup):
         step()
