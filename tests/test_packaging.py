@@ -43,6 +43,25 @@ def _wheel_names(wheel: Path) -> tuple[set[str], str, str]:
                 z.read(f"{info}/entry_points.txt").decode())
 
 
+def _source_modules(sources: Path) -> set[str]:
+    """The dotted names of every module under the sources' package folders, as the package installs them."""
+    names = set()
+    for top in ("neox_dar", *TOP):
+        for path in (sources / top).rglob("*.py"):
+            parts = path.relative_to(sources).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            names.add(".".join(parts if top == "neox_dar" else ("neox_dar", *parts)))
+    return names
+
+
+def _wheel_modules(wheel: Path) -> set[str]:
+    """The dotted names of the wheel's Python modules."""
+    with zipfile.ZipFile(wheel) as z:
+        paths = [Path(n) for n in z.namelist() if n.endswith(".py")]
+    return {".".join(p.with_suffix("").parts[:-1] if p.stem == "__init__" else p.with_suffix("").parts)
+            for p in paths}
+
+
 # what a process finds: the package, the kernels the triton path imports, the evaluation module a sweep runs
 PROBE = """
 import importlib, json, torch
@@ -83,6 +102,18 @@ def test_the_wheel_installs_the_folders_inside_neox_dar_and_runs_from_anywhere(s
     run = subprocess.run([sys.executable, "-m", "neox_dar.data_prep.tokenize", "--help"], cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(site)}, capture_output=True, text=True)
     assert run.returncode == 0 and "usage" in run.stdout, run.stderr[-3000:]
+    # every module of the sources is in the wheel, and each imports from it (in one interpreter, the editable
+    # finder of this checkout taken out so nothing is found outside the wheel)
+    modules = _source_modules(sources)
+    assert {n for n in _wheel_modules(wheel)} == modules
+    script = ("import importlib, sys\n"
+              "sys.meta_path[:] = [f for f in sys.meta_path if not f.__module__.startswith('__editable__')]\n"
+              f"for name in {sorted(modules)!r}:\n"
+              "    module = importlib.import_module(name)\n"
+              f"    assert module.__file__.startswith({str(site)!r}), module.__file__\n")
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(site), "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_the_editable_install_maps_the_folders_inside_neox_dar(sources, tmp_path):
