@@ -100,7 +100,8 @@ def _explained_errors() -> tuple[type[BaseException], ...]:
 def _record_failure(cfg, error: BaseException) -> None:
     """Rank 0: status.json = failed with the reason, when the run directory exists (a requeued job then stops).
     Only with the run's lock held: a run another trainer holds is left alone, and so is a run that is done."""
-    from neox_dar.rundir import RunFileError, RunLockedError, lock_run_dir, read_status, write_status
+    from neox_dar.rundir import (RunFileError, RunLockedError, lock_run_dir, read_status, recorded_checkpoint,
+                                 write_status)
 
     save = cfg.run.save and Path(cfg.run.save)
     if not save or not save.is_dir() or os.environ.get("RANK", "0") != "0":
@@ -113,7 +114,7 @@ def _record_failure(cfg, error: BaseException) -> None:
         previous = read_status(save) or {}
         if previous.get("state") != "done":
             write_status(save, "failed", previous.get("step", 0), previous.get("train_iters", cfg.training.train_iters),
-                         reason=f"{type(error).__name__}: {error}"[:500])
+                         checkpoint=recorded_checkpoint(save), reason=f"{type(error).__name__}: {error}"[:500])
     except (OSError, RunFileError) as e:
         print(f"warning: could not record the failure in {save}: {e}", file=sys.stderr)
     finally:

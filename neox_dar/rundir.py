@@ -2,6 +2,7 @@
 
     {save}/config.yml                   the run's resolved config (written when training starts)
     {save}/status.json                  {"state": running|done|interrupted|failed, "step", "train_iters",
+                                         "checkpoint" (the newest checkpoint's step, 0: none yet),
                                          "reason" (failed), "updated_at"}
     {save}/metrics.jsonl                one JSON object per logged step (training and validation rows)
     {save}/eval/*.json                  rolling-window evaluations ({"step", "corpora": {...}})
@@ -587,6 +588,15 @@ def read_status(run_dir: str | Path) -> dict | None:
     """The trainer's status.json, or None before training started."""
     p = Path(run_dir) / STATUS
     return read_json(p) if p.is_file() else None
+
+
+def recorded_checkpoint(run_dir: str | Path) -> int:
+    """The step of the newest checkpoint the run's status.json records (its ``checkpoint``; a status written before
+    that key existed: its step when done or interrupted, which always save), 0 when it records none."""
+    status = read_status(run_dir) or {}
+    if "checkpoint" in status:
+        return int(status["checkpoint"] or 0)
+    return int(status.get("step") or 0) if status.get("state") in ("done", "interrupted") else 0
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:

@@ -39,10 +39,12 @@ from .finetune import merge_lora
 
 @dataclass
 class TrainState:
-    """Where training stands: optimizer steps taken and GLOBAL samples consumed (the data position)."""
+    """Where training stands: optimizer steps taken, GLOBAL samples consumed (the data position) and the step of
+    the newest checkpoint written or resumed (0: none)."""
 
     step: int = 0
     consumed_samples: int = 0
+    checkpoint: int = 0
 
 
 def rng_file(rank: int) -> str:

@@ -22,7 +22,7 @@ from ..data import build_datasets
 from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, CheckpointHold,
                       checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint, read_state,
-                      remove_tree, step_dirs, write_status)
+                      recorded_checkpoint, remove_tree, step_dirs, write_status)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from . import startup
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches
@@ -66,7 +66,8 @@ def _discard_run(save: Path) -> None:
 
 
 class SaveInUseError(CheckpointError):
-    """``save`` holds another run's checkpoints: this run refuses to start and leaves that run's files alone."""
+    """``save`` holds another run's checkpoints, or records checkpoints it no longer holds: this run refuses to start
+    and leaves that run's files alone."""
 
 
 def _choose_start(cfg: Config) -> tuple[Path | None, CheckpointHold | None]:
@@ -74,14 +75,15 @@ def _choose_start(cfg: Config) -> tuple[Path | None, CheckpointHold | None]:
     read, so that the run writing it cannot prune it meanwhile); None = fresh.
 
     ``save`` may hold only this run's own checkpoints: ones written by a run with the same ``load`` source and the
-    same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never) is a
-    CheckpointError unless ``overwrite`` discards it first."""
+    same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never), and a
+    ``save`` whose status.json records a checkpoint when it holds none (its checkpoints moved or deleted: starting
+    again would replace its metrics), is a SaveInUseError unless ``overwrite`` discards it first."""
     save = Path(cfg.run.save)
     clean_leftovers(checkpoints_dir(save))
     how = "train into another 'save', or set overwrite=true to discard them (they are kept otherwise)"
+    problem = None
     if step_dirs(checkpoints_dir(save)):
         own = None if cfg.run.resume == "never" else newest_checkpoint(save)
-        problem = None
         if cfg.run.resume == "never":
             problem = f"{save} already holds checkpoints and resume=never starts a fresh run"
         elif own is None:
@@ -94,6 +96,12 @@ def _choose_start(cfg: Config) -> tuple[Path | None, CheckpointHold | None]:
                            f"this one starts from {cfg.run.load or 'scratch'})")
         if problem is None:
             return own, None
+    elif recorded := recorded_checkpoint(save):
+        problem = (f"{save} holds no checkpoint but its {STATUS} records one at step {recorded} (were its "
+                   f"{checkpoints_dir(save).name}/ moved or deleted?)")
+        how = ("restore its checkpoints to continue it, or set overwrite=true to start it again "
+               "(discarding its metrics, status and evaluations)")
+    if problem is not None:
         if not cfg.run.overwrite:
             raise SaveInUseError(f"{problem}: {how}")
         _discard_run(save)
@@ -182,11 +190,11 @@ def _record_tokenizer(save: Path, tokenizer: Path | None) -> None:
                 "evaluation, generation and export of its checkpoints will need --tokenizer")
 
 
-def _mark_failed(save: Path, step: int, train_iters: int, error: BaseException) -> None:
+def _mark_failed(save: Path, state: TrainState, train_iters: int, error: BaseException) -> None:
     """status.json = failed with the error's first line (a failing status write is logged, not raised)."""
     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
     try:
-        write_status(save, "failed", step, train_iters, reason=reason)
+        write_status(save, "failed", state.step, train_iters, checkpoint=state.checkpoint, reason=reason)
     except OSError as e:
         log.error("could not record the failure in %s: %s", save / STATUS, e)
 
@@ -225,6 +233,8 @@ def train(cfg: Config, info: DistInfo) -> int:
 
         if start_dir is not None and pretrained is None:
             state = load_checkpoint(engine, cfg, info, start_dir)
+            if _is_own(start_dir, save):
+                state.checkpoint = state.step
         else:
             _seed_rank(cfg, info.rank)
         barrier()  # every rank has read the start checkpoint
@@ -242,7 +252,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             logger.message(f"resumed from {start_dir} at step {state.step} ({state.consumed_samples} samples)")
         corpus_eval = CorpusEvaluator(cfg, info) if cfg.run.eval_perplexity.interval else None
         if info.is_main:
-            write_status(save, "running", state.step, cfg.training.train_iters)
+            write_status(save, "running", state.step, cfg.training.train_iters, checkpoint=state.checkpoint)
         peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
         interval_loss: list[torch.Tensor] = []
         interval_t0, interval_steps = time.time(), 0
@@ -311,6 +321,9 @@ def train(cfg: Config, info: DistInfo) -> int:
             if (state.step % cfg.run.checkpoint_factor == 0 or state.step == cfg.training.train_iters or stopping
                     or early_exit):
                 where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n)
+                state.checkpoint = state.step
+                if info.is_main:
+                    write_status(save, "running", state.step, cfg.training.train_iters, checkpoint=state.checkpoint)
                 logger.message(f"saved checkpoint {where}")
                 interval_t0 = time.time()
             if (stopping or early_exit) and state.step < cfg.training.train_iters:
@@ -321,11 +334,11 @@ def train(cfg: Config, info: DistInfo) -> int:
                 break
         if info.is_main:
             write_status(save, "done" if exit_code == EXIT_DONE else "interrupted", state.step,
-                         cfg.training.train_iters)
+                         cfg.training.train_iters, checkpoint=state.checkpoint)
         return exit_code
     except BaseException as e:
         if info.is_main and not isinstance(e, SaveInUseError):
-            _mark_failed(save, state.step, cfg.training.train_iters, e)
+            _mark_failed(save, state, cfg.training.train_iters, e)
         raise
     finally:
         stop.restore()
