@@ -1,4 +1,17 @@
-"""Start-up checks of the data files a config names: ``check_data_files(cfg)``, before any model is built.
+"""Start-up checks of the data files a config names: ``check_data_files(cfg)``, before any model is built, and the
+command that runs them on prefixes a user names::
+
+    python -m neox_dar.data.check PREFIX [PREFIX ...] [CONFIG.yml ...] [key=value ...] [--weights W ...]
+                                  [--world-size N]
+
+The command checks each prefix as ``train.py`` and ``sweep plan`` do (below) for the config the files and
+``key=value`` words give (none: the default config, the Pythia tokenizer's ``vocab_size``), with the prefixes as the
+training data (``train_data_paths``, a blend when there are several, weighted by ``--weights``); without prefixes it
+checks the data the config names. Per prefix it prints documents, tokens, dtype and the token-id range, and the
+manifest ``data_prep.tokenize`` wrote beside it when there is one (its tokenizer, against the config's
+``vocab_file``; its counts, against the files). With a config file it also prints the token budget and the epochs
+of the training data it reads on ``--world-size`` ranks (:func:`neox_dar.training.checks.data_epochs`). A bad prefix or config is one line
+(``data.check: error: ...``, exit 2).
 
 For each ``.bin/.idx`` prefix (``data_path``, or ``train_data_paths`` + ``valid_data_paths``):
 
@@ -21,13 +34,16 @@ the file and, for a token id, its sequence and position.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
+import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..config import Config
+from ..config import Config, ConfigError, load_config, split_args
 from ..progress import progress_bar
 from .conversations import open_pair
 from .gpt_dataset import file_lock
@@ -126,8 +142,9 @@ def _where(ds: IndexedDataset, position: int) -> str:
     return f"sequence {seq}, token {position - int(ds.pointers[seq]) // ds.dtype.itemsize}"
 
 
-def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> None:
-    """Check one ``.bin/.idx`` pair for training with ``cfg``; raises :class:`IndexedDatasetError`."""
+def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> TokenRange | None:
+    """Check one ``.bin/.idx`` pair for training with ``cfg``; raises :class:`IndexedDatasetError`. Returns the
+    token-id range the check found (None with ``data_token_check: skip``)."""
     ds = IndexedDataset(prefix)
     if ds.dtype.kind not in "iu":
         raise IndexedDatasetError(f"{prefix}.idx: token dtype {ds.dtype} is not an integer type (token ids are)")
@@ -148,7 +165,7 @@ def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> None:
                                       f"sequences do not hold seq_length + 1 = {cfg.model.seq_length + 1} tokens "
                                       f"(sequence {int(wrong[0])}: {int(ds.sizes[wrong[0]])})")
     if cfg.data.data_token_check == "skip":
-        return
+        return None
     found = token_range(ds, cfg.data.data_token_check, cache_dir, progress)
     seen = "" if found.scan == "full" else " (in a sample; data_token_check=full scans everything)"
     if found.min < 0:
@@ -159,14 +176,128 @@ def check_data_file(prefix: str, cfg: Config, progress: bool = True) -> None:
         raise IndexedDatasetError(f"{prefix}.bin: token id {found.max} at {_where(ds, found.argmax)} is >= vocab_size "
                                   f"{cfg.model.vocab_size}{seen}: tokenized with another tokenizer, or vocab_size is "
                                   "wrong")
+    return found
 
 
-def check_data_files(cfg: Config, progress: bool = True) -> None:
+def check_data_files(cfg: Config, progress: bool = True) -> dict[str, TokenRange | None]:
     """:func:`check_data_file` for every prefix the config reads, and each label dataset against its token
-    dataset (:func:`~neox_dar.data.conversations.open_pair`: same conversations, signed dtype)."""
-    for prefix in data_prefixes(cfg):
-        check_data_file(prefix, cfg, progress)
+    dataset (:func:`~neox_dar.data.conversations.open_pair`: same conversations, signed dtype). Returns each
+    prefix's token-id range."""
+    found = {prefix: check_data_file(prefix, cfg, progress) for prefix in data_prefixes(cfg)}
     d = cfg.data
     for paths, labels in ((d.train_data_paths, d.train_label_data_paths), (d.valid_data_paths, d.valid_label_data_paths)):
         for prefix, label in zip(paths or (), labels or ()):
             open_pair(prefix, label)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the command
+
+# Run as `python -m neox_dar.data.check`, this file is first imported by its package (neox_dar/data/__init__.py
+# exports check_data_files) and then run again as __main__; runpy warns about that before running it. The second
+# copy only defines functions, so the warning says nothing to a user and is silenced.
+warnings.filterwarnings("ignore", message="'neox_dar.data.check' found in sys.modules", category=RuntimeWarning)
+
+
+def manifest_of(prefix: str) -> tuple[str, dict] | None:
+    """The manifest ``data_prep.tokenize`` wrote for ``prefix``: its path and the entry of this file (documents,
+    tokens) with the manifest's ``tokenizer``; ``PREFIX_valid`` is the held-out file of ``PREFIX``'s manifest. None
+    when there is none; IndexedDatasetError when it is not JSON."""
+    candidates = [(f"{prefix}.manifest.json", None)]
+    if prefix.endswith("_valid"):
+        candidates.append((f"{prefix.removesuffix('_valid')}.manifest.json", "valid"))
+    for path, part in candidates:
+        try:
+            with open(path) as f:
+                manifest = json.load(f)
+        except OSError:
+            continue
+        except ValueError as e:
+            raise IndexedDatasetError(f"{path}: not a JSON manifest ({e})") from None
+        entry = manifest.get(part) if part else manifest
+        if isinstance(entry, dict):
+            return path, {**entry, "tokenizer": manifest.get("tokenizer") or {}}
+    return None
+
+
+def describe_prefix(prefix: str, cfg: Config, found: TokenRange | None) -> tuple[list[str], list[str]]:
+    """What the command prints for a checked prefix: (lines, warnings). Warnings: the manifest's counts differ from
+    the files (replaced after tokenizing), or its tokenizer is not the config's ``vocab_file`` (by sha256)."""
+    from ..tokenizer import TokenizerError, config_vocab_file, tokenizer_sha256
+
+    ds = IndexedDataset(prefix)
+    ids = ("token ids not scanned (data_token_check: skip)" if found is None else
+           f"token ids {found.min}..{found.max} < vocab_size {cfg.model.vocab_size} ({found.scan} scan)")
+    lines = [f"{prefix}: ok: {len(ds):,} documents, {ds.num_tokens:,} tokens, {ds.dtype}, {ids}"]
+    warns = []
+    manifest = manifest_of(prefix)
+    if manifest is None:
+        return lines + ["  no manifest (not written by python -m data_prep.tokenize)"], warns
+    path, entry = manifest
+    tok = entry["tokenizer"]
+    lines.append(f"  manifest {path}: tokenizer {tok.get('path')} ({tok.get('kind')}, vocabulary "
+                 f"{tok.get('vocab_size')}, sha256 {str(tok.get('sha256'))[:12]}), written with "
+                 f"{entry.get('documents', 0):,} documents, {entry.get('tokens', 0):,} tokens")
+    if (entry.get("documents"), entry.get("tokens")) != (len(ds), ds.num_tokens):
+        warns.append(f"{prefix}: the manifest says {entry.get('documents')} documents and {entry.get('tokens')} "
+                     f"tokens, the files hold {len(ds)} and {ds.num_tokens}: they were replaced after tokenizing")
+    try:
+        vocab_file = config_vocab_file(cfg.model)
+    except TokenizerError:
+        vocab_file = None  # train.py reports a missing vocab_file; here only a present one is compared
+    if vocab_file is not None and tok.get("sha256") and tokenizer_sha256(vocab_file) != tok["sha256"]:
+        warns.append(f"{prefix} was tokenized with {tok.get('path')} (sha256 {tok['sha256'][:12]}), not the config's "
+                     f"vocab_file {vocab_file} (sha256 {tokenizer_sha256(vocab_file)[:12]})")
+    return lines, warns
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m neox_dar.data.check", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("words", nargs="*", metavar="PREFIX|CONFIG.yml|KEY=VALUE",
+                   help="data prefixes (PREFIX.bin/.idx), config files (.yml, .yaml) and key=value overrides, in any "
+                        "order")
+    p.add_argument("--weights", type=float, nargs="+", help="blend weights of the prefixes (train_data_weights)")
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the token budget (default 1)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    paths, overrides = split_args(args.words)
+    configs = [w for w in paths if w.endswith((".yml", ".yaml"))]
+    prefixes = [w for w in paths if w not in configs]
+    if prefixes:
+        overrides += ["data_path=null", f"train_data_paths={json.dumps(prefixes)}"]
+        if args.weights is not None:
+            overrides.append(f"train_data_weights={json.dumps(args.weights)}")
+    try:
+        if args.weights is not None and len(args.weights) != len(prefixes):
+            raise ConfigError(f"--weights gives {len(args.weights)} weight(s) for {len(prefixes)} prefix(es)")
+        cfg = load_config(*configs, overrides=overrides)
+        if not data_prefixes(cfg):
+            raise ConfigError("no data to check: name a PREFIX, or a config with data_path or train_data_paths")
+        found = check_data_files(cfg)
+        budget = None
+        if configs:
+            from ..training.checks import data_epochs  # it imports this package
+
+            budget = data_epochs(cfg, args.world_size)
+        for prefix, token_range in found.items():
+            lines, warns = describe_prefix(prefix, cfg, token_range)
+            print("\n".join(lines))
+            for w in warns:
+                print(f"warning: {w}", file=sys.stderr)
+    except (ConfigError, IndexedDatasetError) as e:
+        print(f"data.check: error: {e}", file=sys.stderr)
+        return 2
+    if budget is not None:
+        tokens, epochs = budget
+        print(f"token budget on {args.world_size} rank(s): {tokens:,} tokens (train_iters x global batch x seq_length) "
+              f"= {epochs:.3f} epochs of the training data")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
