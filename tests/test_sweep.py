@@ -84,7 +84,7 @@ def test_plan_writes_resolved_configs_and_is_deterministic(tmp_path, capsys, tok
     args = [str(SWEEPS / "dar-table1.yml"), "plan", "--out", str(tmp_path / "a")]
     assert sweep_main([*args, f"data_path={tokenized_sample}"]) == 0
     first = capsys.readouterr().out
-    assert "19073" in first and "256 x 2048" in first and "7 runs" in first and "checked for 8 rank(s)" in first
+    assert "19073" in first and "32 x 1 x 8 = 256" in first and "7 runs" in first and "checked for 8 rank(s)" in first
     assert sweep_main(args) == 0  # the recorded data_path is reused
     assert capsys.readouterr().out == first
     cfg = load_config(tmp_path / "a" / "dar-d64" / "config.yml")

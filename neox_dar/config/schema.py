@@ -264,13 +264,18 @@ class TrainingConfig:
                     f"* gradient_accumulation_steps ({self.gradient_accumulation_steps}) * world size ({world_size})")
             return self.gradient_accumulation_steps
         if self.train_batch_size % per_step:
-            per_rank, rest = divmod(self.train_batch_size, world_size)
-            fits = [m for m in range(1, min(per_rank, 2 * micro) + 1) if not rest and per_rank % m == 0]
+            fits = self.micro_batches_that_fit(world_size, 2 * micro)
             hint = (f"; micro-batches that fit {world_size} ranks: {', '.join(map(str, fits))}" if fits else
                     f"; {world_size} ranks do not divide it: a global batch of {world_size * micro} x k would")
             raise ConfigError(f"train_batch_size={self.train_batch_size} is not divisible by "
                               f"train_micro_batch_size_per_gpu ({micro}) * world size ({world_size}){hint}")
         return self.train_batch_size // per_step
+
+    def micro_batches_that_fit(self, world_size: int, most: int) -> list[int]:
+        """The micro-batches up to ``most`` that divide ``train_batch_size`` over ``world_size`` ranks, ascending ([]
+        when the ranks do not divide it)."""
+        per_rank, rest = divmod(self.train_batch_size, world_size)
+        return [] if rest else [m for m in range(1, min(per_rank, most) + 1) if per_rank % m == 0]
 
     def global_batch_for(self, world_size: int) -> int:
         return self.train_micro_batch_size_per_gpu * world_size * self.gradient_accumulation_for(world_size)

@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from .cost import budget_warnings, cost_columns, fit_micro_batches
 from .local import run_local
 from ..rundir import METRICS, RunFileError
-from ..training.checks import epochs_line
 from .rundir import run_state
 from .slurm import SlurmSettings, cancel_jobs, extra_corpora, queued_jobs, submit_runs
 from .spec import (SWEEP_COPY, SweepError, check_owner, check_report_settings, check_runs, load_sweep, plan,
@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--world-size", type=int, default=None,
                            help="check the runs for this many data-parallel ranks (default: the sweep's slurm: "
                                 "nodes x processes per node when it has a slurm: mapping, else 1)")
+            s.add_argument("--max-epochs", type=float, default=None,
+                           help="warn only when a run reads its training data more often than this (default: the "
+                                "sweep file's max_epochs, else 1)")
         if name == "run":
             s.add_argument("--local", action="store_true", required=True, help="run here (the only mode of `run`)")
             s.add_argument("--nproc", type=int, default=1, help="processes per run (torchrun --standalone when > 1)")
@@ -136,24 +139,49 @@ def main(argv: list[str] | None = None) -> int:
         else:
             settings = _settings(sweep, args)
             world = settings.world_size
+        for note in fit_micro_batches(planned, world, sweep.overrides):
+            print(f"note: {note}", file=sys.stderr)
         check_runs(planned, world)
         write_plan(sweep, planned, force=args.force)
         if args.command == "plan":
-            for p in planned:
-                for w in p.warnings:
-                    print(f"warning: {p.spec.name}: {w}", file=sys.stderr)
-                budget = epochs_line(p.cfg, world)
-                if budget.startswith("warning:"):
-                    print(f"warning: {p.spec.name}: {budget.removeprefix('warning: ')}", file=sys.stderr)
-            print(f"sweep {sweep.name}: {len(planned)} runs -> {root} (checked for {world} rank(s) each)")
-            print(format_rows([plan_row(p, world) for p in planned]))
-            return 0
+            return _plan(planned, sweep, root, world, args)
         if args.command == "run":
             return _run_local(planned, sweep, args)
         return _submit(planned, sweep, root, settings, args)
     except (SweepError, RunFileError) as e:
         print(f"sweep error: {e}", file=sys.stderr)
         return 2
+
+
+def _plan(planned, sweep, root: Path, world: int, args) -> int:
+    """Print the warnings, the plan with its cost columns (:mod:`neox_dar.sweep.cost`) and what the costs rest on."""
+    max_epochs = args.max_epochs if args.max_epochs is not None else sweep.max_epochs
+    rows, warned, used, unmeasured = [], {}, {}, []
+    for p in planned:
+        for w in p.warnings + budget_warnings(p.cfg, world, max_epochs):
+            warned.setdefault(w, []).append(p.spec.name)
+        row = plan_row(p, world)
+        costs, found = cost_columns(p, world, p.cfg.training.train_iters * p.cfg.training.global_batch_for(world)
+                                    * p.cfg.model.seq_length)
+        rows.append({**row, **costs})
+        if found is None:
+            unmeasured.append(p.spec.name)
+        else:
+            used.setdefault(found.describe(), []).append(p.spec.name)
+    for w, names in warned.items():  # a warning once, with the runs it concerns
+        print(f"warning: {', '.join(names)}: {w}", file=sys.stderr)
+    print(f"sweep {sweep.name}: {len(planned)} runs -> {root} (checked for {world} rank(s) each)")
+    print(format_rows(rows))
+    for found, names in used.items():
+        print(f"GPU-h and wall of {', '.join(names)}: tokens / the throughput measured in {found}")
+    if unmeasured:
+        print(f"no measurement: {', '.join(unmeasured)} (no GPU result in bench/results/ has the model config, "
+              "precision and torch_compile of these runs)")
+    print(f"wall = GPU-h / {world} rank(s), as if each GPU kept its measured one-GPU rate (communication between "
+          "ranks, evaluations and restarts not counted); checkpoint: bytes on disk of one checkpoint (weights, fp32 "
+          "master weights, Adam moments, fp32 model.safetensors); memory/rank: an estimate of the peak GPU memory "
+          "(docs/cluster.md)")
+    return 0
 
 
 def _age(path: Path) -> str:

@@ -20,6 +20,7 @@ A sweep file (YAML)::
     eval: {corpora: [fineweb_edu, c4, wikitext103], max_docs: null}   # or `eval: false`
     slurm: {nodes: 1, gpus_per_node: 8, time: "24:00:00"}  # defaults for `submit` (see slurm.py)
     report: {baseline: {attention_type: vanilla}, group_by: [], metric: token_perplexity}
+    max_epochs: 1                          # `plan` warns when a run reads its training data more often (default 1)
 
 Every run gets a deterministic, readable name, and a resolved config with ``save`` = its run directory,
 ``wandb_group`` = the sweep name, ``wandb_run_name`` = the run name and, when a ``tensorboard_dir`` is set,
@@ -47,7 +48,7 @@ from ..training.checks import check_what_trains
 SWEEP_COPY = "sweep.yml"
 
 _TOP_KEYS = {"name", "description", "configs", "set", "grid", "exclude", "runs", "name_template", "eval", "slurm",
-             "report", "out", "overrides"}
+             "report", "out", "overrides", "max_epochs"}
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 
@@ -83,6 +84,7 @@ class Sweep:
     report: dict = field(default_factory=dict)
     description: str = ""
     overrides: list[str] = field(default_factory=list)
+    max_epochs: float = 1.0
 
     def default_out(self) -> Path:
         return Path(self.raw.get("out") or Path("runs") / self.name)
@@ -242,8 +244,13 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
         overrides = merge_overrides(_as_list(data.get("overrides"), "overrides"))
     except SweepError as e:
         raise SweepError(f"{where}: {e}") from None
+    max_epochs = data.get("max_epochs", 1.0)
+    if isinstance(max_epochs, bool) or not isinstance(max_epochs, (int, float)) or not max_epochs > 0:
+        raise SweepError(f"{where}: 'max_epochs' must be a number > 0 (the epochs of the training data a run may "
+                         f"read without a warning), got {max_epochs!r}")
     return Sweep(name=str(name), path=path, raw=data, configs=base, runs=runs, eval=ev or None, slurm=dict(slurm),
-                 report=dict(report), description=str(data.get("description") or ""), overrides=overrides)
+                 report=dict(report), description=str(data.get("description") or ""), overrides=overrides,
+                 max_epochs=float(max_epochs))
 
 
 def with_overrides(sweep: Sweep, items: list[str]) -> Sweep:
@@ -395,16 +402,19 @@ def _resolved(config_file: Path) -> dict[str, Any]:
 
 
 def plan_row(p: PlannedRun, world_size: int = 1) -> dict[str, Any]:
-    """One row of the plan listing: what a reader checks against the paper, and the epochs of the training data
-    the run's token budget reads on ``world_size`` ranks (data files checked by :func:`check_runs`)."""
+    """One row of the plan listing: what a reader checks against the paper, the batch as it runs on ``world_size``
+    ranks (micro-batch x gradient accumulation x ranks = global batch, in sequences of ``seq`` tokens), and the tokens
+    and epochs of the training data the run reads (data files checked by :func:`check_runs`)."""
     from ..training.checks import data_epochs
 
     m, t = p.cfg.model, p.cfg.training
-    batch = t.train_batch_size if t.train_batch_size is not None else t.train_micro_batch_size_per_gpu
+    accum = t.gradient_accumulation_for(world_size)
+    tokens, epochs = data_epochs(p.cfg, world_size)
     return {"run": p.spec.name, "model": f"L{m.num_layers} d{m.hidden_size} H{m.num_attention_heads}",
             "attention": variant(m.attention.attention_type).summary(m), "steps": t.train_iters,
-            "batch": f"{batch} x {m.seq_length}", "tokens": _tokens(t.train_iters * batch * m.seq_length),
-            "epochs": f"{data_epochs(p.cfg, world_size)[1]:.3g}"}
+            "micro x accum x ranks": f"{t.train_micro_batch_size_per_gpu} x {accum} x {world_size} = "
+                                     f"{t.global_batch_for(world_size)}",
+            "seq": m.seq_length, "tokens": _tokens(tokens), "epochs": f"{epochs:.3g}"}
 
 
 def _tokens(n: int) -> str:

@@ -1,0 +1,173 @@
+"""`sweep plan` at cluster scale (issue 37): presets that fit common GPU counts, the epochs a budget reads, and the
+cost table (GPU-hours from a measured throughput, checkpoint size, peak memory per rank)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from neox_dar.config import load_config
+from neox_dar.sweep.__main__ import main as sweep_main
+from neox_dar.sweep.cost import (RESULTS, checkpoint_bytes, measurement_for, parameter_count, peak_memory)
+
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS = ROOT / "configs" / "sweeps"
+WORLD_SIZES = (1, 8, 16, 32, 64, 128)
+
+
+def _write(tmp_path: Path, spec: dict, name: str = "s.yml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def _rows(out: str) -> dict[str, dict[str, str]]:
+    """The plan table's rows by run name (columns split at two or more spaces)."""
+    import re
+
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    keys = re.split(r"\s{2,}", lines[start].strip())
+    rows = {}
+    for line in lines[start + 1:]:
+        cells = re.split(r"\s{2,}", line.strip())
+        if len(cells) != len(keys):
+            break
+        rows[cells[0]] = dict(zip(keys, cells))
+    return rows
+
+
+def test_the_presets_plan_at_common_cluster_sizes_with_the_papers_batches(tmp_path, capsys, tokenized_sample):
+    """Every Pythia preset with its paper's global batch (DAR: 256 at 14M-70M, 896 at 160M and 410M) plans at 1, 8,
+    16, 32, 64 and 128 ranks: where the preset's micro-batch does not divide the global batch over the ranks, the plan
+    takes the largest one below it that does and says so; the global batch never changes. A micro-batch the user
+    gives is kept, and then a misfit is the config error listing the micro-batches that fit."""
+    spec = {"name": "presets", "set": {"data_path": tokenized_sample},
+            "runs": [{"name": s, "configs": [f"configs/pythia-{s}.yml"]} for s in ("14m", "31m", "70m", "160m", "410m")]}
+    path = _write(tmp_path, spec)
+    papers = {"14m": 256, "31m": 256, "70m": 256, "160m": 896, "410m": 896}
+    for world in WORLD_SIZES:
+        out = tmp_path / f"w{world}"
+        assert sweep_main([str(path), "plan", "--out", str(out), "--world-size", str(world)]) == 0
+        printed = capsys.readouterr()
+        rows = _rows(printed.out)
+        for size, batch in papers.items():
+            cfg = load_config(out / size / "config.yml")
+            micro = cfg.training.train_micro_batch_size_per_gpu
+            preset = load_config(ROOT / f"configs/pythia-{size}.yml").training.train_micro_batch_size_per_gpu
+            assert cfg.training.train_batch_size == batch and micro <= preset
+            accum = cfg.training.gradient_accumulation_for(world)
+            assert micro * accum * world == batch
+            assert rows[size]["micro x accum x ranks"] == f"{micro} x {accum} x {world} = {batch}"
+            assert (f"note: {size}: micro-batch {preset} (its config files') does not divide the global batch {batch} "
+                    f"over {world} ranks: using {micro}" in printed.err) == (micro != preset)
+    # pythia-160m on 16 ranks, the issue's case: 896 / 16 = 56 sequences per rank, 14 x 4
+    assert load_config(tmp_path / "w16" / "160m" / "config.yml").training.train_micro_batch_size_per_gpu == 14
+    assert sweep_main([str(path), "plan", "--out", str(tmp_path / "given"), "--world-size", "16", "--only", "160m",
+                       "train_micro_batch_size_per_gpu=16"]) == 2
+    assert ("micro-batches that fit 16 ranks: 1, 2, 4, 7, 8, 14, 28" in capsys.readouterr().err)
+
+
+def test_the_paper_sweeps_plan_at_16_ranks(tmp_path, capsys, tokenized_sample):
+    """The issue's setup, 2 nodes x 8 GPUs: DAR's Table 1 and Table 2 sweeps plan as shipped (no micro-batch given)."""
+    for name in ("dar-table1", "dar-table2"):
+        assert sweep_main([str(SWEEPS / f"{name}.yml"), "plan", "--out", str(tmp_path / name), "--world-size", "16",
+                           f"data_path={tokenized_sample}"]) == 0
+    assert "checked for 16 rank(s) each" in capsys.readouterr().out
+
+
+def _budget_sweep(tmp_path: Path, data: str, steps: int, **extra) -> Path:
+    """tiny (16 x 128 = 2,048 tokens a step) on the 20,000-token sample: 9 steps read it 0.92 times, 10 steps 1.02."""
+    spec = {"name": "budget", "configs": ["configs/tiny.yml"], "set": {"train_iters": steps, **extra.pop("set", {})},
+            "runs": [{"name": "a"}], **extra}
+    return _write(tmp_path, {**spec, "overrides": [f"train_data_paths=[{data}]"] if data else []}, f"b{steps}.yml")
+
+
+def test_a_budget_above_one_epoch_is_warned_unless_intended(tmp_path, capsys, tokenized_sample):
+    def plan(path, *words):
+        assert sweep_main([str(path), "plan", "--out", str(tmp_path / "out"), "--force", *words]) == 0
+        return capsys.readouterr().err
+
+    assert "reads the training data" not in plan(_budget_sweep(tmp_path, tokenized_sample, 9))
+    err = plan(_budget_sweep(tmp_path, tokenized_sample, 10))
+    assert ("warning: a: the token budget (20,480 tokens) reads the training data 1.02 times, more than max_epochs = 1"
+            in err)
+    assert "reads the training data" not in plan(_budget_sweep(tmp_path, tokenized_sample, 10), "--max-epochs", "1.5")
+    assert "reads the training data" not in plan(_budget_sweep(tmp_path, tokenized_sample, 10, max_epochs=2))
+    assert sweep_main([str(_budget_sweep(tmp_path, tokenized_sample, 10, max_epochs=0)), "plan", "--out",
+                       str(tmp_path / "x")]) == 2
+    assert "'max_epochs' must be a number > 0" in capsys.readouterr().err
+
+
+def test_a_held_out_split_of_a_file_sized_to_the_budget_is_warned(tmp_path, capsys, tokenized_sample):
+    """docs/data.md: do not combine a token budget with split 969,30,1. The sample was tokenized to a budget
+    (--max-tokens 20000, in its manifest): its held-out split is warned about even within one epoch; split=100,0,0
+    is not."""
+    path = _budget_sweep(tmp_path, None, 9, set={"data_path": tokenized_sample, "split": "969,30,1"})
+    assert sweep_main([str(path), "plan", "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    assert (f"warning: a: split '969,30,1' holds 3.1% of {tokenized_sample} out of training (a file tokenized to a "
+            "budget, --max-tokens): the budget reads the rest 0.951 times" in err)
+    assert sweep_main([str(path), "plan", "--out", str(tmp_path / "out"), "split=100,0,0"]) == 0
+    assert "split" not in capsys.readouterr().err
+
+
+def test_the_cost_table_uses_the_measured_throughput_and_says_which(tmp_path, capsys, tokenized_sample):
+    """GPU-hours = tokens / the tokens/s measured on one GPU with the same model config, precision and compile
+    setting (bench/results), wall = GPU-hours / ranks; the file and the card are named; a run no measurement fits
+    says "no measurement", never a number."""
+    assert sweep_main([str(SWEEPS / "dar-table2.yml"), "plan", "--out", str(tmp_path / "t2"), "--world-size", "16",
+                       f"data_path={tokenized_sample}"]) == 0
+    out = capsys.readouterr().out
+    rows = _rows(out)
+    measured = json.loads((RESULTS / "gpu-h200-2026-11-27-fused-loss" / "tp_vanilla.json").read_text())
+    hours = 5450 * 896 * 2048 / measured["engine"]["tokens_per_sec"] / 3600
+    assert rows["160m-vanilla"]["GPU-h"] == f"{hours:,.1f}" and rows["160m-vanilla"]["wall"] == f"{hours * 60 / 16:.0f} min"
+    assert ("GPU-h and wall of 160m-vanilla: tokens / the throughput measured in "
+            "bench/results/gpu-h200-2026-11-27-fused-loss/tp_vanilla.json: NVIDIA H200, vanilla (sdpa), micro-batch 16, "
+            "ZeRO-1, bf16: 367,558 tokens/s per GPU") in out
+    assert "tp_dar.json" in out and rows["160m-dar"]["GPU-h"] != "no measurement"
+    for run in ("70m-vanilla", "70m-dar", "410m-vanilla", "410m-dar"):
+        assert rows[run]["GPU-h"] == rows[run]["wall"] == "no measurement"
+    assert "no measurement: 70m-vanilla, 70m-dar, 410m-vanilla, 410m-dar" in out
+    cfg = load_config(tmp_path / "t2" / "160m-vanilla" / "config.yml")
+    params = parameter_count(cfg)
+    assert params == 162_322_944  # the README's count
+    assert rows["160m-vanilla"]["checkpoint"] == f"{18 * params / 1e9:.2f} GB x 2 kept"
+    assert rows["160m-vanilla"]["memory/rank"] == f"{peak_memory(cfg, params, 16).total / 1e9:.2f} GB"
+
+
+def test_another_dar_bottleneck_or_compile_setting_has_no_measurement():
+    """A measurement fits only the model it measured: DAR at d_down 384 (the measured run had d/4 = 192), or a run
+    with torch_compile where only the eager run of that variant was measured, gets none."""
+    base = ["configs/pythia-160m.yml", "configs/attention/dar.yml"]
+    assert measurement_for(load_config(*base)).path.name == "tp_dar.json"
+    assert measurement_for(load_config(*base, overrides=["dar_d_down=384"])) is None
+    assert measurement_for(load_config(*base, overrides=["torch_compile=true"])) is None
+    assert measurement_for(load_config("configs/pythia-160m.yml", "configs/attention/mswa.yml",
+                                       overrides=["torch_compile=true"])).path.name == "tp_mswa_compile.json"
+
+
+@pytest.mark.parametrize("precision, stage, per_param", [("bf16", 1, 18), ("fp32", 1, 20), ("fp32", 0, 16),
+                                                         ("bf16", 3, 16)])
+def test_checkpoint_bytes_per_parameter(precision, stage, per_param):
+    """What a checkpoint stores per parameter: the module's weights in the training precision (none under ZeRO-3),
+    12 bytes of fp32 master weights and Adam moments (8 in fp32 without ZeRO) and the fp32 safetensors (4)."""
+    cfg = load_config("configs/tiny.yml", overrides=[f"precision={precision}", f"zero_optimization.stage={stage}"])
+    assert checkpoint_bytes(cfg, 1000) == per_param * 1000
+
+
+def test_peak_memory_follows_zero_stage_checkpointing_and_micro_batch():
+    cfg = load_config("configs/pythia-160m.yml", overrides=["precision=bf16"])
+    p = parameter_count(cfg)
+    one, eight = peak_memory(cfg, p, 1), peak_memory(cfg, p, 8)
+    assert one.states == 16 * p and eight.states == pytest.approx(4 * p + 12 * p / 8, abs=1)  # ZeRO-1
+    stage3 = peak_memory(cfg.replace(**{"zero_optimization": {"stage": 3}}), p, 8)
+    assert stage3.states == pytest.approx(16 * p / 8, abs=1)
+    ckpt = peak_memory(cfg.replace(checkpoint_activations=True), p, 1)
+    assert ckpt.activations < one.activations / 5
+    half = peak_memory(cfg.replace(train_micro_batch_size_per_gpu=8), p, 1)
+    assert half.activations == one.activations // 2
