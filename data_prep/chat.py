@@ -45,7 +45,7 @@ from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, id
 from neox_dar.progress import progress_bar
 from neox_dar.rundir import flock_held, write_text_atomic
 
-from .encode import BadRecord, check_unicode, load_json, sha256_file, tokenizer_path
+from .encode import BadRecord, check_unicode, load_json, tokenizer_path
 from .sources import expand_inputs, iter_records
 
 ROLES = ("system", "user", "assistant")

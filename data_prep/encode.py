@@ -8,7 +8,6 @@ tokens as one flat array, so a worker's memory is bounded by one piece, not by a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import resource
@@ -36,14 +35,6 @@ class TokenizerSpec:
     eod_id: int
     vocab_size: int
     bos_id: int | None = None
-
-
-def sha256_file(path: str, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _load(path: str, kind: str):

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
 
 from .byte_tokenizer import DEFAULT_PATH as BYTE_TOKENIZER
-from .encode import sha256_file
 from .tokenize import parse_count
 
 ENWIK8_BYTES = 100_000_000

@@ -20,7 +20,9 @@ import numpy as np
 
 from neox_dar.data.indexed import IndexedDataset, IndexedDatasetWriter, bin_path, idx_path
 
-OWN_FILE = re.compile(r"journal\.jsonl(\.tmp)?|shard_\d{7}(\.tmp)?\.(bin|idx)")
+OWN_FILE = re.compile(r"journal\.jsonl(\.tmp)?|(shard_\d{7}|output_\d)(\.tmp)?\.(bin|idx)"
+                      r"|(\.tmp-)?manifest\.json(\.\d+)?")
+MANIFEST = "manifest.json"  # the outputs' manifest, written here before they are renamed into place
 
 
 class JournalError(RuntimeError):
@@ -29,6 +31,12 @@ class JournalError(RuntimeError):
 
 def shard_prefix(directory: str, shard_id: int) -> str:
     return os.path.join(directory, f"shard_{shard_id:07d}")
+
+
+def shard_output(directory: str, output: int) -> str:
+    """The prefix output ``output`` (0: the validation file when there is one) is merged to, before it is renamed
+    into place."""
+    return os.path.join(directory, f"output_{output}")
 
 
 def _fsync_write(path: str, lines: list[dict]) -> None:

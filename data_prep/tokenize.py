@@ -11,8 +11,12 @@ each shard into pieces of about 1 MiB that the workers tokenize in parallel, so 
 every worker and a worker holds one piece at a time. Finished shards are written to
 ``PREFIX.shards/shard_N.bin/.idx`` and journaled, so a restart after a crash resumes from the last
 finished shard (shards of a different run found there are removed, with a message). At the end the
-shards are merged in order into ``PREFIX.bin/.idx`` (byte-identical for any ``--workers`` and any
-shard size), ``PREFIX.manifest.json`` is written and the shard directory removed.
+shards are merged in order (byte-identical for any ``--workers`` and any shard size) into the shard
+directory, with the manifest, and only then renamed into place: ``PREFIX.manifest.json`` first, then
+``PREFIX_valid.bin/.idx``, ``PREFIX.bin`` and last ``PREFIX.idx``; the shard directory is then removed.
+A kill while they are renamed leaves a ``PREFIX.idx`` that the new manifest does not describe, which
+training refuses (:func:`neox_dar.data.identity.prefix_identity`) until the same command, run again,
+completes the set.
 
 Token budgets: with ``--valid-tokens V`` the first documents go to a held-out validation file
 ``PREFIX_valid.bin/.idx`` until it holds exactly V tokens, and the training file starts at the next
@@ -45,12 +49,13 @@ from typing import Iterator
 
 import numpy as np
 
+from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype, bin_path, idx_path
-from neox_dar.rundir import write_text_atomic
+from neox_dar.rundir import fault_point, write_text_atomic
 
 from .budget import Budget, Segment
-from .encode import PIECE_BYTES, TokenizerSpec, encode_piece, init_worker, load_tokenizer_spec, sha256_file
-from .journal import Journal, shard_prefix
+from .encode import PIECE_BYTES, TokenizerSpec, encode_piece, init_worker, load_tokenizer_spec
+from .journal import MANIFEST, Journal, shard_output, shard_prefix
 from .sources import Record, Source, expand_inputs, iter_records
 
 # Fault injection for tests: SIGKILL this process right after journaling this many shards in a run.
@@ -247,7 +252,7 @@ def _strict(sources: list[Source], bad: list) -> str:
 
 def merge_shards(directory: str, plan: list[tuple[int, list[Segment]]], prefixes: list[str], dtype: np.dtype) -> None:
     """Copy each segment of the plan's shards, in order, to its output ``prefixes[output].bin/.idx``."""
-    writers = [IndexedDatasetWriter(f"{prefix}.merging", dtype) for prefix in prefixes]
+    writers = [IndexedDatasetWriter(f"{prefix}.tmp", dtype) for prefix in prefixes]
     for sid, segments in plan:
         shard = IndexedDataset(shard_prefix(directory, sid))
         starts = np.concatenate([[0], np.cumsum(shard.sizes, dtype=np.int64)])
@@ -288,11 +293,23 @@ def _check_filled(args, budget: Budget, bad: list) -> None:
               f"fewer than --max-tokens {args.max_tokens:,}", file=sys.stderr)
 
 
-def _output(prefix: str, budget: Budget, i: int) -> dict:
-    ds = IndexedDataset(prefix)
-    return {"prefix": os.path.abspath(prefix), "bin_sha256": sha256_file(bin_path(prefix)),
-            "idx_sha256": sha256_file(idx_path(prefix)), "documents": len(ds), "tokens": ds.num_tokens,
+def _output(staged: str, prefix: str, budget: Budget, i: int) -> dict:
+    """The manifest's entry of output ``i``: written at ``staged``, to be renamed to ``prefix``."""
+    ds = IndexedDataset(staged)
+    return {"prefix": os.path.abspath(prefix), "bin_sha256": sha256_file(bin_path(staged)),
+            "idx_sha256": sha256_file(idx_path(staged)), "documents": len(ds), "tokens": ds.num_tokens,
             "truncated_last_document": budget.truncated[i]}
+
+
+def replace_outputs(staged: list[str], prefixes: list[str], manifest: str, out: str) -> None:
+    """Rename the staged outputs into place, the manifest ``PREFIX.manifest.json`` first and the training file's
+    ``.idx`` (the last of ``prefixes``) last, so that until the set is complete the manifest describes another
+    ``PREFIX.idx`` than the one there."""
+    os.replace(manifest, f"{out}.manifest.json")
+    fault_point("data-replacing")
+    for stage, prefix in zip(staged, prefixes):
+        os.replace(bin_path(stage), bin_path(prefix))
+        os.replace(idx_path(stage), idx_path(prefix))
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -329,33 +346,37 @@ def run(argv: list[str] | None = None) -> dict:
         except DataPrepError:
             _report_bad(sources, bad)
             raise
-        merge_shards(shard_dir, shard_plan, prefixes, dtype)
+        staged = [shard_output(shard_dir, i) for i in range(len(prefixes))]
+        merge_shards(shard_dir, shard_plan, staged, dtype)
+        skipped = _report_bad(sources, bad)
+        train = _output(staged[-1], args.out, budget, len(prefixes) - 1)
+        manifest = {
+            "format": "Megatron MMapIndexedDataset (GPT-NeoX), one sequence per document",
+            **train, "dtype": dtype.name, "max_tokens": args.max_tokens,
+            "valid": _output(staged[0], prefixes[0], budget, 0) if args.valid_tokens else None,
+            "valid_tokens": args.valid_tokens,
+            "budget_rule": "the --valid-tokens file takes the first documents, then the training file the next ones; "
+                           "each takes whole documents while they fit, and the first that does not is cut to fill "
+                           "its budget exactly (its tail is dropped)",
+            "eod_id": spec.eod_id, "bos_id": spec.bos_id,
+            "tokenizer": {"path": spec.path, "kind": spec.kind, "sha256": tok_sha, "vocab_size": spec.vocab_size},
+            "inputs": [dict(s.describe(), order=i, sha256=sha256_file(s.path) if s.size is not None else None)
+                       for i, s in enumerate(sources)],
+            "seed": args.seed, "text_key": args.text_key, "txt_mode": args.txt_mode,
+            "shard_bytes": args.shard_bytes, "shard_docs": args.shard_docs, "shards": len(shard_plan),
+            "shards_resumed": resumed, "workers": args.workers,
+            "peak_rss_mb": {"main": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                            "tokenizer_process": round(worker_rss, 1)},
+            "skipped": skipped,
+            "command": "python -m data_prep.tokenize " + shlex.join(sys.argv[1:] if argv is None else argv),
+            "seconds": round(time.time() - t0, 3),
+        }
+        write_text_atomic(os.path.join(shard_dir, MANIFEST), json.dumps(manifest, indent=2) + "\n")
+        replace_outputs(staged, prefixes, os.path.join(shard_dir, MANIFEST), args.out)
         if not args.keep_shards:
             shutil.rmtree(shard_dir)
     finally:
         journal.close()
-    skipped = _report_bad(sources, bad)
-    train = _output(args.out, budget, len(prefixes) - 1)
-    manifest = {
-        "format": "Megatron MMapIndexedDataset (GPT-NeoX), one sequence per document",
-        **train, "dtype": dtype.name, "max_tokens": args.max_tokens,
-        "valid": _output(prefixes[0], budget, 0) if args.valid_tokens else None, "valid_tokens": args.valid_tokens,
-        "budget_rule": "the --valid-tokens file takes the first documents, then the training file the next ones; "
-                       "each takes whole documents while they fit, and the first that does not is cut to fill its "
-                       "budget exactly (its tail is dropped)",
-        "eod_id": spec.eod_id, "bos_id": spec.bos_id,
-        "tokenizer": {"path": spec.path, "kind": spec.kind, "sha256": tok_sha, "vocab_size": spec.vocab_size},
-        "inputs": [dict(s.describe(), order=i, sha256=sha256_file(s.path) if s.size is not None else None)
-                   for i, s in enumerate(sources)],
-        "seed": args.seed, "text_key": args.text_key, "txt_mode": args.txt_mode, "shard_bytes": args.shard_bytes,
-        "shard_docs": args.shard_docs, "shards": len(shard_plan), "shards_resumed": resumed, "workers": args.workers,
-        "peak_rss_mb": {"main": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                        "tokenizer_process": round(worker_rss, 1)},
-        "skipped": skipped,
-        "command": "python -m data_prep.tokenize " + shlex.join(sys.argv[1:] if argv is None else argv),
-        "seconds": round(time.time() - t0, 3),
-    }
-    write_text_atomic(f"{args.out}.manifest.json", json.dumps(manifest, indent=2) + "\n")
     return manifest
 
 

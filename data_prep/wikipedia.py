@@ -34,9 +34,8 @@ import re
 import sys
 from pathlib import Path
 
+from neox_dar.data.identity import sha256_file
 from neox_dar.rundir import write_text_atomic
-
-from .encode import sha256_file
 
 TRAIN_GLOB = "enwiki2015.train.part*.jsonl.zst"
 HELDOUT = "enwiki2015.valid.jsonl.zst"

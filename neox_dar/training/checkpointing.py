@@ -166,8 +166,10 @@ def consolidated_fp32_state(engine, lora_scale: float | None = None) -> dict[str
 # saving
 
 
-def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: TrainState, keep_last_n: int) -> Path:
-    """Write the checkpoint of ``state`` under ``root`` (collective) and return its directory.
+def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: TrainState, keep_last_n: int,
+                    data: dict | None) -> Path:
+    """Write the checkpoint of ``state`` under ``root`` (collective) and return its directory; its ``state.json``
+    records ``data``, the identity of the data trained on (rank 0's; :func:`~neox_dar.data.identity.data_identity`).
 
     A checkpoint of the same step already there (one that failed its check and was skipped on resume) is
     replaced, never kept. Any error removes the temporary directory and raises CheckpointError on every rank."""
@@ -206,6 +208,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
                 "precision": cfg.training.dtype,
                 "code_version": code_version(),
                 "tokenizer_sha256": tokenizer,
+                "data": data,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
             publish(tmp, final)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from ..config import Config, load_config
 from ..data import build_datasets
+from ..data.identity import data_change, data_identity
 from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, CheckpointHold,
                       checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint, read_state,
@@ -70,14 +71,16 @@ class SaveInUseError(CheckpointError):
     and leaves that run's files alone."""
 
 
-def _choose_start(cfg: Config) -> tuple[Path | None, CheckpointHold | None]:
+def _choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold | None]:
     """Rank 0: the checkpoint this run continues (its own, in ``save``) or starts from (``load``; held until it is
     read, so that the run writing it cannot prune it meanwhile); None = fresh.
 
     ``save`` may hold only this run's own checkpoints: ones written by a run with the same ``load`` source and the
-    same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never), and a
-    ``save`` whose status.json records a checkpoint when it holds none (its checkpoints moved or deleted: starting
-    again would replace its metrics), is a SaveInUseError unless ``overwrite`` discards it first."""
+    same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never), its own
+    checkpoint trained on other data than ``data`` (:func:`~neox_dar.data.identity.data_identity`: the run could
+    not continue exactly), and a ``save`` whose status.json records a checkpoint when it holds none (its checkpoints
+    moved or deleted: starting again would replace its metrics), is a SaveInUseError unless ``overwrite`` discards
+    it first."""
     save = Path(cfg.run.save)
     clean_leftovers(checkpoints_dir(save))
     how = "train into another 'save', or set overwrite=true to discard them (they are kept otherwise)"
@@ -94,6 +97,10 @@ def _choose_start(cfg: Config) -> tuple[Path | None, CheckpointHold | None]:
             if prior is not None and _source(prior.run.load) != _source(cfg.run.load):
                 problem = (f"{save} holds the checkpoints of another run (started from {prior.run.load or 'scratch'}; "
                            f"this one starts from {cfg.run.load or 'scratch'})")
+            elif (change := data_change(read_state(own).get("data"), data)) is not None:
+                problem = f"the data changed since {own} was written: {change}"
+                how = (f"restore that data to continue the run exactly, continue from its checkpoint in a new run "
+                       f"(save=NEW load={save}), or set overwrite=true to discard it")
         if problem is None:
             return own, None
     elif recorded := recorded_checkpoint(save):
@@ -119,15 +126,18 @@ def _choose_start(cfg: Config) -> tuple[Path | None, CheckpointHold | None]:
     return None, None
 
 
-def _start_point(cfg: Config, info: DistInfo) -> tuple[Path | None, Path | None, CheckpointHold | None]:
+def _start_point(cfg: Config, info: DistInfo
+                 ) -> tuple[Path | None, Path | None, CheckpointHold | None, dict | None]:
     """The checkpoint to continue (or, finetuning, take the weights of) and the tokenizer the run records
     (:func:`neox_dar.tokenizer.run_tokenizer`), decided by rank 0 and shared with every rank (collective); and, on
-    rank 0, the hold on a ``load`` checkpoint (release it once every rank has read it)."""
+    rank 0, the hold on a ``load`` checkpoint (release it once every rank has read it) and the identity of the
+    data (:func:`~neox_dar.data.identity.data_identity`, for the checkpoints to record)."""
     decision: list = [None]
-    held = None
+    held = data = None
     if info.is_main:
         try:
-            start, held = _choose_start(cfg)
+            data = data_identity(cfg)
+            start, held = _choose_start(cfg, data)
             decision[0] = ("start", (start, run_tokenizer(cfg.model, start)))
         except Exception as e:  # shared with the other ranks, which would otherwise wait forever
             if held is not None:
@@ -137,7 +147,7 @@ def _start_point(cfg: Config, info: DistInfo) -> tuple[Path | None, Path | None,
     kind, value = decision[0]
     if kind == "error":
         raise value
-    return (*value, held)
+    return (*value, held, data)
 
 
 def _is_own(step_dir: Path, save: Path) -> bool:
@@ -209,7 +219,7 @@ def train(cfg: Config, info: DistInfo) -> int:
     state = TrainState()
     logger = held = None
     try:
-        start_dir, tokenizer, held = _start_point(cfg, info)
+        start_dir, tokenizer, held, data = _start_point(cfg, info)
         if run_lock is not None:
             run_lock.record()
             _record_tokenizer(save, tokenizer)
@@ -320,7 +330,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             early_exit = bool(cfg.run.exit_interval) and state.step % cfg.run.exit_interval == 0
             if (state.step % cfg.run.checkpoint_factor == 0 or state.step == cfg.training.train_iters or stopping
                     or early_exit):
-                where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n)
+                where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n, data)
                 state.checkpoint = state.step
                 if info.is_main:
                     write_status(save, "running", state.step, cfg.training.train_iters, checkpoint=state.checkpoint)
