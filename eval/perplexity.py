@@ -19,15 +19,16 @@ import argparse
 import json
 import sys
 import warnings
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
 
 from neox_dar.evaluation.corpora import ALL_CORPORA, CORPORA, CorpusError, manifest_hash
-from neox_dar.evaluation.loading import DTYPES, load_for_eval
+from neox_dar.evaluation.loading import DTYPES, is_hf_folder, load_for_eval
 from neox_dar.evaluation.perplexity import (SWEEP_MANIFEST, load_corpora, pinned_corpora, score_corpus,
                                           sweep_manifest_path)
-from neox_dar.rundir import check_writable, write_error, write_text_atomic
+from neox_dar.rundir import check_writable, held_checkpoint, write_error, write_text_atomic
 from neox_dar.tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
 
 
@@ -115,10 +116,13 @@ def main(argv: list[str] | None = None) -> int:
         else:
             manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
             docs, entries = load_corpora(*corpus_args, manifest)
-        loaded = load_for_eval(args.checkpoint, args.device, args.dtype, args.attention_impl)
-        tokenizer_path = tokenizer_file(loaded.cfg, args.tokenizer, loaded.model_dir)
-        tokenizer = load_tokenizer(path=tokenizer_path)
-        prefix = prefix_token_id(tokenizer_path, args.prefix_token)
+        with ExitStack() as held:  # a run's checkpoint is held while its weights and tokenizer are read
+            where = (args.checkpoint if is_hf_folder(args.checkpoint)
+                     else held.enter_context(held_checkpoint(args.checkpoint)))
+            loaded = load_for_eval(where, args.device, args.dtype, args.attention_impl)
+            tokenizer_path = tokenizer_file(loaded.cfg, args.tokenizer, loaded.model_dir)
+            tokenizer = load_tokenizer(path=tokenizer_path)
+            prefix = prefix_token_id(tokenizer_path, args.prefix_token)
         max_length = args.max_length or loaded.cfg.seq_length
         if max_length > loaded.cfg.max_position_embeddings:
             raise ValueError(f"--max-length {max_length} exceeds max_position_embeddings "

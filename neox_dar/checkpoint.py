@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import ConfigError, ModelConfig, load_config, model_config_from_flat, model_flat
 from .model import CausalLM, build_model
-from .rundir import CONFIG, MODEL_CONFIG, WEIGHTS, CheckpointError, resolve_checkpoint, write_manifest
+from .rundir import CONFIG, MODEL_CONFIG, WEIGHTS, CheckpointError, held_checkpoint, write_manifest
 from .tokenizer import recorded_tokenizer, tokenizer_sha256
 
 
@@ -77,14 +77,15 @@ def check_weight_shapes(weights: Path, model: torch.nn.Module) -> None:
 def load_model(path: str | Path, map_location: str | torch.device = "cpu",
                attention_impl: str | None = None) -> tuple[CausalLM, ModelConfig]:
     """Load ``(model, model config)`` from a verified checkpoint written by training or by :func:`save_weights`;
-    ``attention_impl`` (reference, sdpa, triton) replaces the checkpoint's attention path."""
-    step_dir = resolve_checkpoint(path)
-    cfg = read_model_config(step_dir)
-    if attention_impl is not None:
-        cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
-    with torch.device("meta"):
-        model = build_model(cfg)
-    check_weight_shapes(step_dir / WEIGHTS, model)
-    state = load_file(str(step_dir / WEIGHTS), device=str(map_location))
+    ``attention_impl`` (reference, sdpa, triton) replaces the checkpoint's attention path. The checkpoint is held
+    while it is read (:func:`~neox_dar.rundir.held_checkpoint`: the run writing it cannot prune it meanwhile)."""
+    with held_checkpoint(path) as step_dir:
+        cfg = read_model_config(step_dir)
+        if attention_impl is not None:
+            cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
+        with torch.device("meta"):
+            model = build_model(cfg)
+        check_weight_shapes(step_dir / WEIGHTS, model)
+        state = load_file(str(step_dir / WEIGHTS), device=str(map_location))
     model.load_weights(state, assign=True)
     return model, cfg

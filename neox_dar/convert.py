@@ -49,8 +49,7 @@ from .config import ConfigError, ModelConfig, model_config_from_flat, model_flat
 from .config.schema import key_sections
 from .families import FAMILIES
 from .model import CausalLM, build_model, init_weights
-from .rundir import (CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, resolve_checkpoint,
-                     staged_dir)
+from .rundir import CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, held_checkpoint, staged_dir
 from .tokenizer import SPECIAL_TOKENS, TOKENIZER_FILES, copy_tokenizer, special_token_ids, tokenizer_file
 
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
@@ -548,10 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = Path(args.out_dir)
         if args.direction == "to-hf":
-            step_dir = resolve_checkpoint(args.checkpoint)
-            check_out_dir(out, read_model_config(step_dir), args.direction)
-            model, cfg = load_model(step_dir)
-            to_hf(model, cfg, out, tokenizer_file(cfg, args.tokenizer, step_dir))
+            with held_checkpoint(args.checkpoint) as step_dir:  # its weights and tokenizer, whatever its run prunes
+                check_out_dir(out, read_model_config(step_dir), args.direction)
+                model, cfg = load_model(step_dir)
+                to_hf(model, cfg, out, tokenizer_file(cfg, args.tokenizer, step_dir))
         else:
             if (Path(args.hf_dir) / "tokenizer.json").is_file():  # before anything is read or written
                 check_tokenizer_json(Path(args.hf_dir) / "tokenizer.json")

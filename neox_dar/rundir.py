@@ -430,6 +430,18 @@ def hold_checkpoint(path: str | Path, attempts: int = 3, warn: Callable[[str], A
                           "the run writing them still pruning?): start again")
 
 
+@contextmanager
+def held_checkpoint(path: str | Path) -> Iterator[Path]:
+    """:func:`hold_checkpoint` for the length of a block, which gets the checkpoint's directory: a command that
+    reads a checkpoint of a run still training (its weights, then its tokenizer) reads it whole, never a checkpoint
+    pruned half-way."""
+    held = hold_checkpoint(path)
+    try:
+        yield held.path
+    finally:
+        held.release()
+
+
 def _prunable(step_dir: Path) -> int | None:
     """An exclusive flock on ``step_dir`` (held while it is renamed away), or None when a reader holds it."""
     fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
