@@ -274,9 +274,11 @@ def test_grouped_query_attention_matches_reference(variant, B, H, Hkv, T, D):
 
 
 def kernel_ops():
-    """Each kernel's forward and backward custom op with arguments (small, random; the gate routes ~40%)."""
+    """Each kernel's forward and backward custom op with arguments (small, random; the gate routes ~40%), and the
+    decode step's range attention (inference only)."""
     from kernels.aha import aha_backward, aha_forward
     from kernels.dar import dar_backward, dar_forward
+    from kernels.decode import range_attention_op
     from kernels.mswa import mswa_backward, mswa_forward
 
     torch.manual_seed(6)
@@ -286,12 +288,15 @@ def kernel_ops():
     mswa_o, mswa_lse = mswa_forward(q, k, v, [4, 9], True)
     dar_o, dar_lse = dar_forward(q, k, v, kg, vg, 5)
     aha_out = aha_forward(q, k, v, gate, 5)
+    hi = torch.tensor([[[7, 19], [0, 12]]], dtype=torch.int32, device=DEVICE)
+    ranges = (hi - torch.tensor([[[3, 19], [0, 4]]], dtype=torch.int32, device=DEVICE), hi)
     return {"mswa_forward": (mswa_forward, (q, k, v, [4, 9], True)),
             "mswa_backward": (mswa_backward, (q, k, v, mswa_o, mswa_lse, do, [4, 9], True)),
             "dar_forward": (dar_forward, (q, k, v, kg, vg, 5)),
             "dar_backward": (dar_backward, (q, k, v, kg, vg, dar_o, dar_lse, do, 5)),
             "aha_forward": (aha_forward, (q, k, v, gate, 5)),
-            "aha_backward": (aha_backward, (q, k, v, aha_out[0], aha_out[1], aha_out[2], aha_out[3], do, 5))}
+            "aha_backward": (aha_backward, (q, k, v, aha_out[0], aha_out[1], aha_out[2], aha_out[3], do, 5)),
+            "range_attention": (range_attention_op, (q[:, :, :2], k, v, *ranges))}
 
 
 def test_kernels_are_custom_ops_whose_fakes_and_autograd_pass_opcheck():
@@ -551,6 +556,15 @@ def test_bad_inputs_raise_clear_errors():
         mswa_attention(q, q, q, [1, -2])
     with pytest.raises(ValueError, match="gate must be a bool tensor"):
         aha_attention(q, q, q, torch.ones(1, 2, 8), 4)
+    from kernels import range_attention
+
+    r = torch.zeros(1, 2, 8, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"lo must be int32 \(1, 2, 8\)"):
+        range_attention(q, q, q, r.long(), r)
+    with pytest.raises(ValueError, match=r"k, v \(B, H_kv, S, d_h\) expected"):
+        range_attention(q, q, small(shape=(1, 2, 9, 16)), r, r)
+    with pytest.raises(TypeError, match="share one of"):
+        range_attention(q, q, q.double(), r, r)
     if not ON_GPU:
         with pytest.raises(TypeError, match="interpreter computes bfloat16"):
             mswa_attention(*(small(torch.bfloat16),) * 3, torch.tensor([1, 2]))
@@ -917,3 +931,92 @@ def test_tiny_model_triton_matches_reference(attention_type, window):
         assert router and all(ref_grads[n].abs().sum() > 0 for n in router)
     bad = {n: rel_err(tri_grads[n], g) for n, g in ref_grads.items() if not rel_err(tri_grads[n], g) < 1e-4}
     assert not bad, f"{attention_type}: gradients differ: {bad}"
+
+
+# ------------------------------------------------------------------------------------------------ decode
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("H,Hkv,T,S,D", [(4, 2, 1, 70, 16), (2, 2, 3, 97, 24), (3, 1, 2, 5, 64)])
+def test_range_attention_reads_each_rows_key_range(H, Hkv, T, S, D, dtype):
+    """Random inclusive ranges (single keys, whole caches, ranges across the kernel's chunks) against float64
+    softmax attention over each row's slice; strided keys (a view of a longer cache, as the decode reads it)."""
+    from kernels import range_attention
+
+    torch.manual_seed(11)
+    B = 2
+    q = torch.randn(B, H, T, D, device=DEVICE, dtype=dtype)
+    k, v = (torch.randn(B, Hkv, S + 9, D, device=DEVICE, dtype=dtype)[:, :, :S] for _ in range(2))
+    hi = torch.randint(0, S, (B, H, T), device=DEVICE)
+    lo = (hi - torch.randint(0, S, (B, H, T), device=DEVICE)).clamp(min=0)
+    lo[0, 0, 0], hi[0, 0, 0] = 0, S - 1
+    lo[-1, -1, -1] = hi[-1, -1, -1]
+    out = range_attention(q, k, v, lo.int(), hi.int())
+    ref = torch.empty(B, H, T, D, dtype=torch.float64)
+    for b, h, t in [(b, h, t) for b in range(B) for h in range(H) for t in range(T)]:
+        keys = slice(int(lo[b, h, t]), int(hi[b, h, t]) + 1)
+        kk, vv = k[b, h // (H // Hkv), keys].double().cpu(), v[b, h // (H // Hkv), keys].double().cpu()
+        ref[b, h, t] = torch.softmax(kk @ q[b, h, t].double().cpu() / math.sqrt(D), 0) @ vv
+    assert out.dtype == dtype and rel_err(out.cpu(), ref) < TOL[dtype]
+
+
+class HostSyncs:
+    """The PyTorch operators a call runs that make the host wait for the device (a value read back, or an output
+    whose shape depends on the values); Triton launches (whose interpreter moves tensors with PyTorch) left out."""
+
+    SYNCING = {"nonzero", "nonzero_numpy", "_local_scalar_dense", "is_nonzero", "equal", "masked_select", "unique", "_unique2",
+               "unique_consecutive", "repeat_interleave", "argwhere"}
+
+    def __init__(self, monkeypatch):
+        self.count = Launches(monkeypatch)
+
+    def __call__(self, fn) -> list[str]:
+        _, _, ops = self.count(fn)
+        return [op for op in ops if op in self.SYNCING]
+
+
+@pytest.mark.parametrize("family", ["llama"])
+def test_aha_decode_on_the_kernel_equals_the_full_forward_without_host_syncs(family, monkeypatch):
+    """AHA's decode step on ``attention_impl: triton`` (the kernels' ``range_attention`` with each row's key range):
+    logits equal the full forward's, prompts of different lengths in one batch (padding columns), gates both open
+    and closed, contexts longer than the window and the kernel's chunks; no PyTorch operator of a step waits for
+    the device (on a GPU also checked by CUDA's sync debug mode), and each layer launches the range kernel's two
+    passes, nothing else of Triton."""
+    from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
+
+    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "attention_type": "aha", "window_size": 4, "precision": "fp32",
+            **({"num_kv_heads": 4} if family == "gpt_neox" else {})}  # GPT-NeoX: one key/value head per query head
+    torch.manual_seed(3)
+    models = {impl: build_model(config(FAMILY_PRESETS[family], **keys, attention_impl=impl).model).to(DEVICE).eval()
+              for impl in ("triton", "reference")}
+    with torch.no_grad():
+        for m in models["triton"].attention_modules():
+            m.router.weight.normal_(0.0, 1.0)  # gates open and closed (the router starts at 0: s = 0.5, closed)
+    models["reference"].load_state_dict(models["triton"].state_dict())
+    model = models["triton"]
+    lengths, N = [5, 2, 24], 10  # the longest row's context (34) spans two of the interpreter's chunks (32)
+    seqs = [torch.randint(0, model.cfg.vocab_size, (n + N,), device=DEVICE) for n in lengths]
+    syncs, count = HostSyncs(monkeypatch), Launches(monkeypatch)
+    steps, gates = [], []
+    with torch.inference_mode():
+        cache = model.new_cache(lengths, N)
+        steps.append(model.prefill([s[:n] for s, n in zip(seqs, lengths)], cache)[:, None])
+        for t in range(N - 1):
+            ids = torch.stack([s[n + t] for s, n in zip(seqs, lengths)])[:, None]
+            if t == 0:
+                _, triton_ops, _ = count(lambda: model.decode(ids, cache))
+                assert triton_ops == ["_range_partial_kernel", "_range_merge_kernel"] * model.cfg.num_layers
+                cache.layout.length -= 1  # the step again, counted for host syncs
+            if ON_GPU:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                found = syncs(lambda: steps.append(model.decode(ids, cache)))
+            finally:
+                if ON_GPU:
+                    torch.cuda.set_sync_debug_mode("default")
+            assert found == [], f"step {t}: host-synchronising operators {found}"
+            gates += [m.token_stats["mu_f"] for m in model.attention_modules()]
+        got = torch.cat(steps, 1)
+        for b, (s, n) in enumerate(zip(seqs, lengths)):
+            full = models["reference"](s[None])[0, n - 1:n + N - 1]
+            torch.testing.assert_close(got[b], full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+    opened = torch.cat([g.flatten() for g in gates]).float().mean().item()
+    assert 0.1 < opened < 0.9, opened  # both paths are exercised

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..standalone.aha import AHALayer
+from ..standalone.cache import Layout, step_keys
 from .base import Attention
 from .specs.aha import AHASpec
 from .masks import masked_attention, window_mask
@@ -59,6 +60,18 @@ def aha_sdpa(q, k, v, gate: torch.Tensor, window: int) -> torch.Tensor:
         o = path(qf[:, idx], kf[:, idx], vf[:, idx])[0]
         out = out.index_add(0, idx, o * selected[idx, :, None].to(o.dtype))
     return out.view(B, H, T, D)
+
+
+def aha_key_ranges(layout: Layout, count: int, gate: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache columns each of the ``count`` new columns (``layout.length ..``) reads: ``lo``, ``hi`` int32
+    (B, H, T), inclusive. An open gate reads from its row's first real column, a closed one its last ``window``
+    columns; a padding column (left of its row's start) reads only itself, as in
+    :meth:`~neox_dar.standalone.cache.Layout.key_ok`. ``gate`` (B, H, T) bool."""
+    cols = layout.columns(layout.length, count)  # (T,)
+    start = layout.start[:, None, None]  # (B, 1, 1)
+    first = torch.maximum(torch.where(gate, 0, cols - (window - 1)), start)
+    lo = torch.where(cols >= start, first, cols)
+    return lo.to(torch.int32), cols.to(torch.int32).expand_as(lo)
 
 
 class AHAAttention(AHASpec, AHALayer, Attention):
@@ -120,6 +133,17 @@ class AHAAttention(AHASpec, AHALayer, Attention):
         self.stats = {"mu_f": g.float().mean(dim=(0, 1))}
         self.token_stats = {"mu_f": g}
         return g
+
+    def cache_attention(self, q, cache, k, v, gate: torch.Tensor) -> torch.Tensor:
+        """On the ``triton`` path, one pass of the kernels' ``range_attention`` with each row's key range
+        (:func:`aha_key_ranges`): no host synchronisation, no copy of the cache, the whole cache read only for the
+        open gates; elsewhere the standalone layer's :func:`~neox_dar.standalone.aha.aha_attention`."""
+        if self.resolved_impl(q.device) != "triton":
+            return super().cache_attention(q, cache, k, v, gate)
+        (group,) = cache.groups
+        keys, _ = step_keys(group.ring, {"k": k, "v": v}, None)  # every column, slot = column
+        lo, hi = aha_key_ranges(cache.layout, q.shape[2], gate, self.window)
+        return triton_kernels(q.device).range_attention(q, keys["k"], keys["v"], lo, hi)
 
     def head_windows(self) -> list[int | None]:
         """The local path's window (the full path is extra: see :meth:`attended_keys`)."""

@@ -69,4 +69,9 @@ class AHALayer(AttentionLayer):
     def decode(self, a: torch.Tensor, cache: WindowedKV, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos, sin)
         gate = self.gate(a).transpose(1, 2)  # (B, H, T)
-        return self.merge_heads(aha_attention(q, cache, k, v, gate, self.window, self.head_dim ** -0.5))
+        return self.merge_heads(self.cache_attention(q, cache, k, v, gate))
+
+    def cache_attention(self, q: torch.Tensor, cache: WindowedKV, k: torch.Tensor, v: torch.Tensor,
+                        gate: torch.Tensor) -> torch.Tensor:
+        """:func:`aha_attention` of the new columns over ``cache`` (stores ``k``, ``v``)."""
+        return aha_attention(q, cache, k, v, gate, self.window, self.head_dim ** -0.5)
