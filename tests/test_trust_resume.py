@@ -97,3 +97,20 @@ def test_a_tokenize_killed_while_it_replaces_a_set_leaves_none_that_trains(tmp_p
         assert [sha256_file(prefix + ext) for ext in (".bin", ".idx")] == [entry["bin_sha256"], entry["idx_sha256"]]
     assert manifest["inputs"][0]["path"].endswith("reversed.jsonl")
     train(tmp_path / "run", str(data), *SHORT)
+
+
+def test_a_copied_run_started_from_its_config_says_which_run_it_trains(data, tmp_path):
+    """`cp -r RUN COPY; python train.py COPY/config.yml`: a warning names both directories and the save= that trains
+    the copy; the run that config's save names is the one continued (here: finished, so nothing trains), and COPY is
+    left as it was. (Before: it silently continued RUN.)"""
+    save, copy = tmp_path / "run", tmp_path / "copy"
+    train(save, data, *SHORT)
+    shutil.copytree(save, copy)
+    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    out = subprocess.run([sys.executable, "train.py", str(copy / "config.yml")], cwd=ROOT, env=train_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (f"warning: {copy / 'config.yml'} is the config of the run directory {copy}, but it names save={save}: "
+            f"this trains (and continues) {save}, not {copy}; add save={copy} to train the run in that directory"
+            ) in out.stderr.splitlines()
+    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before

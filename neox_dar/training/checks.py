@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError, check_data_files
+from ..rundir import CONFIG, STATUS, checkpoints_dir
 
 # a token budget that reads the training data more often than this is warned about (repeating data beyond about
 # four epochs stops helping: Muennighoff et al., "Scaling Data-Constrained Language Models", 2023)
@@ -63,6 +64,21 @@ def check_training_config(cfg: Config, world_size: int) -> None:
         check_data_files(cfg)
     except IndexedDatasetError as e:
         raise ConfigError(str(e)) from None
+
+
+def other_run_warning(paths: list[str], cfg: Config) -> str | None:
+    """A warning when a config file given is a run directory's ``config.yml`` (beside its ``status.json`` or
+    ``checkpoints/``: a run copied or moved elsewhere, started again from its config) while ``save`` names another
+    directory: training continues ``save``, not the run the config came from."""
+    save = Path(cfg.run.save).resolve()
+    for path in map(Path, paths):
+        folder = path.parent.resolve()
+        is_run = (folder / STATUS).is_file() or checkpoints_dir(folder).is_dir()
+        if path.name == CONFIG and is_run and folder != save:
+            return (f"warning: {path} is the config of the run directory {path.parent}, but it names "
+                    f"save={cfg.run.save}: this trains (and continues) {cfg.run.save}, not {path.parent}; add "
+                    f"save={path.parent} to train the run in that directory")
+    return None
 
 
 def data_epochs(cfg: Config, world_size: int) -> tuple[int, float]:
