@@ -175,10 +175,10 @@ def measurement_for(cfg: Config, results: Path = RESULTS) -> Measurement | None:
 def fit_micro_batches(planned: list[PlannedRun], world_size: int, user_overrides: list[str]) -> list[str]:
     """For each run whose micro-batch came from its config files (not from the sweep's ``set:``, grid or runs, nor
     from the ``key=value`` overrides) and does not divide the global batch over ``world_size`` ranks: the largest
-    micro-batch below it that does (the memory stays within the config's). Changes the runs' configs; returns one
-    note per change."""
+    micro-batch below it that does (the memory stays within the config's). Changes the runs' configs; returns the
+    notes, each once with the runs it concerns."""
     given = {override_key(o) for o in user_overrides}
-    notes = []
+    notes: dict[str, list[str]] = {}
     for p in planned:
         t = p.cfg.training
         chosen = {k.replace("-", "_") for k in p.spec.overrides} | given
@@ -191,10 +191,11 @@ def fit_micro_batches(planned: list[PlannedRun], world_size: int, user_overrides
             continue  # the ranks do not divide the global batch: check_runs says so
         old, new = t.train_micro_batch_size_per_gpu, fits[-1]
         p.cfg = p.cfg.replace(train_micro_batch_size_per_gpu=new)
-        notes.append(f"{p.spec.name}: micro-batch {old} (its config files') does not divide the global batch "
-                     f"{t.train_batch_size} over {world_size} ranks: using {new} (accumulation "
-                     f"{t.train_batch_size // (new * world_size)}); set train_micro_batch_size_per_gpu to choose")
-    return notes
+        notes.setdefault(f"micro-batch {old} (from the config files) does not divide the global batch "
+                         f"{t.train_batch_size} over {world_size} ranks: using {new} (accumulation "
+                         f"{t.train_batch_size // (new * world_size)}); set train_micro_batch_size_per_gpu to choose",
+                         []).append(p.spec.name)
+    return [f"{', '.join(names)}: {note}" for note, names in notes.items()]
 
 
 def budget_warnings(cfg: Config, world_size: int, max_epochs: float) -> list[str]:

@@ -12,6 +12,10 @@ A sweep file (YAML)::
         70m: {configs: [configs/pythia-70m.yml]}
         160m: {configs: [configs/pythia-160m.yml], set: {train_iters: 5450}}
     exclude: [{attention_type: uniform, dar_d_down: 64}]   # drop grid points matching all these labels
+    # or a list of sub-grids, each a product of its own axes, the runs one after another and named by the axes
+    # of their sub-grid (a key that matters to one variant only is an axis of that variant's sub-grid):
+    # grid: [{attention_type: [vanilla]}, {attention_type: [dar], dar_d_down: [384, 192]},
+    #        {attention_type: [mswa], window_size: [128, 256]}]      -> vanilla, dar-d384, dar-d192, mswa-w128, ...
     runs:                                  # explicit runs besides the grid (baselines)
       - {name: vanilla, set: {attention_type: vanilla}}
     name_template: "{attention_type}-d{dar_d_down}"         # optional; default joins the axis labels
@@ -158,12 +162,32 @@ def _axis_points(axis: str, values: Any) -> list[tuple[str, Any, list[str], dict
 
 
 def _matches(axes: dict[str, str], raw: dict[str, Any], pattern: dict) -> bool:
-    for k, v in pattern.items():
-        if k not in axes:
-            raise SweepError(f"exclude names '{k}', which is not a grid axis")
-        if not (raw[k] == v or axes[k] == str(v)):
-            return False
-    return True
+    """True when every ``key: value`` of an exclude pattern is an axis of the point with that value or label."""
+    return all(k in axes and (raw[k] == v or axes[k] == str(v)) for k, v in pattern.items())
+
+
+def _grid_runs(grid: dict, base: list[str], common: dict, template: Any, excludes: list, where: str) -> list[RunSpec]:
+    """The runs of one grid: the Cartesian product of its axes, in axis order, less the excluded points; each run
+    named by its axis labels (or ``template``)."""
+    runs = []
+    for combo in itertools.product(*(_axis_points(a, v) for a, v in grid.items())):
+        axes = {a: p[0] for a, p in zip(grid, combo)}
+        raw = {a: p[1] for a, p in zip(grid, combo)}
+        if any(_matches(axes, raw, pat) for pat in excludes):
+            continue
+        configs, overrides = list(base), dict(common)
+        for _, _, cfgs, sets in combo:
+            configs += cfgs
+            overrides.update(sets)
+        if template:
+            try:
+                run_name = str(template).format(**raw)
+            except KeyError as e:
+                raise SweepError(f"{where}: name_template names {e}, which is not a grid axis") from None
+        else:
+            run_name = "-".join(axes.values())
+        runs.append(RunSpec(run_name, axes, configs, overrides))
+    return runs
 
 
 def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
@@ -183,31 +207,20 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
     if not isinstance(common, dict):
         raise SweepError(f"{where}: 'set' must be a mapping of config keys to values")
     grid = data.get("grid") or {}
-    if not isinstance(grid, dict):
-        raise SweepError(f"{where}: 'grid' must be a mapping of axes")
+    grids = grid if isinstance(grid, list) else [grid]
+    if not all(isinstance(g, dict) and (g or len(grids) == 1) for g in grids):
+        raise SweepError(f"{where}: 'grid' must be a mapping of axes, or a list of such mappings (sub-grids)")
     template = data.get("name_template")
     excludes = _as_list(data.get("exclude"), "exclude")
+    for pattern in excludes:
+        unknown = [k for k in pattern if not any(k in g for g in grids)] if isinstance(pattern, dict) else [pattern]
+        if unknown:
+            raise SweepError(f"{where}: exclude names {unknown[0]!r}, which is not a grid axis")
 
     runs: list[RunSpec] = []
-    if grid:
-        axes_points = [_axis_points(a, v) for a, v in grid.items()]
-        for combo in itertools.product(*axes_points):
-            axes = {a: p[0] for a, p in zip(grid, combo)}
-            raw = {a: p[1] for a, p in zip(grid, combo)}
-            if any(_matches(axes, raw, pat) for pat in excludes):
-                continue
-            configs, overrides = list(base), dict(common)
-            for _, _, cfgs, sets in combo:
-                configs += cfgs
-                overrides.update(sets)
-            if template:
-                try:
-                    run_name = str(template).format(**raw)
-                except KeyError as e:
-                    raise SweepError(f"{where}: name_template names {e}, which is not a grid axis") from None
-            else:
-                run_name = "-".join(axes.values())
-            runs.append(RunSpec(run_name, axes, configs, overrides))
+    for sub in grids:
+        if sub:
+            runs += _grid_runs(sub, base, common, template, excludes, where)
     for i, extra in enumerate(_as_list(data.get("runs"), "runs")):
         if not isinstance(extra, dict) or set(extra) - {"name", "configs", "set", "axes"}:
             raise SweepError(f"{where}: runs[{i}] must be a mapping with name, configs, set (and optional axes)")
