@@ -216,3 +216,14 @@ def test_generate_names_each_statistic_and_refuses_a_variant_without_decoding(tm
         assert err.count("\n") == 1 and "attention_type 'nodecode' has no incremental decoding" in err
     finally:
         unregister("nodecode")
+
+
+def test_the_readmes_variant_table_is_the_registrys():
+    """README's table of ``attention_type`` values is what ``python -m neox_dar.attention`` prints from the
+    registry: every registered variant, in registration order, with its one line and its page (which exists)."""
+    out = subprocess.run([sys.executable, "-m", "neox_dar.attention"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out in (ROOT / "README.md").read_text(), "README.md: paste `python -m neox_dar.attention`'s table"
+    shipped = {name: cls for name, cls in variants().items() if cls is not ConformanceToy}  # this module's own
+    assert [line.split("`")[1] for line in out.splitlines()[2:]] == list(shipped)
+    assert all(cls.what and (ROOT / cls.doc).is_file() for cls in shipped.values())

@@ -80,3 +80,11 @@ def variant_keys() -> dict[str, tuple[Key, list[str]]]:
 def stat_names() -> dict[str, str]:
     """Every per-head statistic a registered variant logs -> its one-line meaning."""
     return {stat: meaning for cls in _VARIANTS.values() for stat, meaning in cls.stats.items()}
+
+
+def table() -> str:
+    """The registered variants as the README's Markdown table: ``attention_type``, what it computes, its page."""
+    rows = ["| `attention_type` | what | doc |", "|---|---|---|"]
+    rows += [f"| `{name}` | {cls.what} | [{cls.doc}]({cls.doc}) |" for name, cls in _VARIANTS.items()]
+    return "\n".join(rows)
+

@@ -16,6 +16,8 @@ class AHASpec(Spec):
     ``window_size`` keys; an L1 term on the router scores."""
 
     name = "aha"
+    what = ("per-token, per-head router between full and sliding-window attention (straight-through, "
+            "L1 penalty)")
     keys = {
         "aha_threshold": Key(float, 0.5, "AHA router threshold tau on sigmoid scores.", label="tau",
                              rule=lambda v, m: None if 0.0 < v < 1.0 else "must be in (0, 1)"),

@@ -18,6 +18,8 @@ class Spec:
     :class:`~neox_dar.attention.base.Attention` subclass, which is its own spec."""
 
     name: ClassVar[str] = ""                    # the attention_type value
+    what: ClassVar[str] = ""                    # one line for the README's variant table (Markdown)
+    doc: ClassVar[str] = "docs/attention.md"    # the page that gives its math and choices
     keys: ClassVar[dict[str, Key]] = {}         # config keys this variant adds (type, default, help, sweep label)
     reads: ClassVar[tuple[str, ...]] = ()       # common attention keys it reads, e.g. ("window_size",)
     stats: ClassVar[dict[str, str]] = {}        # per-head statistics it logs: name -> one-line meaning

@@ -18,6 +18,8 @@ class DARSpec(Spec):
     bottleneck beyond."""
 
     name = "dar"
+    what = ("distance-adaptive representation: full-width K/V for the `w` nearest keys, a `d -> d_down -> d` "
+            "bottleneck beyond")
     keys = {"dar_d_down": Key(Optional[int], None, "DAR/uniform bottleneck width, 1..hidden_size (default "
                                                    "hidden_size // 4).", label="d",
                               rule=lambda v, m: None if 1 <= v <= m.hidden_size else
@@ -73,6 +75,7 @@ class UniformSpec(DARSpec):
     """``attention_type: uniform``: DAR with ``w = 0``, every key through the bottleneck."""
 
     name = "uniform"
+    what = "the bottleneck for every key (DAR with `w = 0`)"
     reads = ()
 
     @classmethod

@@ -16,6 +16,8 @@ class DimPOSpec(Spec):
     ``F(q) F(k)^T / sqrt(d')``, ``F`` a (d', d_h) projection per layer."""
 
     name = "dimpo"
+    what = "causal attention with queries and keys projected to `d'` dims per layer, fitted to a trained model"
+    doc = "docs/dimpo.md"
     keys = {"dimpo_d_proj": Key(Optional[int], None, "DimPO: width d' of the projected queries and keys, "
                                                      "1..head_dim (default head_dim).", label="dp",
                                 rule=lambda v, m: None if 1 <= v <= m.head_dim else

@@ -15,6 +15,7 @@ class LinearSpec(Spec):
     """``attention_type: linear``: Based's Taylor feature map on ``linear_feature_dim`` features."""
 
     name = "linear"
+    what = "causal linear attention with Based's Taylor feature map (the MSWA paper's hybrid layers)"
     keys = {"linear_feature_dim": Key(int, 16, "Linear attention: query/key feature dim d_f before the Taylor map "
                                       "(phi has 1 + d_f + d_f^2 dims; the MSWA paper and Based use 16).", label="f",
                                       rule=lambda v, m: None if v >= 1 else "must be >= 1")}

@@ -98,6 +98,7 @@ class MSWASpec(Spec):
     (:func:`mswa_window_table`)."""
 
     name = "mswa"
+    what = "multi-scale windows per layer and head"
     keys = {
         "mswa_variant": Key(Literal["full", "heads", "layers"], "full", "MSWA: vary windows over heads and layers, "
                             "heads only, or layers only.", label="mswa-"),

@@ -15,6 +15,7 @@ class SWASpec(Spec):
     every head and layer."""
 
     name = "swa"
+    what = "sliding window of `w` keys"
     reads = ("window_size",)
 
     @classmethod

@@ -9,6 +9,7 @@ class VanillaSpec(Spec):
     """``attention_type: vanilla``: causal softmax attention over all ``j <= i``."""
 
     name = "vanilla"
+    what = "causal softmax attention (Pythia)"
 
     @classmethod
     def module(cls) -> type:
