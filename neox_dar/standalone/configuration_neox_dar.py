@@ -10,9 +10,11 @@ Besides transformers' usual keys it holds, resolved by ``convert to-hf`` (nothin
   ``fused_qkv``, ``qkv_bias``, ``attention_out_bias``, ``mlp_bias``, ``rotary_ndims``, ``rope_theta``,
   ``rope_scaling`` (Llama-3's ``factor``, ``low_freq_factor``, ``high_freq_factor``,
   ``original_max_position_embeddings``, or null);
-* ``neox_dar_layers``: one entry per layer: ``{"type": "windowed", "windows": [per query head, null = every
-  earlier key]}`` (vanilla, SWA, MSWA), ``{"type": "aha", "window", "threshold"}``, ``{"type": "dar", "window",
-  "d_down"}`` (uniform: window 0), ``{"type": "linear", "feature_dim"}``;
+* ``neox_dar_layers``: one entry per layer, its layer type's ``export_spec()`` (the arguments of that type's
+  ``build_variant``, in :data:`~.modeling_neox_dar.LAYER_TYPES`): ``{"type": "windowed", "windows": [per query
+  head, null = every earlier key]}`` (vanilla, SWA, MSWA), ``{"type": "aha", "window", "threshold"}``, ``{"type":
+  "dar", "window", "d_down", "cache"}`` (uniform: window 0; ``cache``: ``keys`` or ``latent``), ``{"type":
+  "linear", "feature_dim"}``, ``{"type": "dimpo", "d_proj"}``;
 * ``neox_dar_config``: the model's neox-dar config keys, which ``python -m neox_dar.convert from-hf`` reads back.
 """
 
