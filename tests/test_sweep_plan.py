@@ -199,3 +199,37 @@ def test_a_mixed_sweep_of_sub_grids_plans_without_excludes(tmp_path, capsys, tok
         parse_sweep({**base, "exclude": [{"dar_d_down": 8}]})
     with pytest.raises(SweepError, match="or a list of such mappings"):
         parse_sweep({**base, "grid": [{"attention_type": ["vanilla"]}, []]})
+
+
+def test_a_run_taken_by_a_second_run_local_is_one_line_not_a_failure(tmp_path, capsys, monkeypatch, tokenized_sample):
+    """Two `run --local` started together both see a run free; the first trainer takes its lock and the second's
+    trainer is refused (train.py exits 2). The second `run --local` then says in one line that another process holds
+    the run (its pid, host and start) and goes on, exit 0, instead of `failed: vanilla`."""
+    import subprocess
+    import sys
+
+    from neox_dar.sweep import local
+
+    path = _write(tmp_path, {"name": "two", "configs": ["configs/tiny.yml"], "set": {"data_path": tokenized_sample},
+                             "eval": False, "runs": [{"name": "vanilla"}]})
+    out = tmp_path / "runs"
+    holders = []
+
+    def refused(cmd, log):  # the other process takes the run, then this trainer is refused as train.py refuses it
+        holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from neox_dar.rundir import lock_run_dir; "
+                                   "lock = lock_run_dir(sys.argv[1]); lock.record(); print('held', flush=True); "
+                                   "time.sleep(120)", str(out / "vanilla")], stdout=subprocess.PIPE, text=True)
+        holders.append(holder)
+        assert holder.stdout.readline().strip() == "held"
+        return 2
+
+    monkeypatch.setattr(local, "_run_logged", refused)
+    try:
+        assert sweep_main([str(path), "run", "--local", "--out", str(out)]) == 0
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait()
+    printed = capsys.readouterr()
+    line = f"[sweep] vanilla: held by another process (pid {holders[0].pid} on "
+    assert line in printed.out and "), skipped" in printed.out and "failed" not in printed.out + printed.err

@@ -71,11 +71,19 @@ def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
         print(f"[sweep] {run_dir.name}: done, skipped")
         return 0
     if st.holder is not None:
-        print(f"[sweep] {run_dir.name}: another trainer holds it ({st.holder}), skipped")
+        print(f"[sweep] {run_dir.name}: held by another process ({st.holder}), skipped")
         return 0
     if not st.trained:
         print(f"[sweep] {run_dir.name}: training ({st.state}, checkpoint {st.checkpoint}, to step {st.train_iters})")
         rc = _run_logged(train_command(run_dir, nproc), run_dir / "logs" / "train-local.log")
+        if rc not in (0, EXIT_STOPPED):
+            # another process (a second `run --local`, a job, train.py by hand) may have taken the run between the
+            # state read above and this trainer's start, which then refused it: that run is theirs, not a failure
+            now = run_state(run_dir, want_eval, extra=list(extra_corpora(ev)))
+            if now.holder is not None or now.trained:
+                print(f"[sweep] {run_dir.name}: " + (f"held by another process ({now.holder}), skipped"
+                                                     if now.holder else "trained by another process meanwhile, skipped"))
+                return 0
         if rc != 0:
             print(f"[sweep] {run_dir.name}: training exited with {rc}")
             return rc
