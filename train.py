@@ -106,11 +106,13 @@ def _record_failure(cfg, error: BaseException) -> None:
                                  write_status)
 
     save = cfg.run.save and Path(cfg.run.save)
-    if not save or not save.is_dir() or os.environ.get("RANK", "0") != "0":
+    if not save or os.environ.get("RANK", "0") != "0":
         return
     try:
+        if not save.is_dir():
+            return
         lock = lock_run_dir(save)
-    except (RunLockedError, RunFileError, OSError):
+    except (RunLockedError, RunFileError, OSError):  # OSError: also a name too long to be a directory
         return
     try:
         previous = read_status(save) or {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -211,9 +212,11 @@ def encode_piece(records: list, spec: TokenizerSpec, text_key: str, dtype: str) 
 
 
 def init_worker(single_thread: bool, parent_pid: int) -> None:
-    """Worker-process start: one tokenizer thread per worker when several workers share the cores, and a
-    watchdog that ends the worker if the main process dies (a SIGKILLed run leaves no orphans)."""
+    """Worker-process start: one tokenizer thread per worker when several workers share the cores, Ctrl-C left to
+    the main process (it stops the workers), and a watchdog that ends the worker if the main process dies (a
+    SIGKILLed run leaves no orphans)."""
     global _SPM_THREADS
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if single_thread:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
         _SPM_THREADS = 1

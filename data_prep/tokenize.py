@@ -51,7 +51,7 @@ import numpy as np
 
 from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype, bin_path, idx_path
-from neox_dar.rundir import fault_point, write_text_atomic
+from neox_dar.rundir import fault_point, uninterrupted, write_text_atomic
 
 from .budget import Budget, Segment
 from .encode import PIECE_BYTES, TokenizerSpec, encode_piece, init_worker, load_tokenizer_spec
@@ -304,12 +304,13 @@ def _output(staged: str, prefix: str, budget: Budget, i: int) -> dict:
 def replace_outputs(staged: list[str], prefixes: list[str], manifest: str, out: str) -> None:
     """Rename the staged outputs into place, the manifest ``PREFIX.manifest.json`` first and the training file's
     ``.idx`` (the last of ``prefixes``) last, so that until the set is complete the manifest describes another
-    ``PREFIX.idx`` than the one there."""
-    os.replace(manifest, f"{out}.manifest.json")
-    fault_point("data-replacing")
-    for stage, prefix in zip(staged, prefixes):
-        os.replace(bin_path(stage), bin_path(prefix))
-        os.replace(idx_path(stage), idx_path(prefix))
+    ``PREFIX.idx`` than the one there; Ctrl-C waits for the last rename (:func:`~neox_dar.rundir.uninterrupted`)."""
+    with uninterrupted():
+        os.replace(manifest, f"{out}.manifest.json")
+        fault_point("data-replacing")
+        for stage, prefix in zip(staged, prefixes):
+            os.replace(bin_path(stage), bin_path(prefix))
+            os.replace(idx_path(stage), idx_path(prefix))
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -386,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     except (DataPrepError, ValueError, OSError, RuntimeError) as e:
         print(f"data_prep.tokenize: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("data_prep.tokenize: interrupted (Ctrl-C): the outputs are as they were; the finished shards are kept, "
+              "so the same command continues from them", file=sys.stderr)
+        return 130
     valid = f"; {m['valid']['prefix']}.bin/.idx: {m['valid']['tokens']:,} tokens" if m["valid"] else ""
     print(f"wrote {m['prefix']}.bin/.idx: {m['documents']:,} documents, {m['tokens']:,} tokens{valid} "
           f"({m['skipped']['total']} bad records skipped) in {m['seconds']:.1f}s", file=sys.stderr)

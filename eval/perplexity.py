@@ -28,7 +28,7 @@ from neox_dar.evaluation.corpora import ALL_CORPORA, CORPORA, CorpusError, manif
 from neox_dar.evaluation.loading import DTYPES, is_hf_folder, load_for_eval
 from neox_dar.evaluation.perplexity import (SWEEP_MANIFEST, load_corpora, pinned_corpora, score_corpus,
                                           sweep_manifest_path)
-from neox_dar.rundir import check_writable, held_checkpoint, write_error, write_text_atomic
+from neox_dar.rundir import check_writable, held_checkpoint, uninterrupted, write_error, write_text_atomic
 from neox_dar.tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
 
 
@@ -137,13 +137,17 @@ def main(argv: list[str] | None = None) -> int:
                    "stride": args.stride or max_length, "dtype": args.dtype, "device": str(args.device),
                    "corpora": corpora}
         text = json.dumps(results, indent=2)
-        if args.write_manifest:
-            write_output(args.write_manifest, json.dumps({"corpora": entries}, indent=1))
-        if args.out:
-            write_output(args.out, text + "\n")
+        with uninterrupted():  # both outputs or neither
+            if args.write_manifest:
+                write_output(args.write_manifest, json.dumps({"corpora": entries}, indent=1))
+            if args.out:
+                write_output(args.out, text + "\n")
     except (OSError, CorpusError, ValueError) as e:  # RunWriteError is an OSError, RunFileError a ValueError
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C): nothing was written", file=sys.stderr)
+        return 130
     if args.out:
         for name, r in corpora.items():
             print(f"{name}: token ppl {r['token_perplexity']:.3f}  word ppl {r['word_perplexity']:.3f}  "

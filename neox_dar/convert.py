@@ -46,6 +46,7 @@ from transformers import GenerationConfig
 
 from .checkpoint import load_model, read_model_config, save_weights
 from .config import ConfigError, ModelConfig, model_config_from_flat, model_flat
+from .config.files import parse_override
 from .config.schema import key_sections
 from .families import FAMILIES
 from .model import CausalLM, build_model, init_weights
@@ -562,20 +563,17 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as e:  # ConfigError and CheckpointError are ValueErrors
         print(f"convert error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the output folder is replaced whole or not at all (staged_dir)
+        print(f"convert: interrupted (Ctrl-C): {args.out_dir} is as it was", file=sys.stderr)
+        return 130
     print(f"wrote {args.out_dir}")
     return 0
 
 
 def _parse_overrides(items: list[str]) -> dict:
-    import yaml
-
-    out = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"override {item!r} must look like key=value")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(raw) if raw.strip() else None
-    return out
+    """``key=value`` words as train.py reads them (:func:`~neox_dar.config.files.parse_override`: the value as YAML,
+    a value YAML cannot take, such as a tag, kept as its text), as ``{key: value}``."""
+    return {".".join(parts): value for parts, value in map(parse_override, items)}
 
 
 if __name__ == "__main__":

@@ -152,8 +152,8 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync, then ``os.replace`` it into place.
 
     The temporary file is created afresh (a link planted under its name is removed, never followed) and
-    ``os.replace`` replaces a link at ``path`` itself, not its target. On failure (a full disk) the temporary file
-    is removed and RunWriteError (an OSError) names ``path`` and the free space there."""
+    ``os.replace`` replaces a link at ``path`` itself, not its target. On failure (a full disk, Ctrl-C) the temporary
+    file is removed; an OSError is raised as RunWriteError, naming ``path`` and the free space there."""
     path = Path(path)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
@@ -165,12 +165,11 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except RunWriteError:
+    except BaseException as e:  # an OSError, or Ctrl-C
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, RunWriteError):
+            raise write_error(path, e) from None
         raise
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise write_error(path, e) from None
 
 
 def check_writable(path: str | Path, option: str, folder: bool = False) -> None:
@@ -237,11 +236,22 @@ def remove_tree(path: Path) -> None:
 
 
 @contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Hold SIGINT (Ctrl-C) and SIGTERM back until the block ends (they arrive then): the renames that swap a new
+    output into place happen all or not at all."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextmanager
 def staged_dir(final: str | Path, keep: bool = False) -> Iterator[Path]:
     """A fresh folder ``.tmp-<name>.<pid>`` beside ``final`` (with ``keep``: a copy of ``final`` as it is) to build
     ``final``'s new contents in. When the block completes, the folder replaces ``final``: the old one is renamed
-    to ``.del-<name>``, the new one renamed into place, then the old one deleted; when the block raises (an error,
-    Ctrl-C), the folder is removed and ``final`` is left as it was."""
+    to ``.del-<name>``, the new one renamed into place (:func:`uninterrupted`), then the old one deleted; when the
+    block raises (an error, Ctrl-C), the folder is removed and ``final`` is left as it was."""
     final = Path(final).absolute()  # "." has no name to put beside
     tmp = final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
     if tmp.exists():
@@ -257,9 +267,10 @@ def staged_dir(final: str | Path, keep: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = final.with_name(f"{DEL_PREFIX}{final.name}.{os.getpid()}")
-    if final.exists():
-        os.rename(final, old)
-    os.rename(tmp, final)
+    with uninterrupted():
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp, final)
     fsync_dir(final.parent)
     if old.exists():
         shutil.rmtree(old)

@@ -61,3 +61,101 @@ def test_a_checkpoint_pruned_while_it_is_read_is_read_whole(command, tmp_path, m
         assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (ROOT / "data" / "20B_tokenizer.json").read_bytes()
     assert step7.is_dir() and (run / "checkpoints" / step_dir_name(8)).is_dir()
     assert prune(run / "checkpoints", 1) == [step7]
+
+
+def _one_line(err: str, start: str) -> str:
+    """The one line a command printed on stderr, which starts with ``start``; no traceback."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and len([line for line in lines if line.startswith(start)]) == 1, err
+    return next(line for line in lines if line.startswith(start))
+
+
+def _ctrl_c(*args, **kwargs):
+    raise KeyboardInterrupt
+
+
+def _interrupted(main, argv: list[str]) -> int:
+    """``main(argv)``'s exit status, with Ctrl-C simulated inside it; a KeyboardInterrupt it lets out (a
+    traceback for the user) fails the test instead of stopping pytest."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("the KeyboardInterrupt came out of the command (a traceback)")
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_ctrl_c_in_eval_convert_and_tokenize_is_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while eval.perplexity scores, while convert to-hf writes over an earlier export, and while
+    data_prep.tokenize merges over an earlier set: each prints one line and exits 130; the earlier outputs are byte
+    for byte as they were, nothing is left beside them, and the tokenize run, started again, continues from its
+    shards. (Before: a KeyboardInterrupt traceback each.)"""
+    import data_prep.tokenize as tokenize
+    import eval.perplexity as perplexity
+    import neox_dar.convert as convert
+
+    run = tmp_path / "run"
+    saved_model(run / "checkpoints" / step_dir_name(7), "seq_length=32")
+    write_manifest(run / "checkpoints" / step_dir_name(7), {"step": 7})
+    monkeypatch.setattr(perplexity, "score_corpus", _ctrl_c)
+    assert _interrupted(perplexity.main, [str(run), "--corpora", "c4", "--max-docs", "1", "--no-progress",
+                                          "--no-wandb", "--out", str(tmp_path / "ppl.json")]) == 130
+    assert _one_line(capsys.readouterr().err, "error:") == "error: interrupted (Ctrl-C): nothing was written"
+    assert not (tmp_path / "ppl.json").exists()
+
+    hf = tmp_path / "hf"
+    assert convert.main(["to-hf", str(run), str(hf)]) == 0
+    before = _files(hf)
+    monkeypatch.setattr(convert, "save_file", _ctrl_c)
+    assert _interrupted(convert.main, ["to-hf", str(run), str(hf)]) == 130
+    assert _one_line(capsys.readouterr().err, "convert") == f"convert: interrupted (Ctrl-C): {hf} is as it was"
+    assert _files(hf) == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]
+
+    prefix = tmp_path / "data" / "c4"
+    argv = [str(ROOT / "data" / "sample" / "c4_sample.jsonl"), "--tokenizer", str(ROOT / "data" / "20B_tokenizer.json"),
+            "--out", str(prefix), "--workers", "1", "--no-progress"]
+    assert tokenize.main([*argv, "--max-tokens", "2000"]) == 0
+    earlier = _files(prefix.parent)
+    real_merge = tokenize.merge_shards
+
+    def merge_then_ctrl_c(*args):
+        real_merge(*args)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(tokenize, "merge_shards", merge_then_ctrl_c)
+    assert _interrupted(tokenize.main, [*argv, "--max-tokens", "3000"]) == 130
+    assert _one_line(capsys.readouterr().err, "data_prep.tokenize") == (
+        "data_prep.tokenize: interrupted (Ctrl-C): the outputs are as they were; the finished shards are kept, so the "
+        "same command continues from them")
+    assert {k: v for k, v in _files(prefix.parent).items() if not k.startswith("c4.shards")} == earlier
+    monkeypatch.setattr(tokenize, "merge_shards", real_merge)
+    assert tokenize.main([*argv, "--max-tokens", "3000"]) == 0
+    assert json.loads(Path(f"{prefix}.manifest.json").read_text())["shards_resumed"] == 1
+
+
+def test_a_long_save_name_infinite_blend_weights_and_a_yaml_tag_are_one_line(tmp_path, capsys):
+    """train.py with a 300-character save name, with blend weights [1, .inf] and [1e308, 1e308] (their sum
+    overflows), and convert from-hf with a YAML tag in an override: one line each, exit 2, nothing written.
+    (Before: an OSError traceback, a NaN traceback from the blend, and a ConstructorError traceback.)"""
+    import train
+    from builders import hf_folder
+
+    from neox_dar.convert import main as convert_main
+
+    base = [str(ROOT / "configs" / "tiny.yml"), f"data_path={tmp_path / 'c4'}"]
+    assert train.main([*base, f"save={tmp_path / ('x' * 300)}"]) == 2
+    line = _one_line(capsys.readouterr().err, "config error:")
+    assert line.startswith(f"config error: save={tmp_path}/xxx") and line.endswith(
+        "cannot be a directory here: File name too long")
+    for weights in ("[1, .inf]", "[1e308, 1e308]"):
+        blend = ["data_path=null", f"train_data_paths=[{tmp_path / 'a'}, {tmp_path / 'b'}]"]
+        assert train.main([*base, *blend, f"train_data_weights={weights}", f"save={tmp_path / 'run'}"]) == 2
+        assert _one_line(capsys.readouterr().err, "config error:").endswith(
+            "(must be non-negative and finite, with a positive and finite sum)")
+    hf_folder(tmp_path / "hf", "llama")
+    assert convert_main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "imported"),
+                         "attention_type=!!python/object/apply:os.system [echo planted]"]) == 2
+    assert "invalid value for 'attention_type'" in _one_line(capsys.readouterr().err, "convert error:")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]

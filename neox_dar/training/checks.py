@@ -48,11 +48,15 @@ def load_checked(paths: list[str], overrides: list[str]) -> Config | None:
 
 def check_training_config(cfg: Config, world_size: int) -> None:
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
-    (or one that is a file), a global batch that does not divide, no data, bf16 without ZeRO, or a damaged data
+    (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data, bf16 without ZeRO, or a damaged data
     file (header, sizes, dtype and token ids against ``vocab_size``: :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
-    if Path(cfg.run.save).exists() and not Path(cfg.run.save).is_dir():
+    try:
+        is_file = Path(cfg.run.save).exists() and not Path(cfg.run.save).is_dir()
+    except OSError as e:  # a name longer than the file system allows
+        raise ConfigError(f"save={cfg.run.save} cannot be a directory here: {e.strerror}") from None
+    if is_file:
         raise ConfigError(f"save={cfg.run.save} is a file, not a directory: name a directory for the run")
     cfg.training.gradient_accumulation_for(world_size)
     if not (cfg.data.data_path or cfg.data.train_data_paths):
