@@ -3,9 +3,10 @@
 #
 #   srun --ntasks-per-node=1 bash slurm/launch_node.sh NPROC_PER_NODE SCRIPT [ARGS...]
 #
-# Master address: the first host of SLURM_JOB_NODELIST (`scontrol show hostnames`); master port: derived
-# from the job id, the same on every node of a job and different between jobs sharing a node. No ssh,
-# no pdsh, no hostfile.
+# Master address: the first host of SLURM_JOB_NODELIST (`scontrol show hostnames`); master port:
+# MASTER_PORT_BASE (default 12000) + job id % 20000, the same on every node of a job, different between jobs
+# sharing a node, and below Linux's ephemeral ports (32768-60999 by default, net.ipv4.ip_local_port_range), so no
+# outgoing connection of the node holds it. No ssh, no pdsh, no hostfile.
 # TORCHRUN overrides the launcher command (default: "$PYTHON -m torch.distributed.run").
 set -uo pipefail
 
@@ -17,7 +18,7 @@ nproc=$1
 shift
 : "${SLURM_JOB_ID:?not inside a SLURM job}" "${SLURM_JOB_NODELIST:?}" "${SLURM_NODEID:?}"
 MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
+MASTER_PORT=$((${MASTER_PORT_BASE:-12000} + SLURM_JOB_ID % 20000))
 NNODES=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-1}}
 NODE_RANK=$SLURM_NODEID
 export MASTER_ADDR MASTER_PORT

@@ -85,6 +85,37 @@ def test_settings_errors():
         SlurmSettings.from_dict({"gpu": 1})
     with pytest.raises(SweepError, match="mode"):
         SlurmSettings.from_dict({"mode": "both"})
+    for bad, message in (({"mem": "0", "mem_per_gpu": "80G"}, "exclude each other"),
+                         ({"master_port_base": 50000}, "master_port_base must be in 1024..45535"),
+                         ({"nccl_ib_disable": 2}, "nccl_ib_disable must be 0 or 1"),
+                         ({"env": {"NCCL DEBUG": "INFO"}}, "env must be a mapping NAME: value")):
+        with pytest.raises(SweepError, match=message):
+            SlurmSettings.from_dict(bad)
+
+
+def test_communication_exclusive_and_memory_settings_in_the_script(tmp_path):
+    """NCCL's settings are exported from the slurm: settings (NCCL_DEBUG=WARN by default; the others only when set,
+    so NCCL chooses by itself otherwise), `exclusive` and `mem_per_gpu` are #SBATCH lines, `env` adds variables,
+    and the rendezvous port base, below Linux's ephemeral ports, reaches the launcher."""
+    default = job_script(_settings(), "d", [tmp_path / "run"], tmp_path / "logs", None, workdir=tmp_path)
+    exports = [line.split("#")[0].strip() for line in default.splitlines() if line.startswith("export ")]
+    assert "export NCCL_DEBUG=WARN" in exports and "export MASTER_PORT_BASE=12000" in exports
+    assert not any(e.startswith(("export NCCL_SOCKET_IFNAME", "export NCCL_IB")) for e in exports)
+    assert not any("--exclusive" in line or "--mem" in line for line in _sbatch_lines(default))
+    script = job_script(_settings(exclusive=True, mem_per_gpu="80G", nccl_debug="INFO", nccl_socket_ifname="^lo,docker0",
+                                  nccl_ib_disable=0, nccl_ib_hca="mlx5", nccl_ib_timeout=22, master_port_base=15000,
+                                  env={"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": 1200}),
+                        "s", [tmp_path / "run"], tmp_path / "logs", None, workdir=tmp_path)
+    assert {"#SBATCH --exclusive", "#SBATCH --mem-per-gpu=80G"} <= set(_sbatch_lines(script))
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    start = script.index("export NCCL_DEBUG")
+    body = script[start:script.index("mkdir -p", start)]
+    env = subprocess.run(["bash", "-c", body + "\nenv"], capture_output=True, text=True, check=True).stdout.splitlines()
+    for want in ("NCCL_DEBUG=INFO", "NCCL_SOCKET_IFNAME=^lo,docker0", "NCCL_IB_DISABLE=0", "NCCL_IB_HCA=mlx5",
+                 "NCCL_IB_TIMEOUT=22", "MASTER_PORT_BASE=15000", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC=1200"):
+        assert want in env, want
 
 
 def _executable(path: Path, text: str) -> None:
@@ -175,10 +206,10 @@ def test_rendezvous_from_slurm_variables(tmp_path, fake_slurm):
     calls = [json.loads((rec / f"torchrun-{i}.json").read_text()) for i in range(2)]
     for i, call in enumerate(calls):
         assert call["MASTER_ADDR"] == "gpu-a"  # first host of the node list, on every node
-        assert call["MASTER_PORT"] == str(20000 + 12345 % 20000)  # from the job id, same on every node
+        assert call["MASTER_PORT"] == str(12000 + 12345 % 20000)  # from the job id, same on every node
         args = call["argv"]
         assert "--nnodes=2" in args and f"--node_rank={i}" in args and "--nproc_per_node=4" in args
-        assert "--master_addr=gpu-a" in args and f"--master_port={20000 + 12345 % 20000}" in args
+        assert "--master_addr=gpu-a" in args and f"--master_port={12000 + 12345 % 20000}" in args
         assert args[-2:] == [str(TRAIN_SCRIPT), str(run_dir / "config.yml")]
     assert not (rec / "scontrol.log").exists()  # done: no requeue
     assert "training done" in (run_dir / "logs" / "job.log").read_text()
@@ -362,3 +393,24 @@ def test_submit_writes_a_log_folder_with_spaces_as_one_output_argument(tmp_path,
     assert sweep_main([*argv, str(tmp_path / "two\nlines")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sweep error: ") and "line break" in err and err.count("\n") == 1, err
+
+
+def test_submit_announces_the_overrides_an_earlier_run_local_recorded(tmp_path, tokenized_sample, capsys):
+    """`run --local key=value` records its overrides in the sweep's folder; a later `submit` trains with them too,
+    and says so in one line (the keys and values, and that key=value replaces one)."""
+    import yaml
+
+    from neox_dar.sweep.__main__ import main as sweep_main
+
+    path = tmp_path / "s.yml"
+    path.write_text(yaml.safe_dump({**SWEEP, "grid": {}, "runs": [{"name": "one"}]}))
+    out = tmp_path / "runs"
+    # plan records its key=value words as run --local does (both go through the same code; run would train here)
+    assert sweep_main([str(path), "plan", "--out", str(out), f"data_path={tokenized_sample}", "train_iters=7"]) == 0
+    capsys.readouterr()
+    argv = [str(path), "submit", "--dry-run", "--gpus-per-node", "0", "--nproc-per-node", "1", "--out", str(out)]
+    assert sweep_main(argv) == 0
+    err = capsys.readouterr().err
+    assert (f"submit: reusing the overrides recorded in {out / 'sweep.yml'} by an earlier command: "
+            f"data_path={tokenized_sample} train_iters=7 (key=value replaces one)") in err
+    assert yaml.safe_load((out / "one" / "config.yml").read_text())["train_iters"] == 7

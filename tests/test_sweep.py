@@ -304,11 +304,12 @@ def test_key_value_overrides_apply_to_every_run_and_are_recorded(tmp_path, capsy
     # later commands reuse them (and say so); a key given again replaces its value
     capsys.readouterr()
     assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=9"]) == 0
-    assert "overrides recorded in" not in capsys.readouterr().err
+    assert (f"plan: reusing the overrides recorded in {out / 'sweep.yml'} by an earlier command: "
+            f"data_path={tokenized_sample} (key=value replaces one)") in capsys.readouterr().err  # not train_iters=7
     assert load_config(out / "swa" / "config.yml").training.train_iters == 9
     assert load_config(out / "swa" / "config.yml").data.data_path == tokenized_sample
     assert sweep_main([str(path), "plan", "--out", str(out)]) == 0
-    assert "overrides recorded in" in capsys.readouterr().err
+    assert f"data_path={tokenized_sample} train_iters=9 (key=value" in capsys.readouterr().err
     assert load_sweep(out).overrides == [f"data_path={tokenized_sample}", "train_iters=9"]
     assert sweep_main([str(path), "plan", "--out", str(out), "train_iters"]) == 2
     assert "must look like key=value" in capsys.readouterr().err

@@ -28,8 +28,8 @@ from .local import run_local
 from ..rundir import METRICS, RunFileError
 from .rundir import run_state
 from .slurm import SlurmSettings, cancel_jobs, extra_corpora, queued_jobs, submit_runs
-from .spec import (SWEEP_COPY, SweepError, check_owner, check_report_settings, check_runs, load_sweep, plan,
-                   plan_row, with_overrides, write_plan)
+from .spec import (SWEEP_COPY, SweepError, check_owner, check_report_settings, check_runs, load_sweep, override_key,
+                   plan, plan_row, with_overrides, write_plan)
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -48,11 +48,17 @@ def _slurm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("SLURM settings (override the sweep file's slurm: mapping)")
     for f in dataclasses.fields(SlurmSettings):
         flag, helptext = f"--{f.name.replace('_', '-')}", f.metadata.get("help")
+        if f.name == "env":
+            continue  # a mapping: the sweep file's slurm: env
         if f.name in ("extra_sbatch", "setup"):
             g.add_argument(flag, action="append", dest=f.name, default=None, help=helptext)
             continue
+        if f.name == "exclusive":
+            g.add_argument(flag, action="store_true", dest=f.name, default=None, help=helptext)
+            continue
         kind = int if f.name in ("nodes", "gpus_per_node", "nproc_per_node", "cpus_per_task", "concurrency",
-                                 "signal_seconds", "max_requeues") else str
+                                 "signal_seconds", "max_requeues", "master_port_base", "nccl_ib_disable",
+                                 "nccl_ib_timeout") else str
         g.add_argument(flag, type=kind, dest=f.name, default=None, help=helptext,
                        choices=("array", "per-run") if f.name == "mode" else None)
 
@@ -94,17 +100,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _with_recorded_overrides(sweep, root: Path, given: list[str]):
-    """The sweep with the overrides its output directory recorded (when ``sweep`` is the original file), then
-    the command line's ``given`` ones."""
+def _with_recorded_overrides(sweep, root: Path, given: list[str], command: str):
+    """The sweep with the overrides its output directory recorded (by an earlier plan, run or submit), then the
+    command line's ``given`` ones. The recorded ones this command reuses (those ``given`` does not replace) are
+    announced on stderr: a `submit` after a `run --local key=value` trains with that value too. With the output
+    directory's own copy as SWEEP they are the sweep's own ``overrides:``, announced the same way."""
     copy = root / SWEEP_COPY
-    if copy.is_file() and (sweep.path is None or sweep.path.resolve() != copy.resolve()):
-        recorded = load_sweep(copy)
-        if recorded.name == sweep.name and recorded.overrides:
-            if not given:
-                print(f"overrides recorded in {copy}: {' '.join(recorded.overrides)}", file=sys.stderr)
-            sweep = with_overrides(sweep, recorded.overrides)
-    return with_overrides(sweep, given)
+    if not copy.is_file():
+        return with_overrides(sweep, given)
+    recorded = sweep if sweep.path is not None and sweep.path.resolve() == copy.resolve() else load_sweep(copy)
+    if recorded.name != sweep.name or not recorded.overrides:
+        return with_overrides(sweep, given)
+    replaced = {override_key(g) for g in given}
+    reused = [o for o in recorded.overrides if override_key(o) not in replaced]
+    if reused:
+        print(f"{command}: reusing the overrides recorded in {copy} by an earlier command: {' '.join(reused)} "
+              "(key=value replaces one)", file=sys.stderr)
+    return with_overrides(with_overrides(sweep, recorded.overrides), given)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.command == "plan" and args.force):
             check_owner(sweep, root)
         if args.command in ("plan", "run", "submit"):
-            sweep = _with_recorded_overrides(sweep, root, args.overrides)
+            sweep = _with_recorded_overrides(sweep, root, args.overrides, args.command)
         planned = plan(sweep, root)
         check_report_settings(sweep, planned)
         if args.only:
@@ -270,7 +282,7 @@ def _settings(sweep, args) -> SlurmSettings:
     """The sweep's ``slurm:`` settings with the command line's on top."""
     raw = dict(sweep.slurm)
     for f in dataclasses.fields(SlurmSettings):
-        value = getattr(args, f.name)
+        value = getattr(args, f.name, None)  # env has no option
         if value is not None:
             raw[f.name] = value
     return SlurmSettings.from_dict(raw)

@@ -41,6 +41,8 @@ class SlurmSettings:
                                                   "mode).")
     cpus_per_task: int = setting(16, "CPUs for each node's task.")
     mem: Optional[str] = setting(None, "#SBATCH --mem (e.g. 0 = all of the node's memory).")
+    mem_per_gpu: Optional[str] = setting(None, "#SBATCH --mem-per-gpu (e.g. 200G); not with mem.")
+    exclusive: bool = setting(False, "#SBATCH --exclusive: the nodes are the job's alone.")
     time: str = setting("24:00:00", "#SBATCH --time.")
     partition: Optional[str] = setting(None, "#SBATCH --partition.")
     account: Optional[str] = setting(None, "#SBATCH --account.")
@@ -57,6 +59,19 @@ class SlurmSettings:
                                      "--extra-sbatch=--exclusive).")
     setup: list[str] = setting([], "Shell lines run before training: module load, source venv (repeatable).")
     python: Optional[str] = setting(None, "Python on the compute nodes (default: the one running submit).")
+    master_port_base: int = setting(12000, "The rendezvous port is this + job id % 20000: the same on every node "
+                                           "of a job, another for each job, below Linux's ephemeral ports (32768+).")
+    nccl_debug: Optional[str] = setting("WARN", "NCCL_DEBUG: WARN prints NCCL's errors; INFO its set-up too (which "
+                                                "interface, InfiniBand or not), to debug a hang.")
+    nccl_socket_ifname: Optional[str] = setting(None, "NCCL_SOCKET_IFNAME: the network interfaces NCCL may use, "
+                                                      "e.g. ib0, or ^lo,docker0 (unset: NCCL chooses).")
+    nccl_ib_disable: Optional[int] = setting(None, "NCCL_IB_DISABLE: 1 = no InfiniBand (sockets), 0 = use it (unset: "
+                                                   "NCCL uses it when it finds it).")
+    nccl_ib_hca: Optional[str] = setting(None, "NCCL_IB_HCA: the InfiniBand adapters to use, e.g. mlx5.")
+    nccl_ib_timeout: Optional[int] = setting(None, "NCCL_IB_TIMEOUT: InfiniBand retry timeout, 4.096 us x 2^N (NCCL's "
+                                                   "default 20; raise it on a congested fabric).")
+    env: dict[str, str] = setting({}, "More environment variables for the job, NAME: value (e.g. "
+                                      "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC: 1200).")
 
     @classmethod
     def from_dict(cls, data: dict) -> "SlurmSettings":
@@ -83,6 +98,15 @@ class SlurmSettings:
             raise SweepError(f"slurm max_requeues must be >= 1, got {self.max_requeues}")
         if self.concurrency is not None and self.concurrency < 1:
             raise SweepError(f"slurm concurrency must be >= 1, got {self.concurrency}")
+        if self.mem is not None and self.mem_per_gpu is not None:
+            raise SweepError("slurm mem and mem_per_gpu exclude each other (sbatch takes one): set one")
+        if not 1024 <= self.master_port_base <= 65535 - 20000:
+            raise SweepError(f"slurm master_port_base must be in 1024..{65535 - 20000} (ports base .. base + 19999), "
+                             f"got {self.master_port_base}")
+        if self.nccl_ib_disable not in (None, 0, 1):
+            raise SweepError(f"slurm nccl_ib_disable must be 0 or 1, got {self.nccl_ib_disable!r}")
+        if not isinstance(self.env, dict) or not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(k)) for k in self.env):
+            raise SweepError(f"slurm env must be a mapping NAME: value of environment variable names, got {self.env!r}")
 
     @property
     def procs_per_node(self) -> int:
@@ -95,7 +119,8 @@ class SlurmSettings:
 
 
 def render(template: str, values: dict[str, object]) -> str:
-    """Fill ``{{ name }}`` fields; an ``#SBATCH`` line whose field is None or empty is dropped."""
+    """Fill ``{{ name }}`` fields; a line whose field is None (an unset setting) is dropped, and so is an ``#SBATCH``
+    line whose field is empty."""
     out = []
     for line in template.splitlines():
         names = _FIELD.findall(line)
@@ -103,7 +128,7 @@ def render(template: str, values: dict[str, object]) -> str:
         if missing:
             raise SweepError(f"sbatch template field(s) {', '.join(missing)} unknown "
                              f"(known: {', '.join(sorted(values))})")
-        if line.startswith("#SBATCH") and any(values[n] in (None, "") for n in names):
+        if any(values[n] is None or (line.startswith("#SBATCH") and values[n] == "") for n in names):
             continue
         out.append(_FIELD.sub(lambda m: str(values[m.group(1)]), line))
     return "\n".join(out) + "\n"
@@ -186,6 +211,8 @@ def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log
         "gpus_per_node": settings.gpus_per_node or None,
         "cpus_per_task": settings.cpus_per_task,
         "mem": settings.mem,
+        "mem_per_gpu": settings.mem_per_gpu,
+        "exclusive": "--exclusive" if settings.exclusive else None,
         "time": settings.time,
         "partition": settings.partition,
         "account": settings.account,
@@ -207,6 +234,10 @@ def job_script(settings: SlurmSettings, job_name: str, run_dirs: list[Path], log
         "extra_corpora": " ".join(shlex.quote(a) for a in extra_corpora(ev)),
         "workdir": shlex.quote(str(workdir or Path.cwd())),
         "setup": "\n".join(settings.setup),
+        "master_port_base": settings.master_port_base,
+        **{name: None if getattr(settings, name) is None else shlex.quote(str(getattr(settings, name)))
+           for name in ("nccl_debug", "nccl_socket_ifname", "nccl_ib_disable", "nccl_ib_hca", "nccl_ib_timeout")},
+        "env": "\n".join(f"export {k}={shlex.quote(str(v))}" for k, v in settings.env.items()),
     }
     return render(template.read_text(), values)
 
