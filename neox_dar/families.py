@@ -1,12 +1,13 @@
 """The model families, one record each: the only place a family's components, Hugging Face class and parameter
 names are written. Torch-free, importing nothing from neox_dar.
 
-A config's ``model_family`` names a record. :mod:`neox_dar.model` takes the module names from it (so checkpoints
-convert by renaming nothing), :mod:`neox_dar.norms` the RMSNorm flavour, :mod:`neox_dar.convert` the class, the
-model keys the class fixes (set on import, checked on export) and the ``config.json`` keys it reads and writes; the
-exported remote code (:mod:`neox_dar.standalone`) gets the names and norm flavour through ``neox_dar_block``;
-:mod:`neox_dar.tiny` builds each family's test model from ``tiny``. Adding a family is a record here plus its
-preset in ``configs/`` (docs/models.md).
+A config's ``model_family`` names a registered record (:func:`register_family`; :data:`FAMILIES` holds them by
+name). :mod:`neox_dar.model` takes the module names from it (so checkpoints convert by renaming nothing),
+:mod:`neox_dar.norms` the RMSNorm flavour, :mod:`neox_dar.convert` the class, the model keys the class fixes (set
+on import, checked on export) and the ``config.json`` keys it reads and writes; the exported remote code
+(:mod:`neox_dar.standalone`) gets the names and norm flavour through ``neox_dar_block``; :mod:`neox_dar.tiny`
+builds each family's test model from ``tiny``, and the tests build each family's models from its ``preset``.
+Adding a family is a record registered here plus its preset in ``configs/`` (docs/models.md).
 
     python -m neox_dar.families     # the records as the markdown table of docs/models.md
 """
@@ -56,6 +57,20 @@ class Family:
     import_keys: dict[str, Any] = field(default_factory=dict)  # set on import, not fixed by the class (init)
     hf_extra: dict[str, Any] = field(default_factory=dict)  # constant config.json keys of exports
     tiny: dict[str, Any] = field(default_factory=dict)  # config.json keys of neox_dar.tiny's model: the features
+    preset: str = ""  # a shipped config of the family (configs/...), the tests' models shrink it
+
+
+FAMILIES: dict[str, Family] = {}
+"""The registered families by name (:func:`register_family`); read, never written, elsewhere."""
+
+
+def register_family(family: Family) -> Family:
+    """Add a family (its ``name`` is the config's ``model_family``); a name registered by another record is a
+    ValueError."""
+    if FAMILIES.get(family.name, family) != family:
+        raise ValueError(f"model_family '{family.name}' is already registered ({FAMILIES[family.name].hf_class})")
+    FAMILIES[family.name] = family
+    return family
 
 
 # the SwiGLU families' shared parts
@@ -67,32 +82,37 @@ _NORMAL_INIT = dict(init_method="normal", output_layer_init_method="normal")
 _NO_SLIDING = dict(use_sliding_window=False, sliding_window=None)
 _TINY_GQA = dict(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-6)
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("gpt_neox", "GPTNeoXForCausalLM", "gelu",
-           fixed=dict(norm="layernorm", norm_position="pre", qk_norm="none", activation="gelu", fused_qkv=True,
-                      mlp_bias=True),
-           hf_keys=(HFKey("use_parallel_residual", ("gpt_j_residual",), True),
-                    HFKey("attention_bias", ("qkv_bias", "attention_out_bias"), True),
-                    HFKey("layer_norm_eps", ("layernorm_epsilon",), 1e-5),
-                    HFKey("rotary_pct", ("rotary_pct",), 0.25),
-                    HFKey("rotary_emb_base", ("rotary_emb_base",), 10000, read=False),
-                    HFKey("hidden_dropout", ("hidden_dropout",), 0.0, read=False)),
-           names=Names("gpt_neox", "embed_in", "final_layer_norm", "embed_out", "attention"),
-           tiny=dict(intermediate_size=256, rotary_pct=0.25, use_parallel_residual=True)),
-    Family("llama", "LlamaForCausalLM", "silu", fixed=_SWIGLU,
-           hf_keys=(_ATTENTION_BIAS, HFKey("mlp_bias", ("mlp_bias",), False), _RMS_EPS), import_keys=_NORMAL_INIT,
-           tiny=dict(_TINY_GQA, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
-    Family("olmo2", "Olmo2ForCausalLM", "silu", fixed=dict(_SWIGLU, norm_position="post", qk_norm="projection",
-                                                            mlp_bias=False),
-           hf_keys=(_ATTENTION_BIAS, _RMS_EPS), rms_weight_in_float32=True, import_keys=_NORMAL_INIT, tiny=_TINY_GQA),
-    Family("qwen2", "Qwen2ForCausalLM", "silu", fixed=dict(_SWIGLU, qkv_bias=True, attention_out_bias=False,
-                                                            mlp_bias=False),
-           hf_keys=(_RMS_EPS,), import_keys=_NORMAL_INIT, hf_extra=_NO_SLIDING, tiny=_TINY_GQA),
-    Family("qwen3", "Qwen3ForCausalLM", "silu", fixed=dict(_SWIGLU, qk_norm="head", mlp_bias=False),
-           hf_keys=(_ATTENTION_BIAS, _RMS_EPS), import_keys=_NORMAL_INIT, hf_extra=_NO_SLIDING,
-           tiny=dict(_TINY_GQA, head_dim=32)),
-)}
+register_family(Family(
+    "gpt_neox", "GPTNeoXForCausalLM", "gelu",
+    fixed=dict(norm="layernorm", norm_position="pre", qk_norm="none", activation="gelu", fused_qkv=True,
+               mlp_bias=True),
+    hf_keys=(HFKey("use_parallel_residual", ("gpt_j_residual",), True),
+             HFKey("attention_bias", ("qkv_bias", "attention_out_bias"), True),
+             HFKey("layer_norm_eps", ("layernorm_epsilon",), 1e-5),
+             HFKey("rotary_pct", ("rotary_pct",), 0.25),
+             HFKey("rotary_emb_base", ("rotary_emb_base",), 10000, read=False),
+             HFKey("hidden_dropout", ("hidden_dropout",), 0.0, read=False)),
+    names=Names("gpt_neox", "embed_in", "final_layer_norm", "embed_out", "attention"),
+    tiny=dict(intermediate_size=256, rotary_pct=0.25, use_parallel_residual=True), preset="configs/pythia-14m.yml"))
+register_family(Family(
+    "llama", "LlamaForCausalLM", "silu", fixed=_SWIGLU,
+    hf_keys=(_ATTENTION_BIAS, HFKey("mlp_bias", ("mlp_bias",), False), _RMS_EPS), import_keys=_NORMAL_INIT,
+    tiny=dict(_TINY_GQA, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    preset="configs/llama-3.2-1b.yml"))
+register_family(Family(
+    "olmo2", "Olmo2ForCausalLM", "silu",
+    fixed=dict(_SWIGLU, norm_position="post", qk_norm="projection", mlp_bias=False),
+    hf_keys=(_ATTENTION_BIAS, _RMS_EPS), rms_weight_in_float32=True, import_keys=_NORMAL_INIT, tiny=_TINY_GQA,
+    preset="configs/olmo-2-0425-1b.yml"))
+register_family(Family(
+    "qwen2", "Qwen2ForCausalLM", "silu", fixed=dict(_SWIGLU, qkv_bias=True, attention_out_bias=False, mlp_bias=False),
+    hf_keys=(_RMS_EPS,), import_keys=_NORMAL_INIT, hf_extra=_NO_SLIDING, tiny=_TINY_GQA,
+    preset="configs/qwen2.5-0.5b.yml"))
+register_family(Family(
+    "qwen3", "Qwen3ForCausalLM", "silu", fixed=dict(_SWIGLU, qk_norm="head", mlp_bias=False),
+    hf_keys=(_ATTENTION_BIAS, _RMS_EPS), import_keys=_NORMAL_INIT, hf_extra=_NO_SLIDING,
+    tiny=dict(_TINY_GQA, head_dim=32), preset="configs/qwen3-0.6b.yml"))
 
 
 def table() -> str:

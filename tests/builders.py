@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from neox_dar.config import Config, ModelConfig, load_config
+from neox_dar.families import FAMILIES
 from neox_dar.model import CausalLM, build_model
 from neox_dar.tiny import tiny_hf_model as hf_tiny
 
@@ -91,9 +92,7 @@ def published_checkpoint(root: Path, step: int, weights: bytes = b"w" * 64) -> P
 # ----------------------------------------------------------------------------------------------
 # tiny Hugging Face models of each family (transformers' own classes, random weights: neox_dar.tiny)
 
-FAMILY_PRESETS = {"gpt_neox": "configs/pythia-14m.yml", "llama": "configs/llama-3.2-1b.yml",
-                  "olmo2": "configs/olmo-2-0425-1b.yml", "qwen2": "configs/qwen2.5-0.5b.yml",
-                  "qwen3": "configs/qwen3-0.6b.yml"}
+FAMILY_PRESETS = {name: family.preset for name, family in FAMILIES.items()}  # every registered family
 # a preset shrunk to a tiny model of its family (GQA on where the family has it), for Pythia-tokenized data
 TINY_FAMILY_KEYS = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_kv_heads": 2, "head_dim": 16,
                     "intermediate_size": 96, "vocab_size": 50277, "seq_length": 32, "max_position_embeddings": 2048}

@@ -18,11 +18,10 @@ from neox_dar.dimpo.__main__ import main
 from neox_dar.dimpo.fit import load_results, projection_path
 from neox_dar.dimpo.projections import load_projections
 from neox_dar.evaluation.loading import load_for_eval
+from neox_dar.families import FAMILIES
 
-FAMILIES = ["gpt_neox", "llama", "olmo2", "qwen2", "qwen3"]
 
-
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_original_weights_are_the_models_attention(family, tmp_path):
     hf = hf_folder(tmp_path / "hf", family)
     model = load_for_eval(tmp_path / "hf").model

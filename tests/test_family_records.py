@@ -31,18 +31,17 @@ NEW_FAMILY = r"""
 import json, re, sys
 from pathlib import Path
 import torch
-import neox_dar.families as families
-
-doc = Path("docs/models.md").read_text()
-record = eval(re.search(r"```python\n(Family\(.*?)```", doc, re.S).group(1), vars(families))
-families.FAMILIES[record.name] = record  # before anything reads the records (the config's model_family)
-
 import transformers
+import neox_dar.families as families
 from neox_dar.config import load_config
 from neox_dar.convert import from_hf, hf_config_dict, to_hf
 from neox_dar.model import build_model, count_parameters
 from neox_dar.tiny import tiny_hf_model
 from neox_dar.tokenizer import DEFAULT_TOKENIZER
+
+doc = Path("docs/models.md").read_text()
+record = eval(re.search(r"```python\n(Family\(.*?)```", doc, re.S).group(1), vars(families))
+families.register_family(record)  # after the config and the model are imported: nothing froze the names
 
 tmp = Path(sys.argv[1])
 hf = tiny_hf_model(record.name)

@@ -77,9 +77,10 @@ class ModelConfig:
 
     The block's components are keys; ``configs/`` holds presets for the published shapes of each family."""
 
-    model_family: Literal[tuple(FAMILIES)] = setting(
-        "gpt_neox", "Parameter names and the Hugging Face class of imports and exports, a record of "
-        "neox_dar/families.py: " + ", ".join(f"{f.name} ({f.hf_class})" for f in FAMILIES.values()) + ".")
+    model_family: str = setting(
+        "gpt_neox", "Parameter names and the Hugging Face class of imports and exports: a family registered in "
+        "neox_dar/families.py (" + ", ".join(FAMILIES) + "; python -m neox_dar.families prints them).",
+        rule=lambda v, _: None if v in FAMILIES else f"choose one of {', '.join(FAMILIES)}")
     num_layers: int = setting(6, "Transformer layers.", rule=at_least(1))
     hidden_size: int = setting(512, "Model width d.", rule=at_least(1))
     num_attention_heads: int = setting(8, "Attention (query) heads H.", rule=at_least(1))
