@@ -41,9 +41,11 @@ from multiprocessing import get_context
 import numpy as np
 
 from neox_dar.data.conversations import IGNORE, label_prefix
+from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
 from neox_dar.progress import progress_bar
 from neox_dar.rundir import flock_held, write_text_atomic
+from neox_dar.tokenizer import ChatTemplateError, ChatTemplateTimeout, hf_tokenizer, render_chat
 
 from .encode import BadRecord, check_unicode, load_json, tokenizer_path
 from .sources import expand_inputs, iter_records
@@ -59,8 +61,6 @@ class ChatError(ValueError):
 def load_chat_tokenizer(path: str, template_file: str | None = None):
     """The run's tokenizer (a ``tokenizer.json`` or a model folder) as a transformers fast tokenizer with its
     special tokens and a chat template; ChatError when it has no template."""
-    from neox_dar.tokenizer import hf_tokenizer
-
     tokenizer_json = tokenizer_path(path)
     if not tokenizer_json.endswith(".json"):
         raise ChatError(f"{tokenizer_json}: chat rendering needs a Hugging Face tokenizer.json")
@@ -109,23 +109,25 @@ def render(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
 
     Turn ``i``'s text is the span between the template's rendering of ``messages[:i]`` with the generation prompt
     and of ``messages[:i + 1]``; each rendering must be a prefix of the whole (a BadRecord otherwise: e.g. two
-    assistant turns in a row), and a template that refuses the conversation (``raise_exception``) is a BadRecord."""
-    from jinja2 import TemplateError
-
+    assistant turns in a row), and a template that refuses the conversation (``raise_exception``, or the sandbox) is
+    a BadRecord. A template still rendering after :data:`~neox_dar.tokenizer.RENDER_SECONDS` stops the run
+    (:class:`~neox_dar.tokenizer.ChatTemplateTimeout`, one line): it would take as long on every conversation."""
     try:
-        text = tok.apply_chat_template(messages, tokenize=False)
+        text = render_chat(tok, messages, tokenize=False)
         spans = []
         for i, m in enumerate(messages):
             if m["role"] != "assistant":
                 continue
-            start = tok.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
-            end = tok.apply_chat_template(messages[:i + 1], tokenize=False)
+            start = render_chat(tok, messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+            end = render_chat(tok, messages[:i + 1], tokenize=False)
             if not (text.startswith(start) and text.startswith(end) and len(start) <= len(end)):
                 raise BadRecord("the chat template does not render this conversation prefix by prefix, so its "
                                 "assistant turns cannot be located")
             spans.append((len(start), len(end)))
-    except TemplateError as e:
-        raise BadRecord(f"the chat template refuses it ({type(e).__name__}: {e})") from None
+    except ChatTemplateTimeout:
+        raise
+    except ChatTemplateError as e:
+        raise BadRecord(str(e)) from None
     enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     labels = [t if any(a <= s < b for a, b in spans) else IGNORE for t, (s, _) in zip(ids, enc["offset_mapping"])]

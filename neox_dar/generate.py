@@ -44,7 +44,7 @@ from .evaluation.scoring import AttentionStatsMean, overall_means
 from .model import CausalLM
 from .progress import progress_bar
 from .rundir import CheckpointError
-from .tokenizer import hf_tokenizer, special_token_ids, tokenizer_file
+from .tokenizer import hf_tokenizer, render_chat, special_token_ids, tokenizer_file
 
 
 class GenerationError(ValueError):
@@ -187,12 +187,14 @@ class Generator:
 
     def chat(self, text: str) -> tuple[str, list[int]]:
         """``text`` as one user turn rendered by the checkpoint's chat template with the generation prompt, and its
-        ids (the template places any special tokens itself, as ``data_prep.chat`` renders conversations)."""
+        ids (the template places any special tokens itself, as ``data_prep.chat`` renders conversations); a template
+        that fails, or renders longer than :data:`~neox_dar.tokenizer.RENDER_SECONDS`, is a one-line
+        :class:`~neox_dar.tokenizer.ChatTemplateError`."""
         if not self.tokenizer.chat_template:
             raise GenerationError(f"--chat: the tokenizer {self.info['tokenizer']} has no chat template (none in "
                                   "its tokenizer_config.json or chat_template.jinja)")
-        rendered = self.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                      add_generation_prompt=True)
+        rendered = render_chat(self.tokenizer, [{"role": "user", "content": text}], tokenize=False,
+                               add_generation_prompt=True)
         return rendered, self.tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
     def decode(self, ids: Sequence[int]) -> str:

@@ -159,3 +159,37 @@ def test_a_long_save_name_infinite_blend_weights_and_a_yaml_tag_are_one_line(tmp
                          "attention_type=!!python/object/apply:os.system [echo planted]"]) == 2
     assert "invalid value for 'attention_type'" in _one_line(capsys.readouterr().err, "convert error:")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+LOOPS = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0]['content'] }}"
+SANDBOXED = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+
+
+def test_hostile_chat_templates_are_one_line_in_generate_and_data_prep_chat(tmp_path, monkeypatch, capsys):
+    """generate --chat and data_prep.chat with a template of nested range(100000) loops (10^10 iterations), and
+    generate --chat with one the sandbox refuses: one line each, exit 2, within the render bound (0.5 s here).
+    (Before: generate hung at 100% CPU, and the refused template was a SecurityError traceback.)"""
+    import neox_dar.tokenizer as tokenizer
+    from data_prep.chat import main as chat_main
+    from neox_dar.generate import main as generate_main
+
+    monkeypatch.setattr(tokenizer, "RENDER_SECONDS", 0.5)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(ROOT / "data" / "20B_tokenizer.json", tok / "tokenizer.json")
+    step = tmp_path / "run" / "checkpoints" / step_dir_name(7)
+    saved_model(step, "seq_length=32")
+    write_manifest(step, {"step": 7})
+    timeout = "the chat template was still rendering after 0.5 s (a loop longer than any conversation needs)"
+    for template, expected in ((LOOPS, timeout), (SANDBOXED, "the chat template cannot render this conversation "
+                                                              "(SecurityError: access to attribute '__class__'")):
+        (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                               "chat_template": template}))
+        assert generate_main([str(step), "--prompt", "hi", "--max-new-tokens", "1", "--chat", "--tokenizer",
+                              str(tok / "tokenizer.json")]) == 2
+        assert _one_line(capsys.readouterr().err, "error:").startswith(f"error: {expected}")
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>", "chat_template": LOOPS}))
+    assert chat_main([str(ROOT / "data" / "sample" / "chat_sample.jsonl"), "--tokenizer", str(tok), "--out",
+                      str(tmp_path / "sft"), "--workers", "1", "--no-progress"]) == 2
+    assert _one_line(capsys.readouterr().err, "data_prep.chat:").startswith(f"data_prep.chat: error: {timeout}")
+    assert not list(tmp_path.glob("sft*"))
