@@ -128,7 +128,7 @@ def test_the_cost_table_uses_the_measured_throughput_and_says_which(tmp_path, ca
     assert rows["160m-vanilla"]["GPU-h"] == f"{hours:,.1f}" and rows["160m-vanilla"]["wall"] == f"{hours * 60 / 16:.0f} min"
     assert ("GPU-h and wall of 160m-vanilla: tokens / the throughput measured in "
             "bench/results/gpu-h200-2026-11-27-fused-loss/tp_vanilla.json: NVIDIA H200, vanilla (sdpa), micro-batch 16, "
-            "ZeRO-1, bf16: 367,558 tokens/s per GPU") in out
+            "ZeRO-1, bf16: 367,558 tokens/s per GPU, peak memory 15.60 GB (estimated: 13.56 GB)") in out
     assert "tp_dar.json" in out and rows["160m-dar"]["GPU-h"] != "no measurement"
     for run in ("70m-vanilla", "70m-dar", "410m-vanilla", "410m-dar"):
         assert rows[run]["GPU-h"] == rows[run]["wall"] == "no measurement"
@@ -233,3 +233,64 @@ def test_a_run_taken_by_a_second_run_local_is_one_line_not_a_failure(tmp_path, c
     printed = capsys.readouterr()
     line = f"[sweep] vanilla: held by another process (pid {holders[0].pid} on "
     assert line in printed.out and "), skipped" in printed.out and "failed" not in printed.out + printed.err
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# docs/cluster.md: its numbers are the code's
+
+
+CLUSTER_DOC = ROOT / "docs" / "cluster.md"
+
+
+def test_the_cluster_docs_plan_table_is_the_codes(tmp_path, capsys, tokenized_sample):
+    """The plan table in docs/cluster.md is what `plan` prints for configs/sweeps/pythia-160m-mixed.yml, cell by
+    cell, but the epochs, which the doc gives for the 10,050,797,569-token Pile subset of docs/data.md."""
+    assert sweep_main([str(SWEEPS / "pythia-160m-mixed.yml"), "plan", "--out", str(tmp_path / "m"),
+                       f"train_data_paths=[{tokenized_sample}]"]) == 0
+    out = capsys.readouterr().out
+    doc = CLUSTER_DOC.read_text()
+    block = doc[doc.index("$ python -m neox_dar.sweep configs/sweeps/pythia-160m-mixed.yml plan"):]
+    block = block[:block.index("```")]
+    documented, printed = _rows(block), _rows(out)
+    assert list(documented) == list(printed)
+    epochs = f"{5450 * 896 * 2048 / 10_050_797_569:.3g}"
+    for name, row in printed.items():
+        assert documented[name] == {**row, "epochs": epochs}, name
+    vanilla = next(line for line in out.splitlines() if line.startswith("GPU-h and wall of vanilla:"))
+    assert vanilla in block
+
+
+def test_the_cluster_docs_memory_table_is_the_codes():
+    """Each row of the peak-memory table: the estimate of the measured run's config and the file's measured peak."""
+    from neox_dar.sweep.cost import measurements
+
+    doc = CLUSTER_DOC.read_text()
+    rows = re.findall(r"^\| (tp_\w+\.json) \| ([\d.]+) GB \| ([\d.]+) GB \| ([\d.]+) \|$", doc, re.M)
+    assert [r[0] for r in rows] == ["tp_vanilla.json", "tp_dar.json", "tp_mswa.json", "tp_aha.json"]
+    found = {m.path.name: m for m in measurements()}
+    ratios = []
+    for name, estimate, peak, ratio in rows:
+        m = found[name]
+        total = peak_memory(m.cfg, parameter_count(m.cfg), 1).total
+        assert (estimate, peak, ratio) == (f"{total / 1e9:.2f}", f"{m.peak_bytes / 1e9:.2f}",
+                                           f"{total / m.peak_bytes:.2f}"), name
+        ratios.append(m.peak_bytes / total)
+    assert f"the peak was up to {max(ratios):.2f} times the estimate" in doc
+
+
+def test_the_cluster_docs_data_check_example_is_the_commands(tmp_path, capsys):
+    """The data check's example output in docs/cluster.md is what the command prints for the embedded sample
+    tokenized as the doc's first command does (the tokenizer's path aside)."""
+    from data_prep.tokenize import run
+
+    from neox_dar.data.check import main as check_main
+
+    prefix = tmp_path / "c4_sample"
+    run(["data/sample/c4_sample.jsonl", "--tokenizer", "data/20B_tokenizer.json", "--out", str(prefix),
+         "--workers", "1", "--no-progress"])
+    capsys.readouterr()
+    assert check_main([str(prefix)]) == 0
+    printed = capsys.readouterr().out.replace(str(prefix), "runs/data/c4_sample")
+    printed = re.sub(r"tokenizer \S+ \(", "tokenizer ... (", printed)
+    doc = CLUSTER_DOC.read_text()
+    assert printed.strip() in doc, printed
