@@ -22,8 +22,8 @@ from ..data import build_datasets
 from ..data.identity import data_change, data_identity
 from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, CheckpointHold,
-                      checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint, read_state,
-                      recorded_checkpoint, remove_tree, step_dirs, write_status)
+                      RunFileError, checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint,
+                      read_state, recorded_checkpoint, remove_tree, step_dirs, write_status)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from . import startup
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches
@@ -201,10 +201,17 @@ def _record_tokenizer(save: Path, tokenizer: Path | None) -> None:
 
 
 def _mark_failed(save: Path, state: TrainState, train_iters: int, error: BaseException) -> None:
-    """status.json = failed with the error's first line (a failing status write is logged, not raised)."""
+    """status.json = failed with the error's first line, still recording the newest checkpoint (this run's, or the
+    one the status recorded before a start that failed before reading it); a failing status write is logged, not
+    raised."""
     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
     try:
-        write_status(save, "failed", state.step, train_iters, checkpoint=state.checkpoint, reason=reason)
+        recorded = recorded_checkpoint(save)
+    except RunFileError:  # a torn status.json: replaced
+        recorded = 0
+    try:
+        write_status(save, "failed", state.step, train_iters, checkpoint=max(state.checkpoint, recorded),
+                     reason=reason)
     except OSError as e:
         log.error("could not record the failure in %s: %s", save / STATUS, e)
 
