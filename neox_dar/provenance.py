@@ -39,8 +39,10 @@ def code_version() -> dict:
 
 
 def provenance(argv: list[str] | None = None) -> dict:
-    """``code_version()`` plus the command line (``argv``, default ``sys.argv``) and the UTC date."""
-    args = sys.argv if argv is None else argv
+    """``code_version()`` plus the command line (``argv``, default ``sys.argv``; paths under the current directory
+    written relative to it, so a result names no folder of the machine it ran on) and the UTC date."""
+    here = f"{Path.cwd()}{os.sep}"
+    args = [a.replace(here, "") for a in (sys.argv if argv is None else argv)]
     return {"command": " ".join(["python", *args]),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             **code_version()}

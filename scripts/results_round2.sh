@@ -241,7 +241,9 @@ publish() {  # publish WORK OUT RUN...: finished runs into OUT (results/...): ru
   local work=$1 out=$2
   shift 2
   mkdir -p "$out/runs"
-  cp "$work/sweep.yml" "$out/runs/sweep.yml"   # the sweep as last planned (runs added to it since are in it)
+  # the sweep as last planned (runs added to it since are in it); its header names the sweep file by its path in the
+  # repository, not on this machine (plan ran in the code's worktree, given the file's absolute path)
+  sed "1s|$ROOT/||" "$work/sweep.yml" > "$out/runs/sweep.yml"
   if [ ! -f "$out/provenance.json" ]; then   # a new folder: only the runs named are published (not the pending ones)
     "$PY" - "$out" "$PUBLISH_COMMAND" <<'EOF'
 import json, sys

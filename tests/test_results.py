@@ -4,6 +4,7 @@ rebuilds from the committed run files, and the tables in the docs are those repo
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,29 @@ def test_round2_provenance_names_torch_the_bytes_and_no_absolute_path(folder):
         assert "save: runs/" in config, run
         for ev in (folder / "runs" / run / "eval").glob("*.json"):
             assert '"/' not in ev.read_text(), ev
+
+
+# where a machine keeps its folders (the first path component), and a temporary folder made by Python's tempfile
+MACHINE_PATH = re.compile(r"(?<![\w.$~])/(?:work|home|Users|root|scratch|mnt)/|/tmp/tmp[a-z0-9_]{6,10}/")
+
+
+def test_committed_results_and_docs_name_no_folder_of_the_machine_they_ran_on():
+    """Results, provenance and docs hold repository-relative paths (``../shared/data`` for the shared data)."""
+    found = []
+    for top in ("results", "bench/results", "docs", "README.md"):
+        paths = [ROOT / top] if (ROOT / top).is_file() else (ROOT / top).rglob("*")
+        for path in paths:
+            if path.suffix in (".json", ".md", ".yml", ".txt", ".jsonl") and path.is_file():
+                found += [f"{path.relative_to(ROOT)}: {m.group(0)}" for m in MACHINE_PATH.finditer(path.read_text())]
+    assert not found, found
+
+
+def test_a_results_command_line_names_paths_under_the_current_folder_relatively(tmp_path, monkeypatch):
+    from neox_dar.provenance import provenance
+
+    monkeypatch.chdir(tmp_path)
+    command = provenance(["bench/x.py", f"--out={tmp_path}/bench/results/x.json", str(tmp_path / "data")])["command"]
+    assert command == "python bench/x.py --out=bench/results/x.json data"
 
 
 def round2_rel() -> tuple[dict, float]:
