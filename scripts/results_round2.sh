@@ -242,8 +242,19 @@ publish() {  # publish WORK OUT RUN...: finished runs into OUT (results/...): ru
   shift 2
   mkdir -p "$out/runs"
   # the sweep as last planned (runs added to it since are in it); its header names the sweep file by its path in the
-  # repository, not on this machine (plan ran in the code's worktree, given the file's absolute path)
-  sed "1s|$ROOT/||" "$work/sweep.yml" > "$out/runs/sweep.yml"
+  # repository, not on this machine (plan ran in the code's worktree, given the file's absolute path). Its report
+  # gets the "Rel. vs swa" column here (report.compare), not in the sweep file: the workers' code (CODE_COMMIT)
+  # reads that file at every run and predates the setting, which it would refuse
+  "$PY" - "$work/sweep.yml" "$out/runs/sweep.yml" "$ROOT/" <<'EOF'
+import sys
+from pathlib import Path
+import yaml
+src, dst, root = sys.argv[1:]
+header, body = Path(src).read_text().split("\n", 1)
+sweep = yaml.safe_load(body)
+sweep["report"]["compare"] = {"swa": {"variant": "swa", "seed": "seed1"}}  # SWA (w = 64) of the same budget
+Path(dst).write_text(header.replace(root, "") + "\n" + yaml.safe_dump(sweep, sort_keys=False))
+EOF
   if [ ! -f "$out/provenance.json" ]; then   # a new folder: only the runs named are published (not the pending ones)
     "$PY" - "$out" "$PUBLISH_COMMAND" <<'EOF'
 import json, sys

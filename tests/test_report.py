@@ -568,3 +568,30 @@ def test_report_out_under_a_file_and_a_torn_evaluation_are_one_line_errors(sweep
     assert sweep_main([str(root / "sweep.yml"), "status", "--out", str(root)]) == 2
     for err in capsys.readouterr().err.splitlines():
         assert f"{torn}: not valid JSON" in err and "delete it and evaluate the run again" in err, err
+
+
+def test_compare_adds_a_rel_column_against_another_reference_of_the_same_group(tmp_path):
+    """``report.compare``: one more Rel. (%) column per label, against the reference run of the same group (the
+    DAR paper's DAR read against SWA at the same window as well as against vanilla); empty for the reference."""
+    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
+            "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
+                     "attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
+                                   "swa": {"configs": ["configs/attention/swa.yml"]},
+                                   "dar": {"configs": ["configs/attention/dar.yml"]}}},
+            "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"],
+                       "compare": {"swa": {"attention_type": "swa"}}}}
+    runs, sweep, res = _planned_with_results(tmp_path, spec, seed=12)
+    table = build_table(runs, sweep.report)
+    ppl = {n: {c: r["corpora"][c]["token_perplexity"] for c in CORPORA} for n, r in res.items()}
+    rel, vs = table.columns.index("Rel. (%)"), table.columns.index("Rel. vs swa (%)")
+    assert vs == rel + 1
+    for scale in ("small", "big"):
+        assert _row(table, f"{scale}-dar")[vs] == pytest.approx(_rel(ppl[f"{scale}-dar"], ppl[f"{scale}-swa"]))
+        assert _row(table, f"{scale}-vanilla")[vs] == pytest.approx(
+            _rel(ppl[f"{scale}-vanilla"], ppl[f"{scale}-swa"]))
+        assert _row(table, f"{scale}-swa")[vs] == ""
+    assert any(n.startswith("Rel. vs swa (%): the same mean ratio against") for n in table.notes)
+    with pytest.raises(SweepError, match="report compare must map labels to selectors"):
+        build_table(runs, {**sweep.report, "compare": {"swa": "swa"}})
+    with pytest.raises(SweepError, match="matches no run"):
+        build_table(runs, {**sweep.report, "compare": {"linear": {"attention_type": "linear"}}})

@@ -89,6 +89,7 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     rel_metric, rel_corpora = relative_settings(report)
     group_by = list(report.get("group_by") or [])
     base = baselines(runs, report.get("baseline"), group_by)
+    refs = {label: baselines(runs, selector, group_by) for label, selector in (report.get("compare") or {}).items()}
     noise = noise_floor(runs, report, base)
     floor = max(abs(v - 100.0) for _, v in noise) if noise else None
     order = report.get("rows")
@@ -101,7 +102,7 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     axes = [a for a in dict.fromkeys(k for r in runs for k in r.axes)]
     stats = list(dict.fromkeys(stat for r in runs for stat in r.variant.stats))  # the variants' statistics
     with_cost = bool(report.get("cost"))
-    columns = ["Run", *axes, *(TITLES.get(c, c) for c in corpora), "Rel. (%)"]
+    columns = ["Run", *axes, *(TITLES.get(c, c) for c in corpora), "Rel. (%)", *(f"Rel. vs {x} (%)" for x in refs)]
     if floor is not None:
         columns.append("vs noise")
     if with_cost:
@@ -116,6 +117,10 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
         if b and b is not r and b.eval and r.eval:
             flags += flag_other_documents([(r.name, r.eval)], b.eval)
         row = [r.name, *(r.axes.get(a, "") for a in axes), *(r.perplexity(c, metric) for c in corpora), rel]
+        for ref in refs.values():  # "" for the reference itself or a group without one; None when not evaluated
+            c = ref.get(group_key(r, group_by))
+            row.append("" if c is None or c is r else
+                       relative_percent(r.eval, c.eval, rel_metric, rel_corpora) if (c.eval and r.eval) else None)
         if floor is not None:
             row.append(None if rel is None else "" if r is b else
                        "within" if abs(rel - 100.0) <= floor else "beyond")
@@ -139,6 +144,9 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
              + (f" with the baseline of the same {', '.join(group_by)}" if group_by else "")
              + (f" (baseline: {_baseline_names(base)})" if base else " (no baseline: set report.baseline)")
              + f". '{MISSING}' = {missing}."]
+    for label, ref in refs.items():
+        notes.append(f"Rel. vs {label} (%): the same mean ratio against {_baseline_names(ref)}"
+                     + (f" of the same {', '.join(group_by)}" if group_by else "") + " instead of the baseline.")
     counts = scored_on(runs, corpora, base)
     if counts:
         notes.append(counts)

@@ -23,6 +23,8 @@ REPORT_KEYS = {
     "relative_over": "corpora Rel. (%) averages over (default: the papers' three), e.g. [wikitext103, wikipedia]",
     "repeats": "selector of runs that repeat the baseline with another seed, e.g. {variant: vanilla}: their Rel. "
                "(%) is the noise floor, printed beside every run's",
+    "compare": "more reference runs, a column 'Rel. vs LABEL (%)' each, the reference of the same group (group_by): "
+               "{LABEL: selector}, e.g. {swa: {variant: swa, seed: seed1}}",
 }
 
 
@@ -78,6 +80,11 @@ def check_report(report: dict) -> None:
                          f"got {report['baseline']!r}")
     if report.get("metric") is not None and report["metric"] not in METRICS:
         raise SweepError(f"report metric must be one of {', '.join(METRICS)}, got {report['metric']!r}")
+    compare = report.get("compare")
+    if compare is not None and not (isinstance(compare, dict) and all(
+            isinstance(label, str) and isinstance(sel, dict) and sel for label, sel in compare.items())):
+        raise SweepError(f"report compare must map labels to selectors, such as {{swa: {{variant: swa}}}}, "
+                         f"got {compare!r}")
     if report.get("repeats") is not None and not isinstance(report["repeats"], dict):
         raise SweepError(f"report repeats must be a mapping such as {{variant: vanilla}}, got {report['repeats']!r}")
     for key in ("group_by", "rows", "average_over", "relative_over"):
@@ -120,9 +127,12 @@ def baselines(runs: list[SweepRun], selector: dict | None, group_by: list[str]) 
 
 
 def check_report_runs(report: dict, runs: list[SweepRun]) -> None:
-    """The ``report:`` settings against the sweep's runs: the baseline matches a run (one per group), ``rows`` and
-    ``average_over`` name runs and axes that exist. SweepError otherwise (at plan time, before any training)."""
+    """The ``report:`` settings against the sweep's runs: the baseline and each ``compare`` reference match a run
+    (one per group), ``rows`` and ``average_over`` name runs and axes that exist. SweepError otherwise (at plan time,
+    before any training)."""
     baselines(runs, report.get("baseline"), list(report.get("group_by") or []))
+    for selector in (report.get("compare") or {}).values():
+        baselines(runs, selector, list(report.get("group_by") or []))
     unknown = [n for n in report.get("rows") or [] if n not in {r.name for r in runs}]
     if unknown:
         raise SweepError(f"report rows name unknown run(s) {', '.join(unknown)} (runs: "
