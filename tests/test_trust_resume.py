@@ -14,7 +14,7 @@ import pytest
 from trainrun import ROOT, error_line, rows, status, train, train_env
 
 from data_prep.tokenize import main as tokenize_main
-from neox_dar.data.identity import sha256_file
+from neox_dar.data.identity import prefix_identity, sha256_file
 from neox_dar.rundir import STATUS
 
 SHORT = ["train_iters=2", "eval_interval=0", "checkpoint_factor=2"]
@@ -25,12 +25,20 @@ def data(tokenized_sample) -> str:
     return tokenized_sample
 
 
-def test_a_run_whose_checkpoints_were_moved_away_is_not_restarted_silently(data, tmp_path):
-    """Train, move `checkpoints/` away, run the same command: one line saying the status records a checkpoint the
-    run no longer holds and what to do, exit 2, metrics and status byte for byte; overwrite=true starts it again.
-    (Before: it trained from step 0 without a word and replaced the metrics rows.)"""
-    save = tmp_path / "run"
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> Path:
+    """A finished run (2 steps, a checkpoint at step 2), which the tests copy."""
+    save = tmp_path_factory.mktemp("trained") / "run"
     train(save, data, *SHORT)
+    return save
+
+
+def test_a_run_whose_checkpoints_were_moved_away_is_not_restarted_silently(data, trained, tmp_path):
+    """A finished run whose `checkpoints/` was moved away, run again: one line saying the status records a
+    checkpoint the run no longer holds and what to do, exit 2, metrics and status byte for byte; overwrite=true
+    starts it again. (Before: it trained from step 0 without a word and replaced the metrics rows.)"""
+    save = tmp_path / "run"
+    shutil.copytree(trained, save)
     assert status(save)["checkpoint"] == 2
     shutil.move(save / "checkpoints", tmp_path / "elsewhere")
     before = {name: (save / name).read_bytes() for name in (STATUS, "metrics.jsonl")}
@@ -81,9 +89,9 @@ def test_data_replaced_between_stop_and_resume_is_refused(tmp_path):
 
 def test_a_tokenize_killed_while_it_replaces_a_set_leaves_none_that_trains(tmp_path):
     """data_prep.tokenize over an earlier set, SIGKILLed after renaming the new manifest in (before the data files):
-    train.py refuses the prefix in one line; the same tokenize command again completes the set, byte for byte as a
-    its manifest describes, and it trains. (Before: .bin/.idx pairs were replaced one at a time and the manifest last,
-    so a kill left a mixed set that trained.)"""
+    train.py refuses the prefix in one line; the same tokenize command again completes the set, byte for byte as its
+    manifest describes, which train.py accepts. (Before: .bin/.idx pairs were replaced one at a time and the manifest
+    last, so a kill left a mixed set that trained.)"""
     data = tmp_path / "c4"
     assert _tokenize(data, "--max-tokens", "20000", "--valid-tokens", "4000") == 0
     new = ["--max-tokens", "20000", "--valid-tokens", "4000"]
@@ -96,15 +104,14 @@ def test_a_tokenize_killed_while_it_replaces_a_set_leaves_none_that_trains(tmp_p
     for prefix, entry in ((f"{data}", manifest), (f"{data}_valid", manifest["valid"])):
         assert [sha256_file(prefix + ext) for ext in (".bin", ".idx")] == [entry["bin_sha256"], entry["idx_sha256"]]
     assert manifest["inputs"][0]["path"].endswith("reversed.jsonl")
-    train(tmp_path / "run", str(data), *SHORT)
+    assert prefix_identity(str(data))["idx_sha256"] == manifest["idx_sha256"]  # what train.py checks at start
 
 
-def test_a_copied_run_started_from_its_config_says_which_run_it_trains(data, tmp_path):
+def test_a_copied_run_started_from_its_config_says_which_run_it_trains(trained, tmp_path):
     """`cp -r RUN COPY; python train.py COPY/config.yml`: a warning names both directories and the save= that trains
     the copy; the run that config's save names is the one continued (here: finished, so nothing trains), and COPY is
     left as it was. (Before: it silently continued RUN.)"""
-    save, copy = tmp_path / "run", tmp_path / "copy"
-    train(save, data, *SHORT)
+    save, copy = trained, tmp_path / "copy"
     shutil.copytree(save, copy)
     before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
     out = subprocess.run([sys.executable, "train.py", str(copy / "config.yml")], cwd=ROOT, env=train_env(),
