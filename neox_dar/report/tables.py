@@ -157,7 +157,9 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     if with_cost:
         notes.append("Cost: training FLOPs per token of attention at seq_length (q.k scores and weighted sums over "
                      "the keys each query sees, plus products a variant adds, e.g. DAR's second key/value "
-                     "projection), relative to vanilla attention; AHA counted as if every gate were open. "
+                     "projection), relative to vanilla attention; AHA counted as if every gate were open. DAR's "
+                     "bottleneck (dar_down, dar_up) is counted with the parameters (6N), not here, so Cost does not "
+                     "depend on d_down (the DAR paper gives no FLOP cost, only the cache's O(T d_down + w d)). "
                      "KV (B/token): inference cache bytes per token in bf16 at a context of seq_length, summed over "
                      "the layers (python -m neox_dar.describe; AHA counted with its full cache).")
     meanings = {stat: meaning for r in runs for stat, meaning in r.variant.stats.items()}
