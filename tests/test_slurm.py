@@ -102,8 +102,9 @@ def test_communication_exclusive_and_memory_settings_in_the_script(tmp_path):
     assert "export NCCL_DEBUG=WARN" in exports and "export MASTER_PORT_BASE=12000" in exports
     assert not any(e.startswith(("export NCCL_SOCKET_IFNAME", "export NCCL_IB")) for e in exports)
     assert not any("--exclusive" in line or "--mem" in line for line in _sbatch_lines(default))
-    script = job_script(_settings(exclusive=True, mem_per_gpu="80G", nccl_debug="INFO", nccl_socket_ifname="^lo,docker0",
-                                  nccl_ib_disable=0, nccl_ib_hca="mlx5", nccl_ib_timeout=22, master_port_base=15000,
+    script = job_script(_settings(exclusive=True, mem_per_gpu="80G", nccl_debug="INFO",
+                                  nccl_socket_ifname="^lo,docker0", nccl_ib_disable=0, nccl_ib_hca="mlx5",
+                                  nccl_ib_timeout=22, master_port_base=15000,
                                   env={"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": 1200}),
                         "s", [tmp_path / "run"], tmp_path / "logs", None, workdir=tmp_path)
     assert {"#SBATCH --exclusive", "#SBATCH --mem-per-gpu=80G"} <= set(_sbatch_lines(script))

@@ -84,7 +84,7 @@ def test_plan_writes_resolved_configs_and_is_deterministic(tmp_path, capsys, tok
     args = [str(SWEEPS / "dar-table1.yml"), "plan", "--out", str(tmp_path / "a")]
     assert sweep_main([*args, f"data_path={tokenized_sample}"]) == 0
     first = capsys.readouterr().out
-    assert "19073" in first and "32 x 1 x 8 = 256" in first and "7 runs" in first and "checked for 8 rank(s)" in first
+    assert "19073" in first and "256 x 2048" in first and "7 runs" in first and "checked for 8 rank(s)" in first
     assert sweep_main(args) == 0  # the recorded data_path is reused
     assert capsys.readouterr().out == first
     cfg = load_config(tmp_path / "a" / "dar-d64" / "config.yml")
@@ -233,10 +233,15 @@ def test_submit_dry_run_writes_per_run_scripts_and_records_nothing(four_runs, ca
     path, out = four_runs
     args = [str(path), "submit", "--out", str(out), "--dry-run", "--mode", "per-run", "--gpus-per-node", "4",
             "--nodes", "2", "--partition", "gpu", "--only", "w4", "w5"]
-    assert sweep_main(args) == 2  # 8 ranks x micro-batch 8 do not divide the global batch of 16
-    assert "run 'w4' on 8 rank(s)" in capsys.readouterr().err and not (out / "slurm").exists()
-    assert sweep_main([*args, "train_micro_batch_size_per_gpu=2"]) == 0
-    assert "wrote" in capsys.readouterr().out
+    # a micro-batch given on the command line is kept: 8 ranks x 4 do not divide the global batch of 16
+    assert sweep_main([*args, "train_micro_batch_size_per_gpu=4"]) == 2
+    err = capsys.readouterr().err
+    assert "run 'w4' on 8 rank(s)" in err and "micro-batches that fit 8 ranks: 1, 2" in err
+    assert not (out / "slurm").exists()
+    assert sweep_main(args) == 0  # tiny.yml's micro-batch 8 does not fit 8 ranks either: the plan takes 2 and says so
+    printed = capsys.readouterr()
+    assert "wrote" in printed.out and "micro-batch 8 (from the config files) does not divide the global batch 16 over " \
+                                      "8 ranks: using 2 (accumulation 1)" in printed.err
     for run in ("w4", "w5"):
         script = (out / "slurm" / f"st.{run}.sbatch").read_text()
         assert "#SBATCH --nodes=2" in script and "#SBATCH --gpus-per-node=4" in script

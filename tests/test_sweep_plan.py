@@ -44,8 +44,9 @@ def test_the_presets_plan_at_common_cluster_sizes_with_the_papers_batches(tmp_pa
     16, 32, 64 and 128 ranks: where the preset's micro-batch does not divide the global batch over the ranks, the plan
     takes the largest one below it that does and says so; the global batch never changes. A micro-batch the user
     gives is kept, and then a misfit is the config error listing the micro-batches that fit."""
+    sizes = ("14m", "31m", "70m", "160m", "410m")
     spec = {"name": "presets", "set": {"data_path": tokenized_sample},
-            "runs": [{"name": s, "configs": [f"configs/pythia-{s}.yml"]} for s in ("14m", "31m", "70m", "160m", "410m")]}
+            "runs": [{"name": s, "configs": [f"configs/pythia-{s}.yml"]} for s in sizes]}
     path = _write(tmp_path, spec)
     papers = {"14m": 256, "31m": 256, "70m": 256, "160m": 896, "410m": 896}
     for world in WORLD_SIZES:
@@ -60,9 +61,11 @@ def test_the_presets_plan_at_common_cluster_sizes_with_the_papers_batches(tmp_pa
             assert cfg.training.train_batch_size == batch and micro <= preset
             accum = cfg.training.gradient_accumulation_for(world)
             assert micro * accum * world == batch
-            assert rows[size]["micro x accum x ranks"] == f"{micro} x {accum} x {world} = {batch}"
+            assert rows[size]["micro x accum x ranks"] == f"{micro} x {accum} x {world}"
+            assert rows[size]["batch"] == f"{batch} x 2048"
             note = re.search(rf"note: ([\w, ]*\b{size}\b[\w, ]*): micro-batch {preset} \(from the config files\) "
-                             rf"does not divide the global batch {batch} over {world} ranks: using {micro} ", printed.err)
+                             rf"does not divide the global batch {batch} over {world} ranks: using {micro} ",
+                             printed.err)
             assert bool(note) == (micro != preset), printed.err
     # pythia-160m on 16 ranks, the issue's case: 896 / 16 = 56 sequences per rank, 14 x 4
     assert load_config(tmp_path / "w16" / "160m" / "config.yml").training.train_micro_batch_size_per_gpu == 14
@@ -121,18 +124,20 @@ def test_the_cost_table_uses_the_measured_throughput_and_says_which(tmp_path, ca
     says "no measurement", never a number."""
     assert sweep_main([str(SWEEPS / "dar-table2.yml"), "plan", "--out", str(tmp_path / "t2"), "--world-size", "16",
                        f"data_path={tokenized_sample}"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     rows = _rows(out)
     measured = json.loads((RESULTS / "gpu-h200-2026-11-27-fused-loss" / "tp_vanilla.json").read_text())
     hours = 5450 * 896 * 2048 / measured["engine"]["tokens_per_sec"] / 3600
-    assert rows["160m-vanilla"]["GPU-h"] == f"{hours:,.1f}" and rows["160m-vanilla"]["wall"] == f"{hours * 60 / 16:.0f} min"
-    assert ("GPU-h and wall of 160m-vanilla: tokens / the throughput measured in "
-            "bench/results/gpu-h200-2026-11-27-fused-loss/tp_vanilla.json: NVIDIA H200, vanilla (sdpa), micro-batch 16, "
-            "ZeRO-1, bf16: 367,558 tokens/s per GPU, peak memory 15.60 GB (estimated: 13.56 GB)") in out
-    assert "tp_dar.json" in out and rows["160m-dar"]["GPU-h"] != "no measurement"
+    assert rows["160m-vanilla"]["GPU-h"] == f"{hours:,.1f}"
+    assert rows["160m-vanilla"]["wall"] == f"{hours * 60 / 16:.0f} min"
+    assert ("note: GPU-h and wall of 160m-vanilla: tokens / the throughput measured in "
+            "bench/results/gpu-h200-2026-11-27-fused-loss/tp_vanilla.json: NVIDIA H200, vanilla (sdpa), "
+            "micro-batch 16, ZeRO-1, bf16: 367,558 tokens/s per GPU, peak memory 15.60 GB (estimated: 13.56 GB)") in err
+    assert "tp_dar.json" in err and rows["160m-dar"]["GPU-h"] != "no measurement"
     for run in ("70m-vanilla", "70m-dar", "410m-vanilla", "410m-dar"):
         assert rows[run]["GPU-h"] == rows[run]["wall"] == "no measurement"
-    assert "no measurement: 70m-vanilla, 70m-dar, 410m-vanilla, 410m-dar" in out
+    assert "note: no measurement: 70m-vanilla, 70m-dar, 410m-vanilla, 410m-dar" in err
+    assert all(line.startswith(("sweep ", "run ")) or line.split()[0] in rows for line in out.splitlines())
     cfg = load_config(tmp_path / "t2" / "160m-vanilla" / "config.yml")
     params = parameter_count(cfg)
     assert params == 162_322_944  # the README's count
@@ -247,7 +252,7 @@ def test_the_cluster_docs_plan_table_is_the_codes(tmp_path, capsys, tokenized_sa
     cell, but the epochs, which the doc gives for the 10,050,797,569-token Pile subset of docs/data.md."""
     assert sweep_main([str(SWEEPS / "pythia-160m-mixed.yml"), "plan", "--out", str(tmp_path / "m"),
                        f"train_data_paths=[{tokenized_sample}]"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     doc = CLUSTER_DOC.read_text()
     block = doc[doc.index("$ python -m neox_dar.sweep configs/sweeps/pythia-160m-mixed.yml plan"):]
     block = block[:block.index("```")]
@@ -256,7 +261,7 @@ def test_the_cluster_docs_plan_table_is_the_codes(tmp_path, capsys, tokenized_sa
     epochs = f"{5450 * 896 * 2048 / 10_050_797_569:.3g}"
     for name, row in printed.items():
         assert documented[name] == {**row, "epochs": epochs}, name
-    vanilla = next(line for line in out.splitlines() if line.startswith("GPU-h and wall of vanilla:"))
+    vanilla = next(line for line in err.splitlines() if line.startswith("note: GPU-h and wall of vanilla:"))
     assert vanilla in block
 
 

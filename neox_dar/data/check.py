@@ -10,8 +10,8 @@ training data (``train_data_paths``, a blend when there are several, weighted by
 checks the data the config names. Per prefix it prints documents, tokens, dtype and the token-id range, and the
 manifest ``data_prep.tokenize`` wrote beside it when there is one (its tokenizer, against the config's
 ``vocab_file``; its counts, against the files). With a config file it also prints the token budget and the epochs
-of the training data it reads on ``--world-size`` ranks (:func:`neox_dar.training.checks.data_epochs`). A bad prefix or config is one line
-(``data.check: error: ...``, exit 2).
+of the training data it reads on ``--world-size`` ranks (:func:`neox_dar.training.checks.data_epochs`). A bad
+prefix or config is one line (``data.check: error: ...``, exit 2).
 
 For each ``.bin/.idx`` prefix (``data_path``, or ``train_data_paths`` + ``valid_data_paths``):
 

@@ -1,6 +1,7 @@
 """Command line of the sweep tool.
 
-    python -m neox_dar.sweep SWEEP.yml plan [--out DIR] [key=value ...]   # list and check runs, write their configs
+    python -m neox_dar.sweep SWEEP.yml plan [--out DIR] [--world-size N] [--max-epochs E] [key=value ...]
+                                           # list and check runs, write their configs, print what they cost
     python -m neox_dar.sweep SWEEP.yml run --local [--nproc N]             # train (and evaluate) runs one by one here
     python -m neox_dar.sweep SWEEP.yml submit [--dry-run] [--nodes 2 --gpus-per-node 8 --time 12:00:00 ...]
     python -m neox_dar.sweep SWEEP.yml status                              # each run's state, progress, jobs
@@ -9,10 +10,11 @@
 SWEEP may also be a sweep's output directory (it holds a copy of the sweep file). The default output
 directory is runs/<sweep name>. ``key=value`` words (plan, run, submit) override a config key in every run
 (``data_path=/data/pile``); they are recorded in the output directory's copy of the sweep and reused by later
-commands. Every run is checked as it will train (its world size, its data files) before anything is written
-or queued. `submit` and `run` skip runs that are done, resume runs that have a checkpoint (the trainer
-continues from its run directory), train further runs whose ``train_iters`` was raised, evaluate again runs
-trained past their evaluation, and `submit` skips runs already queued.
+commands, which say so. Every run is checked as it will train (its world size, its data files) before anything is
+written or queued; a micro-batch from the config files that does not fit the world size is replaced by one that does
+(:func:`neox_dar.sweep.cost.fit_micro_batches`). `submit` and `run` skip runs that are done, resume runs that have a
+checkpoint (the trainer continues from its run directory), train further runs whose ``train_iters`` was raised,
+evaluate again runs trained past their evaluation, and `submit` skips runs already queued.
 """
 
 from __future__ import annotations
@@ -173,8 +175,7 @@ def _plan(planned, sweep, root: Path, world: int, args) -> int:
         for w in p.warnings + budget_warnings(p.cfg, world, max_epochs):
             warned.setdefault(w, []).append(p.spec.name)
         row = plan_row(p, world)
-        costs, found = cost_columns(p, world, p.cfg.training.train_iters * p.cfg.training.global_batch_for(world)
-                                    * p.cfg.model.seq_length)
+        costs, found = cost_columns(p, world)
         rows.append({**row, **costs})
         if found is None:
             unmeasured.append(p.spec.name)
@@ -184,15 +185,17 @@ def _plan(planned, sweep, root: Path, world: int, args) -> int:
         print(f"warning: {', '.join(names)}: {w}", file=sys.stderr)
     print(f"sweep {sweep.name}: {len(planned)} runs -> {root} (checked for {world} rank(s) each)")
     print(format_rows(rows))
+    # what the cost columns rest on: notes on stderr, so that stdout is the table alone
     for found, names in used.items():
-        print(f"GPU-h and wall of {', '.join(names)}: tokens / the throughput measured in {found}")
+        print(f"note: GPU-h and wall of {', '.join(names)}: tokens / the throughput measured in {found}",
+              file=sys.stderr)
     if unmeasured:
-        print(f"no measurement: {', '.join(unmeasured)} (no GPU result in bench/results/ has the model config, "
-              "precision and torch_compile of these runs)")
-    print(f"wall = GPU-h / {world} rank(s), as if each GPU kept its measured one-GPU rate (communication between "
-          "ranks, evaluations and restarts not counted); checkpoint: bytes on disk of one checkpoint (weights, fp32 "
-          "master weights, Adam moments, fp32 model.safetensors); memory/rank: an estimate of the peak GPU memory "
-          "(docs/cluster.md)")
+        print(f"note: no measurement: {', '.join(unmeasured)} (no GPU result in bench/results/ has the model config, "
+              "precision and torch_compile of these runs)", file=sys.stderr)
+    print(f"note: wall = GPU-h / {world} rank(s), as if each GPU kept its measured one-GPU rate (communication "
+          "between ranks, evaluations and restarts not counted); checkpoint: bytes on disk of one checkpoint (weights, "
+          "fp32 master weights, Adam moments, fp32 model.safetensors); memory/rank: an estimate of the peak GPU "
+          "memory (docs/cluster.md)", file=sys.stderr)
     return 0
 
 

@@ -52,6 +52,12 @@ def parameter_count(cfg: Config) -> int:
         return count_parameters(build_model(cfg.model))["total"]
 
 
+def _optimizer_bytes(dtype: str, stage: int) -> int:
+    """Optimizer-state bytes per parameter: fp32 master weights and Adam's two moments (12), or the moments alone (8)
+    in fp32 without ZeRO, where the weights are their own master copy."""
+    return 8 if dtype == "fp32" and stage == 0 else 12
+
+
 def checkpoint_bytes(cfg: Config, params: int) -> int:
     """Bytes of one checkpoint (neox_dar.training.checkpointing): DeepSpeed's module states (the weights in the
     training precision; ZeRO-3 keeps them only in the optimizer partitions), its optimizer states (fp32 master weights
@@ -59,8 +65,7 @@ def checkpoint_bytes(cfg: Config, params: int) -> int:
     and the consolidated fp32 ``model.safetensors`` (4 bytes per parameter)."""
     dtype, stage = gpu_dtype(cfg), cfg.training.zero_optimization.stage
     module = 0 if stage == 3 else ITEMSIZE[dtype]
-    optimizer = 8 if dtype == "fp32" and stage == 0 else 12
-    return params * (module + optimizer + 4)
+    return params * (module + _optimizer_bytes(dtype, stage) + 4)
 
 
 @dataclass
@@ -92,8 +97,8 @@ def peak_memory(cfg: Config, params: int, world_size: int) -> Memory:
     from ..loss import FUSED_CHUNK_BYTES
 
     m, t = cfg.model, cfg.training
-    w, stage = ITEMSIZE[gpu_dtype(cfg)], t.zero_optimization.stage
-    optimizer = 8 if w == 4 and stage == 0 else 12
+    dtype, stage = gpu_dtype(cfg), t.zero_optimization.stage
+    w, optimizer = ITEMSIZE[dtype], _optimizer_bytes(dtype, stage)
     states = params * (w / (world_size if stage >= 3 else 1) + w / (world_size if stage >= 2 else 1)
                        + optimizer / (world_size if stage >= 1 else 1))
     b, s, h = t.train_micro_batch_size_per_gpu, m.seq_length, m.hidden_size
@@ -114,15 +119,19 @@ class Measurement:
     device: str
     date: str
     tokens_per_sec: float  # of the one GPU
+    peak_bytes: float | None  # torch.cuda.max_memory_allocated of the run
     cfg: Config
 
     def describe(self) -> str:
+        """The file, the card, what ran, its tokens/s and its peak memory beside :func:`peak_memory`'s estimate."""
         c = self.cfg
         a = c.model.attention
+        peak = "" if self.peak_bytes is None else (
+            f", peak memory {_gb(self.peak_bytes)} (estimated: {_gb(peak_memory(c, parameter_count(c), 1).total)})")
         return (f"{self.path.relative_to(RESULTS.parents[1])}: {self.device}, {a.attention_type} "
                 f"({a.attention_impl}{', torch_compile' if c.training.torch_compile else ''}), micro-batch "
                 f"{c.training.train_micro_batch_size_per_gpu}, ZeRO-{c.training.zero_optimization.stage}, "
-                f"{gpu_dtype(c)}: {self.tokens_per_sec:,.0f} tokens/s per GPU")
+                f"{gpu_dtype(c)}: {self.tokens_per_sec:,.0f} tokens/s per GPU{peak}")
 
 
 def _measured_config(command: str) -> Config | None:
@@ -157,8 +166,9 @@ def measurements(results: Path = RESULTS) -> tuple[Measurement, ...]:
             continue
         cfg = _measured_config(str(data.get("command", "")))
         if cfg is not None:
+            peak = engine.get("max_memory_allocated_gb")
             found.append(Measurement(path, str(data.get("device")), str(data.get("date_utc", "")),
-                                     float(engine["tokens_per_sec"]), cfg))
+                                     float(engine["tokens_per_sec"]), peak * 1e9 if peak else None, cfg))
     return tuple(found)
 
 
@@ -234,9 +244,12 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n < 1e11 else f"{n / 1e12:.2f} TB"
 
 
-def cost_columns(p: PlannedRun, world_size: int, tokens: int) -> tuple[dict[str, str], Measurement | None]:
-    """The cost columns of a run's plan row (GPU-hours, wall time, checkpoint, memory per rank) and the measurement
-    its times come from."""
+def cost_columns(p: PlannedRun, world_size: int) -> tuple[dict[str, str], Measurement | None]:
+    """The cost columns of a run's plan row on ``world_size`` ranks (GPU-hours, wall time, checkpoint, memory per
+    rank) and the measurement its times come from."""
+    from ..training.checks import data_epochs
+
+    tokens = data_epochs(p.cfg, world_size)[0]
     params = parameter_count(p.cfg)
     found = measurement_for(p.cfg)
     if found is None:

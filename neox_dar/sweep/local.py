@@ -81,8 +81,8 @@ def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
             # state read above and this trainer's start, which then refused it: that run is theirs, not a failure
             now = run_state(run_dir, want_eval, extra=list(extra_corpora(ev)))
             if now.holder is not None or now.trained:
-                print(f"[sweep] {run_dir.name}: " + (f"held by another process ({now.holder}), skipped"
-                                                     if now.holder else "trained by another process meanwhile, skipped"))
+                why = f"held by another process ({now.holder})" if now.holder else "trained by another process meanwhile"
+                print(f"[sweep] {run_dir.name}: {why}, skipped")
                 return 0
         if rc != 0:
             print(f"[sweep] {run_dir.name}: training exited with {rc}")

@@ -415,19 +415,19 @@ def _resolved(config_file: Path) -> dict[str, Any]:
 
 
 def plan_row(p: PlannedRun, world_size: int = 1) -> dict[str, Any]:
-    """One row of the plan listing: what a reader checks against the paper, the batch as it runs on ``world_size``
-    ranks (micro-batch x gradient accumulation x ranks = global batch, in sequences of ``seq`` tokens), and the tokens
-    and epochs of the training data the run reads (data files checked by :func:`check_runs`)."""
+    """One row of the plan listing: what a reader checks against the paper (global batch x sequence length), the
+    tokens and how the batch runs on ``world_size`` ranks (micro-batch x gradient accumulation x ranks), and the epochs
+    of the training data the run reads (data files checked by :func:`check_runs`)."""
     from ..training.checks import data_epochs
 
     m, t = p.cfg.model, p.cfg.training
-    accum = t.gradient_accumulation_for(world_size)
     tokens, epochs = data_epochs(p.cfg, world_size)
     return {"run": p.spec.name, "model": f"L{m.num_layers} d{m.hidden_size} H{m.num_attention_heads}",
             "attention": variant(m.attention.attention_type).summary(m), "steps": t.train_iters,
-            "micro x accum x ranks": f"{t.train_micro_batch_size_per_gpu} x {accum} x {world_size} = "
-                                     f"{t.global_batch_for(world_size)}",
-            "seq": m.seq_length, "tokens": _tokens(tokens), "epochs": f"{epochs:.3g}"}
+            "batch": f"{t.global_batch_for(world_size)} x {m.seq_length}", "tokens": _tokens(tokens),
+            "micro x accum x ranks": f"{t.train_micro_batch_size_per_gpu} x {t.gradient_accumulation_for(world_size)} "
+                                     f"x {world_size}",
+            "epochs": f"{epochs:.3g}"}
 
 
 def _tokens(n: int) -> str:
