@@ -110,6 +110,10 @@ def test_a_budget_above_one_epoch_is_warned_unless_intended(tmp_path, capsys, to
     assert sweep_main([str(_budget_sweep(tmp_path, tokenized_sample, 10, max_epochs=0)), "plan", "--out",
                        str(tmp_path / "x")]) == 2
     assert "'max_epochs' must be a number > 0" in capsys.readouterr().err
+    assert sweep_main([str(_budget_sweep(tmp_path, tokenized_sample, 10)), "plan", "--out", str(tmp_path / "x"),
+                       "--max-epochs", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "sweep error: --max-epochs must be > 0, got 0"
+    assert not (tmp_path / "x").exists()
 
 
 def test_a_held_out_split_of_a_file_sized_to_the_budget_is_warned(tmp_path, capsys, tokenized_sample):

@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides += [o for o in args.only if "=" in o]
         args.only = [o for o in args.only if "=" not in o]
     try:
+        if getattr(args, "max_epochs", None) is not None and not args.max_epochs > 0:
+            raise SweepError(f"--max-epochs must be > 0, got {args.max_epochs:g}")
         sweep = load_sweep(args.sweep)
         root = Path(args.out or (args.sweep if Path(args.sweep, SWEEP_COPY).is_file() else sweep.default_out()))
         root = root.resolve()
