@@ -310,3 +310,21 @@ def test_the_cluster_docs_data_check_example_is_the_commands(tmp_path, capsys):
     printed = re.sub(r"tokenizer \S+ \(", "tokenizer ... (", printed)
     doc = CLUSTER_DOC.read_text()
     assert printed.strip() in doc, printed
+
+
+def test_checkpoint_bytes_are_what_a_trained_checkpoint_holds(tmp_path, tokenized_sample):
+    """A real checkpoint of train.py (tiny, fp32, ZeRO-1 on the CPU): DeepSpeed's module and optimizer files and the
+    fp32 model.safetensors hold checkpoint_bytes within 0.1% (pickle and safetensors headers); the rest (the
+    tokenizer copy, config, RNG states, state.json) is a few MB whatever the model."""
+    from trainrun import train
+
+    save = tmp_path / "run"
+    train(save, tokenized_sample, "train_iters=1", "checkpoint_factor=1", "eval_interval=1000",
+          "zero_optimization.stage=1")
+    step = next(d for d in (save / "checkpoints").iterdir() if d.name.startswith("step_"))
+    sizes = {f.name: f.stat().st_size for f in step.iterdir()}
+    stored = sum(n for name, n in sizes.items() if name.endswith((".pt", ".safetensors")) and "rng" not in name)
+    cfg = load_config(step / "config.yml")
+    expected = checkpoint_bytes(cfg.replace(precision="fp32"), parameter_count(cfg))
+    assert abs(stored / expected - 1) < 1e-3, (stored, expected, sizes)
+    assert sum(sizes.values()) - stored < 5e6
