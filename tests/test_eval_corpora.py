@@ -99,7 +99,7 @@ def test_missing_corpus_names_the_path(tmp_path):
         load_local("c4", missing)
     with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path))):
         load_local("fineweb_edu", tmp_path)          # a directory without corpus files
-    with pytest.raises(FileNotFoundError, match="wiki.test.raw"):
+    with pytest.raises(FileNotFoundError, match=re.escape(str(tmp_path / "wikitext"))):
         load_local("wikitext103", data_dir=tmp_path)
 
 

@@ -177,3 +177,41 @@ def test_hub_source_through_the_command_line_and_the_sweep_manifest(monkeypatch,
     (second / "eval" / "perplexity.json").unlink()
     rc, _ = _evaluate(second, ev)
     assert rc == 2  # the Hub split changed under the pinned documents: refused, not silently rescored
+
+
+def test_prefetch_writes_the_hub_documents_that_an_offline_evaluation_then_scores(monkeypatch, hub_rows, tmp_path,
+                                                                                   capsys):
+    """``python -m eval.prefetch OUT``, then ``--source local --data-dir OUT``: the Hub's documents (ids, texts and
+    hashes, so the same manifest) with no network; a changed file is refused; an interrupted prefetch leaves OUT as
+    it was."""
+    from eval.prefetch import main as prefetch_main
+    from neox_dar.evaluation.perplexity import load_corpora
+
+    _fake_hub(monkeypatch, hub_rows, [])
+    out = tmp_path / "eval-offline"
+    assert prefetch_main([str(out), "--max-docs", "c4=3"]) == 0
+    assert "fineweb_edu: 5 documents from hub:HuggingFaceFW/fineweb-edu" in capsys.readouterr().out
+    hub_docs, hub_entries = load_corpora(list(CORPORA), "hub", max_docs={"c4": 3})
+    monkeypatch.setattr(datasets, "load_dataset", None)  # offline: nothing may reach the Hub now
+    docs, entries = load_corpora(list(CORPORA), "local", str(out))
+    for name in CORPORA:
+        assert [(d.id, d.text, d.count_text) for d in docs[name]] == [
+            (d.id, d.text, d.count_text) for d in hub_docs[name]], name
+        assert entries[name]["sha256"] == hub_entries[name]["sha256"]
+    recorded = json.loads((out / "prefetch.json").read_text())["corpora"]
+    assert recorded["c4"]["num_documents"] == 3 and recorded["c4"]["documents_sha256"] == hub_entries["c4"]["sha256"]
+    c4_file = out / recorded["c4"]["file"]
+    c4_file.write_bytes(c4_file.read_bytes()[:-3])
+    with pytest.raises(CorpusError, match="is not the file python -m eval.prefetch wrote"):
+        load_corpora(["c4"], "local", str(out))
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(datasets, "load_dataset", interrupted)
+    assert prefetch_main([str(out)]) == 130
+    assert "left as it was" in capsys.readouterr().err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before and not list(tmp_path.glob(".tmp-*"))
+    assert prefetch_main([str(c4_file), "--corpora", "c4"]) == 2
+    assert prefetch_main([str(out), "--corpora", "enwik8"]) == 2
+    assert capsys.readouterr().err.count("error: ") == 2

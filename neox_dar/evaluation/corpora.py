@@ -9,7 +9,8 @@ Local formats (a path may be one file or a directory of such files, read in sort
 
 * ``wikitext103``: a raw WikiText file (``wiki.test.raw``), split into articles exactly as the
   ``EleutherAI/wikitext_document_level`` dataset that lm-eval's ``wikitext`` task reads does: a new page starts
-  at every line that is a level-1 heading (`` = Title = ``).
+  at every line that is a level-1 heading (`` = Title = ``); or ``.jsonl.gz`` rows ``{"id", "page"}``, one page
+  each (what :func:`prefetch` writes).
 * ``c4``: ``.json.gz`` / ``.jsonl`` / ``.json`` with one JSON object per line and a ``text`` field.
 * ``fineweb_edu``: ``.parquet`` or ``.jsonl(.gz)`` with a ``text`` field (and ``id`` when present).
 * ``enwik8``: a raw byte file (``.raw``), one document: the test split ``python -m data_prep.enwik8`` writes
@@ -18,7 +19,10 @@ Local formats (a path may be one file or a directory of such files, read in sort
   byte-level model scores the exact bytes; see :func:`neox_dar.evaluation.perplexity.encode_documents`).
 
 Hub sources (``source="hub"``) stream the same splits with ``datasets``; sweeps score the first
-:data:`HUB_DEFAULT_DOCS` documents of each.
+:data:`HUB_DEFAULT_DOCS` documents of each. :func:`prefetch` writes those documents into a folder of the local
+layout, with their ids and hashes (:data:`PREFETCH_FILE`), for compute nodes without network: ``source="local"``
+with that folder as the data directory then scores the Hub's documents, ids and hashes included, and refuses a
+file that changed since.
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neox_dar.corpus_names import ALL_CORPORA, CORPORA, EXTRA_CORPORA
+from neox_dar.data.identity import sha256_file
 from neox_dar.progress import progress_bar
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "eval"
 LOCAL_PATHS = {  # relative to the data directory
-    "wikitext103": "wikitext/wiki.test.raw",
+    "wikitext103": "wikitext",
     "c4": "c4",
     "fineweb_edu": "fineweb_edu",
 }
@@ -119,6 +124,10 @@ def wikitext_document(doc_id: str, page: str) -> Document:
 
 
 def _load_wikitext_file(path: Path) -> Iterator[Document]:
+    if path.name.endswith(".jsonl.gz"):  # prefetched pages
+        for _, row in _read_jsonl(path, "wikitext103", "page"):
+            yield wikitext_document(str(row["id"]), row["page"])
+        return
     try:
         # universal newlines, as the dataset script's open(..., encoding="utf-8") reads the file
         with open(path, encoding="utf-8") as f:
@@ -136,7 +145,7 @@ def _load_wikitext_file(path: Path) -> Iterator[Document]:
 # JSON lines (C4, FineWeb-Edu) and parquet (FineWeb-Edu)
 
 
-def _read_jsonl(path: Path, corpus: str) -> Iterator[tuple[int, dict]]:
+def _read_jsonl(path: Path, corpus: str, field: str = "text") -> Iterator[tuple[int, dict]]:
     opener = gzip.open if path.name.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
@@ -147,8 +156,9 @@ def _read_jsonl(path: Path, corpus: str) -> Iterator[tuple[int, dict]]:
                     row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise CorpusError(f"corrupt {corpus} file {path}: line {lineno + 1} is not JSON ({e})") from None
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise CorpusError(f"corrupt {corpus} file {path}: line {lineno + 1} has no string 'text' field")
+                if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                    raise CorpusError(f"corrupt {corpus} file {path}: line {lineno + 1} has no string '{field}' "
+                                      "field")
                 yield lineno, row
     except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
         if isinstance(e, FileNotFoundError):
@@ -192,7 +202,7 @@ def _load_raw(path: Path) -> Document:
 
 
 _SUFFIXES = {
-    "wikitext103": (".raw", ".txt"),
+    "wikitext103": (".raw", ".txt", ".jsonl.gz"),
     "c4": (".json.gz", ".jsonl.gz", ".jsonl", ".json"),
     "fineweb_edu": (".parquet", ".jsonl", ".jsonl.gz", ".json.gz"),
     "enwik8": (".raw",),
@@ -225,6 +235,8 @@ def load_local(corpus: str, path: str | Path | None = None, data_dir: str | Path
             raise FileNotFoundError(f"{corpus} has no default file: pass --corpus-path {corpus}=PREFIX_test.raw "
                                     "(written by python -m data_prep.enwik8)")
         path = Path(data_dir or DEFAULT_DATA_DIR) / LOCAL_PATHS[corpus]
+        if data_dir is not None and (Path(data_dir) / PREFETCH_FILE).is_file():
+            check_prefetched(Path(data_dir), corpus)
     files = corpus_files(corpus, path)
     if corpus == "wikitext103":
         docs = [doc for f in files for doc in _load_wikitext_file(f)]
@@ -306,3 +318,49 @@ def select_documents(docs: list[Document], max_docs: int | None = None,
             raise ValueError(f"--max-docs must be >= 1, got {max_docs}")
         docs = docs[:max_docs]
     return docs
+
+
+# ----------------------------------------------------------------------------------------------
+# prefetched Hub documents, for machines without network
+
+PREFETCH_FILE = "prefetch.json"
+"""What :func:`prefetch` wrote: per corpus its Hub split, file, document count, the documents' manifest hash and
+the file's sha256."""
+
+
+def prefetch(out: Path, corpora: list[str], max_docs: dict[str, int | None]) -> dict:
+    """Stream each corpus's first ``max_docs[corpus]`` Hub documents (None: all) into ``out`` in the local layout:
+    ``{LOCAL_PATHS[corpus]}/{corpus}.prefetch.jsonl.gz``, rows ``{"id", "text"}`` (WikiText: ``{"id", "page"}``,
+    the page before lm-eval's detokenizer), and :data:`PREFETCH_FILE`. ``out`` is replaced whole when every corpus
+    is written (a failure or Ctrl-C leaves it as it was). Returns what :data:`PREFETCH_FILE` holds."""
+    from neox_dar.rundir import staged_dir, write_text_atomic
+
+    record = {}
+    with staged_dir(out) as stage:
+        for corpus in corpora:
+            docs = load_hub(corpus, max_docs.get(corpus))
+            rel = Path(LOCAL_PATHS[corpus]) / f"{corpus}.prefetch.jsonl.gz"
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(stage / rel, "wt", encoding="utf-8", compresslevel=6) as f:
+                for d in docs:
+                    row = {"id": d.id, "page": d.count_text} if corpus == "wikitext103" else {"id": d.id,
+                                                                                           "text": d.text}
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            src = HUB_SOURCES[corpus]
+            record[corpus] = {"source": f"hub:{src.path}/{src.name}/{src.split}", "file": str(rel),
+                              "num_documents": len(docs), "documents_sha256": corpus_manifest(docs, "")["sha256"],
+                              "file_sha256": sha256_file(stage / rel)}
+        write_text_atomic(stage / PREFETCH_FILE, json.dumps({"corpora": record}, indent=1) + "\n")
+    return record
+
+
+def check_prefetched(data_dir: Path, corpus: str) -> None:
+    """CorpusError (one line) when ``corpus``'s file in a :func:`prefetch` folder is not the file it wrote."""
+    entry = json.loads((data_dir / PREFETCH_FILE).read_text())["corpora"].get(corpus)
+    if entry is None:
+        raise CorpusError(f"{data_dir} was prefetched without {corpus} (python -m eval.prefetch {data_dir} "
+                          f"--corpora {corpus} ...)")
+    path = data_dir / entry["file"]
+    if not path.is_file() or sha256_file(path) != entry["file_sha256"]:
+        raise CorpusError(f"{path} is not the file python -m eval.prefetch wrote ({data_dir / PREFETCH_FILE} "
+                          "records its sha256): prefetch again")

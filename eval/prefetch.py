@@ -1,0 +1,59 @@
+"""Fetch the evaluation corpora's Hub documents into a local folder, for compute nodes without network.
+
+    python -m eval.prefetch OUT [--corpora fineweb_edu,c4,wikitext103] [--max-docs N|NAME=N|all ...]
+
+Streams each corpus's first documents from the Hugging Face Hub (default: as many as a sweep scores from the Hub,
+``HUB_DEFAULT_DOCS``: FineWeb-Edu 2,000, C4 5,000, all of WikiText-103) and writes them to OUT in the layout of
+``data/eval`` (one ``.jsonl.gz`` per corpus, each document with its Hub id) with ``OUT/prefetch.json`` (per corpus:
+the split, the count, the documents' manifest hash and the file's sha256). OUT is replaced only once every corpus
+is written. Then, offline:
+
+    python -m eval.perplexity RUN --source local --data-dir OUT      # a sweep: eval: {source: local,
+                                                                     #   args: [--data-dir, OUT]}
+
+scores the same documents, with the same ids and hashes, as ``--source hub``; a file changed since the prefetch is
+refused. See docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from neox_dar.evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS, HUB_SOURCES, CorpusError, prefetch
+
+from .perplexity import _parse_max_docs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m eval.prefetch", description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="the folder to write (replaced whole when every corpus is written)")
+    ap.add_argument("--corpora", default=",".join(CORPORA), help="comma-separated (default: the papers' three)")
+    ap.add_argument("--max-docs", action="append", default=[], metavar="N|NAME=N",
+                    help="documents per corpus, 'all' for every one (default: what a sweep scores from the Hub)")
+    args = ap.parse_args(argv)
+    try:
+        names = [c.strip() for c in args.corpora.split(",") if c.strip()]
+        unknown = [c for c in names if c not in HUB_SOURCES]
+        if unknown or not names:
+            raise ValueError(f"--corpora: {unknown or 'empty list'} not on the Hub; choose from "
+                             f"{', '.join(HUB_SOURCES)}")
+        if args.out.exists() and not args.out.is_dir():
+            raise ValueError(f"{args.out} is a file, not a folder")
+        max_docs = {**{n: HUB_DEFAULT_DOCS[n] for n in names}, **_parse_max_docs(args.max_docs, names)}
+        record = prefetch(args.out, names, max_docs)
+    except KeyboardInterrupt:
+        print(f"error: interrupted; {args.out} is left as it was", file=sys.stderr)
+        return 130
+    except (ValueError, CorpusError, OSError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for name, entry in record.items():
+        print(f"{name}: {entry['num_documents']:,} documents from {entry['source']} -> {args.out / entry['file']}")
+    print(f"wrote {args.out}; evaluate offline with --source local --data-dir {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
