@@ -2,16 +2,14 @@
 command that runs them on prefixes a user names::
 
     python -m neox_dar.data.check PREFIX [PREFIX ...] [CONFIG.yml ...] [key=value ...] [--weights W ...]
-                                  [--world-size N]
 
 The command checks each prefix as ``train.py`` and ``sweep plan`` do (below) for the config the files and
 ``key=value`` words give (none: the default config, the Pythia tokenizer's ``vocab_size``), with the prefixes as the
 training data (``train_data_paths``, a blend when there are several, weighted by ``--weights``); without prefixes it
 checks the data the config names. Per prefix it prints documents, tokens, dtype and the token-id range, and the
 manifest ``data_prep.tokenize`` wrote beside it when there is one (its tokenizer, against the config's
-``vocab_file``; its counts, against the files). With a config file it also prints the token budget and the epochs
-of the training data it reads on ``--world-size`` ranks (:func:`neox_dar.training.checks.data_epochs`). A bad
-prefix or config is one line (``data.check: error: ...``, exit 2).
+``vocab_file``; its counts, against the files). A bad prefix or config is one line (``data.check: error: ...``,
+exit 2). The epochs a token budget reads are the plan's (``python -m neox_dar.sweep SWEEP plan``).
 
 For each ``.bin/.idx`` prefix (``data_path``, or ``train_data_paths`` + ``valid_data_paths``):
 
@@ -259,7 +257,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="data prefixes (PREFIX.bin/.idx), config files (.yml, .yaml) and key=value overrides, in any "
                         "order")
     p.add_argument("--weights", type=float, nargs="+", help="blend weights of the prefixes (train_data_weights)")
-    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks of the token budget (default 1)")
     return p
 
 
@@ -279,11 +276,6 @@ def main(argv: list[str] | None = None) -> int:
         if not data_prefixes(cfg):
             raise ConfigError("no data to check: name a PREFIX, or a config with data_path or train_data_paths")
         found = check_data_files(cfg)
-        budget = None
-        if configs:
-            from ..training.checks import data_epochs  # it imports this package
-
-            budget = data_epochs(cfg, args.world_size)
         for prefix, token_range in found.items():
             lines, warns = describe_prefix(prefix, cfg, token_range)
             print("\n".join(lines))
@@ -292,10 +284,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, IndexedDatasetError) as e:
         print(f"data.check: error: {e}", file=sys.stderr)
         return 2
-    if budget is not None:
-        tokens, epochs = budget
-        print(f"token budget on {args.world_size} rank(s): {tokens:,} tokens (train_iters x global batch x seq_length) "
-              f"= {epochs:.3f} epochs of the training data")
     return 0
 
 
