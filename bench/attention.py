@@ -463,22 +463,28 @@ def compile_report(args) -> dict:
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from kernels import banded
+    from kernels import banded, decode
 
     pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
-    int_ptrs = {"WIN", "KV_HEADS", "ROWS", "COUNTS"}
-    fp32_ptrs = {"LSE", "DELTA", "DQ"}
-    scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D"}
+    int_ptrs = {"WIN", "KV_HEADS", "ROWS", "COUNTS", "LO", "HI"}
+    fp32_ptrs = {"LSE", "DELTA", "DQ", "M", "L", "ACC"}
+    scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D", "NC"}
     specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
              ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False)), ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False)),
-             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True)), ("_routed_fwd_kernel", {})]
+             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True)), ("_routed_fwd_kernel", {}),
+             ("_range_partial_kernel", {}), ("_range_merge_kernel", {})]
+    # the decode kernels are not autotuned: their one launch configuration (kernels/decode.py)
+    fixed = {"_range_partial_kernel": triton.Config(dict(CHUNK_=decode.CHUNK, BLOCK=decode.BLOCK_N),
+                                                    num_warps=decode.PARTIAL_WARPS, num_stages=3),
+             "_range_merge_kernel": triton.Config(dict(BLOCK_C=32), num_warps=4, num_stages=3)}
     rows = []
     for kname, flags in [(k, f) for k, f in specs if any(sub in k for sub in args.compile_filter)]:
-        tuner = getattr(banded, kname)
-        jf = tuner.fn
-        for cfg in tuner.configs[:args.compile_configs]:
-            consts = dict(flags, PRECISION="tf32" if args.dtype != "fp32" else "ieee", D=args.head_dim,
-                          BLOCK_D=max(16, triton.next_power_of_2(args.head_dim)), **cfg.kwargs)
+        jf = getattr(decode, kname) if kname in fixed else getattr(banded, kname).fn
+        configs = [fixed[kname]] if kname in fixed else getattr(banded, kname).configs[:args.compile_configs]
+        for cfg in configs:
+            consts = dict(flags, BLOCK_D=max(16, triton.next_power_of_2(args.head_dim)), **cfg.kwargs)
+            if kname not in fixed:  # the decode kernels take d_h at run time
+                consts.update(D=args.head_dim, PRECISION="tf32" if args.dtype != "fp32" else "ieee")
             sig = {}
             for a in jf.arg_names:
                 if a in consts:
@@ -507,7 +513,8 @@ def compile_report(args) -> dict:
             text = info.stdout + info.stderr
             regs = re.search(r"Used (\d+) registers", text)
             spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
-            row = {"kernel": kname, **flags, "BLOCK_M": cfg.kwargs["BLOCK_M"], "BLOCK_N": cfg.kwargs["BLOCK_N"],
+            row = {"kernel": kname, **flags, "BLOCK_M": cfg.kwargs.get("BLOCK_M"),
+                   "BLOCK_N": cfg.kwargs.get("BLOCK_N", cfg.kwargs.get("BLOCK")),
                    "num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "shared_bytes": compiled.metadata.shared,
                    "registers": int(regs.group(1)) if regs else None,
                    "spill_store_bytes": int(spill.group(1)) if spill else None,
