@@ -101,12 +101,12 @@ def test_a_budget_above_one_epoch_is_warned_unless_intended(tmp_path, capsys, to
         assert sweep_main([str(path), "plan", "--out", str(tmp_path / "out"), "--force", *words]) == 0
         return capsys.readouterr().err
 
-    assert "reads the training data" not in plan(_budget_sweep(tmp_path, tokenized_sample, 9))
+    assert "more than max_epochs" not in plan(_budget_sweep(tmp_path, tokenized_sample, 9))
     err = plan(_budget_sweep(tmp_path, tokenized_sample, 10))
-    assert ("warning: a: the token budget (20,480 tokens) reads the training data 1.02 times, more than max_epochs = 1"
+    assert ("warning: a: token budget: 20,480 tokens = 1.02 epochs of the training data, more than max_epochs = 1"
             in err)
-    assert "reads the training data" not in plan(_budget_sweep(tmp_path, tokenized_sample, 10), "--max-epochs", "1.5")
-    assert "reads the training data" not in plan(_budget_sweep(tmp_path, tokenized_sample, 10, max_epochs=2))
+    assert "more than max_epochs" not in plan(_budget_sweep(tmp_path, tokenized_sample, 10), "--max-epochs", "1.5")
+    assert "more than max_epochs" not in plan(_budget_sweep(tmp_path, tokenized_sample, 10, max_epochs=2))
     assert sweep_main([str(_budget_sweep(tmp_path, tokenized_sample, 10, max_epochs=0)), "plan", "--out",
                        str(tmp_path / "x")]) == 2
     assert "'max_epochs' must be a number > 0" in capsys.readouterr().err

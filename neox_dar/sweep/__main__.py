@@ -172,19 +172,18 @@ def main(argv: list[str] | None = None) -> int:
 def _plan(planned, sweep, root: Path, world: int, args) -> int:
     """Print the warnings, the plan with its cost columns (:mod:`neox_dar.sweep.cost`) and what the costs rest on."""
     max_epochs = args.max_epochs if args.max_epochs is not None else sweep.max_epochs
-    rows, warned, used, unmeasured = [], {}, {}, []
+    rows, used, unmeasured = [], {}, []
     for p in planned:
         for w in p.warnings + budget_warnings(p.cfg, world, max_epochs):
-            warned.setdefault(w, []).append(p.spec.name)
+            print(f"warning: {p.spec.name}: {w}", file=sys.stderr)
         row = plan_row(p, world)
+        epochs = row.pop("epochs")
         costs, found = cost_columns(p, world)
-        rows.append({**row, **costs})
+        rows.append({**row, **costs, "epochs": epochs})  # the epochs last, where the warnings about them point
         if found is None:
             unmeasured.append(p.spec.name)
         else:
             used.setdefault(found.describe(), []).append(p.spec.name)
-    for w, names in warned.items():  # a warning once, with the runs it concerns
-        print(f"warning: {', '.join(names)}: {w}", file=sys.stderr)
     print(f"sweep {sweep.name}: {len(planned)} runs -> {root} (checked for {world} rank(s) each)")
     print(format_rows(rows))
     # what the cost columns rest on: notes on stderr, so that stdout is the table alone

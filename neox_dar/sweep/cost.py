@@ -152,9 +152,17 @@ def _measured_config(command: str) -> Config | None:
             return None
 
 
-@functools.lru_cache(maxsize=None)
 def measurements(results: Path = RESULTS) -> tuple[Measurement, ...]:
-    """The GPU throughput results in ``results/*/`` (files with the engine's tokens/s and a CUDA version)."""
+    """The GPU throughput results in ``results/*/`` (files with the engine's tokens/s and a CUDA version), read once
+    per state of the attention registry (a variant registered later changes what a config holds)."""
+    from ..attention.registry import generation
+
+    return _measurements(results, generation())
+
+
+@functools.lru_cache(maxsize=None)
+def _measurements(results: Path, registry_generation: int) -> tuple[Measurement, ...]:
+    """:func:`measurements`; ``registry_generation`` is only the cache's key."""
     found = []
     for path in sorted(results.glob("*/*.json")):
         try:
@@ -218,7 +226,7 @@ def budget_warnings(cfg: Config, world_size: int, max_epochs: float) -> list[str
     tokens, epochs = data_epochs(cfg, world_size)
     out = []
     if epochs > max_epochs:
-        out.append(f"the token budget ({tokens:,} tokens) reads the training data {epochs:.3g} times, more than "
+        out.append(f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data, more than "
                    f"max_epochs = {max_epochs:g}: use more data or fewer train_iters, or say that it is intended "
                    "(max_epochs: N in the sweep file, or plan --max-epochs N)")
     d = cfg.data
