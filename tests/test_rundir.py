@@ -244,8 +244,7 @@ def test_a_checkpoint_held_by_a_starting_run_survives_a_concurrent_prune(tmp_pat
     """Stage 2 holds stage 1's newest checkpoint while stage 1 publishes a newer one and prunes to 1: the held one
     stays whole until released and goes at the next prune; one pruned between being chosen and held is chosen
     again. (Before: stage 2 read a model.safetensors that the prune had just removed.)"""
-    from neox_dar import rundir
-    from neox_dar.rundir import hold_checkpoint
+    from neox_dar.rundir import checkpoints, hold_checkpoint
 
     root = tmp_path / "stage1" / "checkpoints"
     published_checkpoint(root, 1)
@@ -259,7 +258,7 @@ def test_a_checkpoint_held_by_a_starting_run_survives_a_concurrent_prune(tmp_pat
     assert [s for s, _ in step_dirs(root)] == [2]
 
     chosen = []
-    real = rundir._hold
+    real = checkpoints._hold
 
     def pruned_first(d):  # stage 1's prune renames the chosen checkpoint away just before it is held
         chosen.append(d)
@@ -268,11 +267,11 @@ def test_a_checkpoint_held_by_a_starting_run_survives_a_concurrent_prune(tmp_pat
             prune(root, keep_last_n=1)
         return real(d)
 
-    rundir._hold = pruned_first
+    checkpoints._hold = pruned_first
     try:
         again = hold_checkpoint(root.parent)
     finally:
-        rundir._hold = real
+        checkpoints._hold = real
     assert chosen == [root / step_dir_name(2), root / step_dir_name(3)] and again.path == root / step_dir_name(3)
     again.release()
 
