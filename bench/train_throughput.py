@@ -109,7 +109,7 @@ def compare_with_hf(cfg: Config, device: torch.device, steps: int, warmup: int) 
     """Median time per plain-PyTorch training step: ours vs ``GPTNeoXForCausalLM`` (same shape and weights)."""
     from transformers import GPTNeoXForCausalLM
 
-    from neox_dar.convert import to_hf
+    from neox_dar.hf import to_hf
 
     if cfg.model.attention.attention_type != "vanilla":
         raise SystemExit("--compare-hf needs attention_type: vanilla (Hugging Face has only full attention)")

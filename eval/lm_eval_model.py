@@ -30,7 +30,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils_hf import stop_sequences_criteria
 from transformers import AutoConfig, PretrainedConfig
 
-from neox_dar.convert import hf_config_dict
+from neox_dar.hf import hf_config_dict
 from neox_dar.model import CausalLM
 
 from neox_dar.evaluation.loading import load_for_eval

@@ -3,7 +3,7 @@ names are written. Torch-free, importing nothing from neox_dar.
 
 A config's ``model_family`` names a registered record (:func:`register_family`; :data:`FAMILIES` holds them by
 name). :mod:`neox_dar.model` takes the module names from it (so checkpoints convert by renaming nothing),
-:mod:`neox_dar.norms` the RMSNorm flavour, :mod:`neox_dar.convert` the class, the model keys the class fixes (set
+:mod:`neox_dar.norms` the RMSNorm flavour, :mod:`neox_dar.hf` the class, the model keys the class fixes (set
 on import, checked on export) and the ``config.json`` keys it reads and writes; the exported remote code
 (:mod:`neox_dar.standalone`) gets the names and norm flavour through ``neox_dar_block``; :mod:`neox_dar.tiny`
 builds each family's test model from ``tiny``, and the tests build each family's models from its ``preset``.

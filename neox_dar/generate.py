@@ -38,13 +38,12 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
 
 from .attention.registry import stat_names
 from .config import ConfigError
-from .convert import check_tokenizer_json
 from .evaluation.loading import DTYPES, load_for_eval
 from .evaluation.scoring import AttentionStatsMean, overall_means
 from .model import CausalLM
 from .progress import progress_bar
 from .rundir import CheckpointError
-from .tokenizer import hf_tokenizer, render_chat, special_token_ids, tokenizer_file
+from .tokenizer import check_tokenizer_json, hf_tokenizer, render_chat, special_token_ids, tokenizer_file
 
 
 class GenerationError(ValueError):

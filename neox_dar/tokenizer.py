@@ -153,7 +153,7 @@ def copy_tokenizer(tokenizer_json: str | Path, out_dir: str | Path) -> list[str]
     such as ``data/20B_tokenizer.json``, ``--tokenizer``, a run's or checkpoint's recorded copy): the files beside
     it travel only where a ``tokenizer_config.json`` makes the folder a Hugging Face one, the file
     :func:`special_tokens` reads the special tokens from. ``convert from-hf`` copies an imported folder with
-    :func:`neox_dar.convert.copy_tokenizer_files` instead, which takes whatever tokenizer files the folder holds."""
+    :func:`copy_tokenizer_files` instead, which takes whatever tokenizer files the folder holds."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = []
@@ -319,3 +319,60 @@ def run_tokenizer(cfg: ModelConfig, start_dir: Path | None) -> Path | None:
     if explicit is None and recorded_tokenizer(start_dir) is None:
         return None
     return tokenizer_file(cfg, explicit, start_dir, given_as=f"vocab_file {cfg.vocab_file}")
+
+
+# ----------------------------------------------------------------------------------------------
+# the tokenizer files of Hugging Face folders (convert)
+
+
+def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> dict[str, int | None]:
+    """Copy ``tokenizer_json`` to ``out/tokenizer.json`` with the files that travel with it
+    (:func:`copy_tokenizer`: an imported or recorded model's ``tokenizer_config.json`` with its
+    special tokens and chat template, ``chat_template.jinja``, ``special_tokens_map.json``), else Pythia's special
+    tokens (bos = eos = unk = ``<|endoftext|>``); write ``generation_config.json`` (bos, eos, the padding ids
+    suppressed); returns the ``{"bos", "eos"}`` ids for ``config.json``.
+
+    The tokenizer files are the run's own, unchanged, so every ``tokenizers`` version that read them reads them;
+    a ``tokenizer_config.json`` we write names ``PreTrainedTokenizerFast``, the class transformers 4 and 5 both load
+    from it."""
+    from transformers import GenerationConfig
+
+    source = Path(tokenizer_json)
+    ids = special_token_ids(source)  # the folder's special tokens (a tokenizer_config.json beside it), else Pythia's
+    names = copy_tokenizer(source, out)
+    if "tokenizer_config.json" not in names:
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **SPECIAL_TOKENS,
+                  "model_max_length": cfg.max_position_embeddings, "clean_up_tokenization_spaces": False}
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
+    padding = list(range(cfg.vocab_size, cfg.padded_vocab_size))  # embedding rows no token uses
+    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+                     suppress_tokens=padding or None).save_pretrained(out)
+    return ids
+
+
+
+def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
+    """Copy the :data:`TOKENIZER_FILES` that the Hugging Face folder ``hf_dir`` holds into ``out_dir``, names
+    unchanged; returns their names (``convert from-hf``: the import keeps the folder's tokenizer as it is).
+
+    Not :func:`copy_tokenizer`, which starts from one ``tokenizer.json`` that must exist and
+    takes the files beside it only when a ``tokenizer_config.json`` is there: this copies whatever the folder
+    holds, including nothing (a model folder without a tokenizer imports, as tests/test_finetune.py's does), the
+    slow formats without a ``tokenizer.json`` (``tokenizer.model``, ``vocab.json`` and ``merges.txt``), and
+    ``special_tokens_map.json`` and the rest with no ``tokenizer_config.json``."""
+    present = [name for name in TOKENIZER_FILES if (Path(hf_dir) / name).is_file()]
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    for name in present:
+        shutil.copyfile(Path(hf_dir) / name, Path(out_dir) / name)
+    return present
+
+
+
+def check_tokenizer_json(path: str | Path) -> None:
+    """A ValueError when the file ``path`` does not load with ``tokenizers`` (garbage, or another format)."""
+    try:
+        Tokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for every parse failure
+        raise ValueError(f"{path} is not a Hugging Face tokenizer.json that tokenizers can load "
+                         f"({str(e).splitlines()[0][:200]})") from None

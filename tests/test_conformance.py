@@ -150,7 +150,7 @@ def test_decoding_equals_the_full_forward_and_the_cache_holds_what_describe_says
 def test_export_gives_our_logits_or_is_refused_naming_the_variant(name, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from neox_dar.convert import to_hf
+    from neox_dar.hf import to_hf
     from neox_dar.tokenizer import DEFAULT_TOKENIZER
 
     model = _model(name, vocab_size=50277, make_vocab_size_divisible_by=128)

@@ -14,7 +14,7 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from neox_dar.checkpoint import load_model, save_weights
 from neox_dar.config import ConfigError, load_config
-from neox_dar.convert import config_from_hf, to_hf
+from neox_dar.hf import config_from_hf, to_hf
 from neox_dar.evaluation.corpora import load_local
 from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.model import build_model
@@ -300,6 +300,7 @@ def test_to_hf_replaces_an_export_whole_or_not_at_all(tmp_path, monkeypatch, cap
     import errno
 
     import neox_dar.convert as convert
+    import neox_dar.hf.folders as folders
     from builders import saved_run
 
     first, second, hf = tmp_path / "first", tmp_path / "second", tmp_path / "hf"
@@ -311,7 +312,7 @@ def test_to_hf_replaces_an_export_whole_or_not_at_all(tmp_path, monkeypatch, cap
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(convert, "hf_config_dict", full_disk)
+    monkeypatch.setattr(folders, "hf_config_dict", full_disk)
     capsys.readouterr()
     assert convert.main(["to-hf", str(second), str(hf)]) == 2
     assert capsys.readouterr().err.count("\n") == 1

@@ -15,7 +15,7 @@ from test_eval_perplexity import SEQ
 from transformers import GPTNeoXForCausalLM
 
 from eval.lm_eval_model import NeoxDarLM
-from neox_dar.convert import to_hf
+from neox_dar.hf import to_hf
 from neox_dar.evaluation.corpora import load_local
 from neox_dar.tokenizer import DEFAULT_TOKENIZER, hf_tokenizer
 

@@ -11,7 +11,7 @@ from lm_eval.models.huggingface import HFLM
 from transformers import GPTNeoXForCausalLM, PreTrainedTokenizerFast
 
 from eval.perplexity import main
-from neox_dar.convert import to_hf
+from neox_dar.hf import to_hf
 from neox_dar.evaluation.corpora import load_local
 from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.evaluation.metrics import corpus_metrics

@@ -17,7 +17,8 @@ import transformers
 from builders import FAMILY_PRESETS, ROOT, TINY_FAMILY, TINY_FAMILY_KEYS, config, hf_folder
 
 from neox_dar.config import ConfigError, model_config_diff
-from neox_dar.convert import config_from_hf, from_hf, main, to_hf
+from neox_dar.convert import main
+from neox_dar.hf import config_from_hf, from_hf, to_hf
 from neox_dar.families import FAMILIES
 from neox_dar.model import build_model, count_parameters
 from neox_dar.rundir import CheckpointError
@@ -221,7 +222,7 @@ def test_override_that_breaks_the_import_is_a_config_error(folders):
 
 RSS_SCRIPT = """
 import sys, torch
-from neox_dar.convert import from_hf
+from neox_dar.hf import from_hf
 def status_kb(field):  # this process's own memory; ru_maxrss would count the parent's pages from before exec
     with open("/proc/self/status") as f:
         return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))

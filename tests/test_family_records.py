@@ -11,7 +11,7 @@ import sys
 import pytest
 from builders import FAMILY_PRESETS, ROOT, config
 
-from neox_dar.convert import export_problems
+from neox_dar.hf import export_problems
 from neox_dar.families import FAMILIES, table
 
 DOC = (ROOT / "docs" / "models.md").read_text()
@@ -34,7 +34,7 @@ import torch
 import transformers
 import neox_dar.families as families
 from neox_dar.config import load_config
-from neox_dar.convert import from_hf, hf_config_dict, to_hf
+from neox_dar.hf import from_hf, hf_config_dict, to_hf
 from neox_dar.model import build_model, count_parameters
 from neox_dar.tiny import tiny_hf_model
 from neox_dar.tokenizer import DEFAULT_TOKENIZER

@@ -7,7 +7,7 @@ import pytest
 from builders import saved_run
 from test_eval_lm_eval import _evaluate, _local_task
 
-from neox_dar.convert import to_hf
+from neox_dar.hf import to_hf
 from neox_dar.generate import generate, load
 from neox_dar.model import CausalLM
 

@@ -15,7 +15,8 @@ from test_generate import family_model
 from transformers import AutoModelForCausalLM
 
 from neox_dar.attention import build_attention, variants
-from neox_dar.convert import REMOTE_FILES, from_hf, main as convert_main, to_hf
+from neox_dar.convert import main as convert_main
+from neox_dar.hf import REMOTE_FILES, from_hf, to_hf
 from neox_dar.generate import generate
 from neox_dar.tokenizer import DEFAULT_TOKENIZER
 

@@ -8,7 +8,7 @@ from builders import model_config
 from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 from neox_dar.config import load_config
-from neox_dar.convert import from_hf, to_hf
+from neox_dar.hf import from_hf, to_hf
 from neox_dar.model import build_model, count_parameters, flops_per_token, init_std
 from neox_dar.tokenizer import DEFAULT_TOKENIZER
 from neox_dar.training.engine import checkpoint_blocks

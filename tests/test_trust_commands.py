@@ -95,6 +95,7 @@ def test_ctrl_c_in_eval_convert_and_tokenize_is_one_line_and_writes_nothing(tmp_
     import data_prep.tokenize as tokenize
     import eval.perplexity as perplexity
     import neox_dar.convert as convert
+    import neox_dar.hf.folders as folders
 
     run = tmp_path / "run"
     saved_model(run / "checkpoints" / step_dir_name(7), "seq_length=32")
@@ -108,7 +109,7 @@ def test_ctrl_c_in_eval_convert_and_tokenize_is_one_line_and_writes_nothing(tmp_
     hf = tmp_path / "hf"
     assert convert.main(["to-hf", str(run), str(hf)]) == 0
     before = _files(hf)
-    monkeypatch.setattr(convert, "save_file", _ctrl_c)
+    monkeypatch.setattr(folders, "save_file", _ctrl_c)
     assert _interrupted(convert.main, ["to-hf", str(run), str(hf)]) == 130
     assert _one_line(capsys.readouterr().err, "convert") == f"convert: interrupted (Ctrl-C): {hf} is as it was"
     assert _files(hf) == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]

@@ -134,7 +134,7 @@ def read_config(path: str):
     from pathlib import Path
 
     from ..checkpoint import read_model_config
-    from ..convert import config_from_hf
+    from ..hf import config_from_hf
     from ..evaluation.loading import is_hf_folder
     from ..rundir import resolve_checkpoint
 

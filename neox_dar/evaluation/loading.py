@@ -53,7 +53,7 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: s
     if not p.exists():
         raise FileNotFoundError(f"checkpoint not found: {p}")
     if is_hf_folder(p):
-        from ..convert import from_hf
+        from ..hf import from_hf
 
         model, cfg = from_hf(p, attention_impl=attention_impl)
         where, step = p, None

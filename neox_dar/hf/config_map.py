@@ -1,0 +1,198 @@
+"""A Hugging Face ``config.json`` and our model config, both ways: the family's class keys (:mod:`neox_dar.families`),
+rotary settings of transformers 4 and 5, the sizes the weight files must hold, and what a class cannot express."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from ..config import ConfigError, model_config_from_flat, model_flat, ModelConfig
+from ..config.schema import key_sections
+from ..families import FAMILIES
+
+LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _rope(hf: dict, where: str) -> tuple[float, dict | None, float | None]:
+    """``(theta, llama3 scaling or None, partial rotary factor or None)`` from transformers 5's
+    ``rope_parameters`` or transformers 4's ``rope_theta``/``rope_scaling``."""
+    params, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
+    for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: {key!r} must be a mapping, got {value!r}")
+    scaling = scaling or params
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    theta = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000)))
+    if kind not in ("default", "llama3"):
+        raise ConfigError(f"{where}: rope type {kind!r} is not supported (default, llama3)")
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
+        raise ConfigError(f"{where}: rope_theta must be a positive number, got {theta!r}")
+    llama3 = None
+    if kind == "llama3":
+        if missing := [k for k in LLAMA3_KEYS if k not in scaling]:
+            raise ConfigError(f"{where}: llama3 rope scaling lacks {', '.join(map(repr, missing))}")
+        llama3 = {k: scaling[k] for k in LLAMA3_KEYS}
+    theta = int(theta) if float(theta).is_integer() else theta  # rotary_emb_base is GPT-NeoX's int
+    return theta, llama3, params.get("partial_rotary_factor")
+
+
+
+def _size(hf: dict, key: str, where: str, default: int | None = None) -> int:
+    """``hf[key]`` (``default`` when absent or null) as a positive int (``1e7`` reads as 10000000); a ConfigError
+    when it is missing or not a positive whole number."""
+    value = hf.get(key)
+    value = default if value is None else value
+    if value is None:
+        raise ConfigError(f"{where}: {key!r} is missing")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 1 \
+            or (isinstance(value, float) and not value.is_integer()):
+        raise ConfigError(f"{where}: {key!r} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+
+def _check_size(keys: dict, weight_bytes: int | None, where: str) -> None:
+    """ConfigError when the model of ``keys`` (flat, before validation) holds more parameters than ``weight_bytes``
+    of weight files can store (one byte each at the least): wrong sizes are caught before anything is built.
+
+    The bound counts only what every family has: the embedding (vocab x hidden) and, per layer, the query
+    projection (hidden x heads * head_dim) and the MLP (hidden x intermediate); a size that is absent or not a
+    positive int counts as 1 (the config's own validation reports it)."""
+    def n(key: str) -> int:
+        value = keys.get(key)
+        return value if type(value) is int and value > 0 else 1
+
+    width = n("num_attention_heads") * n("head_dim") if keys.get("head_dim") else n("hidden_size")
+    least = n("vocab_size") * n("hidden_size") + n("num_layers") * n("hidden_size") * (width + n("intermediate_size"))
+    if weight_bytes is not None and least > weight_bytes:
+        raise ConfigError(f"{where} describes a model of at least {least:,} parameters, but its weight files hold "
+                          f"{weight_bytes:,} bytes: its sizes (num_hidden_layers, hidden_size, vocab_size, ...) are "
+                          "wrong")
+
+
+
+def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None = None,
+                   weight_bytes: int | None = None) -> ModelConfig:
+    """Our model config for a Hugging Face ``config.json`` (``overrides``: flat keys on top, e.g. a variant).
+    Exports of this project carry their own model config (``neox_dar_config``); exports of older versions carried
+    the whole run config there, whose non-model keys are dropped. ``weight_bytes``: the size of the folder's weight
+    files, which must be able to hold the model (:func:`_check_size`, before the config is validated)."""
+    overrides = overrides or {}
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{where} must hold a JSON object, not a {type(hf).__name__}")
+    if "neox_dar_config" in hf:
+        if not isinstance(hf["neox_dar_config"], dict):
+            raise ConfigError(f"{where}: 'neox_dar_config' must be a mapping of model config keys, got "
+                              f"{hf['neox_dar_config']!r}")
+        sections = key_sections()
+        keys = {k: v for k, v in hf["neox_dar_config"].items() if sections.get(k) in ("model", "attention")}
+        _check_size({**keys, **overrides}, weight_bytes, where)
+        return model_config_from_flat({**keys, **overrides}, source=f"{where}:neox_dar_config")
+    # a config.json without architectures (older Pythia ones) is the family its model_type names
+    typed = FAMILIES.get(hf["model_type"]) if isinstance(hf.get("model_type"), str) else None
+    archs = hf.get("architectures") or [typed.hf_class if typed else "?"]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ConfigError(f"{where}: 'architectures' must be a list of class names such as [\"LlamaForCausalLM\"], "
+                          f"got {archs!r}")
+    family = next((f for f in FAMILIES.values() if f.hf_class == archs[0]), None)
+    if family is None:
+        raise ConfigError(f"{where}: architectures {archs} is not supported (supported: "
+                          f"{', '.join(f.hf_class for f in FAMILIES.values())})")
+    theta, llama3, partial = _rope(hf, where)
+    vocab, hidden, heads = (_size(hf, k, where) for k in ("vocab_size", "hidden_size", "num_attention_heads"))
+    positions = _size(hf, "max_position_embeddings", where, 2048)
+    keys = {
+        "model_family": family.name,
+        "num_layers": _size(hf, "num_hidden_layers", where),
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_kv_heads": _size(hf, "num_key_value_heads", where, heads),
+        "intermediate_size": _size(hf, "intermediate_size", where, 4 * hidden),
+        "max_position_embeddings": positions,
+        "seq_length": min(2048, positions),
+        "rotary_emb_base": theta,
+        "rope_scaling": llama3,
+        "vocab_size": vocab,
+        "make_vocab_size_divisible_by": 128 if vocab % 128 == 0 else 1,
+        "no_weight_tying": not hf.get("tie_word_embeddings", False),
+        "init_method_std": hf.get("initializer_range", 0.02),
+        "attention_type": "vanilla",
+    }
+    if hf.get("head_dim"):
+        keys["head_dim"] = hf["head_dim"]
+    _check_size({**keys, **overrides}, weight_bytes, where)
+    act = hf.get("hidden_act", family.hidden_act)
+    if act != family.hidden_act:
+        raise ConfigError(f"{where}: hidden_act {act!r} is not supported for {family.hf_class} (only "
+                          f"{family.hidden_act!r})")
+    layer_types = hf.get("layer_types") or ()
+    windowed = hf.get("use_sliding_window", hf.get("sliding_window") is not None)  # Qwen's switch, else the window
+    if windowed or "sliding_attention" in (layer_types if isinstance(layer_types, list) else ()):
+        raise ConfigError(f"{where}: sliding_window (use_sliding_window) / sliding_attention layers are not "
+                          "supported; use our attention_type: swa on a full-attention import instead")
+    keys.update(family.fixed, **family.import_keys)
+    if partial is not None:  # transformers 5's partial_rotary_factor; GPT-NeoX's own rotary_pct comes first
+        keys["rotary_pct"] = partial
+    for key in family.hf_keys:
+        for ours in key.ours if key.read else ():
+            keys[ours] = hf[key.hf] if key.hf in hf else keys.get(ours, key.default)
+    return model_config_from_flat({**keys, **overrides}, source=where)
+
+
+
+def export_problems(cfg: ModelConfig) -> list[str]:
+    """What the family's Hugging Face class cannot express of ``cfg`` (empty when the export is faithful)."""
+    family = FAMILIES[cfg.model_family]
+    problems = [f"{k}={getattr(cfg, k)!r} (the class needs {v!r})" for k, v in family.fixed.items()
+                if getattr(cfg, k) != v]
+    for key in family.hf_keys:
+        if len({getattr(cfg, ours) for ours in key.ours}) > 1:
+            problems.append(f"{' != '.join(key.ours)} (the class has one {key.hf})")
+    return problems
+
+
+
+def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
+    """The ``config.json`` keys of every export: sizes, tying, the tokenizer's bos/eos ids, dtype, and our model
+    config (``neox_dar_config``, which ``from-hf`` reads back)."""
+    return {
+        "vocab_size": cfg.padded_vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "tie_word_embeddings": not cfg.no_weight_tying,
+        "initializer_range": cfg.init_method_std,
+        "bos_token_id": special_ids["bos"],
+        "eos_token_id": special_ids["eos"],
+        "torch_dtype": "float32",
+        "neox_dar_config": model_flat(cfg),
+    }
+
+
+
+def hf_config_dict(cfg: ModelConfig, special_ids: dict[str, int | None] | None = None) -> dict:
+    """The ``config.json`` of the family's Hugging Face class equal to ``cfg``'s vanilla model; ``special_ids``:
+    the tokenizer's ``{"bos", "eos"}`` ids (default: ``<|endoftext|>`` = 0 of the Pythia tokenizer)."""
+    special_ids = special_ids or {"bos": 0, "eos": 0}
+    family = FAMILIES[cfg.model_family]
+    rope = {"rope_type": "default", "rope_theta": float(cfg.rotary_emb_base)}
+    if cfg.rope_scaling is not None:
+        rope = {**rope, **dataclasses.asdict(cfg.rope_scaling)}
+    params = rope if "rotary_pct" in family.fixed else {**rope, "partial_rotary_factor": cfg.rotary_pct}
+    return {
+        "architectures": [family.hf_class],
+        "model_type": family.name,
+        **shape_keys(cfg, special_ids),
+        "attention_dropout": cfg.attention_dropout,
+        # transformers 4 reads rope_theta / rope_scaling, transformers 5 rope_parameters
+        "rope_theta": float(cfg.rotary_emb_base),
+        "rope_scaling": rope if cfg.rope_scaling is not None else None,
+        "rope_parameters": params,
+        "hidden_act": family.hidden_act,
+        **{key.hf: getattr(cfg, key.ours[0]) for key in family.hf_keys},
+        **family.hf_extra,
+    }

@@ -1,0 +1,126 @@
+"""``to_hf`` and ``from_hf``: a model to a complete Hugging Face folder and back, and which output folders a
+conversion may write (new, empty, or an earlier output of the same model)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import save_file
+
+from ..checkpoint import read_model_config
+from ..config import ConfigError, ModelConfig
+from ..families import FAMILIES
+from ..model import build_model, CausalLM
+from ..rundir import CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, staged_dir
+from ..tokenizer import tokenizer_file, write_tokenizer
+from .config_map import config_from_hf, export_problems, hf_config_dict
+from .remote import REMOTE_CODE, REMOTE_FILES, remote_config_dict
+from .weights import checked_tensor, initialise_new, our_name, tensors_of, read_folder_json, weight_files
+
+
+def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
+    """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
+    writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
+    model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``). All of it goes into a
+    folder beside ``out_dir`` that replaces it once complete (:func:`~neox_dar.rundir.staged_dir`): a failure or
+    a kill part-way leaves an earlier export whole."""
+    modules = model.attention_modules()
+    layers = None
+    if any(m.name != "vanilla" for m in modules):
+        layers = [m.export_spec() for m in modules]
+    elif problems := export_problems(cfg):
+        raise ConfigError(f"{FAMILIES[cfg.model_family].hf_class} cannot express this model: {'; '.join(problems)}")
+    out = Path(out_dir)
+    with staged_dir(out) as stage:
+        special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, stage)
+        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.weights().items()}
+        save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
+        config = hf_config_dict(cfg, special_ids) if layers is None else remote_config_dict(cfg, layers, special_ids)
+        (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name in REMOTE_FILES if layers is not None else ():
+            shutil.copyfile(REMOTE_CODE / name, stage / name)
+    return out
+
+
+
+def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
+            overrides: dict | None = None) -> tuple[CausalLM, ModelConfig]:
+    """Load a Hugging Face folder of a supported class as ``(model, model config)``, one file at a time onto a
+    model built on the meta device (tensors keep their stored dtype). ``attention_impl`` replaces the attention
+    path; ``overrides`` (flat keys) may add a variant, whose new parameters are initialised as in training."""
+    hf_dir = Path(hf_dir)
+    config_path = hf_dir / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"no config.json in {hf_dir}")
+    hf = read_folder_json(config_path)
+    files = weight_files(hf_dir)
+    cfg = config_from_hf(hf, str(config_path), overrides, sum(f.stat().st_size for f in files))
+    if attention_impl is not None:
+        cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
+    with torch.device("meta"):
+        model = build_model(cfg)
+    expected = {k: tuple(v.shape) for k, v in model.weights().items()}
+    loaded = set()
+    try:
+        for path in files:
+            shard = {}
+            for name, shape, load in tensors_of(path):
+                ours = our_name(name, model)
+                if ours is None:
+                    continue
+                if ours not in expected:
+                    raise CheckpointError(f"{path}: {name} is not a parameter of the model {config_path} describes")
+                if shape != expected[ours]:
+                    raise CheckpointError(f"{path}: {name} has shape {shape}, {config_path} implies "
+                                          f"{expected[ours]}")
+                shard[ours] = checked_tensor(load(), name, path)
+            model.load_state_dict(shard, strict=False, assign=True)
+            loaded |= set(shard)
+    except (SafetensorError, OSError) as e:
+        raise CheckpointError(f"{hf_dir}: unreadable weights ({e})") from None
+    initialise_new(model, cfg, set(expected) - loaded, hf_dir)
+    model.tie_weights()
+    return model, cfg
+
+
+
+def folder_model(folder: Path, direction: str) -> ModelConfig | None:
+    """The model config of an earlier ``direction`` output in ``folder`` (``to-hf``: its ``config.json``'s
+    ``neox_dar_config``; ``from-hf``: the weights folder's ``model.yml``), or None when ``folder`` is no such output
+    (a run directory, a training checkpoint, other files)."""
+    if (folder / CONFIG).exists() or (folder / CHECKPOINTS).exists():
+        return None
+    try:
+        if direction == "to-hf":
+            hf = read_folder_json(folder / "config.json") if (folder / "config.json").is_file() else None
+            ours = isinstance(hf, dict) and "neox_dar_config" in hf
+            return config_from_hf(hf, str(folder / "config.json")) if ours else None
+        ours = (folder / MODEL_CONFIG).is_file() and (folder / STATE).is_file()
+        return read_model_config(folder) if ours else None
+    except (ConfigError, CheckpointError):
+        return None
+
+
+
+def check_out_dir(out: Path, cfg: ModelConfig, direction: str) -> None:
+    """ConfigError (one line naming ``out``) unless ``direction`` may write the model ``cfg`` into ``out``: missing,
+    empty, or an earlier ``direction`` output of a model with the same config (a newer checkpoint of the same run,
+    exported again), which is then replaced. A run directory, a folder of other files, another model's export or
+    import is never overwritten."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out} is a file: name a folder to write")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    kind = "Hugging Face export (to-hf)" if direction == "to-hf" else "import (from-hf)"
+    found = folder_model(out, direction)
+    if found is None:
+        raise ConfigError(f"{out} is not empty and is not an earlier {kind}: name a new or empty folder (nothing "
+                          "was written)")
+    if found != cfg:
+        raise ConfigError(f"{out} holds the {kind} of another model (its config differs): name a new or empty "
+                          "folder (nothing was written)")

@@ -1,0 +1,42 @@
+"""The export of a model with non-vanilla layers: ``NeoxDarForCausalLM``, whose code is every module of
+:mod:`neox_dar.standalone` (copied into the folder, named by ``auto_map``), and its ``config.json``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from ..config import ModelConfig
+from ..families import FAMILIES
+from .config_map import shape_keys
+
+
+REMOTE_CODE = Path(__file__).resolve().parents[1] / "standalone"
+
+
+REMOTE_FILES = tuple(sorted(p.name for p in REMOTE_CODE.glob("*.py") if p.name != "__init__.py"))  # all of it
+
+
+
+def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[str, int | None]) -> dict:
+    """The ``config.json`` of ``NeoxDarForCausalLM`` (:mod:`neox_dar.standalone`) for ``cfg`` and its layers'
+    :meth:`~neox_dar.attention.Attention.export_spec` descriptions."""
+    scaling = None if cfg.rope_scaling is None else dataclasses.asdict(cfg.rope_scaling)
+    rms = cfg.norm == "rmsnorm"
+    family = FAMILIES[cfg.model_family]
+    return {
+        "architectures": ["NeoxDarForCausalLM"],
+        "model_type": "neox_dar",
+        "auto_map": {"AutoConfig": "configuration_neox_dar.NeoxDarConfig",
+                     "AutoModelForCausalLM": "modeling_neox_dar.NeoxDarForCausalLM"},
+        **shape_keys(cfg, special_ids),
+        "neox_dar_block": {
+            "family": family.name, "names": dataclasses.asdict(family.names), "norm": cfg.norm,
+            "norm_eps": cfg.rms_norm_epsilon if rms else cfg.layernorm_epsilon,
+            "rms_weight_in_float32": family.rms_weight_in_float32, "norm_position": cfg.norm_position,
+            "parallel_residual": cfg.gpt_j_residual, "qk_norm": cfg.qk_norm, "activation": cfg.activation,
+            "fused_qkv": cfg.fused_qkv, "qkv_bias": cfg.qkv_bias, "attention_out_bias": cfg.attention_out_bias,
+            "mlp_bias": cfg.mlp_bias, "rotary_ndims": cfg.rotary_ndims, "rope_theta": cfg.rotary_emb_base,
+            "rope_scaling": scaling},
+        "neox_dar_layers": layers,
+    }
