@@ -123,6 +123,7 @@ E2E = {
     "tests/test_trust_commands.py::test_ctrl_c_in_eval_convert_and_tokenize_is_one_line_and_writes_nothing",
     "tests/test_trust_commands.py::test_a_checkpoint_pruned_while_it_is_read_is_read_whole",
     "tests/test_kernels.py::test_aha_decode_on_the_kernel_equals_the_full_forward_without_host_syncs",
+    "tests/test_sweep_plan.py::test_checkpoint_bytes_are_what_a_trained_checkpoint_holds",
 }
 
 

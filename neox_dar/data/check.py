@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import sys
-import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -192,10 +191,6 @@ def check_data_files(cfg: Config, progress: bool = True) -> dict[str, TokenRange
 # ---------------------------------------------------------------------------------------------------------------
 # the command
 
-# Run as `python -m neox_dar.data.check`, this file is first imported by its package (neox_dar/data/__init__.py
-# exports check_data_files) and then run again as __main__; runpy warns about that before running it. The second
-# copy only defines functions, so the warning says nothing to a user and is silenced.
-warnings.filterwarnings("ignore", message="'neox_dar.data.check' found in sys.modules", category=RuntimeWarning)
 
 
 def manifest_of(prefix: str) -> tuple[str, dict] | None:

@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 from ..config import Config, ConfigError, load_config, split_shares
-from ..data import IndexedDataset, IndexedDatasetError, check_data_files
+from ..data import IndexedDataset, IndexedDatasetError
+from ..data.check import check_data_files
 from ..rundir import CONFIG, STATUS, checkpoints_dir
 
 # a token budget that reads the training data more often than this is warned about (repeating data beyond about
