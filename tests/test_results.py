@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 import pytest
@@ -141,3 +142,30 @@ def test_the_orderings_docs_state_for_round2_seeds_and_dar_threshold():
     gaps = [rel[uni[d]] - rel[dar[d]] for d in dar]  # the claims table: "by 14 to 27 points", every DAR below vanilla
     assert 14 <= min(gaps) < 15 and 27 <= max(gaps) < 28
     assert all(rel[n] < 100 - floor for n in dar.values())
+
+
+def round2_head_mu_f(run: str) -> list[float]:
+    """Per (layer, head) mu_f of a published round-2 run's final evaluation, the mean over its corpora."""
+    corpora = json.loads((ROOT / "results" / "results-round2" / "runs" / run / "eval" / "perplexity.json")
+                         .read_text())["corpora"].values()
+    per_corpus = [[v for key, heads in sorted(c["attention_stats"].items()) if key.endswith("mu_f") for v in heads]
+                  for c in corpora]
+    return [sum(vals) / len(vals) for vals in zip(*per_corpus)]
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "results-round2" / "runs" / "aha-w128-seed2").is_dir(),
+                    reason="round 2's AHA seed-2 runs not published")
+def test_the_orderings_docs_state_for_round2_aha_windows():
+    """docs/experiments.md, "Results, second round", (c): mu_f falls from w = 16 to 64 in both seeds, with and
+    without each run's busiest head; at w = 128 the seeds disagree by more than any neighbouring windows differ."""
+    mean = {run: 100 * statistics.fmean(round2_head_mu_f(run)) for w in (16, 32, 64, 128)
+            for run in (f"aha-w{w}", f"aha-w{w}-seed2")}
+    trimmed = {run: 100 * statistics.fmean(sorted(round2_head_mu_f(run))[:-1]) for run in mean}
+    falls = [round(values[f"aha-w16{seed}"] - values[f"aha-w64{seed}"], 1) for values in (mean, trimmed)
+             for seed in ("", "-seed2")]
+    assert falls == [4.0, 3.6, 3.0, 4.7]
+    spread = {w: abs(mean[f"aha-w{w}"] - mean[f"aha-w{w}-seed2"]) for w in (16, 32, 64, 128)}
+    assert round(spread[128], 1) == 14.1 and max(spread[w] for w in (16, 32, 64)) < 2
+    steps = [abs(mean[f"aha-w{a}{s}"] - mean[f"aha-w{b}{s}"]) for s in ("", "-seed2") for a, b in ((16, 32), (32, 64))]
+    assert max(steps) < 4 < spread[128] / 3
+    assert max(round2_head_mu_f("aha-w128")) > 0.9  # one head of seed 1 at w = 128 routes nearly every token
