@@ -4,8 +4,8 @@
 directory, or a folder written by :func:`save_weights`. The checkpoint is verified against its manifest (sizes
 and checksums, :mod:`neox_dar.rundir`) and its weights against its model config before anything is loaded, so a
 truncated, corrupt or mismatched checkpoint is a one-line :class:`~neox_dar.rundir.CheckpointError`. A model needs
-only the model section of the config (``model.yml``; checkpoints written before it existed carry it inside
-``config.yml``).
+only the model section of the config: ``model.yml``, or the ``model`` keys of ``config.yml`` in a checkpoint that
+has no ``model.yml``.
 """
 
 from __future__ import annotations

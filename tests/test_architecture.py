@@ -6,8 +6,8 @@
   the attention's torch modules, the model, training, evaluation, sweeps or the report; data preparation imports no
   torch either;
 - the packages (and top-level modules) of ``neox_dar`` import each other without a circle;
-- every shipped config resolves to the values it resolved to before the config was split into sections (a
-  snapshot taken with the flat config of commit 6043d04, tests/fixtures/resolved_configs.json).
+- every shipped config resolves to the values recorded in tests/fixtures/resolved_configs.json (what moving code
+  between modules must not change).
 """
 
 from __future__ import annotations
