@@ -28,6 +28,7 @@ import json
 import math
 import os
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -38,11 +39,11 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
 
 from .attention.registry import stat_names
 from .config import ConfigError
-from .evaluation.loading import DTYPES, load_for_eval
+from .evaluation.loading import DTYPES, is_hf_folder, load_for_eval
 from .evaluation.scoring import AttentionStatsMean, overall_means
 from .model import CausalLM
 from .progress import progress_bar
-from .rundir import CheckpointError
+from .rundir import CheckpointError, held_checkpoint
 from .tokenizer import check_tokenizer_json, hf_tokenizer, render_chat, special_token_ids, tokenizer_file
 
 
@@ -207,9 +208,11 @@ def load(path: str | Path, device: str | None = None, dtype: str = "float32", at
     records, else its config's ``vocab_file``; ``tokenizer`` only when it is that same file, or the checkpoint
     records none). Its eos is the ``tokenizer_config.json``'s beside it, else Pythia's ``<|endoftext|>``."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    loaded = load_for_eval(path, device, dtype, attention_impl)
-    file = tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir)
-    tok = hf_tokenizer(file)
+    with ExitStack() as held:  # a run's checkpoint is held while its weights and tokenizer are read
+        where = path if is_hf_folder(path) else held.enter_context(held_checkpoint(path))
+        loaded = load_for_eval(where, device, dtype, attention_impl)
+        file = tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir)
+        tok = hf_tokenizer(file)
     return Generator(loaded.model, tok, special_token_ids(file)["eos"], {**loaded.info, "tokenizer": str(file)})
 
 

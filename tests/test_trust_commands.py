@@ -40,11 +40,12 @@ def _run_being_pruned(run: Path, monkeypatch) -> Path:
     return step7
 
 
-@pytest.mark.parametrize("command", ["eval.perplexity", "convert to-hf"])
+@pytest.mark.parametrize("command", ["eval.perplexity", "convert to-hf", "generate"])
 def test_a_checkpoint_pruned_while_it_is_read_is_read_whole(command, tmp_path, monkeypatch, capsys):
-    """eval.perplexity and convert to-hf of a run whose trainer publishes a newer checkpoint and prunes the one being
-    read: the command reads its checkpoint whole (weights and tokenizer) and completes; the prune leaves the held
-    checkpoint for the next one. (Before: "not a readable safetensors file" or "tokenizer file not found".)"""
+    """eval.perplexity, convert to-hf and generate of a run whose trainer publishes a newer checkpoint and prunes the
+    one being read: the command reads its checkpoint whole (weights and tokenizer) and completes; the prune leaves
+    the held checkpoint for the next one. (Before: "not a readable safetensors file" or "tokenizer file not
+    found".)"""
     run = tmp_path / "run"
     step7 = _run_being_pruned(run, monkeypatch)
     if command == "eval.perplexity":
@@ -54,11 +55,16 @@ def test_a_checkpoint_pruned_while_it_is_read_is_read_whole(command, tmp_path, m
         assert main([str(run), "--corpora", "c4", "--max-docs", "1", "--no-progress", "--no-wandb",
                      "--out", str(out)]) == 0, capsys.readouterr().err
         assert json.loads(out.read_text())["step"] == 7
-    else:
+    elif command == "convert to-hf":
         from neox_dar.convert import main
 
         assert main(["to-hf", str(run), str(tmp_path / "hf")]) == 0, capsys.readouterr().err
         assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (ROOT / "data" / "20B_tokenizer.json").read_bytes()
+    else:
+        from neox_dar.generate import main
+
+        assert main([str(run), "--prompt", "The", "--max-new-tokens", "2", "--device", "cpu"]) == 0, \
+            capsys.readouterr().err
     assert step7.is_dir() and (run / "checkpoints" / step_dir_name(8)).is_dir()
     assert prune(run / "checkpoints", 1) == [step7]
 
