@@ -206,3 +206,17 @@ def test_corpus_perplexity_during_training(reference, zero2):
     sharded = read_evals(zero2)[-1]["corpora"]["c4"]
     assert sharded["tokens"] == in_training["tokens"]
     assert sharded["token_perplexity"] == pytest.approx(in_training["token_perplexity"], rel=1e-4)
+
+
+def test_checkpoint_minutes_saves_by_wall_time_between_step_checkpoints(data, tmp_path):
+    """``checkpoint_minutes``: a checkpoint once that much wall time has passed since the last save, whatever
+    ``checkpoint_factor`` says (here every step, 0.06 ms being shorter than any step); the run's losses are the
+    reference's."""
+    save = tmp_path / "timed"
+    train(save, data, "checkpoint_factor=1000", "keep_last_n=6", "checkpoint_minutes=0.000001", "eval_interval=0")
+    steps = sorted(int(p.name.removeprefix("step_")) for p in (save / "checkpoints").glob("step_*"))
+    assert steps == list(range(1, STEPS + 1))
+    untimed = tmp_path / "untimed"
+    train(untimed, data, "checkpoint_factor=1000", "keep_last_n=6", "eval_interval=0")
+    assert [p.name for p in (untimed / "checkpoints").glob("step_*")] == [step_dir_name(STEPS)]
+    assert losses(save) == losses(untimed)

@@ -359,6 +359,10 @@ class RunConfig:
     overwrite: bool = setting(False, "Discard checkpoints, metrics, status and evaluations of another run found in "
                                      "save (without it such a save is an error).")
     checkpoint_factor: int = setting(1000, "Save a checkpoint every this many steps.", rule=at_least(1))
+    checkpoint_minutes: Optional[float] = setting(
+        None, "Also save a checkpoint once this many minutes of wall time have passed since the last save (or the "
+        "start), so a lost node costs at most that much training; the ranks agree on the step (unset: by steps "
+        "only).", rule=when(lambda v: v > 0 and v != float("inf"), "must be a positive number of minutes"))
     keep_last_n: int = setting(2, "Keep this many newest checkpoints.", rule=at_least(1))
     exit_interval: Optional[int] = setting(None, "Checkpoint and stop (exit code 3) after every step divisible by "
                                                  "this; rerun to continue.", rule=at_least(1))

@@ -273,6 +273,7 @@ def train(cfg: Config, info: DistInfo) -> int:
         peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
         interval_loss: list[torch.Tensor] = []
         interval_t0, interval_steps = time.time(), 0
+        last_save = interval_t0  # checkpoint_minutes counts from the start, then from each save
         exit_code = EXIT_DONE
         # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
         own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.training.dtype == "fp32"
@@ -335,14 +336,16 @@ def train(cfg: Config, info: DistInfo) -> int:
 
             stopping = any_rank(stop.received is not None, info.device)
             early_exit = bool(cfg.run.exit_interval) and state.step % cfg.run.exit_interval == 0
+            timed = cfg.run.checkpoint_minutes is not None and any_rank(
+                time.time() - last_save >= 60 * cfg.run.checkpoint_minutes, info.device)  # one step on every rank
             if (state.step % cfg.run.checkpoint_factor == 0 or state.step == cfg.training.train_iters or stopping
-                    or early_exit):
+                    or early_exit or timed):
                 where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n, data)
                 state.checkpoint = state.step
                 if info.is_main:
                     write_status(save, "running", state.step, cfg.training.train_iters, checkpoint=state.checkpoint)
                 logger.message(f"saved checkpoint {where}")
-                interval_t0 = time.time()
+                interval_t0 = last_save = time.time()
             if (stopping or early_exit) and state.step < cfg.training.train_iters:
                 why = stop.received or ("another rank's signal" if stopping
                                         else f"exit_interval={cfg.run.exit_interval}")
