@@ -220,3 +220,22 @@ def test_checkpoint_minutes_saves_by_wall_time_between_step_checkpoints(data, tm
     train(untimed, data, "checkpoint_factor=1000", "keep_last_n=6", "eval_interval=0")
     assert [p.name for p in (untimed / "checkpoints").glob("step_*")] == [step_dir_name(STEPS)]
     assert losses(save) == losses(untimed)
+
+
+def test_a_zero_run_resumed_at_another_world_size_is_refused_saying_how(zero2, data, tmp_path):
+    """A ZeRO-2 run of 2 ranks continued by 1: one line naming both world sizes and the two ways on (the same
+    ranks, or its weights in a new run with finetune=true); nothing of the run changes."""
+    save = tmp_path / "copy"
+    shutil.copytree(zero2, save)
+    def files():  # the run's files but its records of the last start (status.json, run.lock)
+        return {p.relative_to(save): p.read_bytes() for p in save.rglob("*")
+                if p.is_file() and p.name not in ("run.lock", "status.json")}
+
+    before = files()
+    out = train(save, data, "zero_optimization.stage=2", "train_iters=9", expect=2)
+    lines = [line for line in out.stderr.splitlines() if "written by" in line]
+    assert len(lines) == 1 and "written by 2 ranks under ZeRO-2" in lines[0] and "(this run has 1)" in lines[0], lines
+    assert "finetune=true" in lines[0] and "Traceback" not in out.stderr
+    assert files() == before
+    status = json.loads((save / "status.json").read_text())
+    assert (status["state"], status["step"], status["checkpoint"]) == ("failed", STEPS, STEPS)

@@ -281,9 +281,10 @@ def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> Trai
     meta = read_state(step_dir)
     if meta["world_size"] != info.world_size and meta["zero_stage"] > 0:
         raise CheckpointError(
-            f"{step_dir} was written by {meta['world_size']} ranks under ZeRO-{meta['zero_stage']}; resume it with "
-            f"{meta['world_size']} ranks (this run has {info.world_size}), or start a new run from its "
-            f"{WEIGHTS}")
+            f"{step_dir} was written by {meta['world_size']} ranks under ZeRO-{meta['zero_stage']}, whose optimizer "
+            f"state is split {meta['world_size']} ways; resume it with {meta['world_size']} ranks (this run has "
+            f"{info.world_size}), or continue from its weights in a new run: save=NEW load={step_dir} "
+            "finetune=true (a fresh optimizer state and schedule)")
     mismatch = model_mismatch(step_dir, cfg)
     if mismatch:
         raise CheckpointError(mismatch)

@@ -202,16 +202,16 @@ def _record_tokenizer(save: Path, tokenizer: Path | None) -> None:
 
 def _mark_failed(save: Path, state: TrainState, train_iters: int, error: BaseException) -> None:
     """status.json = failed with the error's first line, still recording the newest checkpoint (this run's, or the
-    one the status recorded before a start that failed before reading it); a failing status write is logged, not
-    raised."""
+    one the status recorded before a start that failed before reading it) and at least its step; a failing status
+    write is logged, not raised."""
     reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
     try:
         recorded = recorded_checkpoint(save)
     except RunFileError:  # a torn status.json: replaced
         recorded = 0
     try:
-        write_status(save, "failed", state.step, train_iters, checkpoint=max(state.checkpoint, recorded),
-                     reason=reason)
+        checkpoint = max(state.checkpoint, recorded)
+        write_status(save, "failed", max(state.step, checkpoint), train_iters, checkpoint=checkpoint, reason=reason)
     except OSError as e:
         log.error("could not record the failure in %s: %s", save / STATUS, e)
 
