@@ -13,13 +13,9 @@ import pytest
 
 from neox_dar.config import ConfigError, load_config
 from neox_dar.training.checks import check_training_config
-from neox_dar.data import (
-    IndexedDataset,
-    IndexedDatasetError,
-    IndexedDatasetWriter,
-    check_data_files,
-)
+from neox_dar.data import IndexedDataset, IndexedDatasetError, IndexedDatasetWriter
 from neox_dar.data import check as data_check
+from neox_dar.data.check import check_data_files
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER = ROOT / "data/20B_tokenizer.json"
