@@ -142,6 +142,10 @@ def test_the_orderings_docs_state_for_round2_seeds_and_dar_threshold():
     gaps = [rel[uni[d]] - rel[dar[d]] for d in dar]  # the claims table: "by 14 to 27 points", every DAR below vanilla
     assert 14 <= min(gaps) < 15 and 27 <= max(gaps) < 28
     assert all(rel[n] < 100 - floor for n in dar.values())
+    if "dar-d64-seed2" in rel:  # the seed-2 repeats: DAR at d/2 and d/4 within the floor of each other and of SWA
+        assert (round(rel["dar-d64-seed2"], 2), round(rel["dar-seed2"], 2)) == (94.19, 94.24)
+        assert all(abs(rel[n] - rel["swa"]) <= floor for n in ("dar-d64-seed2", "dar-seed2"))
+        assert round(rel["dar-d64"] - rel["dar-d64-seed2"], 2) == 2.73 and abs(rel["dar"] - rel["dar-seed2"]) < 0.2
 
 
 def round2_head_mu_f(run: str) -> list[float]:
