@@ -146,6 +146,9 @@ def test_the_orderings_docs_state_for_round2_seeds_and_dar_threshold():
         assert (round(rel["dar-d64-seed2"], 2), round(rel["dar-seed2"], 2)) == (94.19, 94.24)
         assert all(abs(rel[n] - rel["swa"]) <= floor for n in ("dar-d64-seed2", "dar-seed2"))
         assert round(rel["dar-d64"] - rel["dar-d64-seed2"], 2) == 2.73 and abs(rel["dar"] - rel["dar-seed2"]) < 0.2
+    if "uniform-seed2" in rel:  # far above DAR again, but uniform's seeds spread more than its d_down steps
+        assert round(rel["uniform-seed2"] - rel["dar-seed2"], 1) == 22.5
+        assert round(rel["uniform-seed2"] - rel["uniform"], 2) == 8.23 > rel["uniform-d64"] - rel["uniform"]
 
 
 def round2_head_mu_f(run: str) -> list[float]:
