@@ -149,6 +149,10 @@ def test_the_orderings_docs_state_for_round2_seeds_and_dar_threshold():
     if "uniform-seed2" in rel:  # far above DAR again, but uniform's seeds spread more than its d_down steps
         assert round(rel["uniform-seed2"] - rel["dar-seed2"], 1) == 22.5
         assert round(rel["uniform-seed2"] - rel["uniform"], 2) == 8.23 > rel["uniform-d64"] - rel["uniform"]
+    if "uniform-d64-seed2" in rel:  # seed 2 reverses seed 1's d/2-against-d/4 order; the means do not separate
+        assert round(rel["uniform-d64-seed2"], 2) == 109.24 < rel["uniform-seed2"]
+        means = [(rel[f"uniform{d}"] + rel[f"uniform{d}-seed2"]) / 2 for d in ("-d64", "")]
+        assert [round(m, 2) for m in means] == [111.58, 112.64]
 
 
 def round2_head_mu_f(run: str) -> list[float]:
