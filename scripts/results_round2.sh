@@ -266,7 +266,7 @@ EOF
   fi
   "$PY" -m neox_dar.report.publish "$work" "$out" --only "$@" --command "$PUBLISH_COMMAND" --docs docs/experiments.md
   "$PY" - "$out" $REUSED <<'EOF'
-import hashlib, json, sys
+import hashlib, json, re, sys
 from pathlib import Path
 import torch
 out, reused = Path(sys.argv[1]), sys.argv[2:]
@@ -280,14 +280,10 @@ for run in reused:
 # repository-relative paths: publish records the command that ran it by the script's absolute path
 (out / "provenance.json").write_text(json.dumps(meta, indent=1).replace(str(Path.cwd()) + "/", "") + "\n")
 # repository-relative paths: the copied configs (save) and evaluations (checkpoint) name the run directories by
-# absolute path on the machine that trained them
-# (round 1's reused runs: under its worktrees /work/repl and /work/repl2, provenance.json of results/replicate-cpu)
-roots = [str(Path.cwd()) + "/", "/work/repl/", "/work/repl2/"]
+# absolute path on the machine that trained them (this checkout's, or a worktree's for round 1's reused runs):
+# whatever the folder, its runs/... part is kept
 for path in sorted(out.glob("runs/*/config.yml")) + sorted(out.glob("runs/*/eval/*.json")):
-    text = path.read_text()
-    for root in roots:
-        text = text.replace(f": {root}runs/", ": runs/").replace(f'"{root}runs/', '"runs/')
-    path.write_text(text)
+    path.write_text(re.sub(r'(: |")/[^\s"]*?/runs/', r"\1runs/", path.read_text()))
 def sha(path):
     h = hashlib.sha256()
     with open(path, "rb") as f:
