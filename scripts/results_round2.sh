@@ -127,16 +127,19 @@ from neox_dar.sweep import load_sweep
 print(" ".join(r.name for r in load_sweep(sys.argv[1]).runs))' "$1"
 }
 
-list_tasks() {  # every task, in priority order: sweep runs as SWEEP_FILE:RUN, then the DimPO study
-  local run
+list_tasks() {  # every task, in priority order (as SWEEP_FILE:RUN): the sweep's 1x runs (vanilla-seed3 first: the
+  # fine-tuning and DimPO start from it), the fine-tuning runs and the DimPO study (short), then the longer budgets
+  local run late=""
   for run in $(runs_of "$SWEEP"); do
     case " $REUSED " in *" $run "*) continue ;; esac
+    case "$run" in *-2x|*-4x) late+=" $run"; continue ;; esac
     echo "$SWEEP:$run"
   done
   if [ -f "$FT_SWEEP" ]; then
     for run in $(runs_of "$FT_SWEEP"); do echo "$FT_SWEEP:$run"; done
   fi
   echo "dimpo:vanilla-seed3"
+  for run in $late; do echo "$SWEEP:$run"; done
 }
 
 dimpo_task() {  # DimPO fit and table on vanilla-seed3's checkpoint (the fit resumes when run again)

@@ -1,5 +1,5 @@
 """scripts/results_round2.sh and scripts/results_round2_figures.py (issue 35's runner and figures) run as
-docs/experiments.md shows them: the task list in the sweeps' order, a bad argument as one line, and the figures drawn
+docs/experiments.md shows them: the task list in the sweeps' order (the short studies before the longer budgets), a bad argument as one line, and the figures drawn
 from the published run files."""
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ def test_the_runner_lists_its_tasks_in_the_sweeps_order_and_refuses_a_bad_argume
     first = [run for sweep, run in tasks if sweep == "configs/sweeps/results-round2.yml"]
     names = [r.name for r in load_sweep(ROOT / "configs/sweeps/results-round2.yml").runs]
     assert first and set(first) <= set(names) and first == [n for n in names if n in first]  # round 1 reused
+    # the short studies (fine-tuning, DimPO) before the 2x and 4x budgets, which take hours each
+    order = [run for _, run in tasks]
+    longer = [i for i, run in enumerate(order) if run.endswith(("-2x", "-4x"))]
+    assert longer and order.index("vanilla-seed3") < order.index("aha-ft-w16") < min(longer)
+    assert tasks[min(longer) - 1] == ["dimpo", "vanilla-seed3"]
     bad = subprocess.run(["bash", "scripts/results_round2.sh", "--bogus"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown argument '--bogus'" in bad.stderr
