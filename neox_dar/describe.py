@@ -19,10 +19,10 @@ import typing
 
 import torch
 
-from .attention import variant
 from .config import Config, split_args
 from .model import build_model, count_parameters, flops_per_token
 from .training.checks import load_checked
+from .variants import variant
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 

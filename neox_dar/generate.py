@@ -37,7 +37,6 @@ import torch
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
-from .attention.registry import stat_names
 from .config import ConfigError
 from .evaluation.loading import DTYPES, is_hf_folder, load_for_eval
 from .evaluation.scoring import AttentionStatsMean, overall_means
@@ -45,6 +44,7 @@ from .model import CausalLM
 from .progress import progress_bar
 from .rundir import CheckpointError, held_checkpoint
 from .tokenizer import check_tokenizer_json, hf_tokenizer, render_chat, special_token_ids, tokenizer_file
+from .variants.registry import stat_names
 
 
 class GenerationError(ValueError):

@@ -2,10 +2,11 @@
 
 - ``neox_dar`` never imports the top-level ``eval`` package (the command-line tools there build on it, not the
   reverse), and ``neox_dar.attention`` never imports ``neox_dar.model`` (the model is built from the variants);
-- the config is a leaf: importing it, and loading a config file, imports no torch, and it imports nothing from
-  the attention's torch modules, the model, training, evaluation, sweeps or the report; data preparation imports no
-  torch either;
-- the packages (and top-level modules) of ``neox_dar`` import each other without a circle;
+- the config is a leaf: importing it, and loading a config file, imports no torch, and it imports only the
+  torch-free packages below it (the config-field machinery, the variants, the families, the corpus names), which
+  never import it back; data preparation imports no torch either;
+- the packages (and top-level modules) of ``neox_dar`` import each other without a circle, type-only imports
+  included;
 - every shipped config resolves to the values recorded in tests/fixtures/resolved_configs.json (what moving code
   between modules must not change).
 """
@@ -75,32 +76,13 @@ def test_attention_never_imports_the_model():
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-# the torch-free part of neox_dar.attention, which the config reads: the package itself (its torch classes come
-# through its ``__getattr__``, on first use), the registry, the layer layout and the variants' specs (a spec's
-# ``module()`` imports the torch module when a model is built)
-ATTENTION_SPECS = ("registry", "layers", "specs")
-ATTENTION_TORCH_NAMES = ("Attention", "RotaryEmbedding", "apply_rotary")
-ABOVE_CONFIG = ("neox_dar.model", "neox_dar.training", "neox_dar.evaluation", "neox_dar.sweep", "neox_dar.report")
+# what the config package imports: the torch-free packages below it, none of which imports it back
+BELOW_CONFIG = ("neox_dar.settings", "neox_dar.variants", "neox_dar.families", "neox_dar.corpus_names")
 
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _within(name: str, prefixes: tuple[str, ...]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-
-def _attention_torch(name: str) -> bool:
-    """``name`` (a module, or a name imported from one) is the attention's torch side: a module other than the
-    registry, the layout and the specs, or a torch class the package hands out."""
-    if not name.startswith("neox_dar.attention."):
-        return False
-    first = name.split(".")[2]
-    if (PACKAGE / "attention" / first).is_dir() or (PACKAGE / "attention" / f"{first}.py").is_file():
-        return first not in ATTENTION_SPECS
-    return first in ATTENTION_TORCH_NAMES
 
 
 def test_the_config_imports_no_torch():
@@ -124,21 +106,25 @@ def test_data_preparation_imports_no_torch():
 
 
 def test_the_config_is_a_leaf():
-    """Nothing under neox_dar/config (its command line, ``__main__``, aside) imports the model, training, evaluation,
-    sweeps, the report or the attention's torch modules; the torch-free attention modules it reads import no torch
-    when imported (only a spec's ``module()`` does, when a model is built)."""
+    """Everything neox_dar/config imports (its command line, ``__main__``, aside), directly or through what it
+    imports, type-only imports included, is one of :data:`BELOW_CONFIG`, and none of those imports torch when
+    imported (only a variant's spec's ``module()`` does, by name, when a model is built)."""
+    graph = package_graph(type_only=True)
+    reached, todo = set(), ["neox_dar.config"]
+    while todo:
+        for target in graph.get(todo.pop(), {}):
+            if target not in reached:
+                reached.add(target)
+                todo.append(target)
+    assert reached <= set(BELOW_CONFIG), {p: {t: sorted(f) for t, f in graph[p].items()} for p in reached
+                                          if p not in BELOW_CONFIG or p == "neox_dar.config"}
     offenders = {}
-    for p in (PACKAGE / "config").rglob("*.py"):
-        if p.name == "__main__.py":
-            continue
-        bad = [i for i in _imports(p) if _within(i, ABOVE_CONFIG) or _attention_torch(i)]
-        if bad:
-            offenders[str(p.relative_to(ROOT))] = sorted(bad)
-    for p in [PACKAGE / "attention" / "__init__.py", PACKAGE / "attention" / "registry.py",
-              PACKAGE / "attention" / "layers.py", *(PACKAGE / "attention" / "specs").rglob("*.py")]:
-        bad = [i for i in _imports(p, runtime=True, module_level=True) if _within(i, ("torch",)) or _attention_torch(i)]
-        if bad:
-            offenders[str(p.relative_to(ROOT))] = sorted(bad)
+    for package in BELOW_CONFIG:
+        path = PACKAGE / package.split(".")[1]
+        for p in (path.rglob("*.py") if path.is_dir() else [path.with_suffix(".py")]):
+            bad = [i for i in _imports(p, runtime=True, module_level=True) if i == "torch" or i.startswith("torch.")]
+            if bad:
+                offenders[str(p.relative_to(ROOT))] = sorted(bad)
     assert offenders == {}
 
 
@@ -152,17 +138,17 @@ def _package_of(module: str) -> str | None:
     return f"neox_dar.{parts[1]}"
 
 
-def package_graph() -> dict[str, dict[str, set[str]]]:
+def package_graph(type_only: bool = False) -> dict[str, dict[str, set[str]]]:
     """``{package: {package it imports: the files that import it}}`` over neox_dar (module level and inside
-    functions), leaving out the imports for type checkers only (``if TYPE_CHECKING:``) and the command-line entry
-    points (``__main__.py``: no module imports them; they import what they run)."""
+    functions), leaving out the command-line entry points (``__main__.py``: no module imports them; they import what
+    they run) and, unless ``type_only``, the imports for type checkers only (``if TYPE_CHECKING:``)."""
     graph: dict[str, dict[str, set[str]]] = {}
     for p in PACKAGE.rglob("*.py"):
         source = _package_of(_module_name(p))
         if p.name == "__main__.py" or source is None:
             continue
         graph.setdefault(source, {})
-        for name in _imports(p, runtime=True):
+        for name in _imports(p, runtime=not type_only):
             target = _package_of(name)
             if target is not None and target != source:
                 graph[source].setdefault(target, set()).add(str(p.relative_to(ROOT)))
@@ -191,7 +177,8 @@ def _a_circle(graph: dict[str, dict[str, set[str]]]) -> list[str] | None:
 
 
 def test_no_import_circle_between_packages():
-    graph = package_graph()
+    """Type-only imports (``if TYPE_CHECKING:``) included: a package that names another's types sits above it."""
+    graph = package_graph(type_only=True)
     circle = _a_circle(graph)
     assert circle is None, " -> ".join(circle) + "; edges: " + "; ".join(
         f"{a} -> {b} ({', '.join(sorted(graph[a][b]))})" for a, b in zip(circle, circle[1:]))

@@ -8,14 +8,15 @@ import pytest
 import torch
 from builders import attention_config, model_config
 
-from neox_dar.attention import build_attention, mswa_window_table
-from neox_dar.attention.specs.mswa import window_budget
+from neox_dar.attention import build_attention
 from neox_dar.attention.base import RotaryEmbedding
 from neox_dar.attention.dar import dar_reference, dar_sdpa
 from neox_dar.attention.masks import masked_attention, window_mask
 from neox_dar.attention.windowed import mean_attended_keys
 from neox_dar.config import Config
 from neox_dar.model import build_model, flops_per_token, init_std
+from neox_dar.variants import mswa_window_table
+from neox_dar.variants.mswa import window_budget
 
 IMPLS = ["reference", "sdpa"]
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from builders import ROOT, config, model_config
 from trainrun import losses, train
 
-from neox_dar.attention import layer_types, mswa_window_table, variant, variants
-from neox_dar.attention.layers import pattern
+from neox_dar.variants import layer_types, mswa_window_table, variant, variants
+from neox_dar.variants.layers import pattern
 from neox_dar.config import Config, ConfigError, load_config, model_config_from_flat, model_flat
 from neox_dar.describe import describe
 from neox_dar.model import build_model

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from neox_dar.attention import registry
+from neox_dar.variants import registry
 from neox_dar.model import build_model
 
 from builders import attention_config

@@ -26,7 +26,8 @@ from builders import ROOT, config
 from conformance_toy import ConformanceToy
 from test_generate import check_decoding
 
-from neox_dar.attention import build_attention, register, unregister, variants
+from neox_dar.attention import build_attention
+from neox_dar.variants import register, unregister, variants
 from neox_dar.attention.base import RotaryEmbedding
 from neox_dar.config import ConfigError
 from neox_dar.describe import kv_cache_numbers_per_token
@@ -90,7 +91,7 @@ TRITON = textwrap.dedent("""
     import torch
     from conformance_toy import ConformanceToy
     from test_conformance import NAMES, _layer_run
-    from neox_dar.attention import register
+    from neox_dar.variants import register
     register(ConformanceToy)
     for name in NAMES:
         ref = _layer_run(name, "reference")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config, saved_model
 
-from neox_dar.attention import layer_types
+from neox_dar.variants import layer_types
 from neox_dar.dimpo.__main__ import main as dimpo_main
 from neox_dar.dimpo.apply import apply_projections
 from neox_dar.dimpo.instances import DimPOError

@@ -13,7 +13,7 @@ import pytest
 from builders import attention_config
 
 from eval.downstream import SUITES, SuiteError, table
-from neox_dar.attention.specs.mswa import mswa_window_table, window_budget
+from neox_dar.variants.mswa import mswa_window_table, window_budget
 from neox_dar.sweep.slurm import eval_args
 from neox_dar.sweep.spec import load_sweep, plan
 

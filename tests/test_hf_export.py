@@ -14,7 +14,8 @@ from tokenizers import Tokenizer
 from test_generate import family_model
 from transformers import AutoModelForCausalLM
 
-from neox_dar.attention import build_attention, variants
+from neox_dar.attention import build_attention
+from neox_dar.variants import variants
 from neox_dar.convert import main as convert_main
 from neox_dar.hf import REMOTE_FILES, from_hf, to_hf
 from neox_dar.generate import generate

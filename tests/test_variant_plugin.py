@@ -15,7 +15,8 @@ import torch.nn.functional as F
 import yaml
 from torch import nn
 
-from neox_dar.attention import Attention, register, unregister
+from neox_dar.attention import Attention
+from neox_dar.variants import register, unregister
 from neox_dar.config import ConfigError, Key, load_config
 from neox_dar.describe import describe
 from neox_dar.model import build_model
@@ -98,7 +99,7 @@ _TRAIN = """
 import sys
 sys.path.insert(0, "tests")
 import test_variant_plugin
-from neox_dar.attention import register
+from neox_dar.variants import register
 register(test_variant_plugin.ToyAttention)
 import train
 sys.exit(train.main(sys.argv[1:]))

@@ -1,5 +1,5 @@
 """``python -m neox_dar.attention``: the registered variants as the Markdown table of the README."""
 
-from . import registry
+from ..variants import registry
 
 print(registry.table())

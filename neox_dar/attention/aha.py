@@ -24,8 +24,8 @@ import torch
 
 from ..standalone.aha import AHALayer
 from ..standalone.cache import Layout, step_keys
+from ..variants.aha import AHASpec
 from .base import Attention
-from .specs.aha import AHASpec
 from .masks import masked_attention, window_mask
 from .triton_bridge import triton_kernels
 from .windowed import causal_sdpa, windowed_sdpa

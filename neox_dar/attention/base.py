@@ -2,7 +2,7 @@
 ``query_key_value``, or ``q_proj``/``k_proj``/``v_proj``; query/key norms; grouped-query attention), rotary, heads,
 the output projection (:class:`neox_dar.standalone.attention.AttentionLayer`, the code exports ship), the inference
 cache hooks and the costs. What a variant declares to the rest of the project
-(keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.attention.specs.base.Spec`.
+(keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.variants.spec.Spec`.
 
 Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`` key/value heads, ``d_h`` head dims.
 """
@@ -20,7 +20,7 @@ from ..settings import ConfigError
 from ..standalone.attention import AttentionLayer
 from ..standalone.cache import Layout
 from ..standalone.rotary import apply_rotary, rotary_table
-from .specs.base import Spec
+from ..variants.spec import Spec
 from .windowed import mean_attended_keys
 
 if TYPE_CHECKING:
@@ -50,9 +50,9 @@ class Attention(Spec, AttentionLayer, abc.ABC):
 
     A variant subclasses this in its own module, implements :meth:`attend` over per-head ``q, k, v`` of shape
     (B, H, T, d_h), may add parameters under its own names (``dar_down``, ``router``, ...), and declares how the
-    rest of the project sees it (:class:`~neox_dar.attention.specs.base.Spec`'s class attributes and methods: on
+    rest of the project sees it (:class:`~neox_dar.variants.spec.Spec`'s class attributes and methods: on
     the subclass itself, or, for a built-in variant, on its torch-free spec, the subclass's first base). Then one
-    call registers it: ``neox_dar.attention.register(MyAttention)`` (a built-in: its spec). Per forward, a variant
+    call registers it: ``neox_dar.variants.register(MyAttention)`` (a built-in: its spec). Per forward, a variant
     may set:
 
     * ``self.aux_loss``: a loss term (scalar tensor, already scaled by its coefficient), summed into the loss;

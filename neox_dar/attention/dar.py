@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from ..standalone.dar import DARCache, DARLayer
+from ..variants.dar import DARSpec, UniformSpec
 from .base import Attention
 from .masks import window_mask
-from .specs.dar import DARSpec, UniformSpec
 from .triton_bridge import triton_kernels
 
 if TYPE_CHECKING:

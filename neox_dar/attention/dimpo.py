@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from ..standalone.cache import WindowedKV
 from ..standalone.dimpo import DimPOLayer
+from ..variants.dimpo import DimPOSpec
 from .base import Attention
 from .masks import masked_attention, window_mask
-from .specs.dimpo import DimPOSpec
 
 if TYPE_CHECKING:
     from ..config import ModelConfig

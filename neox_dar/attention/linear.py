@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 
 from ..standalone.linear import LinearLayer, LinearState, taylor_features
+from ..variants.linear import LinearSpec
 from .base import Attention
-from .specs.linear import LinearSpec
 
 if TYPE_CHECKING:
     from ..config import ModelConfig

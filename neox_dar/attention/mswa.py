@@ -1,5 +1,5 @@
 """Multi-scale window attention (MSWA): sliding-window attention with one window per head, this layer's row of
-:func:`~neox_dar.attention.specs.mswa.mswa_window_table` (the rule, after the paper, is documented there)."""
+:func:`~neox_dar.variants.mswa.mswa_window_table` (the rule, after the paper, is documented there)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..standalone.windowed import WindowedLayer
+from ..variants.layers import layer_position
+from ..variants.mswa import MSWASpec, mswa_window_table
 from .base import Attention
-from .layers import layer_position
 from .masks import masked_attention, window_mask
-from .specs.mswa import MSWASpec, mswa_window_table
 from .triton_bridge import triton_kernels
 from .windowed import windowed_sdpa
 

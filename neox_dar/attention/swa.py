@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..standalone.windowed import WindowedLayer
+from ..variants.swa import SWASpec
 from .base import Attention
 from .masks import masked_attention, window_mask
-from .specs.swa import SWASpec
 from .triton_bridge import triton_kernels
 from .windowed import windowed_sdpa
 

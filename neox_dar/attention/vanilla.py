@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from ..standalone.windowed import WindowedLayer
+from ..variants.vanilla import VanillaSpec
 from .base import Attention
 from .masks import masked_attention, window_mask
-from .specs.vanilla import VanillaSpec
 
 if TYPE_CHECKING:
     from ..config import ModelConfig

@@ -5,7 +5,7 @@ key in an earlier one (nested mappings merge key by key), then ``key=value`` ove
 with dotted paths for nested keys (``optimizer.params.lr=3e-4``). Hyphens and underscores in keys are the same key,
 as in GPT-NeoX. The loaded :class:`Config` groups the keys in sections (``cfg.model.hidden_size``,
 ``cfg.model.attention.window_size``, ``cfg.training.train_iters``, ``cfg.data.split``, ``cfg.run.save``); attention
-variants add their own keys (:mod:`neox_dar.attention.registry`).
+variants add their own keys (:mod:`neox_dar.variants.registry`).
 
 Every error (unknown key, wrong type, impossible value, missing file, malformed YAML) is a :class:`ConfigError`
 with a one-line message naming the key and the file it came from, raised before any work starts.

@@ -3,7 +3,7 @@
 Files use flat GPT-NeoX keys; :func:`load_config` merges the layers (:mod:`.files`), maps GPT-NeoX spellings
 (:mod:`.neox`), routes each key to its section (:mod:`.schema`), checks its type (:mod:`.coerce`), resolves the
 values that have defaults computed from other keys and the per-layer attention types
-(:func:`neox_dar.attention.layers.resolve_layout`), checks every value rule (:mod:`.rules`) and warns about keys
+(:func:`neox_dar.variants.layers.resolve_layout`), checks every value rule (:mod:`.rules`) and warns about keys
 the chosen attention variant does not read. Every error is a :class:`ConfigError` with one line naming the key and
 the file (or "the command line") that set it.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import typing
 from pathlib import Path
 
-from ..attention import layer_types, variant, variants
-from ..attention.layers import resolve_layout
+from ..variants import layer_types, variant, variants
+from ..variants.layers import resolve_layout
 from .coerce import build, unknown_key
 from .files import merge, normalize_keys, parse_override, read_yaml
 from .neox import translate_neox

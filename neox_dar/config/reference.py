@@ -6,7 +6,7 @@ import dataclasses
 import typing
 from typing import Literal
 
-from ..attention import variants
+from ..variants import variants
 from .schema import SECTIONS, AttentionBase, attention_config_class, section_fields
 
 _TITLES = {"model": "Model", "attention": "Attention (every variant)", "training": "Training", "data": "Data",

@@ -10,8 +10,8 @@ import math
 import warnings
 from typing import Any
 
-from ..attention import layer_types, variant, variant_keys, variants
 from ..settings import ConfigError, InvalidValue, check
+from ..variants import layer_types, variant, variant_keys, variants
 from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, split_shares
 
 

@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from ..attention import registry, variant_keys
-from ..families import FAMILIES
 from ..corpus_names import CORPORA
+from ..families import FAMILIES
 from ..settings import ConfigError, at_least, setting, when
+from ..variants import registry, variant_keys
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import yaml
 
-from ..attention import variant_keys
+from ..variants import variant_keys
 from .coerce import plain
 from .rules import validated
 from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, section_fields

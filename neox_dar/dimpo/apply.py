@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ..attention import layer_types
 from ..config import ModelConfig, model_config_from_flat, model_flat
 from ..model import CausalLM, build_model
 from ..tokenizer import copy_tokenizer, tokenizer_file
+from ..variants import layer_types
 from .instances import DimPOError
 from .projections import check_projections, kv_cache_saving, load_projections
 

@@ -11,12 +11,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..attention import Spec, variant
 from ..config import Config, load_config
 from ..rundir import CONFIG, FINAL_EVAL, RUN_META, read_evals, read_json, read_metrics
-from ..sweep.rundir import newest_checkpoint_step
 from ..sweep.report_settings import SweepRun
+from ..sweep.rundir import newest_checkpoint_step
 from ..sweep.spec import SWEEP_COPY, Sweep, SweepError, load_sweep
+from ..variants import Spec, variant
 
 
 @dataclass

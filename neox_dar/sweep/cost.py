@@ -155,7 +155,7 @@ def _measured_config(command: str) -> Config | None:
 def measurements(results: Path = RESULTS) -> tuple[Measurement, ...]:
     """The GPU throughput results in ``results/*/`` (files with the engine's tokens/s and a CUDA version), read once
     per state of the attention registry (a variant registered later changes what a config holds)."""
-    from ..attention.registry import generation
+    from ..variants.registry import generation
 
     return _measurements(results, generation())
 

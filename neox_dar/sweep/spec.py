@@ -44,10 +44,10 @@ from typing import Any
 
 import yaml
 
-from ..attention import variant
 from ..config import Config, ConfigError, key_field, load_config
 from ..rundir import CONFIG, RUN_META, write_text_atomic
 from ..training.checks import check_what_trains
+from ..variants import variant
 
 SWEEP_COPY = "sweep.yml"
 

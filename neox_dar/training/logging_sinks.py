@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..attention.registry import stat_names
 from ..config import Config
 from ..rundir import CONFIG, METRICS, WANDB_ID, append_text, open_run_file, truncate_metrics, write_text_atomic
+from ..variants.registry import stat_names
 
 
 def _scalars(row: dict) -> dict[str, float]:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from .base import Spec
-
-if TYPE_CHECKING:
-    from ...config import ModelConfig
+from .spec import ModelConfig, Spec
 
 
 class SWASpec(Spec):
@@ -17,12 +13,7 @@ class SWASpec(Spec):
     name = "swa"
     what = "sliding window of `w` keys"
     reads = ("window_size",)
-
-    @classmethod
-    def module(cls) -> type:
-        from ..swa import SWAAttention
-
-        return SWAAttention
+    module_path = "neox_dar.attention.swa:SWAAttention"
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import Spec
+from .spec import Spec
 
 
 class VanillaSpec(Spec):
@@ -10,9 +10,4 @@ class VanillaSpec(Spec):
 
     name = "vanilla"
     what = "causal softmax attention (Pythia)"
-
-    @classmethod
-    def module(cls) -> type:
-        from ..vanilla import VanillaAttention
-
-        return VanillaAttention
+    module_path = "neox_dar.attention.vanilla:VanillaAttention"

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
-from ...settings import Key
-from .base import Spec
-
-if TYPE_CHECKING:
-    from ...config import ModelConfig
+from ..settings import Key
+from .spec import ModelConfig, Spec
 
 
 class LinearSpec(Spec):
@@ -19,12 +15,7 @@ class LinearSpec(Spec):
     keys = {"linear_feature_dim": Key(int, 16, "Linear attention: query/key feature dim d_f before the Taylor map "
                                       "(phi has 1 + d_f + d_f^2 dims; the MSWA paper and Based use 16).", label="f",
                                       rule=lambda v, m: None if v >= 1 else "must be >= 1")}
-
-    @classmethod
-    def module(cls) -> type:
-        from ..linear import LinearAttention
-
-        return LinearAttention
+    module_path = "neox_dar.attention.linear:LinearAttention"
 
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:

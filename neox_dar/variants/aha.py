@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from ...settings import Key
-from .base import Spec
-
-if TYPE_CHECKING:
-    from ...config import ModelConfig
+from ..settings import Key
+from .spec import ModelConfig, Spec
 
 
 class AHASpec(Spec):
@@ -36,12 +33,7 @@ class AHASpec(Spec):
     }
     reads = ("window_size",)
     stats = {"mu_f": "full-attention usage: the share of (token, head) pairs routed to full attention (AHA Eq. 8)"}
-
-    @classmethod
-    def module(cls) -> type:
-        from ..aha import AHAAttention
-
-        return AHAAttention
+    module_path = "neox_dar.attention.aha:AHAAttention"
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:

@@ -3,18 +3,21 @@ model-dependent defaults and descriptions. Torch-free: the config reads these al
 
 from __future__ import annotations
 
+import importlib
 import warnings
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from ...settings import Key, check
+from ..settings import Key, check
 
-if TYPE_CHECKING:
-    from ...config import ModelConfig
+# The model section of a loaded config (neox_dar.config.ModelConfig), which the specs' rules and descriptions read.
+# The config package builds its schema from this package, so the type is named here, not imported.
+ModelConfig = Any
 
 
 class Spec:
-    """Base of every variant's declarations. A built-in variant subclasses it in ``specs/<name>.py`` and its torch
-    module subclasses both (``class DARAttention(DARSpec, Attention)``); a plug-in may declare all of it on its
+    """Base of every variant's declarations. A built-in variant subclasses it in ``neox_dar/variants/<name>.py``,
+    naming its torch module in :attr:`module_path`, and that module subclasses both
+    (``class DARAttention(DARSpec, Attention)``); a plug-in may declare all of it on its
     :class:`~neox_dar.attention.base.Attention` subclass, which is its own spec."""
 
     name: ClassVar[str] = ""                    # the attention_type value
@@ -23,12 +26,17 @@ class Spec:
     keys: ClassVar[dict[str, Key]] = {}         # config keys this variant adds (type, default, help, sweep label)
     reads: ClassVar[tuple[str, ...]] = ()       # common attention keys it reads, e.g. ("window_size",)
     stats: ClassVar[dict[str, str]] = {}        # per-head statistics it logs: name -> one-line meaning
+    module_path: ClassVar[str] = ""             # the class that computes it, "package.module:Class"
 
     @classmethod
     def module(cls) -> type:
-        """The :class:`~neox_dar.attention.base.Attention` subclass that computes the variant, imported here (so
-        that the spec loads without torch)."""
-        raise TypeError(f"{cls.__qualname__} declares a variant but names no module that computes it")
+        """The :class:`~neox_dar.attention.base.Attention` subclass that computes the variant: :attr:`module_path`,
+        imported by name when a model is built (so the spec loads without torch, and this package imports nothing
+        of :mod:`neox_dar.attention`)."""
+        if not cls.module_path:
+            raise TypeError(f"{cls.__qualname__} declares a variant but names no module that computes it")
+        module, _, name = cls.module_path.partition(":")
+        return getattr(importlib.import_module(module), name)
 
     # ---- configuration ------------------------------------------------------------------------------------
     @classmethod

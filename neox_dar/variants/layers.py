@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import difflib
 import functools
-from typing import TYPE_CHECKING
 
 from ..settings import InvalidValue, check
 from .registry import generation, variant, variants
-from .specs.base import Spec
+from .spec import ModelConfig, Spec
 
-if TYPE_CHECKING:
-    from ..config import ModelConfig
 
 NEOX_TYPES = {"global": "vanilla", "flash": "vanilla", "local": "swa"}  # GPT-NeoX's names of our variants
 HYBRID_LOCAL = {"mswa_linear": "mswa", "swa_linear": "swa"}  # hybrid -> its local-attention variant

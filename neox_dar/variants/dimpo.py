@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
-from ...settings import Key
-from .base import Spec
-
-if TYPE_CHECKING:
-    from ...config import ModelConfig
+from ..settings import Key
+from .spec import ModelConfig, Spec
 
 
 class DimPOSpec(Spec):
@@ -22,12 +19,7 @@ class DimPOSpec(Spec):
                                                      "1..head_dim (default head_dim).", label="dp",
                                 rule=lambda v, m: None if 1 <= v <= m.head_dim else
                                 f"must be in 1..head_dim={m.head_dim}")}
-
-    @classmethod
-    def module(cls) -> type:
-        from ..dimpo import DimPOAttention
-
-        return DimPOAttention
+    module_path = "neox_dar.attention.dimpo:DimPOAttention"
 
     @classmethod
     def resolve(cls, cfg: ModelConfig) -> dict:

@@ -15,14 +15,12 @@ config overrides the rule with an explicit table.
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import Literal, Optional
 
-from ...settings import Key
-from ..layers import layer_types
-from .base import Spec
+from ..settings import Key
+from .layers import layer_types
+from .spec import ModelConfig, Spec
 
-if TYPE_CHECKING:
-    from ...config import ModelConfig
 
 IDENTITY_GROUP = 2  # the group whose factor is 1 (w itself): the fixed group of the axis a variant does not vary
 
@@ -111,12 +109,7 @@ class MSWASpec(Spec):
                             "[num_attention_heads]; overrides the rule.", rule=table_rule),
     }
     reads = ("window_size",)
-
-    @classmethod
-    def module(cls) -> type:
-        from ..mswa import MSWAAttention
-
-        return MSWAAttention
+    module_path = "neox_dar.attention.mswa:MSWAAttention"
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:

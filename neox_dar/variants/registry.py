@@ -1,27 +1,24 @@
-"""The attention variants by ``attention_type`` name: their specs (:class:`~.specs.base.Spec`). A variant is one
+"""The attention variants by ``attention_type`` name: their specs (:class:`~.spec.Spec`). A variant is one
 module plus one :func:`register` call.
 
 The config (its keys and rules), the model, ``describe``, sweep naming, the report and the logs all read the
 variants from here; no other module names one. Torch-free: a registered spec names its torch module
-(:meth:`~.specs.base.Spec.module`), imported when a model is built.
+(:meth:`~.spec.Spec.module`), imported when a model is built.
 """
 
 from __future__ import annotations
 
 import keyword
-from typing import TYPE_CHECKING
 
 from ..settings import Key
-
-if TYPE_CHECKING:
-    from .specs.base import Spec
+from .spec import Spec
 
 _VARIANTS: dict[str, type[Spec]] = {}
 _generation = 0
 
 
 def register(cls: type[Spec]) -> type[Spec]:
-    """Add a variant: its spec (a :class:`~.specs.base.Spec` subclass with a ``name``; a plug-in's
+    """Add a variant: its spec (a :class:`~.spec.Spec` subclass with a ``name``; a plug-in's
     :class:`~neox_dar.attention.base.Attention` subclass is its own spec); usable as a decorator. A name or key
     that another variant already defines differently is a ValueError."""
     global _generation

@@ -4,13 +4,10 @@
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Literal, Optional
+from typing import Any, Literal, Optional
 
-from ...settings import Key
-from .base import Spec
-
-if TYPE_CHECKING:
-    from ...config import ModelConfig
+from ..settings import Key
+from .spec import ModelConfig, Spec
 
 
 class DARSpec(Spec):
@@ -38,12 +35,7 @@ class DARSpec(Spec):
             "dar_init_samples": Key(int, 16, "Training sequences the pca bottleneck start is computed on.",
                                     arch=False, rule=lambda v, m: None if v >= 1 else "must be >= 1")}
     reads = ("window_size",)
-
-    @classmethod
-    def module(cls) -> type:
-        from ..dar import DARAttention
-
-        return DARAttention
+    module_path = "neox_dar.attention.dar:DARAttention"
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
@@ -77,12 +69,7 @@ class UniformSpec(DARSpec):
     name = "uniform"
     what = "the bottleneck for every key (DAR with `w = 0`)"
     reads = ()
-
-    @classmethod
-    def module(cls) -> type:
-        from ..dar import UniformAttention
-
-        return UniformAttention
+    module_path = "neox_dar.attention.dar:UniformAttention"
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
