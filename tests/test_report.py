@@ -13,7 +13,8 @@ from neox_dar.evaluation.corpora import CORPORA
 from neox_dar.report.__main__ import main as report_main
 from neox_dar.report.collect import collect
 from neox_dar.report.tables import build_table, to_latex, to_markdown
-from neox_dar.sweep.spec import SweepError, parse_sweep, plan, write_plan
+from neox_dar.sweep.errors import SweepError
+from neox_dar.sweep.spec import parse_sweep, plan, write_plan
 
 SWEEP = {
     "name": "synthetic",

@@ -19,7 +19,8 @@ from neox_dar.sweep.slurm import (
     job_script,
     render,
 )
-from neox_dar.sweep.spec import SweepError, parse_sweep, plan, write_plan
+from neox_dar.sweep.errors import SweepError
+from neox_dar.sweep.spec import parse_sweep, plan, write_plan
 
 from builders import published_checkpoint
 

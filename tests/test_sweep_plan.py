@@ -206,7 +206,8 @@ def test_a_mixed_sweep_of_sub_grids_plans_without_excludes(tmp_path, capsys, tok
         ("mswa", 128), ("mswa", 256), ("mswa", 512)]
     assert json.loads((tmp_path / "m" / "dar-d96" / "run.json").read_text())["axes"] == {
         "attention": "dar", "dar_d_down": "d96"}
-    from neox_dar.sweep.spec import SweepError, parse_sweep
+    from neox_dar.sweep.errors import SweepError
+    from neox_dar.sweep.spec import parse_sweep
 
     grid = [{"attention_type": ["vanilla"]}, {"attention_type": ["swa"], "window_size": [4, 8]}]
     base = {"name": "g", "configs": ["configs/tiny.yml"], "grid": grid}

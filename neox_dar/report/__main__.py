@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ..rundir import RunFileError, check_writable, write_text_atomic
-from ..sweep.spec import SweepError
+from ..sweep.errors import SweepError
 from .collect import collect
 from .figures import draw_all
 from .tables import average_table, build_table, to_latex, to_markdown

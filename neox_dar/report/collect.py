@@ -15,7 +15,8 @@ from ..config import Config, load_config
 from ..rundir import CONFIG, FINAL_EVAL, RUN_META, read_evals, read_json, read_metrics
 from ..sweep.report_settings import SweepRun
 from ..sweep.rundir import newest_checkpoint_step
-from ..sweep.spec import SWEEP_COPY, Sweep, SweepError, load_sweep
+from ..sweep.errors import SweepError
+from ..sweep.spec import SWEEP_COPY, Sweep, load_sweep
 from ..variants import Spec, variant
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 from ..provenance import provenance
 from ..rundir import (CONFIG, EVAL_DIR, METRICS, RUN_META, STATUS, RunFileError, newest_checkpoint, read_json,
                       read_state, staged_dir, write_text_atomic)
-from ..sweep.spec import SWEEP_COPY, SweepError
+from ..sweep.errors import SweepError
+from ..sweep.spec import SWEEP_COPY
 
 RUN_FILES = (CONFIG, RUN_META, STATUS, METRICS)
 PROVENANCE = "provenance.json"

@@ -18,9 +18,8 @@ import statistics
 from dataclasses import dataclass
 
 from ..evaluation.corpora import CORPORA
-from ..evaluation.tables import METRICS, MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
+from ..evaluation.tables import MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
 from ..sweep.report_settings import baselines, check_names, check_report, group_key
-from ..sweep.spec import SweepError
 from .collect import RunRecord, kv_bytes_per_token, relative_cost
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..evaluation.tables import METRICS
-from .spec import SweepError
+from .errors import SweepError
 
 REPORT_KEYS = {
     "title": "the table's title",

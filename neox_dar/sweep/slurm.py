@@ -20,7 +20,7 @@ from typing import Literal, Optional
 from ..config import setting
 from ..evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS
 from ..rundir import record_job
-from .spec import SweepError
+from .errors import SweepError
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TEMPLATE = REPO / "slurm" / "sweep.sbatch"

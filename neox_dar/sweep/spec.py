@@ -48,16 +48,15 @@ from ..config import Config, ConfigError, key_field, load_config
 from ..rundir import CONFIG, RUN_META, write_text_atomic
 from ..training.checks import check_what_trains
 from ..variants import variant
+from .errors import SweepError
+from .report_settings import SweepRun, check_report, check_report_runs
+from .slurm import SlurmSettings, eval_args
 
 SWEEP_COPY = "sweep.yml"
 
 _TOP_KEYS = {"name", "description", "configs", "set", "grid", "exclude", "runs", "name_template", "eval", "slurm",
              "report", "out", "overrides", "max_epochs"}
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-
-
-class SweepError(ValueError):
-    """A problem in a sweep file, reported as one line."""
 
 
 @dataclass
@@ -244,9 +243,6 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
     ev = data.get("eval", {"corpora": None, "max_docs": None})
     if ev is not False and ev is not None and not isinstance(ev, dict):
         raise SweepError(f"{where}: 'eval' must be a mapping (source, corpora, max_docs, args) or false")
-    from .report_settings import check_report  # imports SweepError from here
-    from .slurm import SlurmSettings, eval_args
-
     slurm, report = data.get("slurm") or {}, data.get("report") or {}
     try:  # a mistake in eval:, slurm: or report: fails here, at plan time, not in a queued job or after training
         eval_args(ev or None)
@@ -365,8 +361,6 @@ def check_runs(planned: list[PlannedRun], world_size: int) -> None:
 def check_report_settings(sweep: Sweep, planned: list[PlannedRun]) -> None:
     """The ``report:`` mapping against the planned runs (a baseline that matches no run is an error now, not after
     training)."""
-    from .report_settings import SweepRun, check_report_runs  # imports SweepError from here
-
     check_report_runs(sweep.report, [SweepRun(p.spec.name, p.cfg, p.spec.axes) for p in planned])
 
 
