@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from ..config_fields import ConfigError
 from ..norms import build_norm
-from ..settings import ConfigError
 from ..standalone.attention import AttentionLayer
 from ..standalone.cache import Layout
 from ..standalone.rotary import apply_rotary, rotary_table

@@ -14,7 +14,7 @@ with a one-line message naming the key and the file it came from, raised before 
     python -m neox_dar.config --reference      # Markdown reference of every key
 """
 
-from ..settings import ConfigError, Key, check, setting
+from ..config_fields import ConfigError, Key, check, setting
 from .files import split_args
 from .loading import load_config, model_config_from_flat
 from .neox import NEOX_IGNORED_KEYS

@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any, Literal
 
-from ..settings import ConfigError
+from ..config_fields import ConfigError
 
 
 def unknown_key(key: str, names: list[str], where: str) -> typing.NoReturn:

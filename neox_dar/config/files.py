@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from ..settings import ConfigError
+from ..config_fields import ConfigError
 
 
 def normalize_keys(data: Any, source: str) -> Any:

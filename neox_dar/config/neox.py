@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 
-from ..settings import ConfigError
+from ..config_fields import ConfigError
 
 # GPT-NeoX keys that only steer its fused kernels, model/pipeline parallelism or launcher. They are accepted so
 # GPT-NeoX (e.g. Pythia) config files load as they are, and reported once, since they change nothing here.

@@ -10,7 +10,7 @@ import math
 import warnings
 from typing import Any
 
-from ..settings import ConfigError, InvalidValue, check
+from ..config_fields import ConfigError, InvalidValue, check
 from ..variants import layer_types, variant, variant_keys, variants
 from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, split_shares
 

@@ -15,9 +15,9 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Optional
 
+from ..config_fields import ConfigError, at_least, setting, when
 from ..corpus_names import CORPORA
 from ..families import FAMILIES
-from ..settings import ConfigError, at_least, setting, when
 from ..variants import registry, variant_keys
 
 

@@ -25,8 +25,8 @@ from safetensors.torch import load_file
 from ..attention import Attention
 from ..checkpoint import check_weight_shapes, read_model_config
 from ..config import Config, model_config_diff
-from ..settings import check
 from ..config.schema import key_sections
+from ..config_fields import check
 from ..model import CausalLM, build_model
 from ..rundir import WEIGHTS, CheckpointError
 

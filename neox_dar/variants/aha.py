@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..settings import Key
+from ..config_fields import Key
 from .spec import ModelConfig, Spec
 
 

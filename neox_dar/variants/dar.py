@@ -6,7 +6,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal, Optional
 
-from ..settings import Key
+from ..config_fields import Key
 from .spec import ModelConfig, Spec
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import functools
 
-from ..settings import InvalidValue, check
+from ..config_fields import InvalidValue, check
 from .registry import generation, variant, variants
 from .spec import ModelConfig, Spec
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from ..settings import Key
+from ..config_fields import Key
 from .spec import ModelConfig, Spec
 
 

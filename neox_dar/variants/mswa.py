@@ -17,7 +17,7 @@ from __future__ import annotations
 import warnings
 from typing import Literal, Optional
 
-from ..settings import Key
+from ..config_fields import Key
 from .layers import layer_types
 from .spec import ModelConfig, Spec
 

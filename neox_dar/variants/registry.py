@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import keyword
 
-from ..settings import Key
+from ..config_fields import Key
 from .spec import Spec
 
 _VARIANTS: dict[str, type[Spec]] = {}

@@ -7,7 +7,7 @@ import importlib
 import warnings
 from typing import Any, ClassVar
 
-from ..settings import Key, check
+from ..config_fields import Key, check
 
 # The model section of a loaded config (neox_dar.config.ModelConfig), which the specs' rules and descriptions read.
 # The config package builds its schema from this package, so the type is named here, not imported.
@@ -51,7 +51,7 @@ class Spec:
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
-        """Rules that hold when this variant is chosen; raise through :func:`neox_dar.settings.check`."""
+        """Rules that hold when this variant is chosen; raise through :func:`neox_dar.config_fields.check`."""
 
     @classmethod
     def require_window(cls, cfg: ModelConfig) -> None:
