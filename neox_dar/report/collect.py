@@ -13,9 +13,9 @@ from pathlib import Path
 
 from ..config import Config, load_config
 from ..rundir import CONFIG, FINAL_EVAL, RUN_META, read_evals, read_json, read_metrics
-from ..sweep.report_settings import SweepRun
-from ..sweep.rundir import newest_checkpoint_step
 from ..sweep.errors import SweepError
+from ..sweep.report_selection import SweepRun
+from ..sweep.rundir import newest_checkpoint_step
 from ..sweep.spec import SWEEP_COPY, Sweep, load_sweep
 from ..variants import Spec, variant
 

@@ -7,7 +7,7 @@ is *missing* (shown as eval.table shows it, "--"), never zero, and a Rel. that w
 Corpora a sweep evaluates beyond the papers' three (its ``eval: {extra: ...}``) get their own columns; Rel. (%)
 stays the papers' mean over their three.
 
-The report's settings (the sweep file's ``report:`` mapping, :mod:`neox_dar.sweep.report_settings`) are checked when
+The report's settings (the sweep file's ``report:`` mapping, :mod:`neox_dar.sweep.report_selection`) are checked when
 the sweep is read: an unknown key, a baseline that matches no run or a metric that does not exist is a one-line
 error.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..evaluation.corpora import CORPORA
 from ..evaluation.tables import MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
-from ..sweep.report_settings import baselines, check_names, check_report, group_key
+from ..sweep.report_selection import baselines, check_names, check_report, group_key
 from .collect import RunRecord, kv_bytes_per_token, relative_cost
 
 @dataclass

@@ -49,7 +49,7 @@ from ..rundir import CONFIG, RUN_META, write_text_atomic
 from ..training.checks import check_what_trains
 from ..variants import variant
 from .errors import SweepError
-from .report_settings import SweepRun, check_report, check_report_runs
+from .report_selection import SweepRun, check_report, check_report_runs
 from .slurm import SlurmSettings, eval_args
 
 SWEEP_COPY = "sweep.yml"
