@@ -5,7 +5,7 @@ A config's ``model_family`` names a registered record (:func:`register_family`; 
 name). :mod:`neox_dar.model` takes the module names from it (so checkpoints convert by renaming nothing),
 :mod:`neox_dar.norms` the RMSNorm flavour, :mod:`neox_dar.hf` the class, the model keys the class fixes (set
 on import, checked on export) and the ``config.json`` keys it reads and writes; the exported remote code
-(:mod:`neox_dar.standalone`) gets the names and norm flavour through ``neox_dar_block``; :mod:`neox_dar.tiny`
+(:mod:`neox_dar.standalone`) gets the names and norm flavour through ``neox_dar_block``; :mod:`neox_dar.tiny_hf_model`
 builds each family's test model from ``tiny``, and the tests build each family's models from its ``preset``.
 Adding a family is a record registered here plus its preset in ``configs/`` (docs/models.md).
 
@@ -56,7 +56,7 @@ class Family:
     rms_weight_in_float32: bool = False  # RMSNorm multiplies by its weight before casting back (OLMo-2)
     import_keys: dict[str, Any] = field(default_factory=dict)  # set on import, not fixed by the class (init)
     hf_extra: dict[str, Any] = field(default_factory=dict)  # constant config.json keys of exports
-    tiny: dict[str, Any] = field(default_factory=dict)  # config.json keys of neox_dar.tiny's model: the features
+    tiny: dict[str, Any] = field(default_factory=dict)  # config.json keys of tiny_hf_model's model: the features
     preset: str = ""  # a shipped config of the family (configs/...), the tests' models shrink it
 
 

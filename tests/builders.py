@@ -11,7 +11,7 @@ import torch
 from neox_dar.config import Config, ModelConfig, load_config
 from neox_dar.families import FAMILIES
 from neox_dar.model import CausalLM, build_model
-from neox_dar.tiny import tiny_hf_model as hf_tiny
+from neox_dar.tiny_hf_model import tiny_hf_model as hf_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yml"
@@ -90,7 +90,7 @@ def published_checkpoint(root: Path, step: int, weights: bytes = b"w" * 64) -> P
 
 
 # ----------------------------------------------------------------------------------------------
-# tiny Hugging Face models of each family (transformers' own classes, random weights: neox_dar.tiny)
+# tiny Hugging Face models of each family (transformers' own classes, random weights: neox_dar.tiny_hf_model)
 
 FAMILY_PRESETS = {name: family.preset for name, family in FAMILIES.items()}  # every registered family
 # a preset shrunk to a tiny model of its family (GQA on where the family has it), for Pythia-tokenized data

@@ -20,7 +20,7 @@ from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.model import build_model
 
 from builders import hf_folder, hf_tiny, saved_model
-from neox_dar.tiny import write_tokenizer_files
+from neox_dar.tiny_hf_model import write_tokenizer_files
 from neox_dar.tokenizer import load_tokenizer, tokenizer_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -19,7 +19,7 @@ INDIRECT = [
     ["tests/test_bench.py", "bench/quickstart.py", "scripts/quickstart.sh"],
     ["tests/test_slurm.py", "neox_dar/sweep/slurm.py", "slurm/sweep.sbatch", "neox_dar.sweep.job"],  # job scripts
     ["tests/test_slurm.py", "neox_dar/sweep/slurm.py", "slurm/launch_node.sh"],  # the launcher those jobs start
-    ["tests/test_finetune_demo.py", "README.md", "neox_dar.tiny"],  # the walkthrough the test runs line by line
+    ["tests/test_finetune_demo.py", "README.md", "neox_dar.tiny_hf_model"],  # the walkthrough the test runs by line
 ]
 
 

@@ -36,7 +36,7 @@ import neox_dar.families as families
 from neox_dar.config import load_config
 from neox_dar.hf import from_hf, hf_config_dict, to_hf
 from neox_dar.model import build_model, count_parameters
-from neox_dar.tiny import tiny_hf_model
+from neox_dar.tiny_hf_model import tiny_hf_model
 from neox_dar.tokenizer import DEFAULT_TOKENIZER
 
 doc = Path("docs/models.md").read_text()

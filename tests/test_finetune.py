@@ -278,7 +278,7 @@ def test_recipe_sweeps_plan(tmp_path):
     from data_prep.chat import run as chat
     from neox_dar.data.indexed import IndexedDatasetWriter
     from neox_dar.sweep.__main__ import main as sweep
-    from neox_dar.tiny import write_tokenizer_files
+    from neox_dar.tiny_hf_model import write_tokenizer_files
 
     write_tokenizer_files(tmp_path)
     chat([str(ROOT / "data" / "sample" / "chat_sample.jsonl"), "--tokenizer", str(tmp_path), "--out",

@@ -42,7 +42,7 @@ def byte_llama(tmp_path_factory) -> dict[str, Path]:
     import: its from-hf folder; data: a few C4 documents tokenized with it; run: 4 fine-tuning steps."""
     from transformers import AutoTokenizer
 
-    from neox_dar.tiny import tiny_hf_model, write_tokenizer_files
+    from neox_dar.tiny_hf_model import tiny_hf_model, write_tokenizer_files
 
     root = tmp_path_factory.mktemp("byte_llama")
     hf = root / "hf"

@@ -2,7 +2,7 @@
 checkpoints (OLMo-2-0425-1B-SFT, Llama, Qwen) when trying the import, fine-tuning and evaluation pipeline on a
 laptop, and the models the tests convert.
 
-    python -m neox_dar.tiny olmo2 runs/demo/olmo2-hf     # config.json, sharded safetensors, tokenizer, chat template
+    python -m neox_dar.tiny_hf_model olmo2 runs/demo/olmo2-hf  # config.json, safetensors shards, tokenizer, template
 
 The folder holds a 2-layer, d = 64 model (4 query heads over 2 key/value heads; OLMo-2's and Qwen3's q/k norms,
 Qwen2's q/k/v biases, Llama-3's rope scaling, Qwen3's head_dim 32 != d / H) with every parameter random (norm
@@ -62,7 +62,7 @@ def write_tokenizer_files(out: Path, chat_template: Path | None = REPO_ROOT / "d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m neox_dar.tiny", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m neox_dar.tiny_hf_model", description=__doc__.split("\n\n")[0])
     p.add_argument("family", choices=FAMILIES)
     p.add_argument("out")
     p.add_argument("--vocab", type=int, default=50304, help="vocabulary (default 50304: the Pythia tokenizer's ids)")
