@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from neox_dar.config import load_config
-from neox_dar.sweep.spec import load_sweep, plan
+from neox_dar.sweep.planning import plan
+from neox_dar.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "neox_dar"

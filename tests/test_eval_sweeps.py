@@ -22,7 +22,8 @@ from neox_dar.evaluation.corpora import (
 from neox_dar.evaluation.perplexity import SWEEP_MANIFEST, _publish, load_corpora
 from neox_dar.sweep.slurm import eval_args
 from neox_dar.sweep.errors import SweepError
-from neox_dar.sweep.spec import RUN_META, load_sweep
+from neox_dar.rundir import RUN_META
+from neox_dar.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,8 @@ from builders import attention_config
 from eval.downstream import SUITES, SuiteError, table
 from neox_dar.variants.mswa import mswa_window_table, window_budget
 from neox_dar.sweep.slurm import eval_args
-from neox_dar.sweep.spec import load_sweep, plan
+from neox_dar.sweep.planning import plan
+from neox_dar.sweep.spec import load_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -14,7 +14,8 @@ from neox_dar.report.__main__ import main as report_main
 from neox_dar.report.collect import collect
 from neox_dar.report.tables import build_table, to_latex, to_markdown
 from neox_dar.sweep.errors import SweepError
-from neox_dar.sweep.spec import parse_sweep, plan, write_plan
+from neox_dar.sweep.planning import plan, write_plan
+from neox_dar.sweep.spec import parse_sweep
 
 SWEEP = {
     "name": "synthetic",

@@ -20,7 +20,8 @@ from neox_dar.sweep.slurm import (
     render,
 )
 from neox_dar.sweep.errors import SweepError
-from neox_dar.sweep.spec import parse_sweep, plan, write_plan
+from neox_dar.sweep.planning import plan, write_plan
+from neox_dar.sweep.spec import parse_sweep
 
 from builders import published_checkpoint
 

@@ -19,7 +19,8 @@ from neox_dar.rundir import lock_run_dir
 from neox_dar.sweep.__main__ import main as sweep_main
 from neox_dar.sweep.rundir import run_state
 from neox_dar.sweep.errors import SweepError
-from neox_dar.sweep.spec import load_sweep, parse_sweep, plan, write_plan
+from neox_dar.sweep.planning import plan, write_plan
+from neox_dar.sweep.spec import load_sweep, parse_sweep
 
 from builders import published_checkpoint
 

@@ -29,10 +29,10 @@ from .cost import budget_warnings, cost_columns, fit_micro_batches
 from .errors import SweepError
 from .local import run_local
 from ..rundir import METRICS, RunFileError
+from .planning import check_owner, check_report_settings, check_runs, plan, plan_row, write_plan
 from .rundir import run_state
 from .slurm import SlurmSettings, cancel_jobs, extra_corpora, queued_jobs, submit_runs
-from .spec import (SWEEP_COPY, check_owner, check_report_settings, check_runs, load_sweep, override_key, plan, plan_row,
-                   with_overrides, write_plan)
+from .spec import SWEEP_COPY, load_sweep, override_key, with_overrides
 
 
 def format_rows(rows: list[dict]) -> str:

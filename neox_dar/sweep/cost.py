@@ -26,7 +26,8 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, load_config, model_config_diff, split_args, split_shares
 from ..data.check import manifest_of
-from .spec import PlannedRun, override_key
+from .planning import PlannedRun
+from .spec import override_key
 
 RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
 BENCH = "bench/train_throughput.py"
