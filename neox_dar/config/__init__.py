@@ -17,10 +17,10 @@ with a one-line message naming the key and the file it came from, raised before 
 from ..config_fields import ConfigError, Key, check, setting
 from .files import split_args
 from .loading import load_config, model_config_from_flat
+from .model_schema import ModelConfig, attention_config_class
 from .neox import NEOX_IGNORED_KEYS
 from .reference import derived_summary, reference_markdown
-from .schema import (DataConfig, ModelConfig, RunConfig, TrainingConfig, attention_config_class, key_field,
-                     split_shares)
+from .schema import DataConfig, RunConfig, TrainingConfig, key_field, split_shares
 from .typed import Config, model_config_diff, model_flat
 
 __all__ = ["NEOX_IGNORED_KEYS", "Config", "ConfigError", "DataConfig", "Key", "ModelConfig", "RunConfig",

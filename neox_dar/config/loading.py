@@ -20,8 +20,8 @@ from .files import merge, normalize_keys, parse_override, read_yaml
 from .neox import translate_neox
 from .rules import (check_attention, check_data, check_model, check_run, check_training, resolve_model,
                     resolve_training, validated)
-from .schema import (SECTIONS, DataConfig, ModelConfig, RunConfig, TrainingConfig, attention_config_class,
-                     key_sections, section_fields)
+from .model_schema import ModelConfig, attention_config_class
+from .schema import SECTIONS, DataConfig, RunConfig, TrainingConfig, key_sections, section_fields
 from .typed import Config
 
 

@@ -7,7 +7,8 @@ import typing
 from typing import Literal
 
 from ..variants import variants
-from .schema import SECTIONS, AttentionBase, attention_config_class, section_fields
+from .model_schema import AttentionBase, attention_config_class
+from .schema import SECTIONS, section_fields
 
 _TITLES = {"model": "Model", "attention": "Attention (every variant)", "training": "Training", "data": "Data",
            "run": "Run directory, checkpoints and logs"}

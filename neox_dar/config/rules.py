@@ -12,7 +12,8 @@ from typing import Any
 
 from ..config_fields import ConfigError, InvalidValue, check
 from ..variants import layer_types, variant, variant_keys, variants
-from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, split_shares
+from .model_schema import ModelConfig
+from .schema import DataConfig, RunConfig, TrainingConfig, split_shares
 
 
 def validated(origins: dict, rules, section) -> None:

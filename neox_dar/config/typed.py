@@ -9,8 +9,9 @@ import yaml
 
 from ..variants import variant_keys
 from .coerce import plain
+from .model_schema import ModelConfig
 from .rules import validated
-from .schema import DataConfig, ModelConfig, RunConfig, TrainingConfig, section_fields
+from .schema import DataConfig, RunConfig, TrainingConfig, section_fields
 
 
 @dataclass
