@@ -130,7 +130,7 @@ def text_gates(model: torch.nn.Module, ids: list[int], prefix: int) -> torch.Ten
 
 def cmd_text(args) -> int:
     from neox_dar.evaluation.loading import load_for_eval
-    from neox_dar.report.figures import token_shading
+    from neox_dar.report.plots import token_shading
     from neox_dar.tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
 
     if args.max_tokens < 1:
@@ -187,7 +187,7 @@ def cmd_table3(args) -> int:
 
 
 def cmd_heads(args) -> int:
-    from neox_dar.report.figures import head_heatmaps, sorted_heads
+    from neox_dar.report.plots import head_heatmaps, sorted_heads
 
     tables = head_tables(_read(args.result))
     out = Path(args.out)

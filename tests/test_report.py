@@ -252,7 +252,7 @@ def test_a_wrong_baseline_or_report_key_is_a_one_line_error(sweep_dir, capsys):
 
 
 def _captured_figures(monkeypatch) -> dict:
-    """Figures by file name, kept open (figures._save closes them after saving)."""
+    """Figures by file name, kept open (figures.save_figure closes them after saving)."""
     from neox_dar.report import figures
 
     kept = {}
@@ -263,7 +263,7 @@ def _captured_figures(monkeypatch) -> dict:
         fig.savefig(path, dpi=60)
         return path
 
-    monkeypatch.setattr(figures, "_save", save)
+    monkeypatch.setattr(figures, "save_figure", save)
     return kept
 
 

@@ -69,7 +69,7 @@ def tables(study: dict) -> list[Table]:
 
 def draw(study: dict, path: str | Path, source: str) -> Path:
     """Fig. 4: one column per panel, KL (top) and MSE (bottom) against k, one line per method."""
-    from ..report.figures import metric_grid
+    from ..report.plots import metric_grid
 
     columns = []
     for panel, methods in study.items():

@@ -24,19 +24,17 @@ A figure whose inputs no run holds is not drawn; :func:`draw_all` says which and
 from __future__ import annotations
 
 import math
-import textwrap
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullLocator  # noqa: E402
 
 from ..evaluation.tables import TITLES, relative_percent  # noqa: E402
-
 from .collect import RunRecord  # noqa: E402
+from .plots import head_heatmaps, label_axes, panel_row, save_figure, sorted_heads, titled  # noqa: E402
 from .tables import Table, baselines, group_key, relative_settings  # noqa: E402
 
 
@@ -45,40 +43,6 @@ def _groups(runs: list[RunRecord], group_by: list[str]) -> dict[tuple, list[RunR
     for r in runs:
         out.setdefault(group_key(r, group_by), []).append(r)
     return out
-
-
-def _panels(n: int, width: float = 5.5, height: float = 3.8):
-    fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
-    return fig, list(axes[0])
-
-
-def _label(ax, xlabel: str, ylabel: str, title: str, legend: bool = True) -> None:
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=10)
-    if legend:
-        ax.legend(fontsize=7)
-
-
-def _save(fig, path: Path, rect=None) -> Path:
-    fig.tight_layout(rect=rect)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def _titled(fig, title: str, caption: list[str]) -> tuple[float, float, float, float]:
-    """Put ``title`` above the panels and the ``caption`` paragraphs (wrapped to the figure's width) below them;
-    returns the rectangle left for the panels (for :func:`_save`)."""
-    width = int(fig.get_figwidth() * 15)
-    text = "\n".join(textwrap.fill(line, width) for line in caption)
-    rows = text.count("\n") + 1 if text else 0
-    height = fig.get_figheight()
-    fig.suptitle(title, fontsize=10)
-    if text:
-        fig.text(0.01, 0.01, text, fontsize=7, va="bottom", ha="left")
-    bottom = (rows * 0.13 + 0.1) / height if text else 0.0
-    return (0, bottom, 1, 1 - 0.35 / height)
 
 
 def _evals_by_step(run: RunRecord) -> dict[int, dict]:
@@ -136,14 +100,14 @@ def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path, sweep: 
     if not series:
         return None
     keys = list(dict.fromkeys(s[0] for s in series))
-    fig, axes = _panels(len(keys), 6.0, 4.2)
+    fig, axes = panel_row(len(keys), 6.0, 4.2)
     for ax, key in zip(axes, keys):
         for _, r, proxy, pts in (s for s in series if s[0] == key):
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, ls="--" if proxy else "-",
                     label=r.name + (" (valid-loss proxy)" if proxy else ""))
         ax.axhline(100.0, color="black", lw=1, ls=":")
         _integer_steps(ax)
-        _label(ax, "training step", "perplexity / baseline's (%)", " ".join(key))
+        label_axes(ax, "training step", "perplexity / baseline's (%)", " ".join(key))
     papers = ", ".join(TITLES.get(c, c) for c in corpora)
     caption = []
     if any(not s[2] for s in series):
@@ -155,8 +119,8 @@ def relative_ppl_vs_step(runs: list[RunRecord], report: dict, out: Path, sweep: 
         caption.append(f"dashed: proxy, exp(valid_loss - baseline's) x 100 on {'/'.join(f'{n:,}' for n in tokens)} "
                        "tokens per validation, for runs without corpus evaluations at 2+ steps (noisy; it may "
                        "disagree with the table)")
-    rect = _titled(fig, f"{sweep}: perplexity relative to the baseline ({_baseline_text(base)})", caption)
-    return _save(fig, out / "relative_ppl_vs_step.png", rect=rect)
+    rect = titled(fig, f"{sweep}: perplexity relative to the baseline ({_baseline_text(base)})", caption)
+    return save_figure(fig, out / "relative_ppl_vs_step.png", rect=rect)
 
 
 def loss_curves(runs: list[RunRecord], report: dict, out: Path, sweep: str = "") -> Path | None:
@@ -187,14 +151,14 @@ def loss_curves(runs: list[RunRecord], report: dict, out: Path, sweep: str = "")
                             label=r.name)
         for ax in (top, bottom):
             _integer_steps(ax)
-        _label(top, "training step", "training loss", " ".join(key) or "training loss")
+        label_axes(top, "training step", "training loss", " ".join(key) or "training loss")
         if ref:
             bottom.axhline(0.0, color="black", lw=1, ls=":")
-            _label(bottom, "training step", f"loss - {b.name}'s loss", f"relative to the baseline {b.name}")
+            label_axes(bottom, "training step", f"loss - {b.name}'s loss", f"relative to the baseline {b.name}")
         else:
-            _label(bottom, "training step", "training loss", "second half of training (zoom)")
-    rect = _titled(fig, f"{sweep}: training loss", [])
-    return _save(fig, out / "loss_curves.png", rect=rect)
+            label_axes(bottom, "training step", "training loss", "second half of training (zoom)")
+    rect = titled(fig, f"{sweep}: training loss", [])
+    return save_figure(fig, out / "loss_curves.png", rect=rect)
 
 
 def _tokens_seen(run: RunRecord, row: dict) -> int:
@@ -239,18 +203,19 @@ def learning_curves(runs: list[RunRecord], report: dict, out: Path, sweep: str =
             xs = sorted(band)
             bottom.fill_between(xs, [100 - band[x] for x in xs], [100 + band[x] for x in xs], color="0.85",
                                 label="noise floor (repeats)", zorder=0)
-        _label(top, "tokens seen", "validation loss (nats per token)", " ".join(key) or "validation loss")
+        label_axes(top, "tokens seen", "validation loss (nats per token)", " ".join(key) or "validation loss")
         if ref:
             bottom.axhline(100.0, color="black", lw=1, ls=":")
-            _label(bottom, "tokens seen", f"exp(valid_loss - {b.name}'s) x 100", f"in-training Rel. (%) vs {b.name}")
+            label_axes(bottom, "tokens seen", f"exp(valid_loss - {b.name}'s) x 100",
+                       f"in-training Rel. (%) vs {b.name}")
         else:
             bottom.set_visible(False)
     tokens = sorted({validation_tokens(r) for g in groups.values() for r in g})
     caption = [f"Validation on {'/'.join(f'{n:,}' for n in tokens)} held-out tokens per point"
                + ("; dashed: a repeat of the baseline's model with another seed, the grey band its distance from "
                   "100 (the noise floor)" if repeats else "")]
-    rect = _titled(fig, f"{sweep}: learning curves", caption)
-    return _save(fig, out / "learning_curves.png", rect=rect)
+    rect = titled(fig, f"{sweep}: learning curves", caption)
+    return save_figure(fig, out / "learning_curves.png", rect=rect)
 
 
 def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path, sweep: str = "") -> Path | None:
@@ -265,7 +230,7 @@ def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path, sweep: st
             kinds.setdefault(r.variant.label(r.cfg.model), []).append((row[ci], row[ri], r.name))
     if not kinds:
         return None
-    fig, axes = _panels(1, 7.0, 4.8)
+    fig, axes = panel_row(1, 7.0, 4.8)
     ax = axes[0]
     for (kind, pts), marker in zip(kinds.items(), "osD^v<>ph*"):
         pts.sort()
@@ -287,37 +252,12 @@ def cost_vs_perplexity(table: Table, runs: list[RunRecord], out: Path, sweep: st
     ax.tick_params(axis="x", labelsize=7, labelrotation=45)
     ax.axhline(100.0, color="black", lw=1, ls=":")
     T = runs[0].cfg.model.seq_length
-    _label(ax, f"attention cost relative to vanilla (training FLOPs per token at T = {T:,})", "Rel. (%)", "")
-    rect = _titled(fig, f"{sweep}: attention cost vs perplexity",
+    label_axes(ax, f"attention cost relative to vanilla (training FLOPs per token at T = {T:,})", "Rel. (%)", "")
+    rect = titled(fig, f"{sweep}: attention cost vs perplexity",
                    ["cost: training FLOPs of q.k scores and weighted sums over the keys each query sees, plus the "
                     "products a variant adds (DAR's second key/value projection); AHA at its upper bound (every "
                     "gate open). Rel. (%) as in the table."])
-    return _save(fig, out / "cost_vs_perplexity.png", rect=rect)
-
-
-def head_heatmaps(panels: list[tuple[str, list[list[float]]]], title: str, path: Path) -> Path:
-    """One heatmap panel per ``(name, table)``, a table of per-head values in [0, 1] (L x H: layers as rows, heads
-    as columns; AHA's Fig. 3 for ``mu_f``), under ``title``."""
-    fig, axes = _panels(len(panels), 4.8, 3.8)
-    for ax, (name, t) in zip(axes, panels):
-        im = ax.imshow(t, vmin=0.0, vmax=1.0, cmap="Blues_r", aspect="auto")
-        ax.set_xticks(range(len(t[0])))
-        ax.set_yticks(range(len(t)))
-        _label(ax, "head", "layer", name, legend=False)
-        fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.suptitle(title, fontsize=8)
-    return _save(fig, path, rect=(0, 0, 1, 0.92))
-
-
-def sorted_heads(panels: list[tuple[str, list[list[float]]]], ylabel: str, title: str, path: Path) -> Path:
-    """Every head's value of each ``(name, table)`` (L x H), sorted in decreasing order, one line per name (AHA's
-    Fig. 4 for ``mu_f``)."""
-    fig, axes = _panels(1, 6.5, 4.0)
-    for name, t in panels:
-        values = sorted((v for row in t for v in row), reverse=True)
-        axes[0].plot(range(1, len(values) + 1), values, marker=".", label=name)
-    _label(axes[0], "head rank", ylabel, title)
-    return _save(fig, path)
+    return save_figure(fig, out / "cost_vs_perplexity.png", rect=rect)
 
 
 def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str]]:
@@ -337,60 +277,6 @@ def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str
         files.append(sorted_heads(tables, f"{stat} (final evaluation)", f"{name.upper()} heads sorted by {stat}",
                                   out / f"{name}_{stat}_heads.png"))
     return files, skipped
-
-
-def token_shading(texts: list[tuple[str, list[str], list[float]]], title: str, caption: list[str], path: Path,
-                  columns: int = 90) -> Path:
-    """AHA's Fig. 1: each ``(name, tokens, values)`` a panel of its text, token by token, every token on a
-    background shaded by its value in [0, 1] (light: 0, dark blue: 1), wrapped at ``columns`` characters
-    (monospaced; a newline in a token starts a new line)."""
-    cmap = plt.get_cmap("Blues")
-    placed = []  # per text: [(line, column, text, value)]
-    for _, tokens, values in texts:
-        line, col, cells = 0, 0, []
-        for tok, v in zip(tokens, values):
-            parts = tok.split("\n")
-            for i, part in enumerate(parts):
-                if i:
-                    line, col = line + 1, 0
-                if col + len(part) > columns and col:
-                    line, col = line + 1, 0
-                if part:
-                    cells.append((line, col, part, v))
-                    col += len(part)
-        placed.append((cells, line + 1))
-    heights = [0.4 + 0.16 * n for _, n in placed]  # inches: 0.16 a line, 0.06 a character (7 pt monospace)
-    fig, axes = plt.subplots(len(texts), 1, figsize=(columns * 0.06 + 0.4, sum(heights) + 1.2), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
-    for ax, (name, _, _), (cells, n_lines) in zip(axes[:, 0], texts, placed):
-        ax.set_xlim(0, columns)
-        ax.set_ylim(n_lines, 0)
-        ax.axis("off")
-        ax.set_title(name, fontsize=8, loc="left")
-        for line, col, part, v in cells:
-            ax.add_patch(Rectangle((col, line), len(part), 1, color=cmap(0.1 + 0.9 * v), lw=0))
-            ax.text(col, line + 0.75, part, fontsize=7, family="monospace", color="white" if v > 0.6 else "black")
-    return _save(fig, path, rect=_titled(fig, title, caption))
-
-
-def metric_grid(columns: list[tuple[str, dict[str, dict[str, list[tuple[float, float]]]]]], rows: dict[str, str],
-                xlabel: str, title: str, caption: list[str], path: Path) -> Path:
-    """A grid of line plots: one column per ``(name, series)``, one row per metric of ``rows`` (key -> axis label);
-    ``series``: line label -> metric -> ``[(x, y)]`` (DimPO's Fig. 4). x on a log2 axis."""
-    fig, axes = plt.subplots(len(rows), len(columns), figsize=(4.6 * len(columns), 3.2 * len(rows) + 0.8),
-                             squeeze=False)
-    for col, (name, series) in enumerate(columns):
-        for row, (metric, ylabel) in enumerate(rows.items()):
-            ax = axes[row][col]
-            for label, metrics in series.items():
-                points = sorted(metrics[metric])
-                ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
-            ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_locator(FixedLocator(sorted({x for m in series.values() for x, _ in m[metric]})))
-            ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-            ax.xaxis.set_minor_locator(NullLocator())
-            _label(ax, xlabel, ylabel, name if row == 0 else "", legend=row == 0)
-    return _save(fig, path, rect=_titled(fig, title, caption))
 
 
 def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path,
