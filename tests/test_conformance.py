@@ -197,7 +197,7 @@ def test_generate_names_each_statistic_and_refuses_a_variant_without_decoding(tm
     without a decode is one line, exit 2 (it was a NotImplementedError traceback)."""
     from builders import saved_model
 
-    from neox_dar.generate import main
+    from neox_dar.generate.__main__ import main
 
     saved_model(tmp_path / "toy", "attention_type=conftoy", "conftoy_scale=0.81", "window_size=4")
     assert main([str(tmp_path / "toy"), "--prompt", "Hello", "--max-new-tokens", "2"]) == 0

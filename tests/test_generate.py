@@ -239,7 +239,7 @@ def test_prompts_longer_than_the_positions_and_empty_prompts_are_errors():
 
 def _cli(capsys, *args):
     """``python -m neox_dar.generate ARGS`` in this process: (exit code, stdout, stderr)."""
-    from neox_dar.generate import main
+    from neox_dar.generate.__main__ import main
 
     code = main([str(a) for a in args])
     out = capsys.readouterr()

@@ -61,7 +61,7 @@ def test_a_checkpoint_pruned_while_it_is_read_is_read_whole(command, tmp_path, m
         assert main(["to-hf", str(run), str(tmp_path / "hf")]) == 0, capsys.readouterr().err
         assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == (ROOT / "data" / "20B_tokenizer.json").read_bytes()
     else:
-        from neox_dar.generate import main
+        from neox_dar.generate.__main__ import main
 
         assert main([str(run), "--prompt", "The", "--max-new-tokens", "2", "--device", "cpu"]) == 0, \
             capsys.readouterr().err
@@ -178,7 +178,7 @@ def test_hostile_chat_templates_are_one_line_in_generate_and_data_prep_chat(tmp_
     (Before: generate hung at 100% CPU, and the refused template was a SecurityError traceback.)"""
     import neox_dar.tokenizer as tokenizer
     from data_prep.chat import main as chat_main
-    from neox_dar.generate import main as generate_main
+    from neox_dar.generate.__main__ import main as generate_main
 
     monkeypatch.setattr(tokenizer, "RENDER_SECONDS", 0.5)
     tok = tmp_path / "tok"
