@@ -50,12 +50,13 @@ from typing import Iterator
 import numpy as np
 
 from neox_dar.data.identity import sha256_file
-from neox_dar.data.indexed import IndexedDataset, IndexedDatasetWriter, best_dtype, bin_path, idx_path
-from neox_dar.rundir import fault_point, uninterrupted, write_text_atomic
+from neox_dar.data.indexed import best_dtype
+from neox_dar.rundir import write_text_atomic
 
 from .budget import Budget, Segment
 from .encode import PIECE_BYTES, TokenizerSpec, encode_piece, init_worker, load_tokenizer_spec
-from .journal import MANIFEST, Journal, shard_output, shard_prefix
+from .journal import MANIFEST, Journal, shard_output
+from .outputs import merge_shards, output_entry, replace_outputs
 from .sources import Record, Source, expand_inputs, iter_records
 
 # Fault injection for tests: SIGKILL this process right after journaling this many shards in a run.
@@ -250,21 +251,6 @@ def _strict(sources: list[Source], bad: list) -> str:
     return f"{_where(sources, src, line)}: {reason} (--strict)"
 
 
-def merge_shards(directory: str, plan: list[tuple[int, list[Segment]]], prefixes: list[str], dtype: np.dtype) -> None:
-    """Copy each segment of the plan's shards, in order, to its output ``prefixes[output].bin/.idx``."""
-    writers = [IndexedDatasetWriter(f"{prefix}.tmp", dtype) for prefix in prefixes]
-    for sid, segments in plan:
-        shard = IndexedDataset(shard_prefix(directory, sid))
-        starts = np.concatenate([[0], np.cumsum(shard.sizes, dtype=np.int64)])
-        for out, first, sizes in segments:
-            begin = int(starts[first])
-            writers[out].add_documents(shard.tokens[begin:begin + int(sizes.sum())], sizes)
-    for writer, prefix in zip(writers, prefixes):
-        writer.finalize()
-        os.replace(bin_path(writer.prefix), bin_path(prefix))
-        os.replace(idx_path(writer.prefix), idx_path(prefix))
-
-
 def _report_bad(sources: list[Source], bad: list[list]) -> dict:
     reasons = collections.Counter(reason.split(": ")[0] for _, _, reason in bad)
     for src, line, reason in bad[:MAX_BAD_SHOWN]:
@@ -291,26 +277,6 @@ def _check_filled(args, budget: Budget, bad: list) -> None:
     if args.max_tokens is not None and train < args.max_tokens:
         print(f"data_prep.tokenize: warning: the inputs ran out: the training file holds {train:,} tokens, "
               f"fewer than --max-tokens {args.max_tokens:,}", file=sys.stderr)
-
-
-def _output(staged: str, prefix: str, budget: Budget, i: int) -> dict:
-    """The manifest's entry of output ``i``: written at ``staged``, to be renamed to ``prefix``."""
-    ds = IndexedDataset(staged)
-    return {"prefix": os.path.abspath(prefix), "bin_sha256": sha256_file(bin_path(staged)),
-            "idx_sha256": sha256_file(idx_path(staged)), "documents": len(ds), "tokens": ds.num_tokens,
-            "truncated_last_document": budget.truncated[i]}
-
-
-def replace_outputs(staged: list[str], prefixes: list[str], manifest: str, out: str) -> None:
-    """Rename the staged outputs into place, the manifest ``PREFIX.manifest.json`` first and the training file's
-    ``.idx`` (the last of ``prefixes``) last, so that until the set is complete the manifest describes another
-    ``PREFIX.idx`` than the one there; Ctrl-C waits for the last rename (:func:`~neox_dar.rundir.uninterrupted`)."""
-    with uninterrupted():
-        os.replace(manifest, f"{out}.manifest.json")
-        fault_point("data-replacing")
-        for stage, prefix in zip(staged, prefixes):
-            os.replace(bin_path(stage), bin_path(prefix))
-            os.replace(idx_path(stage), idx_path(prefix))
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -350,11 +316,11 @@ def run(argv: list[str] | None = None) -> dict:
         staged = [shard_output(shard_dir, i) for i in range(len(prefixes))]
         merge_shards(shard_dir, shard_plan, staged, dtype)
         skipped = _report_bad(sources, bad)
-        train = _output(staged[-1], args.out, budget, len(prefixes) - 1)
+        train = output_entry(staged[-1], args.out, budget, len(prefixes) - 1)
         manifest = {
             "format": "Megatron MMapIndexedDataset (GPT-NeoX), one sequence per document",
             **train, "dtype": dtype.name, "max_tokens": args.max_tokens,
-            "valid": _output(staged[0], prefixes[0], budget, 0) if args.valid_tokens else None,
+            "valid": output_entry(staged[0], prefixes[0], budget, 0) if args.valid_tokens else None,
             "valid_tokens": args.valid_tokens,
             "budget_rule": "the --valid-tokens file takes the first documents, then the training file the next ones; "
                            "each takes whole documents while they fit, and the first that does not is cut to fill "
