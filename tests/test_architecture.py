@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 import warnings
@@ -201,6 +202,22 @@ def test_the_sweep_modules_import_each_other_without_a_circle():
             if target is not None and target != source:
                 graph[source].setdefault(target, set()).add(str(p.relative_to(ROOT)))
     assert _a_circle(graph) is None
+
+
+MAX_LINES = 400  # a longer module holds more than one concept: split it at its seams
+NOT_SOURCE = {"tests", "bench", "runs", "build", "wandb", "out"}  # tests, benchmarks and what runs write
+
+
+def test_no_python_file_is_over_400_lines():
+    """Every Python file of the project, tests and bench aside, has at most :data:`MAX_LINES` lines."""
+    long = {}
+    for folder, dirs, files in os.walk(ROOT):
+        here = Path(folder)
+        dirs[:] = [d for d in dirs if not d.startswith((".", "__")) and not (here == ROOT and d in NOT_SOURCE)]
+        for name in files:
+            if name.endswith(".py") and (n := len((here / name).read_text().splitlines())) > MAX_LINES:
+                long[str((here / name).relative_to(ROOT))] = n
+    assert long == {}
 
 
 def test_the_circle_finder_finds_one():
