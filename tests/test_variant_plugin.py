@@ -1,60 +1,54 @@
-"""A new attention variant is one module plus one registration: a toy variant defined and registered in this file
-only goes through the config (its own key, a typo in it, its rule), the model, a training step of train.py,
-``describe``, a sweep plan, an evaluation and the report, with no other file edited."""
+"""A new attention variant is one module plus one registration: the toy variant of docs/adding_a_variant.md, built
+from the page's own snippets (its module and its registration line), goes through the config (its own key, a typo
+in it, its rule), the model, a training step of train.py, ``describe``, a sweep plan, an evaluation and the report,
+with no other file edited."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
-from torch import nn
 
-from neox_dar.attention import Attention
-from neox_dar.variants import register, unregister
-from neox_dar.config import ConfigError, Key, load_config
+from neox_dar.config import ConfigError, load_config
 from neox_dar.describe import describe
 from neox_dar.model import build_model
+from neox_dar.variants import unregister
 
 from trainrun import ROOT, status, train_env
 
 
-class ToyAttention(Attention):
-    """Causal attention whose queries are scaled per head by a learned factor (its own parameter), started at
-    ``toy_scale``; it logs the factor per head as ``toy_scale_now``."""
+# the variant exactly as docs/adding_a_variant.md writes it: the page's first snippet is the plug-in's module
+# (toy.py), written to a folder of its own and imported from there; its second is the one registration line
+PAGE = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "adding_a_variant.md").read_text(), re.S)
+assert PAGE[0].startswith("# toy.py (your own code)\n") and PAGE[1].rstrip().endswith("register(ToyAttention)")
 
-    name = "toy"
-    keys = {"toy_scale": Key(float, 1.0, "Toy: initial per-head query scale.", label="s",
-                             rule=lambda v, m: None if v > 0 else "must be > 0")}
-    stats = {"toy_scale_now": "the toy's learned per-head query scale"}
 
-    @classmethod
-    def summary(cls, cfg) -> str:
-        return f"{cls.name} scale={cfg.attention.toy_scale:g}"
+def _page_module(source: str) -> ModuleType:
+    """The page's ``toy.py``, written to a temporary folder and imported from that file."""
+    with tempfile.TemporaryDirectory(prefix="adding_a_variant-") as folder:
+        path = Path(folder) / "toy.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location("toy", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return module
 
-    @classmethod
-    def describe(cls, cfg) -> list[str]:
-        return [f"toy: queries scaled per head, starting at {cfg.attention.toy_scale}"]
 
-    def __init__(self, cfg, layer_idx: int):
-        super().__init__(cfg, layer_idx)
-        self.scale = nn.Parameter(torch.full((cfg.num_attention_heads,), cfg.attention.toy_scale))
-
-    def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
-        B, H, T, _ = q.shape
-        self.stats = {"toy_scale_now": self.scale.detach().float()}
-        self.token_stats = {"toy_scale_now": self.scale.detach().float().expand(B, T, H)}
-        return F.scaled_dot_product_attention(q * self.scale[None, :, None, None], k, v, is_causal=True)
+ToyAttention = _page_module(PAGE[0]).ToyAttention
 
 
 @pytest.fixture(autouse=True)
 def toy_registered():
-    register(ToyAttention)
+    exec(PAGE[1], {"ToyAttention": ToyAttention})  # the page's registration line
     yield
     unregister(ToyAttention.name)
 
