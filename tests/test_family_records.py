@@ -1,9 +1,11 @@
 """The family records (neox_dar/families.py): the docs' table is theirs, every preset is what its family's class
 can express, and a new family is one record plus its preset (docs/models.md's Mistral example, added at run
-time, imports and exports with transformers' logits)."""
+time, imports and exports with transformers' logits, and every test over the families takes it up)."""
 
 from __future__ import annotations
 
+import collections
+import os
 import re
 import subprocess
 import sys
@@ -71,3 +73,35 @@ def test_a_new_family_is_one_record_and_its_preset(tmp_path):
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"^ok mistral \d+$", out.stdout, re.M), out.stdout
+
+
+TOY_FAMILY_PLUGIN = """
+import re
+from pathlib import Path
+import neox_dar.families as families
+doc = Path("docs/models.md").read_text()
+families.register_family(eval(re.search(r"```python\\n(Family\\(.*?)```", doc, re.S).group(1), vars(families)))
+"""
+
+
+def test_every_family_test_takes_up_a_new_family(tmp_path):
+    """docs/models.md's Mistral record, registered before the tests are collected (a pytest plug-in), is a case of
+    every test that runs over the shipped families (at least all of them but one): no test keeps its own list."""
+    (tmp_path / "toy_family_plugin.py").write_text(TOY_FAMILY_PLUGIN)
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if "FAMILIES" in p.read_text())
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "toy_family_plugin",
+                          "-p", "no:cacheprovider", *files], capture_output=True, text=True, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    cases: dict[str, collections.Counter] = {}
+    for node in out.stdout.splitlines():
+        if "::" in node and "[" in node:
+            test, _, params = node.partition("[")
+            named = set(re.split(r"[-\]]", params)) & {*FAMILIES, "mistral"}
+            cases.setdefault(test, collections.Counter()).update(named)
+    # a test over the families: all shipped ones (or all but one), each in as many cases (not a table of cases that
+    # happen to name several families)
+    family_tests = {test: counts for test, counts in cases.items()
+                    if len(set(counts) & set(FAMILIES)) >= len(FAMILIES) - 1 and len(set(counts.values())) == 1}
+    assert family_tests and {test for test, counts in family_tests.items() if "mistral" not in counts} == set()
