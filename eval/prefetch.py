@@ -21,9 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from neox_dar.evaluation.cli import parse_max_docs
 from neox_dar.evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS, HUB_SOURCES, CorpusError, prefetch
-
-from .perplexity import _parse_max_docs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(HUB_SOURCES)}")
         if args.out.exists() and not args.out.is_dir():
             raise ValueError(f"{args.out} is a file, not a folder")
-        max_docs = {**{n: HUB_DEFAULT_DOCS[n] for n in names}, **_parse_max_docs(args.max_docs, names)}
+        max_docs = {**{n: HUB_DEFAULT_DOCS[n] for n in names}, **parse_max_docs(args.max_docs, names)}
         record = prefetch(args.out, names, max_docs)
     except KeyboardInterrupt:
         print(f"error: interrupted; {args.out} is left as it was", file=sys.stderr)

@@ -2,6 +2,7 @@
 # One SLURM task per node: start torchrun for this node with a static rendezvous derived from SLURM_*.
 #
 #   srun --ntasks-per-node=1 bash slurm/launch_node.sh NPROC_PER_NODE SCRIPT [ARGS...]
+#   srun --ntasks-per-node=1 bash slurm/launch_node.sh NPROC_PER_NODE -m MODULE [ARGS...]   # e.g. the evaluation
 #
 # Master address: the first host of SLURM_JOB_NODELIST (`scontrol show hostnames`); master port:
 # MASTER_PORT_BASE (default 12000) + job id % 20000, the same on every node of a job, different between jobs
@@ -11,7 +12,7 @@
 set -uo pipefail
 
 if (($# < 2)); then
-    echo "usage: $0 NPROC_PER_NODE SCRIPT [ARGS...]" >&2
+    echo "usage: $0 NPROC_PER_NODE SCRIPT|-m MODULE [ARGS...]" >&2
     exit 2
 fi
 nproc=$1

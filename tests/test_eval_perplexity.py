@@ -191,7 +191,7 @@ def test_outputs_are_checked_before_scoring_and_written_whole(tiny, tmp_path, ca
     import resource
     import signal
 
-    import eval.perplexity as cli
+    import neox_dar.evaluation.cli as cli
 
     root, _, _ = tiny
     scored = []

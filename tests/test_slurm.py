@@ -323,7 +323,7 @@ def test_a_run_trained_past_its_evaluation_is_evaluated_again(tmp_path, fake_slu
     assert proc.returncode == 0, proc.stdout + proc.stderr
     evals = (rec / "eval.log").read_text().splitlines()
     assert len(evals) == 1 and f"neox_dar.sweep.evaluate {run_dir}" in evals[0] and "--sweep-manifest" in evals[0]
-    assert "srun --ntasks-per-node=1" not in (rec / "srun.log").read_text()  # no training
+    assert str(TRAIN_SCRIPT) not in (rec / "srun.log").read_text()  # no training
     _evaluated_at(run_dir, 20)
     (rec / "eval.log").unlink()
     assert _one_node_job(script, env, "none", 1).returncode == 0 and not (rec / "eval.log").exists()

@@ -99,7 +99,7 @@ def test_ctrl_c_in_eval_convert_and_tokenize_is_one_line_and_writes_nothing(tmp_
     for byte as they were, nothing is left beside them, and the tokenize run, started again, continues from its
     shards. (Before: a KeyboardInterrupt traceback each.)"""
     import data_prep.tokenize as tokenize
-    import eval.perplexity as perplexity
+    import neox_dar.evaluation.cli as perplexity
     import neox_dar.convert as convert
     import neox_dar.hf.folders as folders
 

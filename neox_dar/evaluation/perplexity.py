@@ -21,6 +21,7 @@ from ..tokenizer import encode_texts
 from .corpora import (DEFAULT_DATA_DIR, HUB_SOURCES, LOCAL_PATHS, CorpusError, Document, corpus_manifest, load_hub,
                       load_local, select_documents, to_bytes)
 from .metrics import corpus_metrics, count_bytes, count_chars, count_words
+from .parallel import EvalGroup
 from .scoring import overall_means, score_documents
 
 SWEEP_MANIFEST = "eval_manifest.json"  # in a sweep's output directory: the documents every run scores
@@ -54,14 +55,19 @@ def encode_documents(tokenizer: Tokenizer, docs: list[Document]) -> list[np.ndar
 
 def score_corpus(model: torch.nn.Module, tokenizer: Tokenizer, docs: list[Document], max_length: int,
                  prefix_token: int, stride: int | None = None, batch_size: int = 8, device: str = "cpu",
-                 progress: bool = True, name: str = "corpus", per_document: bool = False) -> dict:
+                 progress: bool = True, name: str = "corpus", per_document: bool = False,
+                 group: EvalGroup | None = None) -> dict:
     """Metrics of one corpus (:func:`.metrics.corpus_metrics`, bits per character included) plus throughput,
     attention statistics (means over the windows' real positions, padding left out, e.g. AHA's ``layer{l}/mu_f`` per
     head, and for each statistic its overall mean, e.g. ``mu_f``) and, when ``per_document``, each document's
-    ``{"id", "nll", "tokens"}``."""
+    ``{"id", "nll", "tokens"}``. With a ``group`` of several ranks (every rank calls this with the same documents),
+    each scores its share of the windows and every rank returns the whole corpus's result
+    (:func:`.scoring.score_documents`)."""
+    group = group or EvalGroup()
     token_ids = encode_documents(tokenizer, docs)
     scores = score_documents(model, token_ids, max_length, prefix_token, stride=stride, batch_size=batch_size,
-                             device=device, progress=progress, desc=name)
+                             device=device, progress=progress, desc=name, rank=group.rank,
+                             world_size=group.world_size, all_gather=group.all_gather)
     words = sum(count_words(d.count_text) for d in docs)
     n_bytes = sum(count_bytes(d.count_text) for d in docs)
     chars = sum(count_chars(d.count_text) for d in docs)

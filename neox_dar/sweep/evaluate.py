@@ -5,10 +5,12 @@ on the same checkpoint with the same rolling windows and added to ``eval/perplex
 papers' three corpora (the report shows them as extra columns; Rel. (%) stays the papers' mean over their three).
 
     python -m neox_dar.sweep.evaluate RUN_DIR [--extra NAME=PATH ...] [eval.perplexity options ...]
+    torchrun --nproc_per_node 8 -m neox_dar.sweep.evaluate RUN_DIR ...      # every GPU, the same results
 
-`run --local` and the SLURM job both evaluate through this command. An extra corpus already in the file is not
-scored again; every document of its file is scored, and the entry records the documents' manifest hash and the
-file, as the main evaluation does.
+`run --local` and the SLURM job both evaluate through this command: the job on every GPU of its nodes (started as
+the training is, by slurm/launch_node.sh), `run --local` with its ``--nproc`` processes. An extra corpus already in
+the file is not scored again; every document of its file is scored, and the entry records the documents' manifest
+hash and the file, as the main evaluation does.
 """
 
 from __future__ import annotations
@@ -16,16 +18,15 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import subprocess
 import sys
 from pathlib import Path
 
+from ..evaluation.cli import AgreedError, build_parser, load_checkpoint, on_main
+from ..evaluation.cli import main as perplexity_main
 from ..evaluation.corpora import ALL_CORPORA, CorpusError, Document, corpus_manifest
-from ..evaluation.loading import load_for_eval
+from ..evaluation.parallel import EvalGroup, start_group
 from ..evaluation.perplexity import score_corpus
 from ..rundir import EVAL_DIR, FINAL_EVAL, read_json, write_text_atomic
-from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
-from ..top_packages import module_name
 from .rundir import needs_eval
 
 
@@ -66,42 +67,29 @@ def read_documents(path: str | Path) -> list[Document]:
     return docs
 
 
-def _option(args: list[str], flag: str, default: str | None) -> str | None:
-    """The value of ``flag`` in eval.perplexity options (``--flag V`` or ``--flag=V``; the last one wins)."""
-    value = default
-    for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif a.startswith(flag + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
-def score_extra(run_dir: Path, corpora: dict[str, str], options: list[str]) -> list[str]:
+def score_extra(run_dir: Path, corpora: dict[str, str], options: list[str], group: EvalGroup | None = None
+                ) -> list[str]:
     """Score the ``corpora`` that ``{run}/eval/perplexity.json`` lacks, on the checkpoint it scored, with its windows
     and the batch size, dtype, device and attention path of the eval.perplexity ``options``; add each to the file
-    (atomically). Returns the names scored."""
-    import torch
-
+    (atomically, rank 0). With a ``group`` of several ranks each scores its share. Returns the names scored."""
+    group = group or EvalGroup()
     path = Path(run_dir) / EVAL_DIR / FINAL_EVAL
-    results = read_json(path)
+    results = on_main(group, lambda: read_json(path))
     todo = [n for n in corpora if n not in results.get("corpora", {})]
     if not todo:
         return []
-    device = _option(options, "--device", "cuda" if torch.cuda.is_available() else "cpu")
-    loaded = load_for_eval(run_dir, device, _option(options, "--dtype", "float32"),
-                           _option(options, "--attention-impl", None))
+    args = build_parser().parse_args([str(run_dir), *options])
+    device = group.device(args.device)
+    loaded, tokenizer, prefix = load_checkpoint(args, group, device)
     if loaded.info["step"] != results.get("step"):
-        raise ValueError(f"{path} scored step {results.get('step')}, but the run's newest checkpoint is step "
-                         f"{loaded.info['step']}")
-    tokenizer_path = tokenizer_file(loaded.cfg, _option(options, "--tokenizer", None), loaded.model_dir)
-    tokenizer = load_tokenizer(path=tokenizer_path)
-    prefix = prefix_token_id(tokenizer_path, _option(options, "--prefix-token", None))
-    batch_size = int(_option(options, "--batch-size", "8"))
+        raise AgreedError(f"{path} scored step {results.get('step')}, but the run's newest checkpoint is step "
+                          f"{loaded.info['step']}")
     for name in todo:
-        docs = read_documents(corpora[name])
+        docs = on_main(group, lambda: read_documents(corpora[name]))
         entry = score_corpus(loaded.model, tokenizer, docs, results["max_length"], prefix, results.get("stride"),
-                             batch_size, device, "--no-progress" not in options, name)
+                             args.batch_size, device, not args.no_progress and group.is_main, name, group=group)
+        if not group.is_main:
+            continue
         manifest = corpus_manifest(docs, str(corpora[name]))
         entry.update(manifest_sha256=manifest["sha256"], source=manifest["source"])
         results["corpora"][name] = entry
@@ -111,16 +99,18 @@ def score_extra(run_dir: Path, corpora: dict[str, str], options: list[str]) -> l
     return todo
 
 
-def evaluate(run_dir: Path, options: list[str], extra: dict[str, str]) -> int:
-    """eval.perplexity when the run's evaluation is missing or stale, then the extra corpora; the exit code."""
+def evaluate(run_dir: Path, options: list[str], extra: dict[str, str], group: EvalGroup | None = None) -> int:
+    """eval.perplexity when the run's evaluation is missing or stale, then the extra corpora; the exit code. With
+    a ``group`` of several ranks, every rank takes part and rank 0 writes."""
+    group = group or EvalGroup()
     out = Path(run_dir) / EVAL_DIR / FINAL_EVAL
-    if needs_eval(run_dir):
-        cmd = [sys.executable, "-m", module_name("eval.perplexity"), str(run_dir), *options, "--out", str(out)]
-        rc = subprocess.run(cmd).returncode
+    if on_main(group, lambda: needs_eval(run_dir)):
+        rc = perplexity_main([str(run_dir), *options, "--out", str(out)], group)
+        rc = max(group.all_gather(rc))  # the ranks go on together (rank 0 alone writes, and may fail to)
         if rc != 0:
             return rc
     if extra:
-        score_extra(Path(run_dir), extra, options)
+        score_extra(Path(run_dir), extra, options, group)
     return 0
 
 
@@ -131,11 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--extra", action="append", default=[], metavar="NAME=PATH",
                     help="an extra JSON-lines corpus (repeatable)")
     args, options = ap.parse_known_args(argv)  # the rest are eval.perplexity's options
+    group = start_group(build_parser().parse_args([args.run_dir, *options]).device)
     try:
-        return evaluate(Path(args.run_dir), options, parse_extra(args.extra))
-    except (FileNotFoundError, CorpusError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        return evaluate(Path(args.run_dir), options, parse_extra(args.extra), group)
+    except AgreedError as e:
+        if group.is_main:
+            print(f"error: {e}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, CorpusError, ValueError) as e:
+        print(f"error: {'' if group.is_main else f'rank {group.rank}: '}{e}", file=sys.stderr)
+        return 2
+    finally:
+        group.close()
 
 
 if __name__ == "__main__":

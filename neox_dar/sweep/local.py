@@ -52,18 +52,28 @@ def _run_logged(cmd: list[str], log: Path) -> int:
         return EXIT_STOPPED if _stop else rc
 
 
+def launch(nproc: int, target: list[str], python: str = sys.executable) -> list[str]:
+    """``python TARGET...`` (one process) or torchrun --standalone with ``nproc`` processes; ``target`` is a script
+    and its arguments, or ``-m MODULE`` and its arguments."""
+    if nproc <= 1:
+        return [python, *target]
+    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *target]
+
+
 def train_command(run_dir: Path, nproc: int, python: str = sys.executable) -> list[str]:
     """``python train.py CONFIG`` (one process) or torchrun --standalone with ``nproc`` processes."""
-    config = str(run_dir / CONFIG)
-    if nproc <= 1:
-        return [python, str(TRAIN_SCRIPT), config]
-    return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(TRAIN_SCRIPT),
-            config]
+    return launch(nproc, [str(TRAIN_SCRIPT), str(run_dir / CONFIG)], python)
+
+
+def eval_command(run_dir: Path, ev: dict | None, nproc: int, python: str = sys.executable) -> list[str]:
+    """The run's evaluation (``neox_dar.sweep.evaluate``) on ``nproc`` processes, as its training."""
+    return launch(nproc, ["-m", "neox_dar.sweep.evaluate", str(run_dir), *eval_args(ev)], python)
 
 
 def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
     """Train (resume, or extend to a raised ``train_iters``) one run, then evaluate it when the sweep asks and its
-    evaluation does not score its newest checkpoint; returns the exit code (3: interrupted)."""
+    evaluation does not score its newest checkpoint, both on ``nproc`` processes; returns the exit code (3:
+    interrupted)."""
     run_dir = Path(run_dir)
     want_eval = bool(eval_args(ev))
     st = run_state(run_dir, want_eval, extra=list(extra_corpora(ev)))
@@ -88,8 +98,7 @@ def run_local(run_dir: Path, ev: dict | None, nproc: int = 1) -> int:
             print(f"[sweep] {run_dir.name}: training exited with {rc}")
             return rc
     if want_eval and needs_eval(run_dir, list(extra_corpora(ev))):
-        cmd = [sys.executable, "-m", "neox_dar.sweep.evaluate", str(run_dir), *eval_args(ev)]
-        rc = _run_logged(cmd, run_dir / "logs" / "eval-local.log")
+        rc = _run_logged(eval_command(run_dir, ev, nproc), run_dir / "logs" / "eval-local.log")
         if rc != 0:
             print(f"[sweep] {run_dir.name}: evaluation exited with {rc}")
             return rc

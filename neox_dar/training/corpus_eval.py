@@ -4,9 +4,9 @@ The DAR paper's Fig. 3 plots Rel. (%) over training; this gives the report a rea
 ``interval`` steps (and after the last step) instead of a validation-loss proxy. Rank 0 loads the documents (the
 sweep's pinned manifest when the run belongs to a sweep, else ``{save}/eval_manifest.json``, so every evaluation of
 the run scores the same documents) and shares their token ids; every rank then scores its share of the windows and
-the sums are added over ranks (:func:`neox_dar.evaluation.scoring.score_documents`). Results are written as
-``{save}/eval/step_XXXXXXXX.json``, in the format of ``python -m eval.perplexity`` (which the report reads), and
-returned as one metrics row (``ppl/<corpus>``, statistics such as ``mu_f``) for the logs.
+the ranks' scores are added in the one-process order (:func:`neox_dar.evaluation.scoring.score_documents`). Results
+are written as ``{save}/eval/step_XXXXXXXX.json``, in the format of ``python -m eval.perplexity`` (which the report
+reads), and returned as one metrics row (``ppl/<corpus>``, statistics such as ``mu_f``) for the logs.
 """
 
 from __future__ import annotations
@@ -20,16 +20,12 @@ import torch.distributed as dist
 from ..config import Config
 from ..evaluation.corpora import manifest_hash
 from ..evaluation.metrics import corpus_metrics, count_bytes, count_chars, count_words
+from ..evaluation.parallel import EvalGroup
 from ..evaluation.perplexity import SWEEP_MANIFEST, pinned_corpora
 from ..evaluation.scoring import overall_means, score_documents
 from ..rundir import EVAL_DIR, RUN_META, write_text_atomic
 from ..tokenizer import RUN_TOKENIZER_DIR, encode_texts, prefix_token_id, read_tokenizer, tokenizer_file
 from .distributed import DistInfo
-
-def _reduce_sum(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    t = t.to(device)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.cpu()
 
 
 class CorpusEvaluator:
@@ -75,7 +71,7 @@ class CorpusEvaluator:
                 scores = score_documents(engine.module, c["ids"], cfg.model.seq_length, self.data["prefix"],
                                          batch_size=cfg.run.eval_perplexity.batch_size, device=info.device,
                                          progress=False, rank=info.rank, world_size=info.world_size,
-                                         reduce_sum=lambda t: _reduce_sum(t, info.device))
+                                         all_gather=EvalGroup(info.rank, info.world_size).all_gather)
                 result = corpus_metrics(float(sum(scores.nll)), int(sum(scores.tokens)), c["words"], c["bytes"],
                                         c["documents"], c["chars"])
                 result.update(manifest_sha256=c["manifest_sha256"], source=c["source"], seconds=scores.seconds)
