@@ -1,12 +1,14 @@
 """Train (or continue training) a model.
 
-    python train.py CONFIG.yml [MORE.yml ...] [key=value ...]                 # 1 process: CPU or one GPU
+    python train.py CONFIG.yml [MORE.yml ...] [key=value ...] [--max-epochs E]  # 1 process: CPU or one GPU
     torchrun --nproc_per_node 8 train.py CONFIG.yml ... save=runs/x          # data-parallel, one node
     deepspeed --num_gpus 8 train.py CONFIG.yml ... save=runs/x               # same, DeepSpeed's launcher
     srun python train.py ...   (MASTER_ADDR / MASTER_PORT exported)          # SLURM, one task per GPU
 
 YAML files layer left to right, then ``key=value`` overrides (see docs/config_reference.md). ``save`` is
-the run directory. Running the same command again continues from the newest complete checkpoint.
+the run directory. Running the same command again continues from the newest complete checkpoint. Before starting,
+rank 0 prints the token budget and the epochs of the training data it reads, a warning above one epoch (as ``sweep
+plan``); ``--max-epochs E`` says that up to E are intended (a sweep's run: its sweep file's ``max_epochs``).
 
 Exit codes: 0 done; 2 a problem with the config, the data, a checkpoint or the disk (one line; ``status.json``
 says ``failed`` with the reason); 3 stopped early with a checkpoint (SIGTERM/SIGUSR1 or exit_interval): run the
@@ -35,11 +37,38 @@ def _strip_launcher_args(argv: list[str]) -> list[str]:
     return out
 
 
+def _take_max_epochs(args: list[str]) -> tuple[list[str], float | None]:
+    """``args`` without ``--max-epochs E`` (or ``--max-epochs=E``), and E (None when not given); ValueError (one
+    line) unless E is a number > 0."""
+    out, value, i = [], None, 0
+    while i < len(args):
+        a = args[i]
+        if a == "--max-epochs" or a.startswith("--max-epochs="):
+            text = a.partition("=")[2] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+            i += 1 if "=" in a else 2
+            try:
+                value = float(text)
+            except ValueError:
+                value = float("nan")
+            if not value > 0 or value == float("inf"):
+                raise ValueError(f"--max-epochs wants a number > 0 (the epochs of the training data this run may read "
+                                 f"without a warning), got {text!r}")
+            continue
+        out.append(a)
+        i += 1
+    return out, value
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args else 2
+    try:
+        args, max_epochs = _take_max_epochs(args)
+    except ValueError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     from neox_dar.config import ConfigError, split_args
     from neox_dar.training import startup  # the time per start-up phase, logged after the first step
     from neox_dar.training.checks import check_training_config, epochs_line, load_checked, other_run_warning
@@ -58,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'config error' if isinstance(e, ConfigError) else 'error'}: {e}", file=sys.stderr)
         return 2
     if os.environ.get("RANK", "0") == "0":
-        print(epochs_line(cfg, world_size_from_env()), file=sys.stderr)
+        print(epochs_line(cfg, world_size_from_env(), max_epochs), file=sys.stderr)
         if warning := other_run_warning(paths, cfg):
             print(warning, file=sys.stderr)
 

@@ -99,7 +99,7 @@ def test_a_refused_second_launch_writes_nothing_into_the_run(data, tmp_path):
             assert (save / STATUS).read_bytes() == before[save]
         out = train(live, data, "train_iters=3000", "eval_interval=0", expect=2)
         assert "in use by another trainer" in error_line(out)
-        assert "warning: token budget: 768,000 tokens = " in out.stderr and "repeats the data" in out.stderr
+        assert "warning: token budget: 768,000 tokens = " in out.stderr and "more than max_epochs = 1" in out.stderr
         assert (live / STATUS).read_bytes() == before[live]
     finally:
         held.release()

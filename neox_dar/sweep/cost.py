@@ -222,14 +222,11 @@ def budget_warnings(cfg: Config, world_size: int, max_epochs: float) -> list[str
     data files checked): more than ``max_epochs`` epochs of the training data; and a ``split`` that holds part of
     ``data_path`` out of training where that file was tokenized to a budget (its manifest's ``max_tokens``) or where
     the held-out part is what makes the budget read the data more than once (docs/data.md, "Token budgets")."""
-    from ..training.checks import data_epochs
+    from ..training.checks import data_epochs, epochs_warning
 
     tokens, epochs = data_epochs(cfg, world_size)
-    out = []
-    if epochs > max_epochs:
-        out.append(f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data, more than "
-                   f"max_epochs = {max_epochs:g}: use more data or fewer train_iters, or say that it is intended "
-                   "(max_epochs: N in the sweep file, or plan --max-epochs N)")
+    warning = epochs_warning(tokens, epochs, max_epochs, "max_epochs: N in the sweep file, or plan --max-epochs N")
+    out = [warning] if warning else []
     d = cfg.data
     shares = split_shares(d.split)
     if d.data_path and not d.train_data_paths and shares[0] < sum(shares):

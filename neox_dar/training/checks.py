@@ -9,11 +9,12 @@ from pathlib import Path
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
 from ..data.check import check_data_files
-from ..rundir import CONFIG, STATUS, checkpoints_dir
+from ..rundir import CONFIG, RUN_META, STATUS, checkpoints_dir
 
-# a token budget that reads the training data more often than this is warned about (repeating data beyond about
-# four epochs stops helping: Muennighoff et al., "Scaling Data-Constrained Language Models", 2023)
-MANY_EPOCHS = 4.0
+# a token budget that reads the training data more often than this is warned about, by train.py and `sweep plan`
+# alike, unless the user says more is intended (train.py --max-epochs, a sweep file's max_epochs, plan --max-epochs)
+MAX_EPOCHS = 1.0
+SWEEP_COPY = "sweep.yml"  # a sweep's copy of its file, beside its run directories (neox_dar.sweep.spec.SWEEP_COPY)
 
 
 def check_what_trains(cfg: Config) -> None:
@@ -103,11 +104,37 @@ def data_epochs(cfg: Config, world_size: int) -> tuple[int, float]:
     return budget, max(budget * share / size if size else float("inf") for share, size in zip(shares, sizes))
 
 
-def epochs_line(cfg: Config, world_size: int) -> str:
-    """One line saying the epochs :func:`data_epochs` finds, a warning beyond :data:`MANY_EPOCHS`."""
+def epochs_warning(tokens: int, epochs: float, max_epochs: float, how: str) -> str | None:
+    """The warning about a token budget of ``tokens`` that reads the training data ``epochs`` times, more than
+    ``max_epochs``; ``how`` says how to declare more intended. None within ``max_epochs``."""
+    if epochs <= max_epochs:
+        return None
+    return (f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data, more than max_epochs = "
+            f"{max_epochs:g}: use more data or fewer train_iters, or say that it is intended ({how})")
+
+
+def sweep_max_epochs(save: str | Path | None) -> float | None:
+    """The ``max_epochs`` of the sweep whose run directory ``save`` is (its ``run.json``, and the sweep's
+    ``sweep.yml`` one folder up); None for another directory or a sweep that does not set it."""
+    import yaml
+
+    if not save or not (Path(save) / RUN_META).is_file():
+        return None
+    try:
+        data = yaml.safe_load((Path(save).parent / SWEEP_COPY).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    value = data.get("max_epochs") if isinstance(data, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def epochs_line(cfg: Config, world_size: int, max_epochs: float | None = None) -> str:
+    """One line saying the epochs :func:`data_epochs` finds: a warning beyond ``max_epochs`` (default: the sweep's
+    ``max_epochs`` for a sweep's run, else :data:`MAX_EPOCHS`), worded as ``sweep plan``'s."""
     tokens, epochs = data_epochs(cfg, world_size)
-    line = f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data"
-    if epochs > MANY_EPOCHS:
-        return (f"warning: {line}: it repeats the data {epochs:.3g} times (more than {MANY_EPOCHS:g} epochs hardly "
-                "helps); use more data or fewer train_iters")
-    return line
+    if max_epochs is None:
+        max_epochs = sweep_max_epochs(cfg.run.save) or MAX_EPOCHS
+    warning = epochs_warning(tokens, epochs, max_epochs, "train.py --max-epochs N; in a sweep, max_epochs: N")
+    if warning:
+        return f"warning: {warning}"
+    return f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data"
