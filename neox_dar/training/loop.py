@@ -33,7 +33,7 @@ from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
 from .engine import build_engine
 from .finetune import finetune_mismatch, prepare_model
 from .logging_sinks import RunLogger
-from .metrics import attention_stat_metrics, memory_gb, peak_flops, throughput
+from .metrics import attention_stat_metrics, memory_gb, peak_flops, summary_line, throughput
 from .signals import EXIT_INTERRUPTED, StopRequest
 from .validation import evaluate, validation_samples
 
@@ -273,6 +273,7 @@ def train(cfg: Config, info: DistInfo) -> int:
         peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
         interval_loss: list[torch.Tensor] = []
         interval_t0, interval_steps = time.time(), 0
+        intervals: list[tuple[int, float]] = []  # (steps, seconds) of each log interval: the run's summary line
         last_save = interval_t0  # checkpoint_minutes counts from the start, then from each save
         exit_code = EXIT_DONE
         # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
@@ -310,11 +311,11 @@ def train(cfg: Config, info: DistInfo) -> int:
                 lm_mean, aux_mean = all_reduce_mean(torch.stack(interval_loss).mean(0).tolist(), info.device)
                 if not own_grad_norm:
                     grad_norm = engine.get_global_grad_norm()
+                intervals.append((interval_steps, time.time() - interval_t0))
                 row = {"step": state.step, "loss": lm_mean + aux_mean, "lm_loss": lm_mean, "aux_loss": aux_mean,
                        "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                        "consumed_samples": state.consumed_samples,
-                       **throughput(interval_steps, time.time() - interval_t0, global_batch, cfg.model.seq_length,
-                                    world, flops, peak),
+                       **throughput(*intervals[-1], global_batch, cfg.model.seq_length, world, flops, peak),
                        **memory_gb(info.device), **_averaged_stats(model, info)}
                 scale = getattr(engine.optimizer, "cur_scale", None) if engine.fp16_enabled() else None
                 if scale is not None:
@@ -352,6 +353,8 @@ def train(cfg: Config, info: DistInfo) -> int:
                 logger.message(f"stopped at step {state.step} ({why}); run the same command again to continue")
                 exit_code = EXIT_INTERRUPTED
                 break
+        if intervals:
+            logger.message(summary_line(intervals, global_batch, cfg.model.seq_length, world, flops, peak, info.device))
         if info.is_main:
             write_status(save, "done" if exit_code == EXIT_DONE else "interrupted", state.step,
                          cfg.training.train_iters, checkpoint=state.checkpoint)

@@ -72,6 +72,25 @@ def throughput(steps: int, seconds: float, global_batch: int, seq_length: int, w
     return out
 
 
+def summary_line(timed: list[tuple[int, float]], global_batch: int, seq_length: int, world_size: int,
+                 flops_per_token: float, peak: float | None, device: torch.device) -> str:
+    """The line a run ends with: tokens/s, TFLOP/s per device and MFU over its log intervals (``timed``: steps and
+    seconds of each) after the first, which holds the first step's warm-up (all of them when there is only one), and
+    this process's peak memory (GPU: allocated and reserved; CPU: resident)."""
+    steady = timed[1:] if len(timed) > 1 else timed
+    steps = sum(n for n, _ in steady)
+    t = throughput(steps, sum(s for _, s in steady), global_batch, seq_length, world_size, flops_per_token, peak)
+    mfu = (f"MFU {100 * t['mfu']:.1f}%" if "mfu" in t
+           else "MFU n/a (no peak FLOP/s known for this device and precision: set peak_flops)")
+    mem = memory_gb(device)
+    memory = (f"peak memory {mem['mem_allocated_gb']:.2f} GB allocated, {mem['mem_reserved_gb']:.2f} GB reserved on "
+              "the GPU" if "mem_allocated_gb" in mem
+              else f"peak memory {mem['mem_rss_gb']:.2f} GB RSS (the process's resident memory: no GPU)")
+    which = "after the first log interval" if len(timed) > 1 else "(one log interval: the first step's warm-up in it)"
+    return (f"summary: {steps} steps {which}: {t['tokens_per_sec']:,.0f} tokens/s, {t['tflops_per_device']:.3g} "
+            f"TFLOP/s per device, {mfu}, {memory}")
+
+
 def attention_stat_metrics(stats: dict[str, torch.Tensor]) -> dict:
     """``layer{l}/{name}`` per-head tensors -> ``{name}/layer{l}``: per-head lists and ``{name}``: overall mean."""
     out: dict = {}
