@@ -15,6 +15,7 @@ from test_generate import family_model
 from transformers import AutoModelForCausalLM
 
 from neox_dar.attention import build_attention
+from neox_dar.config import ConfigError
 from neox_dar.variants import variants
 from neox_dar.convert import main as convert_main
 from neox_dar.hf import REMOTE_FILES, from_hf, to_hf
@@ -98,6 +99,40 @@ def test_each_variant_is_the_layer_type_it_exports_as(name):
                                          attention_type=name), 1)
     layer_type = LAYER_TYPES[layer.export_spec()["type"]]
     assert isinstance(layer, layer_type) and type(layer).decode is layer_type.decode
+
+
+def test_every_layer_type_of_the_package_is_known_without_a_list():
+    """The layer types an export may name are those the modules of ``neox_dar/standalone`` define, found there:
+    every registered variant's, and nothing else."""
+    from builders import model_config
+
+    from neox_dar.standalone.layer_types import LAYER_TYPES
+
+    exported = {build_attention(model_config(num_layers=2, hidden_size=64, num_attention_heads=4, window_size=4,
+                                             attention_type=name), 1).export_spec()["type"] for name, spec in variants().items()
+                if spec.__module__.startswith("neox_dar.")}  # the shipped variants
+    assert set(LAYER_TYPES) == exported
+    assert all(cls.__module__ == f"neox_dar.standalone.{cls.__module__.rpartition('.')[2]}"
+               for cls in LAYER_TYPES.values())
+
+
+def test_the_export_imports_its_layer_types_by_name(tmp_path):
+    """An exported folder's ``layer_types.py`` imports, by name, the modules of the layer types its layers name (what
+    transformers copies beside ``modeling_neox_dar.py``), and the model loaded from it has those classes."""
+    from neox_dar.hf.remote import layer_types_source
+
+    model, folder = export(tmp_path, "qwen3", "mixed")
+    layers = json.loads((folder / "config.json").read_text())["neox_dar_layers"]
+    source = (folder / "layer_types.py").read_text()
+    assert source == layer_types_source(layers)
+    assert sorted(line for line in source.splitlines() if line.startswith("from .")) == [
+        "from .aha import AHALayer", "from .dar import DARLayer", "from .linear import LinearLayer",
+        "from .windowed import WindowedLayer"]
+    hf = load_remote(folder)
+    assert [type(layer.attn).__name__ for layer in hf.model.layers] == [
+        "LinearLayer", "WindowedLayer", "DARLayer", "AHALayer"]
+    with pytest.raises(ConfigError, match="layer type 'toy' is defined by no module of neox_dar/standalone"):
+        layer_types_source([{"type": "toy"}])
 
 
 def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):

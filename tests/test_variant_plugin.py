@@ -1,13 +1,15 @@
 """A new attention variant is one module plus one registration: the toy variant of docs/adding_a_variant.md, built
 from the page's own snippets (its module and its registration line), goes through the config (its own key, a typo
 in it, its rule), the model, a training step of train.py, ``describe``, a sweep plan, an evaluation and the report,
-with no other file edited."""
+with no other file edited. The page's shipped toy (its three modules and its registration, written into a copy of
+the package) exports to a folder that transformers loads, with our logits and tokens."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +23,7 @@ import yaml
 from neox_dar.config import ConfigError, load_config
 from neox_dar.describe import describe
 from neox_dar.model import build_model
+from neox_dar.tokenizer import DEFAULT_TOKENIZER
 from neox_dar.variants import unregister
 
 from trainrun import ROOT, status, train_env
@@ -161,3 +164,56 @@ def test_plan_lists_the_variants_summary(capsys, tmp_path, tokenized_sample):
     text = capsys.readouterr().out
     assert "s0.5" in text and "s3" in text and "toy scale=0.5" in text and "toy scale=3" in text
     assert Path(tmp_path / "runs" / "s3" / "config.yml").is_file()
+
+
+# the shipped toy as the page writes it: each block that starts with "# neox_dar/<path>" is that file (the
+# registration block is added to the end of neox_dar/variants/__init__.py)
+SHIPPED = {block.split(":", 1)[0][2:]: block for block in PAGE if re.match(r"# neox_dar/[\w/]+\.py", block)}
+assert sorted(SHIPPED) == ["neox_dar/attention/toy.py", "neox_dar/standalone/toy.py", "neox_dar/variants/__init__.py",
+                           "neox_dar/variants/toy.py"]
+
+_SHIPPED_RUN = """
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+import neox_dar
+from neox_dar.config import load_config
+from neox_dar.generate import generate
+from neox_dar.hf import to_hf
+from neox_dar.model import build_model
+
+package, config, tokenizer, out = sys.argv[1:]
+assert neox_dar.__file__.startswith(package), neox_dar.__file__
+cfg = load_config(config, overrides=["attention_type=toy", "toy_scale=2.0"]).model
+torch.manual_seed(0)
+model = build_model(cfg).eval()
+folder = to_hf(model, cfg, out, tokenizer)
+hf = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+ids = torch.randint(0, cfg.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+with torch.inference_mode():
+    ours, theirs = model(ids), hf(ids).logits
+torch.testing.assert_close(theirs, ours, rtol=1e-4, atol=1e-4 * ours.abs().max().item())
+mine = generate(model, [ids[0, :5]], 6)[0].token_ids
+out = hf.generate(ids[:1, :5], max_new_tokens=6, do_sample=False, eos_token_id=None, pad_token_id=0)
+print(json.dumps({"tokens": out[0, 5:].tolist() == mine, "scale": model.attention_modules()[0].scale.tolist(),
+                  "layers": hf.config.neox_dar_layers, "layer_class": type(hf.gpt_neox.layers[0].attn).__name__}))
+"""
+
+
+def test_the_shipped_toy_exports_to_transformers(tmp_path):
+    """The page's shipped toy in a copy of the package (its three modules written there, its registration added to
+    ``neox_dar/variants/__init__.py``, nothing else edited): the model of ``attention_type: toy`` exports to a folder
+    that transformers loads with ``trust_remote_code``, and gives our logits and greedy tokens."""
+    copy = tmp_path / "src"
+    shutil.copytree(ROOT / "neox_dar", copy / "neox_dar", ignore=shutil.ignore_patterns("__pycache__"))
+    for path, block in SHIPPED.items():
+        target = copy / path
+        target.write_text(target.read_text() + "\n" + block if target.exists() else block)
+    env = {**train_env(), "PYTHONPATH": str(copy), "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-c", _SHIPPED_RUN, str(copy / "neox_dar"), str(ROOT / TOY[0]),
+                           str(DEFAULT_TOKENIZER), str(tmp_path / "toy_hf")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"tokens": True, "scale": [2.0] * 4, "layers": [{"type": "toy"}] * 2, "layer_class": "ToyLayer"}
+    assert "from .toy import ToyLayer" in (tmp_path / "toy_hf" / "layer_types.py").read_text()

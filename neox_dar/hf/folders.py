@@ -19,20 +19,22 @@ from ..model import build_model, CausalLM
 from ..rundir import CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, staged_dir
 from ..tokenizer import tokenizer_file, write_tokenizer
 from .config_map import config_from_hf, export_problems, hf_config_dict
-from .remote import REMOTE_CODE, REMOTE_FILES, remote_config_dict
+from .remote import LAYER_TYPES_FILE, REMOTE_CODE, REMOTE_FILES, layer_types_source, remote_config_dict
 from .weights import checked_tensor, initialise_new, our_name, tensors_of, read_folder_json, weight_files
 
 
 def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
     """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
     writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
-    model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``). All of it goes into a
+    model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``), whose
+    ``layer_types.py`` imports the model's layer types (:func:`~.remote.layer_types_source`). All of it goes into a
     folder beside ``out_dir`` that replaces it once complete (:func:`~neox_dar.rundir.staged_dir`): a failure or
     a kill part-way leaves an earlier export whole."""
     modules = model.attention_modules()
-    layers = None
+    layers = layer_types = None
     if any(m.name != "vanilla" for m in modules):
         layers = [m.export_spec() for m in modules]
+        layer_types = layer_types_source(layers)
     elif problems := export_problems(cfg):
         raise ConfigError(f"{FAMILIES[cfg.model_family].hf_class} cannot express this model: {'; '.join(problems)}")
     out = Path(out_dir)
@@ -42,8 +44,10 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
         save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
         config = hf_config_dict(cfg, special_ids) if layers is None else remote_config_dict(cfg, layers, special_ids)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        for name in REMOTE_FILES if layers is not None else ():
-            shutil.copyfile(REMOTE_CODE / name, stage / name)
+        if layers is not None:
+            for name in REMOTE_FILES:
+                shutil.copyfile(REMOTE_CODE / name, stage / name)
+            (stage / LAYER_TYPES_FILE).write_text(layer_types)
     return out
 
 

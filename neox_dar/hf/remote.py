@@ -1,13 +1,15 @@
 """The export of a model with non-vanilla layers: ``NeoxDarForCausalLM``, whose code is every module of
-:mod:`neox_dar.standalone` (copied into the folder, named by ``auto_map``), and its ``config.json``."""
+:mod:`neox_dar.standalone` (copied into the folder, named by ``auto_map``) with the folder's own ``layer_types.py``
+(:func:`layer_types_source`), and its ``config.json``."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
 
-from ..config import ModelConfig
+from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
+from ..standalone.layer_types import LAYER_TYPES
 from .config_map import shape_keys
 
 
@@ -15,6 +17,28 @@ REMOTE_CODE = Path(__file__).resolve().parents[1] / "standalone"
 
 
 REMOTE_FILES = tuple(sorted(p.name for p in REMOTE_CODE.glob("*.py") if p.name != "__init__.py"))  # all of it
+
+LAYER_TYPES_FILE = "layer_types.py"  # written for each export (layer_types_source), not copied
+_EXPORTED_DOC = ("The attention layer types of this model's layers, by their names in config.json's neox_dar_layers\n"
+                 "(written by neox-dar's convert to-hf).")
+
+
+def layer_types_source(layers: list[dict]) -> str:
+    """The exported folder's ``layer_types.py``: the layer types that ``layers`` (``neox_dar_layers``) name, each
+    imported from its module by name, as :data:`LAYER_TYPES`. transformers copies only the modules that
+    ``modeling_neox_dar.py`` imports by name, directly or through these imports. ConfigError for a layer type that
+    no module of :mod:`neox_dar.standalone` defines (the export ships no other code)."""
+    classes = {}
+    for spec in layers:
+        cls = LAYER_TYPES.get(spec["type"])
+        if cls is None:
+            raise ConfigError(f"layer type {spec['type']!r} is defined by no module of neox_dar/standalone, whose "
+                              "code the export ships")
+        classes[cls.layer_type] = cls
+    names = sorted(classes.values(), key=lambda c: (c.__module__, c.__name__))
+    imports = "".join(f"from .{c.__module__.rpartition('.')[2]} import {c.__name__}\n" for c in names)
+    return (f'"""{_EXPORTED_DOC}"""\n\n{imports}\n'
+            f"LAYER_TYPES = {{cls.layer_type: cls for cls in ({', '.join(c.__name__ for c in names)},)}}\n")
 
 
 

@@ -11,6 +11,8 @@ runs them without neox-dar.
   :mod:`.dar` (DAR, uniform), :mod:`.aha`, :mod:`.linear`, :mod:`.dimpo`;
 * :mod:`.decoder`: the MLPs, the decoder layer (names and residual wiring) and the stack, with the decode step
   through the caches; :mod:`.norms`: LayerNorm and RMSNorm;
+* :mod:`.layer_types`: the layer types by name, every one a module here defines (an export writes its own, which
+  imports its model's layer types by name);
 * ``configuration_neox_dar.py``, ``modeling_neox_dar.py``: the ``transformers`` config and model classes the exported
   ``config.json`` names in ``auto_map``.
 

@@ -11,7 +11,7 @@ Besides transformers' usual keys it holds, resolved by ``convert to-hf`` (nothin
   ``rope_scaling`` (Llama-3's ``factor``, ``low_freq_factor``, ``high_freq_factor``,
   ``original_max_position_embeddings``, or null);
 * ``neox_dar_layers``: one entry per layer, its layer type's ``export_spec()`` (the arguments of that type's
-  ``build_variant``, in :data:`~.modeling_neox_dar.LAYER_TYPES`): ``{"type": "windowed", "windows": [per query
+  ``build_variant``, in :data:`~.layer_types.LAYER_TYPES`): ``{"type": "windowed", "windows": [per query
   head, null = every earlier key]}`` (vanilla, SWA, MSWA), ``{"type": "aha", "window", "threshold"}``, ``{"type":
   "dar", "window", "d_down", "cache"}`` (uniform: window 0; ``cache``: ``keys`` or ``latent``), ``{"type":
   "linear", "feature_dim"}``, ``{"type": "dimpo", "d_proj"}``;

@@ -4,8 +4,8 @@ linear attention, DimPO; one type per layer), for inference.
 
 ``python -m neox_dar.convert to-hf`` copies this file beside ``config.json`` (whose ``auto_map`` names the classes
 here) with the rest of :mod:`neox_dar.standalone`; it needs torch and transformers only. Each layer's attention is
-the class of its type (:data:`LAYER_TYPES`, one module per type: its parameters, cache and decode step), the classes
-neox-dar's own attention modules subclass. Parameter names are neox-dar's: each family's Hugging Face names plus the
+the class of its type (:data:`~.layer_types.LAYER_TYPES`, one module per type: its parameters, cache and decode
+step), the classes neox-dar's own attention modules subclass. Parameter names are neox-dar's: each family's Hugging Face names plus the
 variants' ``dar_down``, ``dar_up``, ``router``, ``feature_q``, ``feature_k``, ``dimpo_proj``.
 
 Every forward runs through the layer types' inference caches (the code ``neox_dar.generate`` decodes with): a prompt
@@ -25,26 +25,18 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .aha import AHALayer
 from .attention import AttentionLayer
 from .cache import Layout, ModelCache
 from .configuration_neox_dar import NeoxDarConfig
-from .dar import DARLayer
 from .decoder import DecoderLayer, DecoderStack, build_mlp
-from .dimpo import DimPOLayer
-from .linear import LinearLayer
+from .layer_types import LAYER_TYPES
 from .norms import make_norm
 from .rotary import rotary_table
-from .windowed import WindowedLayer
 
 
 def _norm(block: dict, width: int, rms: bool = False) -> nn.Module:
     """The family's norm over ``width`` features (``rms``: the query/key norms, RMSNorms in every family)."""
     return make_norm(rms or block["norm"] == "rmsnorm", width, block["norm_eps"], block["rms_weight_in_float32"])
-
-
-# the layer types an export may name (``neox_dar_layers``), each in its own module
-LAYER_TYPES = {cls.layer_type: cls for cls in (WindowedLayer, DARLayer, AHALayer, LinearLayer, DimPOLayer)}
 
 
 def attention_layer(config: NeoxDarConfig, spec: dict) -> AttentionLayer:
