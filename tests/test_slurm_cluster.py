@@ -13,6 +13,7 @@ the SLURM binaries are not installed.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -235,3 +236,67 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
         assert row[c4] == pytest.approx(result["corpora"]["c4"]["token_perplexity"])
     assert (tmp_path / "report" / "loss_curves.png").is_file()
     assert (tmp_path / "report" / "relative_ppl_vs_step.png").is_file()
+
+
+def test_cluster_settings_reach_the_job_and_the_evaluation_uses_its_ranks(cluster, tmp_path, monkeypatch, capsys,
+                                                                          tokenized_sample):
+    """Issue 37, item 4 on the real cluster: `exclusive: true` is an exclusive job (OverSubscribe=NO); the NCCL
+    settings, the rendezvous port base and `env` are in the job's environment; the launcher's port is base + job id %
+    20000; `checkpoint_minutes` saves by wall time between step checkpoints; and the evaluation after training runs
+    on the job's 2 ranks (item 3) and writes the one-process results of the run."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("SLURM_CONF", str(cluster))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    steps = 8
+    sweep = {
+        "name": "slurm-settings",
+        "configs": ["configs/tiny.yml", "configs/attention/vanilla.yml"],
+        "set": {"data_path": tokenized_sample, "split": "100,0,0", "seq_length": 32, "train_iters": steps,
+                "train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "log_interval": 1, "eval_interval": 0,
+                "checkpoint_factor": 1000, "checkpoint_minutes": 0.001, "keep_last_n": 100, "precision": "fp32"},
+        "runs": [{"name": "one"}],
+        "eval": {"source": "local", "corpora": ["c4"], "max_docs": 2},
+        "slurm": {"gpus_per_node": 0, "nproc_per_node": 2, "cpus_per_task": 2, "time": "01:00:00", "exclusive": True,
+                  "nccl_debug": "INFO", "nccl_socket_ifname": "lo", "nccl_ib_disable": 1, "master_port_base": 15000,
+                  "env": {"NEOX_DAR_MARK": "kept"},
+                  "setup": ['mkdir -p "$RUN_DIR/logs" && env | grep -E "^(NCCL_|MASTER_PORT_BASE=|NEOX_DAR_MARK=)" '
+                            '| sort > "$RUN_DIR/logs/job-env.txt"']},
+    }
+    sweep_file = tmp_path / "sweep.yml"
+    sweep_file.write_text(yaml.safe_dump(sweep, sort_keys=False))
+    out = tmp_path / "runs"
+    assert sweep_main([str(sweep_file), "submit", "--out", str(out)]) == 0
+    run = out / "one"
+    job = job_ids(run)[-1]
+    assert _job_field(job, "OverSubscribe") == "NO"  # --exclusive
+    failed = _watch(run)
+
+    def finished():
+        failed()
+        return not _slurm("squeue", "-h", "-j", job, "-o", "%T").strip()
+
+    _wait("the job to finish", finished, 900, 2.0, detail=lambda: _describe({"one": job}, {"one": run}))
+    log = (run / "logs" / "job.log").read_text()
+    assert read_status(run)["state"] == "done", log
+    env = (run / "logs" / "job-env.txt").read_text().splitlines()
+    assert env == ["MASTER_PORT_BASE=15000", "NCCL_DEBUG=INFO", "NCCL_IB_DISABLE=1", "NCCL_SOCKET_IFNAME=lo",
+                   "NEOX_DAR_MARK=kept"], env
+    port = 15000 + int(job) % 20000
+    train_log = next((run / "logs").glob("train-*-node0.log")).read_text()
+    assert f":{port}, 2 process(es)" in train_log, train_log[-2000:]
+    saved = sorted({int(m) for m in re.findall(r"saved checkpoint \S*step_(\d+)", train_log)})
+    assert len(saved) >= 2 and saved[-1] == steps, saved  # by wall time before the last step, then the last
+    eval_log = next((run / "logs").glob("eval-*-node0.log")).read_text()
+    assert f":{port}, 2 process(es)" in eval_log, eval_log[-2000:]
+    result = json.loads((run / "eval" / "perplexity.json").read_text())
+    assert result["ranks"] == 2 and result["step"] == steps and result["corpora"]["c4"]["documents"] == 2
+
+    from eval.perplexity import main as perplexity
+
+    assert perplexity([str(run), "--source", "local", "--corpora", "c4", "--max-docs", "2", "--no-progress",
+                       "--no-wandb", "--device", "cpu", "--out", str(tmp_path / "one.json")]) == 0
+    one = json.loads((tmp_path / "one.json").read_text())["corpora"]["c4"]
+    assert one["tokens"] == result["corpora"]["c4"]["tokens"]
+    assert one["nll"] == pytest.approx(result["corpora"]["c4"]["nll"], rel=1e-6)  # this process's threads may differ
