@@ -135,6 +135,47 @@ def test_the_export_imports_its_layer_types_by_name(tmp_path):
         layer_types_source([{"type": "toy"}])
 
 
+# config.json's neox_dar_block of two exports, as exports have written it (the names of BlockShape's fields, in order)
+BLOCK_JSON = {
+    "gpt_neox": '{"family": "gpt_neox", "names": {"decoder": "gpt_neox", "embed": "embed_in", "final_norm": '
+                '"final_layer_norm", "head": "embed_out", "attention": "attention"}, "norm": "layernorm", "norm_eps": '
+                '1e-05, "rms_weight_in_float32": false, "norm_position": "pre", "parallel_residual": true, "qk_norm": '
+                '"none", "activation": "gelu", "fused_qkv": true, "qkv_bias": true, "attention_out_bias": true, '
+                '"mlp_bias": true, "rotary_ndims": 4, "rope_theta": 10000, "rope_scaling": null}',
+    "llama": '{"family": "llama", "names": {"decoder": "model", "embed": "embed_tokens", "final_norm": "norm", "head": '
+             '"lm_head", "attention": "self_attn"}, "norm": "rmsnorm", "norm_eps": 1e-05, "rms_weight_in_float32": '
+             'false, "norm_position": "pre", "parallel_residual": false, "qk_norm": "none", "activation": "swiglu", '
+             '"fused_qkv": false, "qkv_bias": false, "attention_out_bias": false, "mlp_bias": false, "rotary_ndims": '
+             '16, "rope_theta": 500000, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, '
+             '"high_freq_factor": 4.0, "original_max_position_embeddings": 64}}',
+}
+LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.mark.parametrize("family", sorted(BLOCK_JSON))
+def test_the_block_record_keeps_config_json_as_exports_wrote_it(tmp_path, family):
+    """``neox_dar_block`` is one typed record (:class:`~neox_dar.standalone.block.BlockShape`) that the export writes
+    and the exported model reads: the export writes it as before, key order included, and a folder whose
+    ``config.json`` holds the block as written before (text replaced) loads with our logits."""
+    from neox_dar.standalone.block import BlockShape
+
+    model, folder = export(tmp_path, family, "dar", **({"rope_scaling": LLAMA3} if family == "llama" else {}))
+    config = json.loads((folder / "config.json").read_text())
+    assert json.dumps(config["neox_dar_block"]) == BLOCK_JSON[family]
+    text = json.dumps({**config, "neox_dar_block": "BLOCK"}, indent=2).replace('"BLOCK"', BLOCK_JSON[family])
+    (folder / "config.json").write_text(text)
+    block = BlockShape.from_json(json.loads(BLOCK_JSON[family]))
+    assert json.dumps(block.to_json()) == BLOCK_JSON[family]
+    hf = load_remote(folder)
+    assert type(hf.config.block).__name__ == "BlockShape" and hf.config.block.to_json() == block.to_json()
+    ids = torch.arange(20)[None]
+    with torch.inference_mode():
+        ours = model(ids)
+        torch.testing.assert_close(hf(ids).logits, ours, rtol=1e-4, atol=1e-4 * ours.abs().max().item())
+    with pytest.raises(TypeError, match="unexpected keyword argument 'norm_epsilon'"):
+        BlockShape.from_json({**json.loads(BLOCK_JSON[family]), "norm_epsilon": 1e-5})
+
+
 def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):
     """The exported DAR folder in a new interpreter where ``import neox_dar`` fails: transformers loads it from
     the saved files alone and greedy generate() gives our tokens. Its tokenizer loads without running the folder's

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
+from ..standalone.block import BlockShape, ModuleNames
 from ..standalone.layer_types import LAYER_TYPES
 from .config_map import shape_keys
 
@@ -44,7 +45,8 @@ def layer_types_source(layers: list[dict]) -> str:
 
 def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[str, int | None]) -> dict:
     """The ``config.json`` of ``NeoxDarForCausalLM`` (:mod:`neox_dar.standalone`) for ``cfg`` and its layers'
-    :meth:`~neox_dar.attention.Attention.export_spec` descriptions."""
+    :meth:`~neox_dar.attention.Attention.export_spec` descriptions; ``neox_dar_block`` is the family's
+    :class:`~neox_dar.standalone.block.BlockShape`."""
     scaling = None if cfg.rope_scaling is None else dataclasses.asdict(cfg.rope_scaling)
     rms = cfg.norm == "rmsnorm"
     family = FAMILIES[cfg.model_family]
@@ -54,13 +56,13 @@ def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[s
         "auto_map": {"AutoConfig": "configuration_neox_dar.NeoxDarConfig",
                      "AutoModelForCausalLM": "modeling_neox_dar.NeoxDarForCausalLM"},
         **shape_keys(cfg, special_ids),
-        "neox_dar_block": {
-            "family": family.name, "names": dataclasses.asdict(family.names), "norm": cfg.norm,
-            "norm_eps": cfg.rms_norm_epsilon if rms else cfg.layernorm_epsilon,
-            "rms_weight_in_float32": family.rms_weight_in_float32, "norm_position": cfg.norm_position,
-            "parallel_residual": cfg.gpt_j_residual, "qk_norm": cfg.qk_norm, "activation": cfg.activation,
-            "fused_qkv": cfg.fused_qkv, "qkv_bias": cfg.qkv_bias, "attention_out_bias": cfg.attention_out_bias,
-            "mlp_bias": cfg.mlp_bias, "rotary_ndims": cfg.rotary_ndims, "rope_theta": cfg.rotary_emb_base,
-            "rope_scaling": scaling},
+        "neox_dar_block": BlockShape(
+            family=family.name, names=ModuleNames(**dataclasses.asdict(family.names)), norm=cfg.norm,
+            norm_eps=cfg.rms_norm_epsilon if rms else cfg.layernorm_epsilon,
+            rms_weight_in_float32=family.rms_weight_in_float32, norm_position=cfg.norm_position,
+            parallel_residual=cfg.gpt_j_residual, qk_norm=cfg.qk_norm, activation=cfg.activation,
+            fused_qkv=cfg.fused_qkv, qkv_bias=cfg.qkv_bias, attention_out_bias=cfg.attention_out_bias,
+            mlp_bias=cfg.mlp_bias, rotary_ndims=cfg.rotary_ndims, rope_theta=cfg.rotary_emb_base,
+            rope_scaling=scaling).to_json(),
         "neox_dar_layers": layers,
     }

@@ -1,6 +1,6 @@
 """The models' inference code, standalone: plain PyTorch that imports nothing from ``neox_dar`` (only ``torch``, and
 ``transformers`` where named; the modules import each other relatively), because ``convert to-hf`` copies every file
-here verbatim beside the weights of an exported variant model, where ``from_pretrained(..., trust_remote_code=True)``
+here verbatim (:mod:`.layer_types` aside) beside the weights of an exported variant model, where ``from_pretrained(..., trust_remote_code=True)``
 runs them without neox-dar.
 
 * :mod:`.rotary`: rotary tables; :mod:`.cache`: where a batch's tokens are in the caches (``Layout``), the ring
@@ -11,6 +11,7 @@ runs them without neox-dar.
   :mod:`.dar` (DAR, uniform), :mod:`.aha`, :mod:`.linear`, :mod:`.dimpo`;
 * :mod:`.decoder`: the MLPs, the decoder layer (names and residual wiring) and the stack, with the decode step
   through the caches; :mod:`.norms`: LayerNorm and RMSNorm;
+* :mod:`.block`: ``neox_dar_block`` of ``config.json``, the family's layer shape, as a typed record;
 * :mod:`.layer_types`: the layer types by name, every one a module here defines (an export writes its own, which
   imports its model's layer types by name);
 * ``configuration_neox_dar.py``, ``modeling_neox_dar.py``: the ``transformers`` config and model classes the exported

@@ -2,14 +2,8 @@
 
 Besides transformers' usual keys it holds, resolved by ``convert to-hf`` (nothing here re-derives a rule):
 
-* ``neox_dar_block``: the layer shape of the model family: ``family`` (``gpt_neox``, ``llama``, ...), ``names``
-  (the module names of the family's class: ``decoder``, ``embed``, ``final_norm``, ``head``, ``attention``),
-  ``norm`` (``layernorm``/``rmsnorm``), ``norm_eps``, ``rms_weight_in_float32`` (OLMo-2's RMSNorm multiplies by its
-  weight before casting back), ``norm_position`` (``pre``/``post``),
-  ``parallel_residual``, ``qk_norm`` (``none``/``projection``/``head``), ``activation`` (``gelu``/``swiglu``),
-  ``fused_qkv``, ``qkv_bias``, ``attention_out_bias``, ``mlp_bias``, ``rotary_ndims``, ``rope_theta``,
-  ``rope_scaling`` (Llama-3's ``factor``, ``low_freq_factor``, ``high_freq_factor``,
-  ``original_max_position_embeddings``, or null);
+* ``neox_dar_block``: the layer shape of the model family, :class:`~.block.BlockShape` (:attr:`NeoxDarConfig.block`):
+  the family, its module names, norm, residual wiring, query/key norms, activation, biases and rotary settings;
 * ``neox_dar_layers``: one entry per layer, its layer type's ``export_spec()`` (the arguments of that type's
   ``build_variant``, in :data:`~.layer_types.LAYER_TYPES`): ``{"type": "windowed", "windows": [per query
   head, null = every earlier key]}`` (vanilla, SWA, MSWA), ``{"type": "aha", "window", "threshold"}``, ``{"type":
@@ -19,6 +13,8 @@ Besides transformers' usual keys it holds, resolved by ``convert to-hf`` (nothin
 """
 
 from transformers import PretrainedConfig
+
+from .block import BlockShape
 
 
 class NeoxDarConfig(PretrainedConfig):
@@ -41,3 +37,8 @@ class NeoxDarConfig(PretrainedConfig):
         self.neox_dar_layers = neox_dar_layers or []
         self.neox_dar_config = neox_dar_config or {}
         super().__init__(**kwargs)
+
+    @property
+    def block(self) -> BlockShape:
+        """``neox_dar_block`` as its typed record."""
+        return BlockShape.from_json(self.neox_dar_block)

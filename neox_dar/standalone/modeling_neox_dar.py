@@ -26,6 +26,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .attention import AttentionLayer
+from .block import BlockShape
 from .cache import Layout, ModelCache
 from .configuration_neox_dar import NeoxDarConfig
 from .decoder import DecoderLayer, DecoderStack, build_mlp
@@ -34,24 +35,24 @@ from .norms import make_norm
 from .rotary import rotary_table
 
 
-def _norm(block: dict, width: int, rms: bool = False) -> nn.Module:
+def _norm(block: BlockShape, width: int, rms: bool = False) -> nn.Module:
     """The family's norm over ``width`` features (``rms``: the query/key norms, RMSNorms in every family)."""
-    return make_norm(rms or block["norm"] == "rmsnorm", width, block["norm_eps"], block["rms_weight_in_float32"])
+    return make_norm(rms or block.norm == "rmsnorm", width, block.norm_eps, block.rms_weight_in_float32)
 
 
 def attention_layer(config: NeoxDarConfig, spec: dict) -> AttentionLayer:
     """One layer's attention: the class of its type (``spec``, an entry of ``config.neox_dar_layers``) with the
     family's projections and the type's parameters."""
-    block = config.neox_dar_block
+    block = config.block
     args = dict(spec)
     kind = args.pop("type")
     if kind not in LAYER_TYPES:
         raise ValueError(f"neox_dar_layers: unknown attention type {kind!r}")
     layer = LAYER_TYPES[kind]()
     layer.build_projections(config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                            config.head_dim, block["fused_qkv"], block["qkv_bias"], block["attention_out_bias"],
-                            block["qk_norm"], lambda width: _norm(block, width, rms=True))
-    layer.rotary_ndims = block["rotary_ndims"]
+                            config.head_dim, block.fused_qkv, block.qkv_bias, block.attention_out_bias,
+                            block.qk_norm, lambda width: _norm(block, width, rms=True))
+    layer.rotary_ndims = block.rotary_ndims
     layer.build_variant(**args)
     return layer
 
@@ -62,24 +63,23 @@ class NeoxDarBlock(DecoderLayer):
 
     def __init__(self, config: NeoxDarConfig, spec: dict):
         super().__init__()
-        block = config.neox_dar_block
-        self.build_layer(lambda: _norm(block, config.hidden_size), block["names"]["attention"],
+        block = config.block
+        self.build_layer(lambda: _norm(block, config.hidden_size), block.names.attention,
                          attention_layer(config, spec),
-                         build_mlp(block["activation"], config.hidden_size, config.intermediate_size,
-                                   block["mlp_bias"]),
-                         post_norm=block["norm_position"] == "post", parallel=block["parallel_residual"])
+                         build_mlp(block.activation, config.hidden_size, config.intermediate_size, block.mlp_bias),
+                         post_norm=block.norm_position == "post", parallel=block.parallel_residual)
 
 
 class NeoxDarModel(DecoderStack):
-    """Embedding, layers and final norm, named as ``neox_dar_block["names"]`` says; :meth:`decode` runs tokens through
+    """Embedding, layers and final norm, named as ``neox_dar_block``'s ``names`` say; :meth:`decode` runs tokens through
     the caches."""
 
     def __init__(self, config: NeoxDarConfig):
         super().__init__()
-        block = config.neox_dar_block
-        self.build_decoder(block["names"]["embed"], nn.Embedding(config.vocab_size, config.hidden_size),
+        block = config.block
+        self.build_decoder(block.names.embed, nn.Embedding(config.vocab_size, config.hidden_size),
                            (NeoxDarBlock(config, spec) for spec in config.neox_dar_layers),
-                           block["names"]["final_norm"], _norm(block, config.hidden_size))
+                           block.names.final_norm, _norm(block, config.hidden_size))
 
 
 class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
@@ -92,8 +92,8 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: NeoxDarConfig):
         super().__init__(config)
-        names = config.neox_dar_block["names"]
-        self.decoder_name, self.head_name = names["decoder"], names["head"]
+        names = config.block.names
+        self.decoder_name, self.head_name = names.decoder, names.head
         self.add_module(self.decoder_name, NeoxDarModel(config))
         self.add_module(self.head_name, nn.Linear(config.hidden_size, config.vocab_size, bias=False))
         if config.tie_word_embeddings:
@@ -129,10 +129,10 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
             if not torch.equal(mask, left_padded):
                 raise ValueError("neox_dar models take left-padded batches: attention_mask zeros on the left only "
                                  "(tokenizer.padding_side = 'left')")
-        block = self.config.neox_dar_block
-        scaling = None if block["rope_scaling"] is None else SimpleNamespace(**block["rope_scaling"])
-        layout = Layout(starts, None, lambda n: rotary_table(block["rotary_ndims"], block["rope_theta"], scaling, n,
-                                                             dtype, device), device)
+        block = self.config.block
+        scaling = None if block.rope_scaling is None else SimpleNamespace(**block.rope_scaling)
+        layout = Layout(starts, None, lambda n: rotary_table(block.rotary_ndims, block.rope_theta, scaling, n, dtype,
+                                                             device), device)
         decoder = getattr(self, self.decoder_name)
         return ModelCache(layout, [layer.attn.new_cache(layout, device, dtype) for layer in decoder.layers])
 
