@@ -1,4 +1,11 @@
-"""The typed, sectioned :class:`Config` of one run (built by :mod:`.loading`), and the model section's flat view."""
+"""The typed, sectioned :class:`Config` of one run, built from layers of flat keys (:func:`load_layers`; the files
+and overrides are read by :mod:`.loading`), and the model section's flat view.
+
+Building merges the layers (:mod:`.files`), maps GPT-NeoX spellings (:mod:`.neox`), routes each key to its section
+(:mod:`.schema`), checks its type (:mod:`.coerce`), resolves the values that have defaults computed from other keys
+and the per-layer attention types (:func:`neox_dar.variants.layers.resolve_layout`), checks every value rule
+(:mod:`.rules`) and warns about keys the chosen attention variant does not read.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +14,15 @@ from typing import Any, Callable
 
 import yaml
 
-from ..variants import variant_keys
-from .coerce import plain
-from .model_schema import ModelConfig
-from .rules import validated
-from .schema import DataConfig, RunConfig, TrainingConfig, section_fields
+from ..variants import layer_types, variant, variant_keys, variants
+from ..variants.layers import resolve_layout
+from .coerce import build, plain, unknown_key
+from .files import merge, normalize_keys
+from .model_schema import ModelConfig, attention_config_class
+from .neox import translate_neox
+from .rules import (check_attention, check_data, check_model, check_run, check_training, resolve_model,
+                    resolve_training, validated)
+from .schema import SECTIONS, DataConfig, RunConfig, TrainingConfig, key_sections, section_fields
 
 
 @dataclass
@@ -57,10 +68,57 @@ class Config:
     @classmethod
     def from_flat(cls, data: dict, source: str = "<dict>") -> "Config":
         """A validated config from flat keys, all set by ``source``."""
-        from .files import normalize_keys
-        from .loading import load_layers  # which builds a Config
-
         return load_layers([(source, normalize_keys(data, source))])
+
+
+def load_layers(layers: list[tuple[str, dict]]) -> Config:
+    """``(source, flat keys)`` layers, later ones winning, as one validated :class:`Config`."""
+    merged: dict = {}
+    origins: dict[str, str] = {}
+    for source, data in layers:
+        merge(merged, data, origins, source)
+    translate_neox(merged, origins)
+    sections = key_sections()
+    for key in merged:
+        if key not in sections:
+            unknown_key(key, list(sections), origins.get(key, "<config>"))
+    by_section: dict[str, dict] = {name: {} for name in SECTIONS}
+    for key, value in merged.items():
+        if sections[key] != "attention":
+            by_section[sections[key]][key] = value
+    model = model_sections({k: v for k, v in merged.items() if sections[k] in ("model", "attention")}, origins)
+    cfg = Config(model=model,
+                 training=build(TrainingConfig, by_section["training"], origins, "<config>", ""),
+                 data=build(DataConfig, by_section["data"], origins, "<config>", ""),
+                 run=build(RunConfig, by_section["run"], origins, "<config>", ""), origins=origins)
+    resolve_training(cfg.training)
+    validated(origins, check_training, cfg.training)
+    validated(origins, check_data, cfg.data)
+    validated(origins, check_run, cfg.run)
+    finish_model(cfg.model, origins)
+    return cfg
+
+
+def model_sections(data: dict, origins: dict) -> ModelConfig:
+    """Model and attention sections from their flat keys (types checked, nothing resolved yet)."""
+    attention_names = {f.name for f in section_fields("attention")}
+    model = build(ModelConfig, {k: v for k, v in data.items() if k not in attention_names}, origins, "<config>", "")
+    model.attention = build(attention_config_class(), {k: v for k, v in data.items() if k in attention_names},
+                             origins, "<config>", "")
+    return model
+
+
+def finish_model(model: ModelConfig, origins: dict) -> None:
+    """Resolve the model's derived sizes and the per-layer attention types, each variant in use's model-dependent
+    defaults, check every model and attention rule, and warn about attention keys no variant in use reads."""
+    resolve_model(model)
+    validated(origins, check_model, model)
+    validated(origins, lambda m: resolve_layout(m, explicit_type="attention_type" in origins), model)
+    for name in dict.fromkeys(layer_types(model)):
+        if name in variants():
+            for key, value in variant(name).resolve(model).items():
+                setattr(model.attention, key, value)
+    validated(origins, check_attention, model)
 
 
 def model_flat(model: ModelConfig) -> dict[str, Any]:
