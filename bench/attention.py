@@ -1,7 +1,9 @@
 """Benchmark the Triton kernels (kernels/) against PyTorch paths: forward and forward+backward time, peak memory.
 
 Per kernel and sequence length it times: ``triton`` (this project's kernel; for MSWA also ``triton_one_launch``,
-every head in one launch instead of one per window group), ``reference`` (the model's explicit-mask path, float32
+every head in one launch instead of one per window group; for DAR, SWA and MSWA also ``triton_dq_atomic`` and
+``triton_dq_rows``, the backward's dq pass fixed, while ``triton`` records the pass its backward chose by timing
+both, ``dq_choices``), ``reference`` (the model's explicit-mask path, float32
 math), ``sdpa_path`` (the model's SDPA path for the variant), ``sdpa_causal`` (plain causal
 ``scaled_dot_product_attention`` forced to the flash backend, same q/k/v shapes: the speed of light for dense causal
 attention) and ``flex`` (``flex_attention`` compiled, with the variant's mask; block-mask build not timed; DAR
@@ -65,8 +67,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--aha-frac", type=float, default=0.1, help="fraction of (token, head) rows routed global")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     p.add_argument("--methods", nargs="+",
-                   default=["triton", "triton_one_launch", "reference", "sdpa_path", "sdpa_causal", "flex"],
-                   help="triton_one_launch: MSWA only, all heads in one launch (group_by_window=False)")
+                   default=["triton", "triton_one_launch", "triton_dq_atomic", "triton_dq_rows", "reference",
+                            "sdpa_path", "sdpa_causal", "flex"],
+                   help="triton_one_launch: MSWA only, all heads in one launch (group_by_window=False); "
+                        "triton_dq_atomic / triton_dq_rows: DAR, SWA, MSWA with the backward's dq pass fixed "
+                        "(kernels.backward.DQ_PASS; triton: the pass the backward chose by timing both)")
     p.add_argument("--warmup-ms", type=float, default=50.0,
                    help="warm-up time per measurement (GPU: do_bench's; CPU: calls until it is spent, none at 0)")
     p.add_argument("--rep-ms", type=float, default=300.0,
@@ -205,6 +210,10 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
     def merged(o):
         return o.transpose(1, 2).reshape(o.shape[0], T, H * D)
 
+    def fixed_dq(fn):
+        """The triton method again under each fixed dq pass (check_and_time sets it for the timed calls)."""
+        return {method: fn for method in FIXED_DQ}
+
     def sdpa_causal(q, k, v):
         with torch.nn.attention.sdpa_kernel([torch.nn.attention.SDPBackend.FLASH_ATTENTION]):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -223,6 +232,7 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
         inputs = [qkv, kv_glob]
         qkv_of = lambda a, b: (*heads(a, 3), *heads(b, 2))  # noqa: E731
         methods = {"triton": lambda *x: kernels.dar_attention(*qkv_of(*x), w),
+                   **fixed_dq(lambda *x: kernels.dar_attention(*qkv_of(*x), w)),
                    "reference": lambda *x: dar_reference(*qkv_of(*x), w),
                    "sdpa_path": lambda *x: dar_sdpa(*qkv_of(*x), w),
                    "sdpa_causal": lambda a, b: sdpa_causal(*heads(a, 3))}
@@ -260,6 +270,7 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
             return lambda x: sum(merged(f(*heads(x, 3), n)) for n in range(len(table)))
 
         methods = {"triton": layers(lambda q, k, v, n: kernels.mswa_attention(q, k, v, host_wins[n])),
+                   **fixed_dq(layers(lambda q, k, v, n: kernels.mswa_attention(q, k, v, host_wins[n]))),
                    "triton_one_launch": layers(lambda q, k, v, n: kernels.mswa_attention(
                        q, k, v, host_wins[n], group_by_window=False)),
                    "reference": layers(lambda q, k, v, n: masked_attention(q, k, v, masks[n])),
@@ -277,6 +288,7 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
     elif name == "swa":
         inputs = [qkv]
         methods = {"triton": lambda q, k, v: kernels.mswa_attention(q, k, v, w),
+                   **fixed_dq(lambda q, k, v: kernels.mswa_attention(q, k, v, w)),
                    "reference": lambda q, k, v: masked_attention(q, k, v, window_mask(T, w, device)),
                    "sdpa_path": lambda q, k, v: windowed_sdpa(q, k, v, w),
                    "sdpa_causal": sdpa_causal}
@@ -404,20 +416,33 @@ def run_benchmarks(args, torch, triton, save=None) -> dict:
     return report
 
 
+# methods that run the triton kernels with the backward's dq pass fixed (kernels.backward.DQ_PASS)
+FIXED_DQ = {"triton_dq_atomic": "atomic", "triton_dq_rows": "rows"}
+
+
 def check_and_time(name: str, T: int, method: str, fn, err, inputs, args, timer, torch) -> dict:
-    """One result row: timed unless the method raised or its output differs from the reference (``err``)."""
+    """One result row: timed unless the method raised or its output differs from the reference (``err``). The
+    ``triton`` row records the dq pass its backward chose (``dq_choices``, timed on CUDA only)."""
+    from kernels import backward
+
     r = {"kernel": name, "T": T, "method": method, "rel_err_vs_reference": err,
          "fwd_ms": None, "fwd_bwd_ms": None, "peak_mib": None}
+    chosen_before = len(backward.DQ_CHOICES)
     if isinstance(err, str):
         r["error"] = f"{err}: not timed"
     elif err is not None and not err <= CHECK_TOL[args.dtype]:
         r["error"] = (f"output differs from the reference (relative error {err:.3g} > "
                       f"{CHECK_TOL[args.dtype]:g}): not timed")
     else:
+        backward.DQ_PASS = FIXED_DQ.get(method)
         try:
             r.update(measure(fn, inputs, timer, torch))
         except Exception as e:  # noqa: BLE001  (recorded, printed, and the exit status says so)
             r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        finally:
+            backward.DQ_PASS = None
+    if len(backward.DQ_CHOICES) > chosen_before:
+        r["dq_choices"] = backward.DQ_CHOICES[chosen_before:]
     shown = f"{err:.2e}" if isinstance(err, float) else "-"
     print(f"{name:5s} T={T:6d} {method:17s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
           f"  peak {fmt(r['peak_mib'])} MiB  err {shown} {r.get('error', '')}{r.get('note', '')}", flush=True)
@@ -463,15 +488,21 @@ def compile_report(args) -> dict:
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from kernels import banded, decode
+    from kernels import backward, banded, decode
+    from kernels.runtime import is_wide_key_tile
 
     pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
     int_ptrs = {"WIN", "KV_HEADS", "ROWS", "COUNTS", "LO", "HI"}
     fp32_ptrs = {"LSE", "DELTA", "DQ", "M", "L", "ACC"}
     scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D", "NC"}
     specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
-             ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False)), ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False)),
-             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True)), ("_routed_fwd_kernel", {}),
+             ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False, ATOMIC_DQ=True)),
+             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False, ATOMIC_DQ=True)),
+             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True, ATOMIC_DQ=True)),
+             ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False, ATOMIC_DQ=False)),
+             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False, ATOMIC_DQ=False)),
+             ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
+             ("_routed_fwd_kernel", {}),
              ("_range_partial_kernel", {}), ("_range_merge_kernel", {})]
     # the decode kernels are not autotuned: their one launch configuration (kernels/decode.py)
     fixed = {"_range_partial_kernel": triton.Config(dict(CHUNK_=decode.CHUNK, BLOCK=decode.BLOCK_N),
@@ -479,8 +510,12 @@ def compile_report(args) -> dict:
              "_range_merge_kernel": triton.Config(dict(BLOCK_C=32), num_warps=4, num_stages=3)}
     rows = []
     for kname, flags in [(k, f) for k, f in specs if any(sub in k for sub in args.compile_filter)]:
-        jf = getattr(decode, kname) if kname in fixed else getattr(banded, kname).fn
-        configs = [fixed[kname]] if kname in fixed else getattr(banded, kname).configs[:args.compile_configs]
+        home = decode if kname in fixed else backward if hasattr(backward, kname) else banded
+        jf = getattr(home, kname) if kname in fixed else getattr(home, kname).fn
+        # the candidates a launch with these flags is offered (wide key tiles only without atomic dq)
+        configs = [fixed[kname]] if kname in fixed else [
+            c for c in getattr(home, kname).configs
+            if not (flags.get("ATOMIC_DQ") and is_wide_key_tile(c))][:args.compile_configs]
         for cfg in configs:
             consts = dict(flags, BLOCK_D=max(16, triton.next_power_of_2(args.head_dim)), **cfg.kwargs)
             if kname not in fixed:  # the decode kernels take d_h at run time

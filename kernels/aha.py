@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .banded import banded_backward, banded_forward, routed_forward
+from .backward import banded_backward
+from .banded import banded_forward, routed_forward
 from .runtime import OPS, check_device, check_qkv, check_spans, check_window, head_windows, new_heads, unit_last_dim
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .banded import banded_backward, banded_forward
+from .backward import banded_backward
+from .banded import banded_forward
 from .runtime import OPS, check_qkv, check_spans, head_windows, new_heads, unit_last_dim, window_values
 
 

@@ -48,6 +48,15 @@ _GPU_KEY_MAJOR_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
     for bm, bn, nw, ns in [(64, 64, 8, 3), (32, 64, 8, 3), (16, 64, 4, 3), (16, 128, 8, 2), (64, 32, 8, 3)]
 ]
+# Without atomic dq (banded_backward's "rows" pass) a step does four products, not five, and keeps no dq tile:
+# a 128-key tile with 32-row steps halves the passes over the query rows and stays spill-free at d_h 32 and 64
+# (with atomic dq it does not; 64-row steps spill in both).
+_GPU_KEY_MAJOR_WIDE_CONFIGS = [triton.Config({"BLOCK_M": 32, "BLOCK_N": 128}, num_warps=8, num_stages=3)]
+# The query-major dq kernel: q, do and the dq accumulator per query tile (one more row tile than the forward).
+_GPU_DQ_CONFIGS = [
+    triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
+    for bm, bn, nw, ns in [(128, 64, 8, 3), (64, 64, 4, 3), (64, 128, 8, 2), (128, 32, 8, 3), (64, 32, 4, 2)]
+]
 
 # Small tiles for heads whose sliding window is small: a 64-row query tile with window 8 scores ~70 keys per row to
 # use 8 (its diagonal tiles dominate); 16- and 32-row tiles cut that several-fold. Below 64 rows the products are
@@ -72,10 +81,19 @@ def tile_configs(small_windows: bool = False) -> list[triton.Config]:
 
 
 def key_major_configs(small_windows: bool = False) -> list[triton.Config]:
-    """Autotune candidates for the dk/dv kernels (one program per key tile, looping over query rows)."""
+    """Autotune candidates for the dk/dv kernels (one program per key tile, looping over query rows); the wide key
+    tiles only serve launches without atomic ``dq`` (:func:`prune_for_window`)."""
     if INTERPRET:
         return _INTERPRET_CONFIGS
-    return _GPU_KEY_MAJOR_CONFIGS + (_GPU_KEY_MAJOR_SMALL_CONFIGS if small_windows else [])
+    return (_GPU_KEY_MAJOR_CONFIGS + _GPU_KEY_MAJOR_WIDE_CONFIGS
+            + (_GPU_KEY_MAJOR_SMALL_CONFIGS if small_windows else []))
+
+
+def query_major_dq_configs(small_windows: bool = False) -> list[triton.Config]:
+    """Autotune candidates for the query-major ``dq`` kernel (one program per query tile, looping over keys)."""
+    if INTERPRET:
+        return _INTERPRET_CONFIGS
+    return _GPU_DQ_CONFIGS + (_GPU_SMALL_CONFIGS if small_windows else [])
 
 
 def is_small_tile(config: triton.Config) -> bool:
@@ -83,12 +101,20 @@ def is_small_tile(config: triton.Config) -> bool:
     return max(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]) <= 32
 
 
+def is_wide_key_tile(config: triton.Config) -> bool:
+    """True for the key-major tiles that only a backward without atomic ``dq`` keeps spill-free (see
+    ``_GPU_KEY_MAJOR_WIDE_CONFIGS``)."""
+    return config in _GPU_KEY_MAJOR_WIDE_CONFIGS
+
+
 def prune_for_window(configs: list[triton.Config], named_args: dict, **kwargs) -> list[triton.Config]:
     """Triton ``early_config_prune`` hook of the banded kernels: small tiles only for a sliding-window launch
-    (no far path) whose window bucket ``W_TUNE`` is at most :data:`SMALL_WINDOW`; standard tiles always."""
+    (no far path) whose window bucket ``W_TUNE`` is at most :data:`SMALL_WINDOW`; wide key tiles only for a
+    backward without atomic ``dq``; standard tiles always."""
     args = {**named_args, **kwargs}
     small = not args.get("HAS_FAR", False) and not args.get("ROUTED", False) and 0 < args["W_TUNE"] <= SMALL_WINDOW
-    return [c for c in configs if small or not is_small_tile(c)] or configs
+    wide = not args.get("ATOMIC_DQ", True)
+    return [c for c in configs if (small or not is_small_tile(c)) and (wide or not is_wide_key_tile(c))] or configs
 
 
 def block_d(head_dim: int) -> int:

@@ -152,12 +152,13 @@ def finish_rows(acc, m_i, l_i):
 @triton.jit
 def bwd_tile(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, pos, row_ok, keys, w, T, s_qt, s_dot, s_dqt, offs_d,
              D: tl.constexpr, sm_scale, qk_scale,
-             LOCAL: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
-    """One query tile's part of the backward for one key tile and one key set (FlashAttention-2's five products).
+             LOCAL: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr):
+    """One query tile's part of the backward for one key tile and one key set (FlashAttention-2's products).
 
     ``k, v``: (BLOCK_N, BLOCK_D) key tile; rows ``pos`` (BLOCK_M,) of one query head, read here (``q``, ``do``,
     ``lse``, ``delta``). Returns the key tile's unscaled ``dk`` (multiply by ``1/sqrt(d_h)`` at the end) and
-    ``dv`` accumulators; the rows' ``dq`` part is added to the float32 ``DQ`` rows with atomic adds.
+    ``dv`` accumulators. With ``ATOMIC_DQ`` (five products) the rows' ``dq`` part is added to the float32 ``DQ``
+    rows with atomic adds; without it (four products) ``dq`` is left to the query-major pass (:func:`dq_tile`).
     """
     q = load_rows(Q, pos, row_ok, s_qt, offs_d, D)
     do = load_rows(DO, pos, row_ok, s_dot, offs_d, D)
@@ -171,7 +172,25 @@ def bwd_tile(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, pos, row_ok, keys, w, T, s_qt,
     dst = pt * (dpt - delta[None, :])
     dv += tl.dot(pt.to(q.dtype), do, input_precision=PRECISION)
     dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
-    dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=PRECISION) * sm_scale
-    tl.atomic_add(DQ + pos[:, None] * s_dqt + offs_d[None, :], dq, mask=row_col_mask(row_ok, offs_d, D),
-                  sem="relaxed")
+    if ATOMIC_DQ:
+        dq = tl.dot(tl.trans(dst.to(k.dtype)), k, input_precision=PRECISION) * sm_scale
+        tl.atomic_add(DQ + pos[:, None] * s_dqt + offs_d[None, :], dq, mask=row_col_mask(row_ok, offs_d, D),
+                      sem="relaxed")
     return dk, dv
+
+
+@triton.jit
+def dq_tile(dq, q, do, lse, delta, pos, n0, w, T, K, V, s_kt, s_vt, offs_n, offs_d, D: tl.constexpr, qk_scale,
+            LOCAL: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """One key tile of one key set in the query-major ``dq`` pass (three products): returns ``dq`` plus the tile's
+    ``dS @ K``, unscaled (multiply by ``1/sqrt(d_h)`` at the end). ``q``, ``do``: the rows (BLOCK_M, BLOCK_D);
+    ``lse``: their base-2 LSE with ``+inf`` for an empty row or one past ``T``; ``delta``: ``rowsum(o * do)``."""
+    keys = n0 + offs_n
+    k = load_rows(K, keys, keys < T, s_kt, offs_d, D)
+    v = load_rows(V, keys, keys < T, s_vt, offs_d, D)
+    p = tl.exp2(tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale - lse[:, None])
+    if MASKED:
+        p = tl.where(region_mask(pos, keys, w, T, LOCAL), p, 0.0)
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+    ds = p * (dp - delta[:, None])
+    return dq + tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)

@@ -37,7 +37,8 @@
 #                     8..512, AHA 10% routed)
 #   bench-attention   bench/attention.py at the shapes (B=8, H=12, d_h=64, T in {2048, 8192}, w=128):
 #                     DAR, SWA, MSWA (grouped and one launch), AHA at 10% routed against SDPA causal flash,
-#                     flex_attention and the reference, each output checked against the reference first
+#                     flex_attention and the reference, each output checked against the reference first; DAR,
+#                     SWA and MSWA also with each backward dq pass fixed (atomic, rows) beside the timed choice
 #   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 160M,
 #                     the MFU target's model, the triton path, torch_compile off for vanilla, DAR, SWA, MSWA, AHA
 #                     and on for vanilla and MSWA; --full: 70M and 160M, torch_compile off and on, attention_impl

@@ -64,9 +64,10 @@ PINNED_TILES = {"query_major": (64, 64, 4, 3), "key_major": (64, 64, 8, 3)}
 
 def tuners():
     """The autotuned kernels by family."""
-    from kernels import banded
+    from kernels import backward, banded
 
-    return {"query_major": [banded._fwd_kernel, banded._routed_fwd_kernel], "key_major": [banded._bwd_kernel]}
+    return {"query_major": [banded._fwd_kernel, banded._routed_fwd_kernel, backward._dq_kernel],
+            "key_major": [backward._bwd_kernel]}
 
 
 @pytest.fixture(autouse=True)
@@ -94,6 +95,7 @@ def test_pinned_gpu_tiles_are_real_candidates():
     from kernels import runtime
 
     assert PINNED_TILES["query_major"] in {tile_of(c) for c in runtime._GPU_CONFIGS}
+    assert PINNED_TILES["query_major"] in {tile_of(c) for c in runtime._GPU_DQ_CONFIGS}
     assert PINNED_TILES["key_major"] in {tile_of(c) for c in runtime._GPU_KEY_MAJOR_CONFIGS}
 
 
@@ -273,6 +275,61 @@ def test_grouped_query_attention_matches_reference(variant, B, H, Hkv, T, D):
     check_against_reference(out, [q, *kv], ref, torch.float32, f"{variant} gqa H={H} H_kv={Hkv}")
 
 
+# ------------------------------------------------------------------------------------------------ dq passes
+@pytest.fixture
+def rows_dq_pass(monkeypatch):
+    """Every backward through autograd computes dq by the query-major pass (kernels.backward.DQ_PASS = "rows")."""
+    from kernels import backward
+
+    monkeypatch.setattr(backward, "DQ_PASS", "rows")
+
+
+# DAR at w = 0 (every pair far), a window inside one tile, w = T and a window spanning tiles; half inputs once
+ROWS_DAR_CASES = [(*DAR_CASES[0], torch.float32), (*DAR_CASES[2], torch.float32), (*DAR_CASES[4], torch.float32),
+                  (*DAR_CASES[5], torch.float32), (*DAR_CASES[1], torch.float16)]
+
+
+@pytest.mark.parametrize("B,H,T,D,w,dtype", ROWS_DAR_CASES, ids=dtype_id)
+def test_dar_with_the_query_major_dq_pass_matches_reference(B, H, T, D, w, dtype, rows_dq_pass):
+    """banded_backward's "rows" pass (no atomics: dk/dv key-major with four products, dq query-major) gives the
+    same gradients as the float64 reference."""
+    test_dar_matches_reference(B, H, T, D, w, dtype)
+
+
+@pytest.mark.parametrize("B,H,T,D,windows,dtype", [(*MSWA_CASES[0], torch.float32), (*MSWA_CASES[4], torch.float32)],
+                         ids=dtype_id)
+def test_mswa_with_the_query_major_dq_pass_matches_reference(B, H, T, D, windows, dtype, rows_dq_pass):
+    test_mswa_matches_reference(B, H, T, D, windows, dtype)
+
+
+@pytest.mark.parametrize("variant", ["dar", "mswa", "aha"])
+def test_grouped_query_attention_with_the_query_major_dq_pass_matches_reference(variant, rows_dq_pass):
+    """Grouped key/value heads; AHA's routed rows keep the atomic pass (their far pairs are visited key-major)."""
+    test_grouped_query_attention_matches_reference(variant, *GQA_CASES[0])
+
+
+def test_the_dq_passes_agree_and_the_query_major_one_is_repeatable():
+    """Both passes of banded_backward give the same five gradients (float32: to rounding); the query-major pass
+    writes each dq element once, so two runs are bitwise equal (the atomic pass adds in arrival order on a GPU);
+    a pass outside DQ_PASSES is a clear error."""
+    from kernels import backward, banded
+    from kernels.runtime import head_windows
+
+    torch.manual_seed(11)
+    q, kl, vl, kf, vf = (torch.randn(2, 2, 45, 32, device=DEVICE) for _ in range(5))
+    win = head_windows("t", 9, 2, 45, DEVICE)
+    o, lse = banded.banded_forward(q, kl, vl, kf, vf, win, True, True)
+    do = torch.randn_like(o)
+    atomic = backward.banded_backward(q, kl, vl, kf, vf, o, lse, do, win, True, dq_pass="atomic")
+    rows = backward.banded_backward(q, kl, vl, kf, vf, o, lse, do, win, True, dq_pass="rows")
+    again = backward.banded_backward(q, kl, vl, kf, vf, o, lse, do, win, True, dq_pass="rows")
+    for a, r, r2 in zip(atomic, rows, again):
+        assert r.dtype == q.dtype and rel_err(r, a.double()) < 1e-6
+        assert torch.equal(r, r2)
+    with pytest.raises(ValueError, match="dq_pass must be one of"):
+        backward.banded_backward(q, kl, vl, kf, vf, o, lse, do, win, True, dq_pass="fast")
+
+
 def kernel_ops():
     """Each kernel's forward and backward custom op with arguments (small, random; the gate routes ~40%), and the
     decode step's range attention (inference only)."""
@@ -344,13 +401,13 @@ class Launches:
     def __init__(self, monkeypatch):
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from kernels import banded, cross_entropy
+        from kernels import backward, banded, cross_entropy
 
         self.triton: list[str] = []
         self.torch: list[str] = []
         self.in_triton = False  # the interpreter moves a kernel's tensors with PyTorch operators: not launches
         outer = self
-        for cls in {type(banded._delta_kernel), type(banded._fwd_kernel.fn), type(cross_entropy._cross_entropy_kernel)}:
+        for cls in {type(backward._delta_kernel), type(banded._fwd_kernel.fn), type(cross_entropy._cross_entropy_kernel)}:
             def run(kernel, *args, _run=cls.run, **kwargs):
                 outer.triton.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
                 outer.in_triton = True
@@ -381,9 +438,10 @@ def test_each_kernel_pass_launches_what_it_must_and_nothing_more(monkeypatch):
     """Launches per call once tuned (the interpreter offers one tile, so a call's head groups share one launch; the
     merge on the GPU: test_tuned_launch_tunes_each_group_once_then_launches_directly_merged_by_tile). Forward:
     one banded kernel (AHA: and the routed rows' kernel, after compacting the rows: five small PyTorch operators).
-    Backward: the row deltas (which also zero the float32 dq accumulator) and the key-major kernel (then, for half
-    inputs, dq's cast); autograd makes no zero gradient for the LSE (or AHA's rows)."""
-    from kernels import banded
+    Backward (the atomic dq pass, the interpreter's default): the row deltas (which also zero the float32 dq
+    accumulator) and the key-major kernel (then, for half inputs, dq's cast); with the query-major dq pass, the row
+    deltas, the key-major kernel and the dq kernel. Autograd makes no zero gradient for the LSE (or AHA's rows)."""
+    from kernels import backward, banded
     from kernels.aha import route_rows
 
     count = Launches(monkeypatch)
@@ -407,9 +465,14 @@ def test_each_kernel_pass_launches_what_it_must_and_nothing_more(monkeypatch):
     win = head_windows("t", 5, 2, 24, DEVICE)
     (o, lse), triton_fwd, torch_fwd = count(lambda: banded.banded_forward(q, k, v, k, v, win, True, False))
     assert torch_fwd == [] and triton_fwd == ["_fwd_kernel"]
-    banded.banded_backward(q, k, v, k, v, o, lse, do, win, False)  # tunes (AHA's backward tuned the routed one)
-    _, triton_bwd, torch_bwd = count(lambda: banded.banded_backward(q, k, v, k, v, o, lse, do, win, False))
+    backward.banded_backward(q, k, v, k, v, o, lse, do, win, False)  # tunes (AHA's backward tuned the routed one)
+    _, triton_bwd, torch_bwd = count(lambda: backward.banded_backward(q, k, v, k, v, o, lse, do, win, False))
     assert triton_bwd == ["_delta_kernel", "_bwd_kernel"] and torch_bwd == []  # half inputs: + dq's cast
+    # the query-major dq pass: the dq kernel instead of a cast (dq is written once, in the input dtype)
+    backward.banded_backward(q, k, v, k, v, o, lse, do, win, False, dq_pass="rows")  # tunes
+    _, triton_bwd, torch_bwd = count(lambda: backward.banded_backward(q, k, v, k, v, o, lse, do, win, False,
+                                                                    dq_pass="rows"))
+    assert triton_bwd == ["_delta_kernel", "_bwd_kernel", "_dq_kernel"] and torch_bwd == []
     _, _, torch_rows = count(lambda: route_rows(gate))
     assert torch_rows == ["bitwise_not", "_to_copy", "sort", "_to_copy", "sum"]
 
@@ -571,7 +634,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_row_deltas_kernel_matches_float64_rowsum_and_zeroes_the_dq_accumulator():
-    from kernels.banded import row_deltas
+    from kernels.backward import row_deltas
 
     for shape in [(2, 3, 70, 64), (1, 2, 5, 24)]:  # T beyond one 64-row program; d_h not a power of two
         for dtype in DTYPES:
@@ -582,6 +645,7 @@ def test_row_deltas_kernel_matches_float64_rowsum_and_zeroes_the_dq_accumulator(
             assert got.dtype == torch.float32 and got.shape == ref.shape
             assert torch.allclose(got.double(), ref, rtol=1e-5, atol=1e-5), (shape, dtype)
             assert dq.abs().max() == 0
+            assert torch.equal(row_deltas(o, do, None), got)  # the query-major dq pass has no accumulator to zero
 
 
 def test_head_windows_are_read_on_the_host_cached_on_the_device_and_grouped_by_tune_bucket():
@@ -612,12 +676,12 @@ def test_autotuning_is_keyed_on_buckets_and_launch_size_not_the_exact_length():
     is in the key, so one launch of every head does not reuse the tile tuned for one window group."""
     import triton
 
-    from kernels import banded
+    from kernels import backward, banded, runtime
     from kernels.runtime import prune_for_window, seq_bucket
 
-    for kernel in (banded._fwd_kernel, banded._bwd_kernel, banded._routed_fwd_kernel):
+    for kernel in (banded._fwd_kernel, backward._bwd_kernel, banded._routed_fwd_kernel):
         assert "T" not in kernel.keys and "T_TUNE" in kernel.keys
-    for kernel in (banded._fwd_kernel, banded._bwd_kernel):
+    for kernel in (banded._fwd_kernel, backward._bwd_kernel):
         assert {"W_TUNE", "G", "R"} <= set(kernel.keys)
     assert [seq_bucket(t) for t in (1, 70, 2047, 2048, 2049, 8192)] == [1, 128, 2048, 2048, 4096, 8192]
     # small tiles are offered only to small sliding windows, whether the autotuner passes arguments by position
@@ -630,6 +694,10 @@ def test_autotuning_is_keyed_on_buckets_and_launch_size_not_the_exact_length():
     assert shapes(prune_for_window(cfg, {"W_TUNE": 128}, HAS_FAR=False)) == standard
     assert shapes(prune_for_window(cfg, {}, W_TUNE=8, HAS_FAR=True)) == standard
     assert shapes(prune_for_window(cfg, {}, W_TUNE=8, HAS_FAR=False, ROUTED=True)) == standard
+    # the wide key tiles only to a backward without atomic dq (its "rows" pass)
+    wide = runtime._GPU_KEY_MAJOR_WIDE_CONFIGS
+    assert shapes(prune_for_window(cfg + wide, {}, W_TUNE=128, HAS_FAR=True, ATOMIC_DQ=False)) == standard + shapes(wide)
+    assert shapes(prune_for_window(cfg + wide, {}, W_TUNE=128, HAS_FAR=True, ATOMIC_DQ=True)) == standard
 
 
 class FakeAutotuner:
@@ -889,8 +957,8 @@ def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     res = run_bench("--compile-only", "--compile-configs", "1", "--out", str(out))
     assert res.returncode == 0, res.stdout + res.stderr
     rows = json.loads(out.read_text())["results"]
-    assert [r["kernel"] for r in rows] == (["_fwd_kernel"] * 2 + ["_bwd_kernel"] * 3 + ["_routed_fwd_kernel"]
-                                           + ["_range_partial_kernel", "_range_merge_kernel"])
+    assert [r["kernel"] for r in rows] == (["_fwd_kernel"] * 2 + ["_bwd_kernel"] * 5 + ["_dq_kernel"] * 2
+                                           + ["_routed_fwd_kernel", "_range_partial_kernel", "_range_merge_kernel"])
     for r in rows[:-2]:
         assert r["wgmma"] > 0 and r["mma_sync"] == 0 and r["cp_async_16B"] > 0, r
         assert r["spill_store_bytes"] <= SPILL_BYTES_ALLOWED and r["registers"] <= 255, r
