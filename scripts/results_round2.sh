@@ -255,7 +255,8 @@ import yaml
 src, dst, root = sys.argv[1:]
 header, body = Path(src).read_text().split("\n", 1)
 sweep = yaml.safe_load(body)
-sweep["report"]["compare"] = {"swa": {"variant": "swa", "seed": "seed1"}}  # SWA (w = 64) of the same budget
+if sweep["name"] == "results-round2":  # the fine-tuning sweep has no SWA run
+    sweep["report"]["compare"] = {"swa": {"variant": "swa", "seed": "seed1"}}  # SWA (w = 64) of the same budget
 Path(dst).write_text(header.replace(root, "") + "\n" + yaml.safe_dump(sweep, sort_keys=False))
 EOF
   if [ ! -f "$out/provenance.json" ]; then   # a new folder: only the runs named are published (not the pending ones)
