@@ -117,20 +117,26 @@ def test_every_layer_type_of_the_package_is_known_without_a_list():
 
 
 def test_the_export_imports_its_layer_types_by_name(tmp_path):
-    """An exported folder's ``layer_types.py`` imports, by name, the modules of the layer types its layers name (what
-    transformers copies beside ``modeling_neox_dar.py``), and the model loaded from it has those classes."""
+    """An exported folder's ``layer_types.py`` imports, by name, the module of every layer type of the package (what
+    transformers copies beside ``modeling_neox_dar.py``), so exports of different layer types hold the same code and
+    load in one process (transformers reuses the model class of a config class it has loaded); the model loaded
+    from it has its layers' classes."""
     from neox_dar.hf.remote import layer_types_source
+    from neox_dar.standalone.layer_types import LAYER_TYPES
 
     model, folder = export(tmp_path, "qwen3", "mixed")
     layers = json.loads((folder / "config.json").read_text())["neox_dar_layers"]
     source = (folder / "layer_types.py").read_text()
     assert source == layer_types_source(layers)
-    assert sorted(line for line in source.splitlines() if line.startswith("from .")) == [
-        "from .aha import AHALayer", "from .dar import DARLayer", "from .linear import LinearLayer",
-        "from .windowed import WindowedLayer"]
+    assert sorted(line for line in source.splitlines() if line.startswith("from .")) == sorted(
+        f"from .{cls.__module__.rpartition('.')[2]} import {cls.__name__}" for cls in LAYER_TYPES.values())
     hf = load_remote(folder)
     assert [type(layer.attn).__name__ for layer in hf.model.layers] == [
         "LinearLayer", "WindowedLayer", "DARLayer", "AHALayer"]
+    other_model = family_model("qwen3", "dimpo")  # another model, its folder of the same name, in this process
+    other = to_hf(other_model, other_model.cfg, tmp_path / "again" / folder.name, DEFAULT_TOKENIZER)
+    assert (other / "layer_types.py").read_text() == source
+    assert type(load_remote(other).model.layers[0].attn).__name__ == "DimPOLayer"
     with pytest.raises(ConfigError, match="layer type 'toy' is defined by no module of neox_dar/standalone"):
         layer_types_source([{"type": "toy"}])
 

@@ -20,8 +20,8 @@ files beside the checkpoint, else the config's ``vocab_file``, else the bundled 
 ``<|endoftext|>``) and ``generation_config.json`` (which suppresses the vocabulary's padding ids). A vanilla model
 exports as the family's class; a model with any other attention layer as ``NeoxDarForCausalLM``, whose code
 (every module of :mod:`neox_dar.standalone`: ``modeling_neox_dar.py``, ``configuration_neox_dar.py`` and the
-inference code they import, one module per attention layer type, with a ``layer_types.py`` that imports the model's
-layer types by name) is copied into the folder and named by ``auto_map`` in ``config.json``, for ``from_pretrained(..., trust_remote_code=True)``
+inference code they import, one module per attention layer type, with a ``layer_types.py`` that imports every layer
+type by name) is copied into the folder and named by ``auto_map`` in ``config.json``, for ``from_pretrained(..., trust_remote_code=True)``
 (docs/inference.md). Both carry the model config under ``neox_dar_config``, which ``from-hf`` reads back.
 
 ``OUT_DIR`` must be new, empty, or an earlier output of the same command for a model of the same config (a newer

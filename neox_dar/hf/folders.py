@@ -27,7 +27,7 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
     """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
     writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
     model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``), whose
-    ``layer_types.py`` imports the model's layer types (:func:`~.remote.layer_types_source`). All of it goes into a
+    ``layer_types.py`` imports every layer type by name (:func:`~.remote.layer_types_source`). All of it goes into a
     folder beside ``out_dir`` that replaces it once complete (:func:`~neox_dar.rundir.staged_dir`): a failure or
     a kill part-way leaves an earlier export whole."""
     modules = model.attention_modules()

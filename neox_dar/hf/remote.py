@@ -20,27 +20,27 @@ REMOTE_CODE = Path(__file__).resolve().parents[1] / "standalone"
 REMOTE_FILES = tuple(sorted(p.name for p in REMOTE_CODE.glob("*.py") if p.name != "__init__.py"))  # all of it
 
 LAYER_TYPES_FILE = "layer_types.py"  # written for each export (layer_types_source), not copied
-_EXPORTED_DOC = ("The attention layer types of this model's layers, by their names in config.json's neox_dar_layers\n"
-                 "(written by neox-dar's convert to-hf).")
+_EXPORTED_DOC = ("The attention layer types an exported model may name in config.json's neox_dar_layers (written by\n"
+                 "neox-dar's convert to-hf).")
 
 
 def layer_types_source(layers: list[dict]) -> str:
-    """The exported folder's ``layer_types.py``: the layer types that ``layers`` (``neox_dar_layers``) name, each
-    imported from its module by name, as :data:`LAYER_TYPES`. transformers copies only the modules that
-    ``modeling_neox_dar.py`` imports by name, directly or through these imports. ConfigError for a layer type that
-    no module of :mod:`neox_dar.standalone` defines (the export ships no other code)."""
-    classes = {}
+    """The exported folder's ``layer_types.py``: every layer type of :mod:`neox_dar.standalone`
+    (:data:`LAYER_TYPES`), each imported from its module by name, as its ``LAYER_TYPES``. transformers copies only
+    the modules that ``modeling_neox_dar.py`` imports by name, directly or through these imports; every export of
+    one neox-dar holds the same code, so transformers, which reuses the model class of a config class it has loaded
+    (the same ``configuration_neox_dar.py``), builds every such export right in one process. ConfigError when
+    ``layers`` (``neox_dar_layers``) name a layer type that no module of the package defines (the export ships no
+    other code)."""
     for spec in layers:
-        cls = LAYER_TYPES.get(spec["type"])
-        if cls is None:
+        if spec["type"] not in LAYER_TYPES:
             raise ConfigError(f"layer type {spec['type']!r} is defined by no module of neox_dar/standalone, whose "
                               "code the export ships")
-        classes[cls.layer_type] = cls
-    names = sorted(classes.values(), key=lambda c: (c.__module__, c.__name__))
-    imports = "".join(f"from .{c.__module__.rpartition('.')[2]} import {c.__name__}\n" for c in names)
+    classes = sorted(LAYER_TYPES.values(), key=lambda c: (c.__module__, c.__name__))
+    imports = "".join(f"from .{c.__module__.rpartition('.')[2]} import {c.__name__}\n" for c in classes)
+    names = ", ".join(c.__name__ for c in classes) + ("," if len(classes) == 1 else "")
     return (f'"""{_EXPORTED_DOC}"""\n\n{imports}\n'
-            f"LAYER_TYPES = {{cls.layer_type: cls for cls in ({', '.join(c.__name__ for c in names)},)}}\n")
-
+            f"LAYER_TYPES = {{cls.layer_type: cls for cls in ({names})}}\n")
 
 
 def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[str, int | None]) -> dict:

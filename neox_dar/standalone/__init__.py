@@ -13,7 +13,7 @@ runs them without neox-dar.
   through the caches; :mod:`.norms`: LayerNorm and RMSNorm;
 * :mod:`.block`: ``neox_dar_block`` of ``config.json``, the family's layer shape, as a typed record;
 * :mod:`.layer_types`: the layer types by name, every one a module here defines (an export writes its own, which
-  imports its model's layer types by name);
+  imports each of them by name);
 * ``configuration_neox_dar.py``, ``modeling_neox_dar.py``: the ``transformers`` config and model classes the exported
   ``config.json`` names in ``auto_map``.
 

@@ -3,7 +3,7 @@ type's ``layer_type`` -> its :class:`~.attention.AttentionLayer` subclass.
 
 Here they are every layer type a module of this package defines (each module imported by its file name), so a new
 layer type is its module alone. An exported folder holds another ``layer_types.py``, written by ``convert to-hf``
-(``neox_dar.hf.remote.layer_types_source``), that imports the modules of its model's layer types by name:
+(``neox_dar.hf.remote.layer_types_source``), that imports the module of each of these layer types by name:
 transformers copies beside ``modeling_neox_dar.py`` only the files its imports name.
 """
 
