@@ -11,6 +11,7 @@
 #   bash scripts/results_round2.sh --publish RUN...  # copy finished runs into results/results-round2 (the report,
 #                                             #   docs/experiments.md's table, and data.json: torch, sha256 of the bytes)
 #   bash scripts/results_round2.sh --publish-finetune RUN...   # the same for results/results-round2-finetune
+#   bash scripts/results_round2.sh --publish-dimpo    # the DimPO study into results/results-round2-dimpo
 #
 # Each worker (logs: runs/results-round2/logs/worker-N.log) goes through the task list (--list) in order, takes the
 # first task no other worker holds (a flock on runs/results-round2/claims/TASK.lock, released by the kernel however
@@ -309,6 +310,41 @@ EOF
   "$PY" scripts/results_round2_figures.py results/results-round2
 }
 
+publish_dimpo() {  # the DimPO study (f) into results/results-round2-dimpo: results.json, the fit's log and its
+  # projections (172 KB) with repository-relative paths, and table.md (and docs/experiments.md's table between
+  # <!-- results-round2-dimpo:start/end -->) made again from the copied results
+  local out=results/results-round2-dimpo
+  [ -f "$DIMPO_WORK/table.md" ] || { echo "results_round2.sh: $DIMPO_WORK/table.md missing: the study has not finished" >&2; return 2; }
+  mkdir -p "$out/projections"
+  "$PY" - "$DIMPO_WORK" "$out" "$ROOT/" <<'EOF'
+import re
+import sys
+from pathlib import Path
+from safetensors import safe_open
+from safetensors.torch import save_file
+src, out, root = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+def relative(text):  # the code ran from its worktree (runs/round2-code) as python .../neox_dar/dimpo/__main__.py
+    text = re.sub(r"python \S*/neox_dar/dimpo/__main__\.py", "python -m neox_dar.dimpo", text)
+    return text.replace(root + "runs/round2-code/", "").replace(root, "")
+for name in ("results.json", "fit.log"):
+    (out / name).write_text(relative((src / name).read_text()))
+for path in sorted((src / "projections").glob("*.safetensors")):
+    with safe_open(str(path), "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    save_file(tensors, str(out / "projections" / path.name), {k: relative(v) for k, v in meta.items()})
+EOF
+  "$PY" -m neox_dar.dimpo table "$out" > "$out/table.md"
+  "$PY" - "$out" <<'EOF'
+import sys
+from pathlib import Path
+from neox_dar.dimpo.tables import table1
+from neox_dar.report.publish import replace_block
+from neox_dar.report.tables import to_markdown
+replace_block(Path("docs/experiments.md"), "results-round2-dimpo", to_markdown(table1(sys.argv[1])))
+EOF
+  log "published $out and its table in docs/experiments.md"
+}
+
 PUBLISH_COMMAND="bash scripts/results_round2.sh (from the repository root; data from ../shared/data, as scripts/replicate.sh --cpu): python -m neox_dar.sweep configs/sweeps/results-round2.yml plan --out runs/results-round2, then two workers, OMP_NUM_THREADS=1 each, each run: python -m neox_dar.sweep configs/sweeps/results-round2.yml run --local --out runs/results-round2 --only RUN (train.py RUN/config.yml, then python -m neox_dar.sweep.evaluate RUN with the sweep's eval: arguments); round 1's runs (reused_from) copied from results/replicate-cpu/runs"
 
 main() {
@@ -324,6 +360,7 @@ main() {
     --go) rm -f "$WORK/STOP"; log "workers may start new runs (run the script to start them)" ;;
     --publish) shift; publish "$WORK" results/results-round2 "$@" ;;
     --publish-finetune) shift; publish "$FT_WORK" results/results-round2-finetune "$@" ;;
+    --publish-dimpo) publish_dimpo ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;
     *) echo "results_round2.sh: unknown argument '$1' (see --help)" >&2; return 2 ;;
   esac

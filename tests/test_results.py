@@ -155,9 +155,10 @@ def test_the_orderings_docs_state_for_round2_seeds_and_dar_threshold():
         assert [round(m, 2) for m in means] == [111.58, 112.64]
 
 
-def round2_head_mu_f(run: str) -> list[float]:
-    """Per (layer, head) mu_f of a published round-2 run's final evaluation, the mean over its corpora."""
-    corpora = json.loads((ROOT / "results" / "results-round2" / "runs" / run / "eval" / "perplexity.json")
+def round2_head_mu_f(run: str, folder: str = "results-round2") -> list[float]:
+    """Per (layer, head) mu_f of a published round-2 run's final evaluation (in ``results/<folder>``), the mean over
+    its corpora; layer-major."""
+    corpora = json.loads((ROOT / "results" / folder / "runs" / run / "eval" / "perplexity.json")
                          .read_text())["corpora"].values()
     per_corpus = [[v for key, heads in sorted(c["attention_stats"].items()) if key.endswith("mu_f") for v in heads]
                   for c in corpora]
@@ -180,3 +181,48 @@ def test_the_orderings_docs_state_for_round2_aha_windows():
     steps = [abs(mean[f"aha-w{a}{s}"] - mean[f"aha-w{b}{s}"]) for s in ("", "-seed2") for a, b in ((16, 32), (32, 64))]
     assert max(steps) < 4 < spread[128] / 3
     assert max(round2_head_mu_f("aha-w128")) > 0.9  # one head of seed 1 at w = 128 routes nearly every token
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "results-round2-finetune" / "runs" / "aha-ft-w128").is_dir(),
+                    reason="round 2's fine-tuning runs not published")
+def test_the_orderings_docs_state_for_round2_fine_tuning():
+    """docs/experiments.md, "Results, second round", (e): mu_f per window (falls from 16 to 64, rises at 128), one
+    head always open and one never at w = 64 and 128, no head below 26% at w = 16, quality within 0.1 point."""
+    runs, sweep, _ = collect(ROOT / "results" / "results-round2-finetune" / "runs")
+    table = report_tables(runs, sweep.report)[0]
+    row = {r[0]: dict(zip(table.columns, r)) for r in table.rows}
+    windows = (16, 32, 64, 128)
+    assert [round(row[f"aha-ft-w{w}"]["mu_f (%)"], 1) for w in windows] == [76.7, 74.7, 51.6, 58.0]
+    rel = [row[f"aha-ft-w{w}"]["Rel. (%)"] for w in windows]
+    assert (round(min(rel), 2), round(max(rel), 2)) == (99.96, 100.05)
+    heads = {w: round2_head_mu_f(f"aha-ft-w{w}", "results-round2-finetune") for w in windows}
+    layer1 = lambda w, h: heads[w][4 + h]  # noqa: E731  (4 heads per layer)
+    assert all(layer1(w, 1) > 0.995 for w in windows)
+    assert layer1(64, 3) < 0.005 and layer1(128, 3) < 0.005
+    assert round(min(heads[16]), 2) == 0.26
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "results-round2-dimpo" / "results.json").is_file(),
+                    reason="round 2's DimPO study not published")
+def test_the_round2_dimpo_table_is_rebuilt_and_its_orderings_are_the_docs():
+    """results/results-round2-dimpo: table.md and docs/experiments.md's table are what ``dimpo table`` makes from
+    the committed results.json; (f)'s statements: DimPO lowest KL of the trained methods at every d' (CPO next),
+    falling with d'; random far behind; PCA below DimPO at d' = 16 only; ORPO's KL not monotonic in d'."""
+    from neox_dar.dimpo.tables import table1
+
+    folder = ROOT / "results" / "results-round2-dimpo"
+    table = table1(str(folder))
+    md = to_markdown(table)
+    assert (folder / "table.md").read_text().startswith(md)
+    assert block(ROOT / "docs" / "experiments.md", "results-round2-dimpo") == md.rstrip()
+    assert not re.search(r"/(work|home|tmp|root)/", (folder / "results.json").read_text() + md)
+    kl = {r[0]: {d: float(r[table.columns.index(f"{d} KL")]) for d in (16, 8, 4)} for r in table.rows}
+    mse = {r[0]: {d: float(r[table.columns.index(f"{d} MSE")]) for d in (16, 8, 4)} for r in table.rows}
+    trained = ("Triplet", "CPO", "SimPO", "ORPO", "DimPO")
+    for d in (16, 8, 4):
+        order = sorted(trained, key=lambda m: kl[m][d])
+        assert order[:2] == ["DimPO", "CPO"], d
+        assert min(kl["Rand"].values()) > max(kl[m][d] for m in trained)
+    assert kl["DimPO"][16] < kl["DimPO"][8] < kl["DimPO"][4] and mse["DimPO"][16] < mse["DimPO"][8] < mse["DimPO"][4]
+    assert kl["PCA"][16] < kl["DimPO"][16] and kl["PCA"][8] > kl["DimPO"][8] and kl["PCA"][4] > kl["DimPO"][4]
+    assert kl["ORPO"][8] < kl["ORPO"][16]
