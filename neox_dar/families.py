@@ -5,7 +5,8 @@ A config's ``model_family`` names a registered record (:func:`register_family`; 
 name). :mod:`neox_dar.model` takes the module names from it (so checkpoints convert by renaming nothing),
 :mod:`neox_dar.norms` the RMSNorm flavour, :mod:`neox_dar.hf` the class, the model keys the class fixes (set
 on import, checked on export) and the ``config.json`` keys it reads and writes; the exported remote code
-(:mod:`neox_dar.standalone`) gets the names and norm flavour through ``neox_dar_block``; :mod:`neox_dar.tiny_hf_model`
+(:mod:`neox_dar.standalone`) gets the names and norm flavour through config.json's ``neox_dar_block``
+(:class:`neox_dar.standalone.block.BlockShape`); :mod:`neox_dar.tiny_hf_model`
 builds each family's test model from ``tiny``, and the tests build each family's models from its ``preset``.
 Adding a family is a record registered here plus its preset in ``configs/`` (docs/models.md).
 
