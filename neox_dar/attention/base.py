@@ -2,7 +2,7 @@
 ``query_key_value``, or ``q_proj``/``k_proj``/``v_proj``; query/key norms; grouped-query attention), rotary, heads,
 the output projection (:class:`neox_dar.standalone.attention.AttentionLayer`, the code exports ship), the inference
 cache hooks and the costs. What a variant declares to the rest of the project
-(keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.variants.spec.Spec`.
+(keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.variants.spec.VariantSpec`.
 
 Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`` key/value heads, ``d_h`` head dims.
 """
@@ -20,7 +20,7 @@ from ..norms import build_norm
 from ..standalone.attention import AttentionLayer
 from ..standalone.cache import Layout
 from ..standalone.rotary import apply_rotary, rotary_table
-from ..variants.spec import Spec
+from ..variants.spec import VariantSpec
 from .windowed import mean_attended_keys
 
 if TYPE_CHECKING:
@@ -45,12 +45,12 @@ class RotaryEmbedding(nn.Module):
         return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len, dtype, device)
 
 
-class Attention(Spec, AttentionLayer, abc.ABC):
+class Attention(VariantSpec, AttentionLayer, abc.ABC):
     """Base of every variant: ``forward(a[B,T,d], cos, sin) -> out[B,T,d]``.
 
     A variant subclasses this in its own module, implements :meth:`attend` over per-head ``q, k, v`` of shape
     (B, H, T, d_h), may add parameters under its own names (``dar_down``, ``router``, ...), and declares how the
-    rest of the project sees it (:class:`~neox_dar.variants.spec.Spec`'s class attributes and methods: on
+    rest of the project sees it (:class:`~neox_dar.variants.spec.VariantSpec`'s class attributes and methods: on
     the subclass itself, or, for a built-in variant, on its torch-free spec, the subclass's first base). Then one
     call registers it: ``neox_dar.variants.register(MyAttention)`` (a built-in: its spec). Per forward, a variant
     may set:

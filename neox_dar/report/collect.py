@@ -17,7 +17,7 @@ from ..sweep.errors import SweepError
 from ..sweep.report_selection import SweepRun
 from ..sweep.rundir import newest_checkpoint_step
 from ..sweep.spec import SWEEP_COPY, Sweep, load_sweep
-from ..variants import Spec, variant
+from ..variants import VariantSpec, variant
 
 
 @dataclass
@@ -46,7 +46,7 @@ class RunRecord(SweepRun):
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
     @property
-    def variant(self) -> type[Spec]:
+    def variant(self) -> type[VariantSpec]:
         return variant(self.cfg.model.attention.attention_type)
 
     def train_rows(self) -> list[dict]:

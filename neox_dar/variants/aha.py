@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Literal
 
 from ..config_fields import Key
-from .spec import ModelConfig, Spec
+from .spec import ModelConfig, VariantSpec
 
 
-class AHASpec(Spec):
+class AHASpec(VariantSpec):
     """``attention_type: aha``: per token and head, a router picks full causal attention or a window of
     ``window_size`` keys; an L1 term on the router scores."""
 

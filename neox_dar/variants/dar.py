@@ -7,10 +7,10 @@ import warnings
 from typing import Any, Literal, Optional
 
 from ..config_fields import Key
-from .spec import ModelConfig, Spec
+from .spec import ModelConfig, VariantSpec
 
 
-class DARSpec(Spec):
+class DARSpec(VariantSpec):
     """``attention_type: dar``: full-width keys and values for the ``window_size`` nearest keys, a ``dar_d_down``
     bottleneck beyond."""
 

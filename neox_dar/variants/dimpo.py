@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Optional
 
 from ..config_fields import Key
-from .spec import ModelConfig, Spec
+from .spec import ModelConfig, VariantSpec
 
 
-class DimPOSpec(Spec):
+class DimPOSpec(VariantSpec):
     """``attention_type: dimpo`` (usually per layer, on the last ``l`` layers): causal attention with scores
     ``F(q) F(k)^T / sqrt(d')``, ``F`` a (d', d_h) projection per layer."""
 

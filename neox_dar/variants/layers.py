@@ -17,7 +17,7 @@ import functools
 
 from ..config_fields import InvalidValue, check
 from .registry import generation, variant, variants
-from .spec import ModelConfig, Spec
+from .spec import ModelConfig, VariantSpec
 
 
 NEOX_TYPES = {"global": "vanilla", "flash": "vanilla", "local": "swa"}  # GPT-NeoX's names of our variants
@@ -103,17 +103,17 @@ def resolve_layout(m: ModelConfig, explicit_type: bool) -> None:
     a.attention_config = layout if len(used) > 1 else None
 
 
-def mixed_variant(name: str) -> type[Spec]:
+def mixed_variant(name: str) -> type[VariantSpec]:
     """The class describing a model whose layers run the variants of ``name`` (``linear+mswa``): its summary,
     label and description combine theirs, its statistics are all of theirs. KeyError for an unregistered part."""
     return _mixed(name, generation())
 
 
 @functools.lru_cache(maxsize=None)
-def _mixed(name: str, _generation: int) -> type[Spec]:
+def _mixed(name: str, _generation: int) -> type[VariantSpec]:
     parts = [variant(part) for part in name.split("+")]
 
-    class Mixed(Spec):
+    class Mixed(VariantSpec):
         """Layers of several variants (``attention_config``): descriptions only; each layer builds its own."""
 
         stats = {stat: meaning for cls in parts for stat, meaning in cls.stats.items()}

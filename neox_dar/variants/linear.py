@@ -4,10 +4,10 @@ from __future__ import annotations
 
 
 from ..config_fields import Key
-from .spec import ModelConfig, Spec
+from .spec import ModelConfig, VariantSpec
 
 
-class LinearSpec(Spec):
+class LinearSpec(VariantSpec):
     """``attention_type: linear``: Based's Taylor feature map on ``linear_feature_dim`` features."""
 
     name = "linear"

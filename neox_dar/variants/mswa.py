@@ -19,7 +19,7 @@ from typing import Literal, Optional
 
 from ..config_fields import Key
 from .layers import layer_types
-from .spec import ModelConfig, Spec
+from .spec import ModelConfig, VariantSpec
 
 
 IDENTITY_GROUP = 2  # the group whose factor is 1 (w itself): the fixed group of the axis a variant does not vary
@@ -91,7 +91,7 @@ def table_rule(table: list[list[int]], cfg: ModelConfig) -> str | None:
     return None
 
 
-class MSWASpec(Spec):
+class MSWASpec(VariantSpec):
     """``attention_type: mswa``: sliding-window attention with one window per head and layer
     (:func:`mswa_window_table`)."""
 

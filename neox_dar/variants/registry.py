@@ -1,9 +1,9 @@
-"""The attention variants by ``attention_type`` name: their specs (:class:`~.spec.Spec`). A variant is one
+"""The attention variants by ``attention_type`` name: their specs (:class:`~.spec.VariantSpec`). A variant is one
 module plus one :func:`register` call.
 
 The config (its keys and rules), the model, ``describe``, sweep naming, the report and the logs all read the
 variants from here; no other module names one. Torch-free: a registered spec names its torch module
-(:meth:`~.spec.Spec.module`), imported when a model is built.
+(:meth:`~.spec.VariantSpec.module`), imported when a model is built.
 """
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ from __future__ import annotations
 import keyword
 
 from ..config_fields import Key
-from .spec import Spec
+from .spec import VariantSpec
 
-_VARIANTS: dict[str, type[Spec]] = {}
+_VARIANTS: dict[str, type[VariantSpec]] = {}
 _generation = 0
 
 
-def register(cls: type[Spec]) -> type[Spec]:
-    """Add a variant: its spec (a :class:`~.spec.Spec` subclass with a ``name``; a plug-in's
+def register(cls: type[VariantSpec]) -> type[VariantSpec]:
+    """Add a variant: its spec (a :class:`~.spec.VariantSpec` subclass with a ``name``; a plug-in's
     :class:`~neox_dar.attention.base.Attention` subclass is its own spec); usable as a decorator. A name or key
     that another variant already defines differently is a ValueError."""
     global _generation
@@ -48,12 +48,12 @@ def generation() -> int:
     return _generation
 
 
-def variants() -> dict[str, type[Spec]]:
+def variants() -> dict[str, type[VariantSpec]]:
     """Every registered variant, name -> spec, in registration order."""
     return dict(_VARIANTS)
 
 
-def variant(name: str) -> type[Spec]:
+def variant(name: str) -> type[VariantSpec]:
     """The spec registered as ``name``; KeyError naming the registered ones otherwise."""
     try:
         return _VARIANTS[name]

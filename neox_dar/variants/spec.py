@@ -14,7 +14,7 @@ from ..config_fields import Key, check
 ModelConfig = Any
 
 
-class Spec:
+class VariantSpec:
     """Base of every variant's declarations. A built-in variant subclasses it in ``neox_dar/variants/<name>.py``,
     naming its torch module in :attr:`module_path`, and that module subclasses both
     (``class DARAttention(DARSpec, Attention)``); a plug-in may declare all of it on its

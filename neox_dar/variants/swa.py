@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 
-from .spec import ModelConfig, Spec
+from .spec import ModelConfig, VariantSpec
 
 
-class SWASpec(Spec):
+class SWASpec(VariantSpec):
     """``attention_type: swa``: query ``i`` attends keys ``j <= i`` with ``i - j < w``, one ``w = window_size`` for
     every head and layer."""
 

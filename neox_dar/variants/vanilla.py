@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .spec import Spec
+from .spec import VariantSpec
 
 
-class VanillaSpec(Spec):
+class VanillaSpec(VariantSpec):
     """``attention_type: vanilla``: causal softmax attention over all ``j <= i``."""
 
     name = "vanilla"
