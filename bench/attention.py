@@ -526,7 +526,7 @@ def compile_report(args) -> dict:
                     sig[a] = "constexpr"
                 elif a in int_ptrs:
                     sig[a] = "*i32"
-                elif a in fp32_ptrs:
+                elif a in fp32_ptrs and not (kname == "_dq_kernel" and a == "DQ"):  # its dq: the input dtype
                     sig[a] = "*fp32"
                 elif a.isupper() and a not in scalars:
                     sig[a] = "*" + pointer_dtype
