@@ -226,3 +226,16 @@ def test_the_round2_dimpo_table_is_rebuilt_and_its_orderings_are_the_docs():
     assert kl["DimPO"][16] < kl["DimPO"][8] < kl["DimPO"][4] and mse["DimPO"][16] < mse["DimPO"][8] < mse["DimPO"][4]
     assert kl["PCA"][16] < kl["DimPO"][16] and kl["PCA"][8] > kl["DimPO"][8] and kl["PCA"][4] > kl["DimPO"][4]
     assert kl["ORPO"][8] < kl["ORPO"][16]
+
+
+@pytest.mark.skipif(not (ROOT / "results" / "results-round2" / "runs" / "swa-2x").is_dir(),
+                    reason="round 2's 2x runs not published")
+def test_the_orderings_docs_state_for_round2_scaling():
+    """docs/experiments.md, "Results, second round", (d): SWA's lead over vanilla shrinks from 1x to 2x (each
+    against vanilla of its budget) and stays beyond the noise floor."""
+    runs, sweep, _ = collect(ROOT / "results" / "results-round2" / "runs")
+    table = report_tables(runs, sweep.report)[0]
+    rel = {r[0]: dict(zip(table.columns, r))["Rel. (%)"] for r in table.rows}
+    floor = abs(rel["vanilla-seed2"] - 100)
+    assert (round(100 - rel["swa"], 2), round(100 - rel["swa-2x"], 2)) == (5.85, 1.8)
+    assert 100 - rel["swa-2x"] > floor
