@@ -232,10 +232,15 @@ def test_the_round2_dimpo_table_is_rebuilt_and_its_orderings_are_the_docs():
                     reason="round 2's 2x runs not published")
 def test_the_orderings_docs_state_for_round2_scaling():
     """docs/experiments.md, "Results, second round", (d): SWA's lead over vanilla shrinks from 1x to 2x (each
-    against vanilla of its budget) and stays beyond the noise floor."""
+    against vanilla of its budget) and stays beyond the noise floor; DAR closes on vanilla with it."""
     runs, sweep, _ = collect(ROOT / "results" / "results-round2" / "runs")
     table = report_tables(runs, sweep.report)[0]
     rel = {r[0]: dict(zip(table.columns, r))["Rel. (%)"] for r in table.rows}
     floor = abs(rel["vanilla-seed2"] - 100)
     assert (round(100 - rel["swa"], 2), round(100 - rel["swa-2x"], 2)) == (5.85, 1.8)
     assert 100 - rel["swa-2x"] > floor
+    if "dar-2x" in rel:  # DAR closes on vanilla with SWA, within the floor of SWA at both budgets
+        vs_swa = {r[0]: dict(zip(table.columns, r))["Rel. vs swa (%)"] for r in table.rows}
+        assert (round(100 - rel["dar"], 2), round(100 - rel["dar-2x"], 2)) == (5.6, 1.58)
+        assert (round(vs_swa["dar"], 2), round(vs_swa["dar-2x"], 2)) == (100.26, 100.22)
+        assert abs(vs_swa["dar-2x"] - 100) < floor
