@@ -510,11 +510,11 @@ def compile_report(args) -> dict:
              "_range_merge_kernel": triton.Config(dict(BLOCK_C=32), num_warps=4, num_stages=3)}
     rows = []
     for kname, flags in [(k, f) for k, f in specs if any(sub in k for sub in args.compile_filter)]:
-        home = decode if kname in fixed else backward if hasattr(backward, kname) else banded
-        jf = getattr(home, kname) if kname in fixed else getattr(home, kname).fn
+        kernel = getattr(decode if kname in fixed else backward if hasattr(backward, kname) else banded, kname)
+        jf = kernel if kname in fixed else kernel.fn  # the decode kernels are not autotuned
         # the candidates a launch with these flags is offered (wide key tiles only without atomic dq)
         configs = [fixed[kname]] if kname in fixed else [
-            c for c in getattr(home, kname).configs
+            c for c in kernel.configs
             if not (flags.get("ATOMIC_DQ") and is_wide_key_tile(c))][:args.compile_configs]
         for cfg in configs:
             consts = dict(flags, BLOCK_D=max(16, triton.next_power_of_2(args.head_dim)), **cfg.kwargs)
