@@ -4,6 +4,7 @@ from the published run files."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -40,3 +41,51 @@ def test_the_figures_are_drawn_from_the_published_runs(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("mu_f_vs_window.png", "learning_curves_per_budget.png"):
         assert (folder / "figures" / name).read_bytes()[:4] == b"\x89PNG", name
+
+
+def test_publish_dimpo_gives_the_committed_study_back_from_the_runners_folder(tmp_path):
+    """``--publish-dimpo`` on the DimPO study as the runner leaves it (the machine's absolute paths; the code run from
+    its worktree, runs/round2-code) writes results.json, fit.log and the projections (tensors and metadata) with
+    repository-relative paths, table.md, and docs/experiments.md's table: each the committed file, byte for byte."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from neox_dar.report.publish import block, replace_block
+
+    repo = tmp_path / "repo"
+    root = f"{repo}/"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "results_round2.sh", repo / "scripts")
+    (repo / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "experiments.md", repo / "docs")
+    replace_block(repo / "docs" / "experiments.md", "results-round2-dimpo", "stale")
+    published = ROOT / "results" / "results-round2-dimpo"
+    work = repo / "runs" / "results-round2-dimpo"
+    (work / "projections").mkdir(parents=True)
+
+    def absolute(text: str) -> str:
+        text = text.replace("runs/", root + "runs/")
+        return text.replace("python -m neox_dar.dimpo", f"python {root}runs/round2-code/neox_dar/dimpo/__main__.py")
+
+    for name in ("results.json", "fit.log", "table.md"):
+        (work / name).write_text(absolute((published / name).read_text()))
+    projections = sorted((published / "projections").glob("*.safetensors"))
+    for path in projections:
+        with safe_open(str(path), "pt") as f:
+            save_file({k: f.get_tensor(k) for k in f.keys()}, str(work / "projections" / path.name),
+                      {k: absolute(v) for k, v in f.metadata().items()})
+    assert root in (work / "results.json").read_text()
+
+    res = subprocess.run(["bash", "scripts/results_round2.sh", "--publish-dimpo"], cwd=repo, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = repo / "results" / "results-round2-dimpo"
+    for name in ("results.json", "fit.log", "table.md"):
+        assert (out / name).read_text() == (published / name).read_text(), name
+    assert len(projections) == len(list((out / "projections").iterdir())) > 0
+    for path in projections:
+        with safe_open(str(path), "pt") as theirs, safe_open(str(out / "projections" / path.name), "pt") as ours:
+            assert ours.metadata() == theirs.metadata(), path.name
+            assert all(ours.get_tensor(k).equal(theirs.get_tensor(k)) for k in theirs.keys()), path.name
+    assert block(repo / "docs" / "experiments.md", "results-round2-dimpo") == \
+        block(ROOT / "docs" / "experiments.md", "results-round2-dimpo")
