@@ -11,13 +11,18 @@ from torch import nn
 
 from neox_dar.attention import Attention
 from neox_dar.config import Key
+from neox_dar.variants import VariantSpec
 
 
-class ConformanceToy(Attention):
+class ConformanceToySpec(VariantSpec):
     name = "conftoy"
     keys = {"conftoy_scale": Key(float, 1.0, "Conformance toy: initial per-head query scale.", label="s",
                                  rule=lambda v, m: None if v > 0 else "must be > 0")}
     stats = {"conftoy_scale_now": "the conformance toy's learned per-head query scale"}
+
+
+class ConformanceToy(Attention):
+    spec = ConformanceToySpec
 
     def __init__(self, cfg, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from builders import ROOT, config
-from conformance_toy import ConformanceToy
+from conformance_toy import ConformanceToy, ConformanceToySpec
 from test_generate import check_decoding
 
 from neox_dar.attention import build_attention
@@ -41,14 +41,14 @@ COMMON = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_len
           "vocab_size": 512, "make_vocab_size_divisible_by": 64}
 KEYS = {"dar": {"dar_d_down": 16}, "uniform": {"dar_d_down": 16}, "linear": {"linear_feature_dim": 8},
         "dimpo": {"dimpo_d_proj": 6}, "aha": {"aha_l1_coef": 0.1}}
-NAMES = sorted({*variants(), ConformanceToy.name})
+NAMES = sorted({*variants(), ConformanceToy.spec.name})
 
 
 @pytest.fixture(autouse=True, scope="module")
 def toy_registered():
     register(ConformanceToy)
     yield
-    unregister(ConformanceToy.name)
+    unregister(ConformanceToy.spec.name)
 
 
 def _cfg(name: str, **keys):
@@ -116,7 +116,7 @@ def test_triton_paths_agree_or_are_refused_in_one_line():
     assert out.returncode == 0, out.stderr[-3000:]
     verdicts = dict(line.split() for line in out.stdout.splitlines())
     assert set(verdicts) == set(NAMES)
-    assert {n for n, v in verdicts.items() if v == "refused"} <= {"linear", ConformanceToy.name}, verdicts
+    assert {n for n, v in verdicts.items() if v == "refused"} <= {"linear", ConformanceToy.spec.name}, verdicts
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -128,7 +128,7 @@ def test_token_stats_are_the_declared_statistics_per_token_and_fresh(name):
     with torch.inference_mode():
         model(x)
         for m in model.attention_modules():
-            assert set(m.token_stats) == set(type(m).stats)
+            assert set(m.token_stats) == set(m.spec.stats)
             assert all(v.shape == (2, 9, model.cfg.num_attention_heads) for v in m.token_stats.values())
         cache = model.new_cache([9, 9], 2)
         model.prefill([x[0], x[1]], cache)
@@ -155,7 +155,7 @@ def test_export_gives_our_logits_or_is_refused_naming_the_variant(name, tmp_path
     from neox_dar.tokenizer import DEFAULT_TOKENIZER
 
     model = _model(name, vocab_size=50277, make_vocab_size_divisible_by=128)
-    if name == ConformanceToy.name:
+    if name == ConformanceToy.spec.name:
         with pytest.raises(ConfigError, match=f"attention_type '{name}' has no Hugging Face export"):
             to_hf(model, model.cfg, tmp_path / "hf", DEFAULT_TOKENIZER)
         return
@@ -166,10 +166,14 @@ def test_export_gives_our_logits_or_is_refused_naming_the_variant(name, tmp_path
         torch.testing.assert_close(theirs(x).logits, model(x), atol=1e-4, rtol=1e-4)
 
 
+class StaleSpec(ConformanceToySpec):
+    name = "stale"
+
+
 class StaleToy(ConformanceToy):
     """The plug-in with a decode that forgets to refresh its per-token statistics."""
 
-    name = "stale"
+    spec = StaleSpec
 
     def decode(self, a, cache, cos, sin) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos, sin)
@@ -205,8 +209,11 @@ def test_generate_names_each_statistic_and_refuses_a_variant_without_decoding(tm
     assert "conftoy_scale_now = 0.8100 over the generated tokens" in err and "conformance toy's learned" in err
     assert "AHA" not in err
 
-    class NoDecode(ConformanceToy):
+    class NoDecodeSpec(ConformanceToySpec):
         name = "nodecode"
+
+    class NoDecode(ConformanceToy):
+        spec = NoDecodeSpec
         decode = ConformanceToy.__mro__[1].decode  # the base class's, which only refuses
 
     register(NoDecode)
@@ -225,6 +232,19 @@ def test_the_readmes_variant_table_is_the_registrys():
     out = subprocess.run([sys.executable, "-m", "neox_dar.attention"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out in (ROOT / "README.md").read_text(), "README.md: paste `python -m neox_dar.attention`'s table"
-    shipped = {name: cls for name, cls in variants().items() if cls is not ConformanceToy}  # this module's own
+    shipped = {name: cls for name, cls in variants().items() if cls is not ConformanceToy.spec}  # this module's own
     assert [line.split("`")[1] for line in out.splitlines()[2:]] == list(shipped)
     assert all(cls.what and (ROOT / cls.doc).is_file() for cls in shipped.values())
+
+
+def test_a_module_holds_its_spec_and_is_not_one():
+    """Each registered variant's module carries the registered spec as ``spec`` and does not inherit from it (what a
+    variant declares and what computes it are two classes); ``register`` takes a spec, or a module whose ``spec`` is
+    one, and says so for anything else."""
+    from neox_dar.variants import VariantSpec, registry
+
+    for name, spec in variants().items():
+        module = registry.module(name)
+        assert module.spec is spec and not issubclass(module, VariantSpec), name
+    with pytest.raises(TypeError, match=r"register\(\) takes a VariantSpec subclass or a module class"):
+        register(torch.nn.Linear)

@@ -53,7 +53,7 @@ ToyAttention = _page_module(PAGE[0]).ToyAttention
 def toy_registered():
     exec(PAGE[1], {"ToyAttention": ToyAttention})  # the page's registration line
     yield
-    unregister(ToyAttention.name)
+    unregister(ToyAttention.spec.name)
 
 
 TOY = ["configs/tiny.yml", "attention_type=toy", "toy_scale=2.0"]

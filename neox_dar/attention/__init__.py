@@ -3,8 +3,8 @@
 
 What each variant declares to the rest of the project (name, keys, rules, descriptions, statistics), the registry
 and the per-layer layouts live in the torch-free :mod:`neox_dar.variants`; a variant's spec names the module here
-that computes it. This package imports no torch until a model is built. See ``docs/attention.md`` for the math of
-each variant and ``docs/adding_a_variant.md`` for writing one.
+that computes it, and the module holds its spec (``spec``). This package imports no torch until a model is built.
+See ``docs/attention.md`` for the math of each variant and ``docs/adding_a_variant.md`` for writing one.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def build_attention(cfg: ModelConfig, layer_idx: int) -> Attention:
     """The attention module of layer ``layer_idx``: the variant its layer type names
     (:func:`neox_dar.variants.layers.layer_types`)."""
-    return registry.variant(layer_types(cfg)[layer_idx]).module()(cfg, layer_idx)
+    return registry.module(layer_types(cfg)[layer_idx])(cfg, layer_idx)
 
 
 def __getattr__(name: str):

@@ -74,7 +74,7 @@ def aha_key_ranges(layout: Layout, count: int, gate: torch.Tensor, window: int) 
     return lo.to(torch.int32), cols.to(torch.int32).expand_as(lo)
 
 
-class AHAAttention(AHASpec, AHALayer, Attention):
+class AHAAttention(AHALayer, Attention):
     """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``), its cache and decode
     step from :class:`~neox_dar.standalone.aha.AHALayer`.
 
@@ -82,6 +82,8 @@ class AHAAttention(AHASpec, AHALayer, Attention):
     gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` = the gate itself, (B, T, H)
     bool, which the evaluation averages over real (non-padding) positions only.
     """
+
+    spec = AHASpec
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -1,8 +1,8 @@
 """What every attention variant shares: the query/key/value projections of the model family (GPT-NeoX's fused
 ``query_key_value``, or ``q_proj``/``k_proj``/``v_proj``; query/key norms; grouped-query attention), rotary, heads,
 the output projection (:class:`neox_dar.standalone.attention.AttentionLayer`, the code exports ship), the inference
-cache hooks and the costs. What a variant declares to the rest of the project
-(keys, rules, descriptions, statistics) is its torch-free :class:`~neox_dar.variants.spec.VariantSpec`.
+cache hooks and the costs. What a variant declares to the rest of the project (keys, rules, descriptions,
+statistics) is its torch-free :class:`~neox_dar.variants.spec.VariantSpec`, the module's ``spec`` attribute.
 
 Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`` key/value heads, ``d_h`` head dims.
 """
@@ -10,7 +10,7 @@ Shapes: ``B`` batch, ``T`` tokens, ``d`` hidden size, ``H`` query heads, ``H_kv`
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import nn
@@ -45,26 +45,28 @@ class RotaryEmbedding(nn.Module):
         return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len, dtype, device)
 
 
-class Attention(VariantSpec, AttentionLayer, abc.ABC):
+class Attention(AttentionLayer, abc.ABC):
     """Base of every variant: ``forward(a[B,T,d], cos, sin) -> out[B,T,d]``.
 
     A variant subclasses this in its own module, implements :meth:`attend` over per-head ``q, k, v`` of shape
-    (B, H, T, d_h), may add parameters under its own names (``dar_down``, ``router``, ...), and declares how the
-    rest of the project sees it (:class:`~neox_dar.variants.spec.VariantSpec`'s class attributes and methods: on
-    the subclass itself, or, for a built-in variant, on its torch-free spec, the subclass's first base). Then one
-    call registers it: ``neox_dar.variants.register(MyAttention)`` (a built-in: its spec). Per forward, a variant
-    may set:
+    (B, H, T, d_h), may add parameters under its own names (``dar_down``, ``router``, ...), and sets :attr:`spec`
+    to the :class:`~neox_dar.variants.spec.VariantSpec` subclass that declares how the rest of the project sees it
+    (name, keys, rules, statistics, descriptions). A built-in variant's spec names the module (``module_path``) and
+    is registered; a plug-in registers its module class: ``neox_dar.variants.register(MyAttention)``. Per forward,
+    a variant may set:
 
     * ``self.aux_loss``: a loss term (scalar tensor, already scaled by its coefficient), summed into the loss;
-    * ``self.stats``: per-head statistics for the training logs, name -> (H,) tensor (names in :attr:`stats`);
+    * ``self.stats``: per-head statistics for the training logs, name -> (H,) tensor (names in ``spec.stats``);
     * ``self.token_stats``: the same statistics per token, name -> (B, T, H), which evaluation averages over real
       (non-padding) positions only.
     """
 
-    @classmethod
-    def module(cls) -> type[Attention]:
-        """The class itself: a subclass registered as it is (a plug-in) computes what it declares."""
-        return cls
+    spec: ClassVar[type[VariantSpec]]
+
+    @property
+    def name(self) -> str:
+        """The ``attention_type`` this layer computes."""
+        return self.spec.name
 
     # ---- the module -----------------------------------------------------------------------------------------
     def __init__(self, cfg: ModelConfig, layer_idx: int):

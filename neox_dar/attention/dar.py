@@ -64,7 +64,7 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.cat((near, far), dim=-1))
 
 
-class DARAttention(DARSpec, DARLayer, Attention):
+class DARAttention(DARLayer, Attention):
     """DAR (``attention_type: dar``): full-width keys and values for the ``window_size`` nearest keys, the
     bottleneck beyond.
 
@@ -73,10 +73,12 @@ class DARAttention(DARSpec, DARLayer, Attention):
     matrices, so ``init_weights`` gives them ``init_method`` (small_init) like ``query_key_value``.
     """
 
+    spec = DARSpec
+
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)
         self.init = cfg.attention.dar_init
-        self.build_variant(self.window_of(cfg), cfg.attention.dar_d_down, cfg.attention.dar_inference_cache)
+        self.build_variant(self.spec.window_of(cfg), cfg.attention.dar_d_down, cfg.attention.dar_inference_cache)
 
     def wants_calibration(self) -> bool:
         return self.init == "pca"
@@ -150,5 +152,7 @@ class DARAttention(DARSpec, DARLayer, Attention):
         return [f"per layer: d_down={self.d_down}{keys} numbers for every token{local}"]
 
 
-class UniformAttention(UniformSpec, DARAttention):
+class UniformAttention(DARAttention):
     """The uniform baseline (``attention_type: uniform``): DAR with ``w = 0``, every key through the bottleneck."""
+
+    spec = UniformSpec

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class DimPOAttention(DimPOSpec, DimPOLayer, Attention):
+class DimPOAttention(DimPOLayer, Attention):
     """``attention_type: dimpo`` (usually per layer, on the last ``l`` layers): causal attention with scores
     ``F(q) F(k)^T / sqrt(d')``.
 
@@ -37,6 +37,8 @@ class DimPOAttention(DimPOSpec, DimPOLayer, Attention):
     ``triton`` call ``scaled_dot_product_attention(is_causal=True)`` on the projected queries and keys, as vanilla's
     two do (causal attention needs no custom kernel; SDPA takes values wider than the keys). Inference cache (keys
     at ``d'``, values at ``d_h``) and decode step: :class:`~neox_dar.standalone.dimpo.DimPOLayer`'s."""
+
+    spec = DimPOSpec
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

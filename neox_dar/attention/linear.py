@@ -97,7 +97,7 @@ def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
     return o.transpose(1, 2)
 
 
-class LinearAttention(LinearSpec, LinearLayer, Attention):
+class LinearAttention(LinearLayer, Attention):
     """Causal linear attention, Based's Taylor feature map on ``linear_feature_dim`` features (module docstring).
 
     ``forward`` takes the un-rotated ``q, k`` from :meth:`split_heads` and rotates the features instead (RoPE in
@@ -105,6 +105,8 @@ class LinearAttention(LinearSpec, LinearLayer, Attention):
     un-rotated ``q, k``. The parameters, the recurrent decoding form (``step``) and the cache are
     :class:`~neox_dar.standalone.linear.LinearLayer`'s.
     """
+
+    spec = LinearSpec
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -19,13 +19,15 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class MSWAAttention(MSWASpec, WindowedLayer, Attention):
+class MSWAAttention(WindowedLayer, Attention):
     """Sliding-window attention with one window per head (this layer's row of :func:`mswa_window_table`; cache,
     decode step and export: :class:`~neox_dar.standalone.windowed.WindowedLayer`).
 
     ``reference``: explicit per-head (H, T, T) band mask. ``sdpa``: heads grouped by window, one blocked
     SDPA call per distinct window (:mod:`.windowed`). ``triton``: ``kernels.mswa_attention``.
     """
+
+    spec = MSWASpec
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -17,13 +17,15 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class SWAAttention(SWASpec, WindowedLayer, Attention):
+class SWAAttention(WindowedLayer, Attention):
     """One window ``w = window_size`` for every head and layer (cache, decode step and export:
     :class:`~neox_dar.standalone.windowed.WindowedLayer`).
 
     ``reference``: explicit (T, T) band mask. ``sdpa``: blocked SDPA in O(T w) (:mod:`.windowed`).
     ``triton``: ``kernels.mswa_attention`` with the same window for every head.
     """
+
+    spec = SWASpec
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

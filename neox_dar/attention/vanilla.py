@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from ..config import ModelConfig
 
 
-class VanillaAttention(VanillaSpec, WindowedLayer, Attention):
+class VanillaAttention(WindowedLayer, Attention):
     """Causal softmax attention over all ``j <= i``: a ``windowed`` layer whose every head sees every earlier key
     (cache, decode step and export: :class:`~neox_dar.standalone.windowed.WindowedLayer`).
 
@@ -24,6 +24,8 @@ class VanillaAttention(VanillaSpec, WindowedLayer, Attention):
     ``scaled_dot_product_attention(is_causal=True)``, which is the FlashAttention kernel on CUDA
     (vanilla attention needs no custom kernel).
     """
+
+    spec = VanillaSpec
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -2,8 +2,8 @@
 module plus one :func:`register` call.
 
 The config (its keys and rules), the model, ``describe``, sweep naming, the report and the logs all read the
-variants from here; no other module names one. Torch-free: a registered spec names its torch module
-(:meth:`~.spec.VariantSpec.module`), imported when a model is built.
+variants from here; no other module names one. Torch-free: a registered spec names its torch module, imported
+when a model is built (:func:`module`).
 """
 
 from __future__ import annotations
@@ -14,24 +14,33 @@ from ..config_fields import Key
 from .spec import VariantSpec
 
 _VARIANTS: dict[str, type[VariantSpec]] = {}
+_MODULES: dict[str, type] = {}  # name -> the module class of a variant registered as its module (a plug-in)
 _generation = 0
 
 
-def register(cls: type[VariantSpec]) -> type[VariantSpec]:
-    """Add a variant: its spec (a :class:`~.spec.VariantSpec` subclass with a ``name``; a plug-in's
-    :class:`~neox_dar.attention.base.Attention` subclass is its own spec); usable as a decorator. A name or key
-    that another variant already defines differently is a ValueError."""
+def register(cls: type) -> type:
+    """Add a variant: its spec (a :class:`~.spec.VariantSpec` subclass with a ``name`` and a ``module_path``), or
+    the torch module that computes it (an :class:`~neox_dar.attention.base.Attention` subclass whose ``spec``
+    attribute is its spec: a plug-in, whose class need not be importable by name); usable as a decorator. A name
+    or key that another variant already defines differently is a ValueError."""
     global _generation
-    name = cls.name
+    spec = cls if isinstance(cls, type) and issubclass(cls, VariantSpec) else getattr(cls, "spec", None)
+    if not (isinstance(spec, type) and issubclass(spec, VariantSpec)):
+        raise TypeError(f"register() takes a VariantSpec subclass or a module class whose `spec` is one, got {cls!r}")
+    name = spec.name
     if not name or not name.isidentifier() or keyword.iskeyword(name):
-        raise ValueError(f"attention variant {cls.__name__} needs a `name` that is a Python identifier, got {name!r}")
-    if _VARIANTS.get(name, cls) is not cls:
+        raise ValueError(f"attention variant {spec.__name__} needs a `name` that is a Python identifier, got {name!r}")
+    if _VARIANTS.get(name, spec) is not spec:
         raise ValueError(f"attention_type '{name}' is already registered by {_VARIANTS[name].__qualname__}")
-    for key, spec in cls.keys.items():
+    for key, declared in spec.keys.items():
         for other in _VARIANTS.values():
-            if other is not cls and other.keys.get(key, spec) != spec:
-                raise ValueError(f"{cls.__qualname__} declares key '{key}' differently from {other.__qualname__}")
-    _VARIANTS[name] = cls
+            if other is not spec and other.keys.get(key, declared) != declared:
+                raise ValueError(f"{spec.__qualname__} declares key '{key}' differently from {other.__qualname__}")
+    _VARIANTS[name] = spec
+    if spec is cls:
+        _MODULES.pop(name, None)
+    else:
+        _MODULES[name] = cls
     _generation += 1
     return cls
 
@@ -40,6 +49,7 @@ def unregister(name: str) -> None:
     """Remove a variant (for tests that register their own)."""
     global _generation
     _VARIANTS.pop(name, None)
+    _MODULES.pop(name, None)
     _generation += 1
 
 
@@ -59,6 +69,12 @@ def variant(name: str) -> type[VariantSpec]:
         return _VARIANTS[name]
     except KeyError:
         raise KeyError(f"attention_type '{name}' is not registered (registered: {', '.join(_VARIANTS)})") from None
+
+
+def module(name: str) -> type:
+    """The torch module class that computes variant ``name``: the class it was registered as, or the one its spec's
+    ``module_path`` names (imported now)."""
+    return _MODULES.get(name) or variant(name).module()
 
 
 def variant_keys() -> dict[str, tuple[Key, list[str]]]:

@@ -15,10 +15,10 @@ ModelConfig = Any
 
 
 class VariantSpec:
-    """Base of every variant's declarations. A built-in variant subclasses it in ``neox_dar/variants/<name>.py``,
-    naming its torch module in :attr:`module_path`, and that module subclasses both
-    (``class DARAttention(DARSpec, Attention)``); a plug-in may declare all of it on its
-    :class:`~neox_dar.attention.base.Attention` subclass, which is its own spec."""
+    """Base of every variant's declarations. A built-in variant subclasses it in ``neox_dar/variants/<name>.py``
+    and names its torch module in :attr:`module_path`; the module (an :class:`~neox_dar.attention.base.Attention`
+    subclass) holds the spec as its ``spec`` attribute (``class DARAttention(DARLayer, Attention): spec = DARSpec``).
+    A plug-in registers its module class itself, which carries the spec the same way."""
 
     name: ClassVar[str] = ""                    # the attention_type value
     what: ClassVar[str] = ""                    # one line for the README's variant table (Markdown)
@@ -32,9 +32,11 @@ class VariantSpec:
     def module(cls) -> type:
         """The :class:`~neox_dar.attention.base.Attention` subclass that computes the variant: :attr:`module_path`,
         imported by name when a model is built (so the spec loads without torch, and this package imports nothing
-        of :mod:`neox_dar.attention`)."""
+        of :mod:`neox_dar.attention`). A plug-in registered as its module class is found by
+        :func:`~.registry.module` instead."""
         if not cls.module_path:
-            raise TypeError(f"{cls.__qualname__} declares a variant but names no module that computes it")
+            raise TypeError(f"{cls.__qualname__} declares a variant but names no module that computes it: set its "
+                            "module_path, or register the module class whose `spec` it is")
         module, _, name = cls.module_path.partition(":")
         return getattr(importlib.import_module(module), name)
 
