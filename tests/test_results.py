@@ -232,7 +232,8 @@ def test_the_round2_dimpo_table_is_rebuilt_and_its_orderings_are_the_docs():
                     reason="round 2's 2x runs not published")
 def test_the_orderings_docs_state_for_round2_scaling():
     """docs/experiments.md, "Results, second round", (d): SWA's lead over vanilla shrinks from 1x to 2x (each
-    against vanilla of its budget) and stays beyond the noise floor; DAR closes on vanilla with it."""
+    against vanilla of its budget) and stays beyond the noise floor; DAR closes on vanilla with it; MSWA's lead
+    shrinks less and it stays below SWA beyond the floor."""
     runs, sweep, _ = collect(ROOT / "results" / "results-round2" / "runs")
     table = report_tables(runs, sweep.report)[0]
     rel = {r[0]: dict(zip(table.columns, r))["Rel. (%)"] for r in table.rows}
@@ -244,3 +245,8 @@ def test_the_orderings_docs_state_for_round2_scaling():
     assert (round(100 - rel["dar"], 2), round(100 - rel["dar-2x"], 2)) == (5.6, 1.58)
     assert (round(vs_swa["dar"], 2), round(vs_swa["dar-2x"], 2)) == (100.26, 100.22)
     assert abs(vs_swa["dar-2x"] - 100) < floor
+    # MSWA's lead over vanilla shrinks less, and its lead over SWA holds beyond the floor; vanilla the worst at 2x
+    assert (round(100 - rel["mswa"], 2), round(100 - rel["mswa-2x"], 2)) == (11.62, 7.39)
+    assert (round(vs_swa["mswa"], 2), round(vs_swa["mswa-2x"], 2)) == (93.87, 94.3)
+    assert 100 - vs_swa["mswa-2x"] > floor
+    assert max(rel[r] for r in ("swa-2x", "dar-2x", "mswa-2x")) < rel["vanilla-2x"]
