@@ -50,7 +50,7 @@ def child(docs: int, layers: int, seq_len: int, max_steps: int, work: str) -> No
     import numpy as np
     import torch
 
-    from neox_dar.checkpoint import save_weights
+    from neox_dar.saved_model import save_weights
     from neox_dar.config import load_config
     from neox_dar.data import IndexedDatasetWriter
     from neox_dar.dimpo.__main__ import main

@@ -34,7 +34,7 @@ DIMPO_DOCS = 200  # the first C4 documents: DimPO's; the model trains on the oth
 
 def train_byte_model(out: Path, steps: int = 200, seq: int = 128, seed: int = 0) -> tuple[Path, str]:
     """Train the byte-level model; returns (checkpoint dir, tokenized DimPO documents prefix) under ``out``."""
-    from neox_dar.checkpoint import save_weights
+    from neox_dar.saved_model import save_weights
     from neox_dar.config import load_config
     from neox_dar.data import IndexedDatasetWriter
     from neox_dar.model import build_model

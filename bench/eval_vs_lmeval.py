@@ -5,7 +5,7 @@
         [--batch-size 4] [--repeats 3] [--threads 1] [--quick] [--out bench/results/eval_vs_lmeval_cpu.json]
 
 The model: ``configs/tiny.yml`` at the given size (default the Pythia-14M shape: 6 layers, d 128, 4 heads, a
-2048-token window), random weights (seed 0), saved as a neox-dar checkpoint with ``neox_dar.checkpoint.save_weights``
+2048-token window), random weights (seed 0), saved as a neox-dar checkpoint with ``neox_dar.saved_model.save_weights``
 beside the Pythia tokenizer, then exported with ``python -m neox_dar.convert to-hf`` (called in this process).
 
 Ours: the checkpoint loaded as ``eval.perplexity`` loads it (``load_for_eval``) and scored with
@@ -41,7 +41,7 @@ import torch  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from neox_dar.checkpoint import save_weights  # noqa: E402
+from neox_dar.saved_model import save_weights  # noqa: E402
 from neox_dar.config import load_config  # noqa: E402
 from neox_dar.evaluation.corpora import Document, load_local  # noqa: E402
 from neox_dar.evaluation.loading import load_for_eval  # noqa: E402

@@ -8,7 +8,7 @@ of the same checkpoint, batch 1 and 16, side by side in one run; and our decode 
 
 The model: ``configs/tiny.yml`` at the given size (default the Pythia-14M shape: 6 layers, d 128, 4 heads of 32,
 rotary on a quarter of each head), vanilla attention, random weights (seed 0), saved as a neox-dar checkpoint
-(``neox_dar.checkpoint.save_weights`` beside the Pythia tokenizer) and exported with ``python -m neox_dar.convert
+(``neox_dar.saved_model.save_weights`` beside the Pythia tokenizer) and exported with ``python -m neox_dar.convert
 to-hf`` (called in this process). Ours: the checkpoint loaded as ``python -m neox_dar.generate`` loads it
 (``neox_dar.generate.load``) and ``neox_dar.generate.generate`` (prefill, then one token per step through the KV
 cache). transformers: ``GPTNeoXForCausalLM.from_pretrained(export)`` (its default attention, sdpa) and
@@ -42,7 +42,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from neox_dar.checkpoint import save_weights  # noqa: E402
+from neox_dar.saved_model import save_weights  # noqa: E402
 from neox_dar.config import load_config  # noqa: E402
 from neox_dar.evaluation.corpora import load_local  # noqa: E402
 from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means  # noqa: E402

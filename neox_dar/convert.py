@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .checkpoint import load_model, read_model_config, save_weights
+from .saved_model import load_model, read_model_config, save_weights
 from .config.files import parse_override
 from .hf import check_out_dir, from_hf, to_hf
 from .rundir import held_checkpoint, staged_dir

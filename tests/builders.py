@@ -52,7 +52,7 @@ def attention_config(attention_type: str, impl: str = "sdpa", H: int = 4, d_h: i
 def saved_model(out_dir: Path, *overrides: str, seed: int = 0, perturb: float = 0.0) -> tuple[CausalLM, ModelConfig]:
     """A tiny random model (``configs/tiny.yml`` and ``key=value`` overrides; every parameter moved by ``perturb``
     standard deviations, so norms and biases matter), saved with ``save_weights`` into ``out_dir``."""
-    from neox_dar.checkpoint import save_weights
+    from neox_dar.saved_model import save_weights
 
     cfg = load_config(TINY, overrides=list(overrides)).model
     torch.manual_seed(seed)

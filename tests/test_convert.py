@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, GenerationConfig
 
-from neox_dar.checkpoint import load_model, save_weights
+from neox_dar.saved_model import load_model, save_weights
 from neox_dar.config import ConfigError, load_config
 from neox_dar.hf import config_from_hf, to_hf
 from neox_dar.evaluation.corpora import load_local

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from builders import config
-from neox_dar.checkpoint import save_weights
+from neox_dar.saved_model import save_weights
 from neox_dar.data import IndexedDatasetWriter
 from neox_dar.dimpo import DimPOError, LayerSplit, capture_split, evaluate, layer_qkv, select_documents
 from neox_dar.dimpo.__main__ import main

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from builders import config
-from neox_dar.checkpoint import save_weights
+from neox_dar.saved_model import save_weights
 from neox_dar.data import IndexedDatasetWriter
 from neox_dar.model import build_model
 

@@ -223,7 +223,7 @@ def test_outputs_are_checked_before_scoring_and_written_whole(tiny, tmp_path, ca
 def test_a_run_is_scored_at_its_newest_checkpoint_beside_stale_root_weights(tmp_path, capsys):
     """eval.perplexity RUN scores the run's newest checkpoint even when the run's root holds weights (an older
     version's import or export into the run directory), never those."""
-    from neox_dar.checkpoint import save_weights
+    from neox_dar.saved_model import save_weights
 
     from builders import tiny_model
 

@@ -14,7 +14,7 @@ from builders import ROOT, config, hf_folder
 from safetensors.torch import load_file
 from trainrun import losses, rows, train
 
-from neox_dar.checkpoint import load_model
+from neox_dar.saved_model import load_model
 from neox_dar.config import ConfigError
 from neox_dar.model import build_model
 from neox_dar.rundir import step_dir_name

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from neox_dar.checkpoint import load_model, save_weights
+from neox_dar.saved_model import load_model, save_weights
 from neox_dar.config import load_config
 from neox_dar.model import build_model
 from neox_dar.rundir import (DEL_PREFIX, KILL_AT_ENV, LATEST, STATE, TMP_PREFIX, WEIGHTS, CheckpointError,

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from trainrun import COMMON, ROOT, STEPS, losses, rows, train, train_env, valid_losses
 
-from neox_dar.checkpoint import load_model
+from neox_dar.saved_model import load_model
 from neox_dar.rundir import newest_checkpoint, step_dir_name
 
 

@@ -17,7 +17,7 @@ def _run_being_pruned(run: Path, monkeypatch) -> Path:
     """A run directory with one checkpoint (step 7: a tiny model and its tokenizer), and the trainer simulated at the
     worst moment: just as a command starts reading the weights, step 8 is published and the run prunes to one
     checkpoint (keep_last_n=1). Returns step 7's directory."""
-    import neox_dar.checkpoint as checkpoint
+    import neox_dar.saved_model as saved
 
     root = run / "checkpoints"
     step7 = root / step_dir_name(7)
@@ -25,7 +25,7 @@ def _run_being_pruned(run: Path, monkeypatch) -> Path:
     shutil.copy(ROOT / "data" / "20B_tokenizer.json", step7 / "tokenizer.json")
     saved_model(step7, "seq_length=32")
     write_manifest(step7, {"step": 7})
-    real_load = checkpoint.load_file
+    real_load = saved.load_file
 
     def load_while_training(path, device="cpu"):
         if not (root / step_dir_name(8)).exists():
@@ -36,7 +36,7 @@ def _run_being_pruned(run: Path, monkeypatch) -> Path:
             prune(root, 1)
         return real_load(path, device=device)
 
-    monkeypatch.setattr(checkpoint, "load_file", load_while_training)
+    monkeypatch.setattr(saved, "load_file", load_while_training)
     return step7
 
 

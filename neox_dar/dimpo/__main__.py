@@ -133,7 +133,7 @@ def read_config(path: str):
     import json
     from pathlib import Path
 
-    from ..checkpoint import read_model_config
+    from ..saved_model import read_model_config
     from ..hf import config_from_hf
     from ..evaluation.loading import is_hf_folder
     from ..rundir import resolve_checkpoint

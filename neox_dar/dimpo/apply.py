@@ -77,7 +77,7 @@ def _attention_prefix(model: CausalLM, layer: int) -> str:
 def apply_checkpoint(checkpoint: str, path: str | Path, last: int, out: str | Path) -> dict:
     """Load ``checkpoint`` (a run, a step directory, a from-hf folder or a Hugging Face folder), apply the last
     ``last`` layers' projections and write the result to ``out`` with the tokenizer files; returns the info."""
-    from ..checkpoint import save_weights
+    from ..saved_model import save_weights
     from ..evaluation.loading import load_for_eval
 
     loaded = load_for_eval(checkpoint)

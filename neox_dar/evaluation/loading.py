@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..checkpoint import load_model
+from ..saved_model import load_model
 from ..config import ModelConfig, model_flat
 from ..model import CausalLM
 from ..rundir import CONFIG, MODEL_CONFIG, checkpoint_step, resolve_checkpoint

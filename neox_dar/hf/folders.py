@@ -12,7 +12,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from ..checkpoint import read_model_config
+from ..saved_model import read_model_config
 from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
 from ..model import build_model, CausalLM

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from ..checkpoint import model_yaml, read_model_config
+from ..saved_model import model_yaml, read_model_config
 from ..config import Config, model_config_diff
 from ..provenance import code_version
 from ..rundir import (CONFIG, MODEL_CONFIG, STATE, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune,

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from ..attention import Attention
-from ..checkpoint import check_weight_shapes, read_model_config
+from ..saved_model import check_weight_shapes, read_model_config
 from ..config import Config, model_config_diff
 from ..config.schema import key_sections
 from ..config_fields import check
