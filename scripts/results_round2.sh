@@ -12,6 +12,9 @@
 #                                             #   docs/experiments.md's table, and data.json: torch, sha256 of the bytes)
 #   bash scripts/results_round2.sh --publish-finetune RUN...   # the same for results/results-round2-finetune
 #   bash scripts/results_round2.sh --publish-dimpo    # the DimPO study into results/results-round2-dimpo
+#   bash scripts/results_round2.sh --publish-checkpoint RUN   # RUN's final weights (the start of the fine-tuning
+#                                             #   runs and the DimPO study: vanilla-seed3) into
+#                                             #   results/results-round2/checkpoints/RUN, loadable as a checkpoint
 #
 # Each worker (logs: runs/results-round2/logs/worker-N.log) goes through the task list (--list) in order, takes the
 # first task no other worker holds (a flock on runs/results-round2/claims/TASK.lock, released by the kernel however
@@ -345,6 +348,30 @@ EOF
   log "published $out and its table in docs/experiments.md"
 }
 
+publish_checkpoint() {  # RUN's newest checkpoint as a weights-only folder (neox_dar.saved_model.save_weights:
+  # model.safetensors, model.yml, tokenizer.json, manifest) in results/results-round2/checkpoints/RUN, its tensors
+  # checked equal to the checkpoint's
+  local run=$1 out=results/results-round2/checkpoints/$1
+  [ -d "$WORK/$run/checkpoints" ] || { echo "results_round2.sh: $WORK/$run has no checkpoint" >&2; return 2; }
+  rm -rf "$out" && mkdir -p "$out"
+  "$PY" - "$WORK/$run" "$out" <<'EOF'
+import shutil
+import sys
+from pathlib import Path
+from neox_dar.rundir import held_checkpoint
+from neox_dar.saved_model import load_model, save_weights
+run, out = sys.argv[1], Path(sys.argv[2])
+with held_checkpoint(run) as step_dir:
+    shutil.copy(step_dir / "tokenizer.json", out / "tokenizer.json")
+    model, cfg = load_model(step_dir)
+    save_weights(model, cfg, out)
+    print(f"{step_dir} -> {out}")
+ours, theirs = load_model(out)[0].weights(), load_model(run)[0].weights()
+assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours), "the weights differ"
+EOF
+  log "published $out"
+}
+
 PUBLISH_COMMAND="bash scripts/results_round2.sh (from the repository root; data from ../shared/data, as scripts/replicate.sh --cpu): python -m neox_dar.sweep configs/sweeps/results-round2.yml plan --out runs/results-round2, then two workers, OMP_NUM_THREADS=1 each, each run: python -m neox_dar.sweep configs/sweeps/results-round2.yml run --local --out runs/results-round2 --only RUN (train.py RUN/config.yml, then python -m neox_dar.sweep.evaluate RUN with the sweep's eval: arguments); round 1's runs (reused_from) copied from results/replicate-cpu/runs"
 
 main() {
@@ -361,6 +388,8 @@ main() {
     --publish) shift; publish "$WORK" results/results-round2 "$@" ;;
     --publish-finetune) shift; publish "$FT_WORK" results/results-round2-finetune "$@" ;;
     --publish-dimpo) publish_dimpo ;;
+    --publish-checkpoint) [ $# -eq 2 ] || { echo "results_round2.sh: --publish-checkpoint needs one RUN" >&2; return 2; }
+                          publish_checkpoint "$2" ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;
     *) echo "results_round2.sh: unknown argument '$1' (see --help)" >&2; return 2 ;;
   esac

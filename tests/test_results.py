@@ -249,3 +249,19 @@ def test_the_orderings_docs_state_for_round2_scaling():
     assert (round(vs_swa["mswa"], 2), round(vs_swa["mswa-2x"], 2)) == (93.87, 94.3)
     assert 100 - vs_swa["mswa-2x"] > floor
     assert max(rel[r] for r in ("swa-2x", "dar-2x", "mswa-2x")) < rel["vanilla-2x"]
+
+
+def test_the_studies_start_checkpoint_is_committed_and_is_vanilla_seed3():
+    """(e) and (f) start from vanilla-seed3's step-800 weights, committed: the folder loads as a checkpoint (its
+    manifest verified), holds the published run's model config, and its weights are the bytes docs/experiments.md
+    names by sha256."""
+    import hashlib
+
+    from neox_dar.config import load_config
+    from neox_dar.saved_model import load_model
+
+    folder = ROOT / "results" / "results-round2" / "checkpoints" / "vanilla-seed3"
+    _, cfg = load_model(folder)
+    assert cfg == load_config(ROOT / "results" / "results-round2" / "runs" / "vanilla-seed3" / "config.yml").model
+    sha = hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
+    assert f"model.safetensors with sha256 `{sha}`" in " ".join((ROOT / "docs" / "experiments.md").read_text().split())

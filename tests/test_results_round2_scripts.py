@@ -31,6 +31,9 @@ def test_the_runner_lists_its_tasks_in_the_sweeps_order_and_refuses_a_bad_argume
     bad = subprocess.run(["bash", "scripts/results_round2.sh", "--bogus"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "unknown argument '--bogus'" in bad.stderr
+    bad = subprocess.run(["bash", "scripts/results_round2.sh", "--publish-checkpoint"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--publish-checkpoint needs one RUN" in bad.stderr
 
 
 def test_the_figures_are_drawn_from_the_published_runs(tmp_path):
