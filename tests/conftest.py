@@ -127,6 +127,20 @@ E2E = {
 }
 
 
+# The slowest tests of the whole suite, measured on the quiet 2-core CPU (seconds, `bash scripts/test.sh
+# --durations=30`, 2026-11-28), collected first: the two workers (xdist's worksteal) start on them and end together
+# on short tests, where one worker would otherwise finish a minutes-long test alone at the end.
+SLOWEST_FIRST = [
+    "tests/test_gpu_scripts.py::test_rehearsal_runs_every_step_on_the_cpu",  # 177
+    "tests/test_sweep.py::test_readme_experiments_walkthrough",  # 78
+    "tests/test_replicate.py::test_smoke_runs_the_whole_pipeline_and_the_report_reads_the_results",  # 77
+    "tests/test_sweep.py::test_local_sweep_extends_runs_and_evaluates_newer_checkpoints",  # 66
+    "tests/test_slurm_cluster.py::test_sweep_on_local_slurm",  # 55
+    "tests/test_finetune_demo.py::test_readme_walkthrough_runs",  # 45
+    "tests/test_replicate.py::test_cpu_replication_at_toy_size_runs_resumes_and_reports",  # 42
+]
+
+
 def _e2e_entry(nodeid: str) -> str | None:
     """The E2E entry that covers ``nodeid``, if any."""
     path, _, name = nodeid.partition("::")
@@ -136,12 +150,13 @@ def _e2e_entry(nodeid: str) -> str | None:
     return None
 
 
-def _stale_e2e_entries(root) -> list[str]:
-    """Entries whose file or test function no longer exists (a renamed test would silently join the fast tier)."""
+def _stale_entries(root) -> list[str]:
+    """Entries of :data:`E2E` and :data:`SLOWEST_FIRST` whose file or test function no longer exists (a renamed test
+    would silently join the fast tier, or lose its place)."""
     import ast
 
     stale, names = [], {}
-    for entry in sorted(E2E):
+    for entry in sorted({*E2E, *SLOWEST_FIRST}):
         path, _, name = entry.partition("::")
         if path not in names:
             file = root / path
@@ -156,8 +171,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _e2e_entry(item.nodeid) is not None:
             item.add_marker(pytest.mark.e2e)
-    stale = _stale_e2e_entries(config.rootpath)
+    first = {nodeid: rank for rank, nodeid in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: first.get(item.nodeid, len(first)))  # stable: the rest keep their order
+    stale = _stale_entries(config.rootpath)
     if stale:
         import warnings
 
-        warnings.warn(pytest.PytestWarning(f"tests/conftest.py E2E names tests that do not exist: {', '.join(stale)}"))
+        warnings.warn(pytest.PytestWarning(f"tests/conftest.py names tests that do not exist: {', '.join(stale)}"))
