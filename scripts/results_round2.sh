@@ -364,9 +364,9 @@ run, out = sys.argv[1], Path(sys.argv[2])
 with held_checkpoint(run) as step_dir:
     shutil.copy(step_dir / "tokenizer.json", out / "tokenizer.json")
     model, cfg = load_model(step_dir)
-    save_weights(model, cfg, out)
-    print(f"{step_dir} -> {out}")
-ours, theirs = load_model(out)[0].weights(), load_model(run)[0].weights()
+save_weights(model, cfg, out)
+print(f"{step_dir} -> {out}")
+ours, theirs = load_model(out)[0].weights(), model.weights()
 assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours), "the weights differ"
 EOF
   log "published $out"
