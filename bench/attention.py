@@ -526,8 +526,8 @@ def compile_report(args) -> dict:
                     sig[a] = "constexpr"
                 elif a in int_ptrs:
                     sig[a] = "*i32"
-                elif a in fp32_ptrs and not (kname == "_dq_kernel" and a == "DQ"):  # its dq: the input dtype
-                    sig[a] = "*fp32"
+                elif a in fp32_ptrs and (a != "DQ" or flags.get("ATOMIC_DQ")):  # dq: a float32 accumulator
+                    sig[a] = "*fp32"                                              # only for atomic adds
                 elif a.isupper() and a not in scalars:
                     sig[a] = "*" + pointer_dtype
                 else:
