@@ -92,3 +92,27 @@ def test_publish_dimpo_gives_the_committed_study_back_from_the_runners_folder(tm
             assert all(ours.get_tensor(k).equal(theirs.get_tensor(k)) for k in theirs.keys()), path.name
     assert block(repo / "docs" / "experiments.md", "results-round2-dimpo") == \
         block(ROOT / "docs" / "experiments.md", "results-round2-dimpo")
+
+
+def test_publish_checkpoint_writes_the_committed_start_from_the_runs_checkpoint(tmp_path):
+    """``--publish-checkpoint vanilla-seed3`` on a run whose step-800 checkpoint holds the committed weights writes
+    results/results-round2/checkpoints/vanilla-seed3 again, every file the committed one, byte for byte."""
+    import json
+
+    from neox_dar.rundir import write_manifest
+
+    published = ROOT / "results" / "results-round2" / "checkpoints" / "vanilla-seed3"
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "results_round2.sh", repo / "scripts")
+    step = repo / "runs" / "results-round2" / "vanilla-seed3" / "checkpoints" / "step_00000800"
+    shutil.copytree(published, step)
+    state = json.loads((step / "state.json").read_text())
+    write_manifest(step, {"step": 800, "tokenizer_sha256": state["tokenizer_sha256"]})  # a training checkpoint's
+    res = subprocess.run(["bash", "scripts/results_round2.sh", "--publish-checkpoint", "vanilla-seed3"], cwd=repo,
+                         capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = repo / "results" / "results-round2" / "checkpoints" / "vanilla-seed3"
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in published.iterdir())
+    assert all((out / p.name).read_bytes() == p.read_bytes() for p in published.iterdir())
