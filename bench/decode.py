@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     for key, value in {**DEFAULTS, **PRESETS.get(args.preset, {})}.items():
-        if getattr(args, key) is None:
+        if getattr(args, key) in (None, []):  # not given (no config file or override on the command line: [])
             setattr(args, key, value)
     if args.threads or torch.device(args.device).type == "cpu":
         torch.set_num_threads(args.threads or 1)

@@ -58,6 +58,22 @@ def test_pythia_160m_preset_is_the_kits_decode_check_with_enough_steps_for_a_spr
         assert len(row["step_ms_all"]) == 4 and spread["min"] <= spread["q1"] <= spread["q3"] <= spread["max"]
 
 
+@pytest.mark.parametrize("name", ["pythia-160m", "mswa-fig3-cpu"])
+def test_a_preset_without_a_config_on_the_command_line_builds_the_presets_model(name, monkeypatch):
+    # the GPU kit's call, `bench/decode.py --preset pythia-160m`, once measured a 6-layer 512-wide model: argparse
+    # gives [] for the absent config, which the preset must replace as it replaces an absent option
+    seen = {}
+
+    def run(args):
+        seen["config"] = args.config
+        raise SystemExit(0)
+
+    monkeypatch.setattr(decode, "run", run)
+    with pytest.raises(SystemExit):
+        decode.main(["--preset", name, "--device", "cpu"])
+    assert seen["config"] == decode.PRESETS[name]["config"]
+
+
 def test_a_preset_on_a_tiny_model_gives_windows_and_the_median_over_contexts(tmp_path):
     out = tmp_path / "r.json"
     assert decode.main(["--preset", "mswa-fig3-cpu", "configs/tiny.yml",
