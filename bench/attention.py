@@ -72,6 +72,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="triton_one_launch: MSWA only, all heads in one launch (group_by_window=False); "
                         "triton_dq_atomic / triton_dq_rows: DAR, SWA, MSWA with the backward's dq pass fixed "
                         "(kernels.backward.DQ_PASS; triton: the pass the backward chose by timing both)")
+    p.add_argument("--flex-kernels", nargs="+", default=None, choices=["dar", "swa", "mswa", "aha"],
+                   help="time flex only for these kernels (default: every kernel of --kernels; inductor compiles "
+                        "each mask, the slowest part of a run)")
     p.add_argument("--warmup-ms", type=float, default=50.0,
                    help="warm-up time per measurement (GPU: do_bench's; CPU: calls until it is spent, none at 0)")
     p.add_argument("--rep-ms", type=float, default=300.0,
@@ -395,7 +398,8 @@ def run_benchmarks(args, torch, triton, save=None) -> dict:
     for timed_methods in filter(None, passes):
         # the reference is built in every pass (the outputs' check needs it), timed only where asked for
         pass_args = argparse.Namespace(**{**vars(args), "methods": [*timed_methods, "reference"]})
-        for name in args.kernels:
+        flex_pass = timed_methods == ["flex"]
+        for name in [k for k in args.kernels if not flex_pass or k in (args.flex_kernels or args.kernels)]:
             for T in args.seqlens:
                 inputs, methods = build_cases(name, T, pass_args, torch, device, dtype)
                 errs = check_outputs(methods, inputs, args, torch)

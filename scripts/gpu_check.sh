@@ -10,8 +10,8 @@
 # NEOX_DAR_GIT_COMMIT=<hash> bash scripts/gpu_check.sh (the hash written out: it is read there), and every result
 # file and the summary record it.
 #
-#   bash scripts/gpu_check.sh --part 1       # --quick, the kernels: kernel-tests, bench-attention (< 6 min)
-#   bash scripts/gpu_check.sh --part 2       # --quick, training and decoding: train-throughput, decode (< 6 min)
+#   bash scripts/gpu_check.sh --part 1       # --quick, the kernels: kernel-tests, bench-attention (< 7 min)
+#   bash scripts/gpu_check.sh --part 2       # --quick, training and decoding: train-throughput, decode (< 7 min)
 #   bash scripts/gpu_check.sh --part 3       # --quick, the long checks: identities, train-smoke (< 4 min)
 #                                            #   (a session's device lease is 15 minutes, the machine's start
 #                                            #   included, and one command at most 10: parts 1 and 2 fit one lease,
@@ -40,9 +40,9 @@
 #                     AHA every row routed, GQA) and with the variant's mask (DAR's two key sets, MSWA windows
 #                     8..512, AHA 10% routed)
 #   bench-attention   bench/attention.py at the issue's shapes (B=8, H=12, d_h=64, T in {2048, 8192}, w=128):
-#                     DAR, SWA, MSWA (grouped and one launch), AHA at 10% routed against SDPA causal flash,
-#                     flex_attention and the reference, each output checked against the reference first; DAR,
-#                     SWA and MSWA also with each backward dq pass fixed (atomic, rows) beside the timed choice
+#                     DAR, SWA, MSWA, AHA at 10% routed against SDPA causal flash and (MSWA) flex_attention,
+#                     each output checked against the reference first (--full also times MSWA in one launch, the
+#                     reference, DAR's SDPA path, flex for every kernel and each backward dq pass fixed)
 #   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 160M,
 #                     the MFU target's model, the triton path, torch_compile off for vanilla, MSWA, SWA, DAR, AHA
 #                     and on for vanilla and MSWA, in that order: the time limit, sized for the runs without
@@ -107,16 +107,17 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# Time limit of each step, seconds: --quick's parts 1 and 2 sum (each with its install) to under 12 minutes, what a
+# Time limit of each step, seconds: --quick's parts 1 and 2 sum (each with its install) to under 13 minutes, what a
 # 15-minute lease leaves after the machine's start; --full is split by --steps. From the H200 runs' measured
-# seconds (bench/results/gpu-h200-2026-11-27*): install 18, kernel-tests 95, identities 64, bench-attention over 120
-# (stopped before AHA and flex: autotuning compiles every candidate tile; bench/attention.py saves its results after
-# each kernel and T, so a cut run keeps those it finished), 160M throughput runs 24 s (vanilla), 38-63 s (AHA, DAR,
-# MSWA: the kernels' autotuning) without torch_compile and 60 s (vanilla), ~80 s (MSWA) with it, train-smoke 52,
-# decode 20 (then 2 steps of a 4-layer model).
+# seconds: on 2026-11-27 (bench/results/gpu-h200-2026-11-27*) identities 64, train-smoke 52; on 2026-11-28
+# (bench/results/gpu-h200-2026-11-28: the machine's start and transfers 38 s) install 14 (8 on the warm machine),
+# kernel-tests 118, bench-attention over 170 with every method (DAR and SWA at six methods each, then stopped: the
+# kernels' autotuning and the float32 reference's timing; --quick now times the targets' methods only, flex for MSWA
+# alone, and bench/attention.py saves after each kernel and T, so a cut run keeps those it finished), the seven 160M
+# throughput runs 254 in all, decode 22 (a 6-layer model: the preset's shape was lost; the 160M shape takes longer).
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
-declare -A LIMIT_QUICK=([install]=40 [kernel-tests]=140 [identities]=90 [bench-attention]=170
-                        [train-throughput]=270 [train-smoke]=70 [decode]=45)
+declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=140 [identities]=90 [bench-attention]=240
+                        [train-throughput]=280 [train-smoke]=70 [decode]=60)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
                        [train-throughput]=1500 [train-smoke]=120 [decode]=300)
 # --rehearse: the CPU's times (a shared 2-core machine: each step takes 10-60 s), limits that only catch a hang
@@ -147,7 +148,9 @@ if [ "$REHEARSE" = 0 ]; then
   DECODE_SIZE="--preset pythia-160m"  # the 160M shape: contexts 8k and 32k, batch 16, 20 timed steps after 3
   DECODE_STEPS=""
   if [ "$MODE" = quick ]; then
-    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100" THROUGHPUT_STEPS="--steps 4 --warmup 2"
+    # the targets' methods only (the reference checks every output untimed; flex for MSWA, its one target)
+    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100 --methods triton sdpa_causal flex --flex-kernels mswa"
+    THROUGHPUT_STEPS="--steps 4 --warmup 2"
   else
     ATTENTION_SIZE="" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
   fi
