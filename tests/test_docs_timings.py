@@ -135,21 +135,37 @@ def thousands(tokens_per_sec: float) -> str:
     return f"{tokens_per_sec / 1e3:.1f}k"
 
 
+KIT_RUN = ROOT / "bench" / "results" / "gpu-h200-2026-11-28" / "part2" / "train_throughput.json"
+
+
+def kit_engines() -> dict[str, dict]:
+    """The 2026-11-28 kit run's throughput engines, by the fused-loss run's names (``<variant>[_compile]``)."""
+    runs = json.loads(KIT_RUN.read_text())["runs"]
+    return {r["config"]["attention_type"] + ("_compile" if r["config"]["torch_compile"] else ""): r["engine"]
+            for r in runs}
+
+
 def test_training_docs_gpu_table_is_the_h200_result_files():
-    """docs/training.md's GPU speed table: every tokens/s, MFU and ratio is its committed H200 result file's."""
+    """docs/training.md's GPU speed table: every tokens/s, MFU and ratio is one of its committed H200 result files'
+    (before the fused loss, with it, and the kit's run now)."""
     docs = (ROOT / "docs" / "training.md").read_text()
-    engine = {p.stem.removeprefix("tp_"): json.loads(p.read_text())["engine"] for p in GPU_RUN.glob("tp_*.json")}
-    assert set(engine) == {"vanilla", "mswa", "dar", "aha", "vanilla_compile", "mswa_compile"}
-    rows = {"vanilla": "| vanilla (sdpa) |", "mswa": "| MSWA (triton) |", "dar": "| DAR (triton) |",
-            "aha": "| AHA, 10% routed (triton) |", "vanilla_compile": "| vanilla (sdpa), `torch_compile: true` |",
+    fused = {p.stem.removeprefix("tp_"): json.loads(p.read_text())["engine"] for p in GPU_RUN.glob("tp_*.json")}
+    assert set(fused) == {"vanilla", "mswa", "dar", "aha", "vanilla_compile", "mswa_compile"}
+    now = kit_engines()
+    assert set(now) == set(fused) | {"swa"}
+    rows = {"vanilla": "| vanilla (sdpa) |", "mswa": "| MSWA (triton) |", "swa": "| SWA (triton) |",
+            "dar": "| DAR (triton) |", "aha": "| AHA, 10% routed (triton) |",
+            "vanilla_compile": "| vanilla (sdpa), `torch_compile: true` |",
             "mswa_compile": "| MSWA (triton), `torch_compile: true` |"}
     for name, label in rows.items():
         (row,) = [line for line in docs.splitlines() if line.startswith(label)]
-        baseline = engine["vanilla_compile" if name.endswith("compile") else "vanilla"]["tokens_per_sec"]
-        assert thousands(engine[name]["tokens_per_sec"]) in row, (name, row)
-        assert f"{engine[name]['tokens_per_sec'] / baseline:.3f}" in row or name.startswith("vanilla"), (name, row)
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        baseline = now["vanilla_compile" if name.endswith("compile") else "vanilla"]["tokens_per_sec"]
+        assert cells[3].startswith(thousands(now[name]["tokens_per_sec"])), (name, row)
+        assert cells[4].startswith(f"{now[name]['tokens_per_sec'] / baseline:.3f}") or cells[4] == "1", (name, row)
+        assert cells[2].startswith(thousands(fused[name]["tokens_per_sec"])) if name in fused else cells[2] == "not run"
         if name.startswith("vanilla"):
-            assert f"MFU {100 * engine[name]['mfu']:.1f}%" in row, (name, row)
+            assert f"MFU {100 * now[name]['mfu']:.1f}%" in cells[3] and f"MFU {100 * fused[name]['mfu']:.1f}%" in cells[2]
     before = json.loads((ROOT / "bench/results/gpu-h200-2026-11-27/train_throughput.json").read_text())["runs"]
     for run in before:
         label = rows[run["config"]["attention_type"]]
@@ -158,12 +174,12 @@ def test_training_docs_gpu_table_is_the_h200_result_files():
 
 
 def test_readme_gpu_sentence_is_the_h200_result_files():
-    engine = {p.stem.removeprefix("tp_"): json.loads(p.read_text())["engine"] for p in GPU_RUN.glob("tp_*.json")}
+    engine = kit_engines()
     v, vc = engine["vanilla"], engine["vanilla_compile"]
     text = " ".join(README.split())
     assert (f"{thousands(v['tokens_per_sec'])} tokens/s (MFU {100 * v['mfu']:.1f}%) with vanilla attention, "
             f"{thousands(vc['tokens_per_sec'])} ({100 * vc['mfu']:.1f}%)") in text
-    for name, label in [("mswa", "MSWA at"), ("aha", "AHA"), ("dar", "DAR")]:
+    for name, label in [("mswa", "MSWA at"), ("swa", "SWA"), ("aha", "AHA"), ("dar", "DAR")]:
         assert f"{label} {engine[name]['tokens_per_sec'] / v['tokens_per_sec']:.3f}x" in text, name
 
 
