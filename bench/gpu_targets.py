@@ -14,7 +14,8 @@ runs follow each other on the same GPU; bench/decode.py alternates variants step
   the GPU.)
 - training, for the Pythia-160M shape (d 768, 12 layers): vanilla MFU ``>= 28%`` without torch_compile and ``>= 40%``
   with it (Pythia-410M, d 1024 x 24 layers: ``>= 45%`` with it); for every shape and torch_compile setting, tokens/s
-  against vanilla's: MSWA and SWA ``>= 1.05``, AHA ``>= 1.0``, DAR ``>= 0.95`` (each attention_impl).
+  against vanilla's: MSWA and SWA ``>= 1.05``, AHA ``>= 1.0`` (judged when its run routed 5-15% of the rows,
+  ``--aha-mu-f 0.1``), DAR ``>= 0.95`` (each attention_impl).
 - decode, the Pythia-160M shape (d 768, 12 layers; another shape is reported, not judged), the longest context
   and batch 16 (else the largest batch): tokens/s against vanilla's, DAR ``>= 3`` (each
   DAR cache: ``dar``, ``dar-latent``) and AHA ``>= 2``; at context 8,192, every windowed variant's step time no
@@ -53,6 +54,7 @@ ATTENTION_TARGETS = [
 MFU_TARGETS = {(768, 12, False): (">=", 0.28), (768, 12, True): (">=", 0.40), (1024, 24, True): (">=", 0.45)}
 # tokens/s against vanilla's of the same shape and torch_compile setting
 TRAIN_RATIO_TARGETS = {"mswa": (">=", 1.05), "swa": (">=", 1.05), "aha": (">=", 1.0), "dar": (">=", 0.95)}
+AHA_MU_F = 0.1  # AHA's share of routed rows in its training target (bench/train_throughput.py --aha-mu-f)
 # decode tokens/s against vanilla's at the longest context and batch 16
 DECODE_TARGETS = {"dar": (">=", 3.0), "dar-latent": (">=", 3.0), "aha": (">=", 2.0)}
 DECODE_SHAPE = (768, 12)  # (hidden_size, num_layers) the decode targets are for: Pythia-160M
@@ -113,8 +115,14 @@ def training_targets(runs: list[dict]) -> list[dict]:
             if variant not in TRAIN_RATIO_TARGETS:
                 continue
             ratio = r["engine"]["tokens_per_sec"] / vanilla["engine"]["tokens_per_sec"] if vanilla else None
+            note, ok = ("", True) if vanilla else ("no vanilla run", True)
+            if variant == "aha":  # the target is AHA with about AHA_MU_F of its rows routed (--aha-mu-f)
+                mu_f = (r["engine"].get("aha_mu_f") or {}).get("measured")
+                ok = mu_f is not None and abs(mu_f - AHA_MU_F) <= AHA_MU_F / 2
+                note = (f"mu_f {mu_f:.3f}" if mu_f is not None else "routed share not set (a zero router routes no "
+                        "row): reported only") + ("" if ok or mu_f is None else f", not near {AHA_MU_F}: reported only")
             out.append(row("training", f"{shape}: {variant.upper()} ({r['config'].get('attention_impl')}) tokens/s "
-                           "/ vanilla", ratio, *TRAIN_RATIO_TARGETS[variant], judged, "" if vanilla else "no vanilla run"))
+                           "/ vanilla", ratio, *TRAIN_RATIO_TARGETS[variant], judged and ok, note))
     return out
 
 

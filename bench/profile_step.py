@@ -52,7 +52,7 @@ def profile(cfg, steps: int, warmup: int, top: int) -> dict:
 
     from bench.train_throughput import engine_step
 
-    info, step, grad_accum, micro, _ = engine_step(cfg)
+    info, step, grad_accum, micro, _, _ = engine_step(cfg)
     for _ in range(warmup):
         step()
     synchronize(info.device)

@@ -38,15 +38,36 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kernels.runtime import device_report  # noqa: E402
-from neox_dar.config import Config, load_config, split_args  # noqa: E402
+from neox_dar.config import Config, ConfigError, load_config, split_args  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
 from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
 from neox_dar.training.metrics import peak_flops  # noqa: E402
+from neox_dar.variants.layers import layer_types  # noqa: E402
 
 
-def engine_step(cfg: Config):
+def route_fraction(model, tokens: torch.Tensor, fraction: float) -> list[float]:
+    """Open about ``fraction`` of AHA's gates, as the GPU targets ask (AHA at 10% routed), where a zero-initialised
+    router opens none: each AHA layer's threshold becomes the ``1 - fraction`` quantile of its scores ``s`` on
+    ``tokens`` (its router, randomly initialised: ``aha_router_init: random``, trains as in any run). Returns the
+    thresholds."""
+    layers = [m for m in model.attention_modules() if m.name == "aha"]
+    scores = {}
+    hooks = [m.router.register_forward_hook(lambda mod, inp, out, m=m: scores.__setitem__(m, out.detach()))
+             for m in layers]
+    with torch.no_grad():
+        model(tokens)
+    for hook in hooks:
+        hook.remove()
+    for m in layers:
+        s = torch.sigmoid(scores[m].float()).flatten()
+        m.threshold = torch.quantile(s[torch.randperm(s.numel(), device=s.device)[:1 << 24]], 1 - fraction).item()
+    return [m.threshold for m in layers]
+
+
+def engine_step(cfg: Config, aha_mu_f: float | None = None):
     """train.py's DeepSpeed engine (1 rank) and one optimizer step of it on fixed random tokens: returns
-    ``(info, step, grad_accum, micro, flops)``, ``step()`` running ``grad_accum`` micro-batches of ``micro``."""
+    ``(info, step, grad_accum, micro, flops, model)``, ``step()`` running ``grad_accum`` micro-batches of ``micro``
+    (``aha_mu_f``: :func:`route_fraction` on the first micro-batch)."""
     from neox_dar.training.batches import micro_batch_loss
     from neox_dar.training.distributed import init_distributed
     from neox_dar.training.engine import build_engine
@@ -57,6 +78,8 @@ def engine_step(cfg: Config):
     micro = cfg.training.train_micro_batch_size_per_gpu
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, cfg.model.vocab_size, (grad_accum, micro, cfg.model.seq_length + 1), generator=gen).to(info.device)
+    if aha_mu_f is not None:
+        route_fraction(model, tokens[0, :, :-1], aha_mu_f)
 
     def step() -> None:
         for m in range(grad_accum):
@@ -64,12 +87,13 @@ def engine_step(cfg: Config):
             engine.backward(micro_batch_loss(engine, x, y) + model.aux_loss().float())
             engine.step()
 
-    return info, step, grad_accum, micro, flops
+    return info, step, grad_accum, micro, flops, model
 
 
-def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
-    """tokens/s, TFLOP/s and MFU of ``steps`` optimizer steps of train.py's DeepSpeed engine (1 rank)."""
-    info, step, grad_accum, micro, flops = engine_step(cfg)
+def engine_throughput(cfg: Config, steps: int, warmup: int, aha_mu_f: float | None = None) -> dict:
+    """tokens/s, TFLOP/s and MFU of ``steps`` optimizer steps of train.py's DeepSpeed engine (1 rank); with
+    ``aha_mu_f``, AHA's share of open gates over the timed steps (``aha_mu_f_measured``)."""
+    info, step, grad_accum, micro, flops, model = engine_step(cfg, aha_mu_f)
 
     for _ in range(warmup):
         step()
@@ -84,6 +108,9 @@ def engine_throughput(cfg: Config, steps: int, warmup: int) -> dict:
     out = {"step_time_s": seconds, "tokens_per_sec": tokens_per_sec, "global_batch": grad_accum * micro,
            "flops_per_token": flops, "tflops_per_device": flops * tokens_per_sec / 1e12, "peak_flops": peak,
            "mfu": flops * tokens_per_sec / peak if peak else None}
+    if aha_mu_f is not None:  # the last micro-batch's share of open gates over every AHA layer and head
+        out["aha_mu_f"] = {"target": aha_mu_f, "measured": torch.stack(
+            [m.stats["mu_f"] for m in model.attention_modules() if m.name == "aha"]).float().mean().item()}
     if info.device.type == "cuda":
         out["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(info.device) / 1e9
         out["attention_kernels"] = attention_kernels(step)
@@ -163,10 +190,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--compare-hf", action=argparse.BooleanOptionalAction, default=None,
                    help="time ours vs transformers.GPTNeoXForCausalLM (default: on CPU only)")
+    p.add_argument("--aha-mu-f", type=float, default=None, metavar="F",
+                   help="AHA: open about this share of the gates (a random router, each layer's threshold at the "
+                        "1 - F quantile of its scores on the first micro-batch; the GPU targets' AHA is at 0.1); "
+                        "the result records the share measured")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     paths, overrides = split_args(args.config)
-    cfg = load_config(*paths, overrides=overrides)
+    if args.aha_mu_f is not None:
+        overrides = [*overrides, "aha_router_init=random"]  # a zero router scores every row 1/2
+    try:
+        cfg = load_config(*paths, overrides=overrides)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.aha_mu_f is not None and not (0 < args.aha_mu_f < 1 and "aha" in layer_types(cfg.model)):
+        print("error: --aha-mu-f needs a share in (0, 1) and a model with AHA layers", file=sys.stderr)
+        return 2
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     compare = args.compare_hf if args.compare_hf is not None else device.type == "cpu"
 
@@ -179,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                                                        "attention_impl": cfg.model.attention.attention_impl,
                                                        "torch_compile": cfg.training.torch_compile,
                                                        "zero_stage": cfg.training.zero_optimization.stage}}
-    result["engine"] = engine_throughput(cfg, args.steps, args.warmup)
+    result["engine"] = engine_throughput(cfg, args.steps, args.warmup, args.aha_mu_f)
     e = result["engine"]
     mfu = f"{100 * e['mfu']:.1f}%" if e["mfu"] is not None else "n/a (no peak FLOP/s for this device; set peak_flops)"
     print(f"{result['device']}: {e['tokens_per_sec']:,.0f} tokens/s, {e['tflops_per_device']:.3g} TFLOP/s, MFU {mfu}, "

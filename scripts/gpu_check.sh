@@ -45,7 +45,7 @@
 #                     reference, DAR's SDPA path, flex for every kernel and each backward dq pass fixed)
 #   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 160M,
 #                     the MFU target's model, the triton path, torch_compile off for vanilla, MSWA, SWA, DAR, AHA
-#                     and on for vanilla and MSWA, in that order: the time limit, sized for the runs without
+#                     (with 10% of its rows routed: --aha-mu-f 0.1) and on for vanilla and MSWA, in that order: the time limit, sized for the runs without
 #                     compile, keeps the runs that finished and cuts the rest; --full: 70M and 160M, torch_compile
 #                     off and on, attention_impl triton and sdpa); each result records the attention kernels
 #                     one step ran (SDPA's backend)
@@ -211,9 +211,11 @@ step_commands() {
       throughput_runs | while read -r m a i c; do
         local micro=$MICRO  # two micro-batches of the config per step: a short step, the config's per-GPU shapes
         [ -n "$micro" ] || micro=$(sed -n 's/^train_micro_batch_size_per_gpu: *\([0-9]*\).*/\1/p' "configs/pythia-$m.yml")
+        local routed=""  # AHA as its target has it: about 10% of the rows routed (a zero router routes none)
+        [ "$a" = aha ] && routed="--aha-mu-f 0.1"
         echo "$PY bench/train_throughput.py configs/pythia-$m.yml configs/attention/$a.yml precision=$PRECISION" \
              "zero_optimization.stage=1 attention_impl=$i torch_compile=$c" $MODEL_SIZE \
-             "train_batch_size=$((2 * micro)) $THROUGHPUT_STEPS --no-compare-hf --out $WORK/throughput/$m-$a-$i-compile_$c.json"
+             "train_batch_size=$((2 * micro)) $THROUGHPUT_STEPS $routed --no-compare-hf --out $WORK/throughput/$m-$a-$i-compile_$c.json"
       done ;;
     train-smoke)
       local half=$((SMOKE_ITERS / 2))

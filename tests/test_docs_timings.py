@@ -154,7 +154,7 @@ def test_training_docs_gpu_table_is_the_h200_result_files():
     now = kit_engines()
     assert set(now) == set(fused) | {"swa"}
     rows = {"vanilla": "| vanilla (sdpa) |", "mswa": "| MSWA (triton) |", "swa": "| SWA (triton) |",
-            "dar": "| DAR (triton) |", "aha": "| AHA, 10% routed (triton) |",
+            "dar": "| DAR (triton) |", "aha": "| AHA (triton), no row routed |",
             "vanilla_compile": "| vanilla (sdpa), `torch_compile: true` |",
             "mswa_compile": "| MSWA (triton), `torch_compile: true` |"}
     for name, label in rows.items():

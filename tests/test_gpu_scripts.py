@@ -74,6 +74,7 @@ def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two
         ("vanilla", "false"), ("mswa", "false"), ("swa", "false"), ("dar", "false"), ("aha", "false"),
         ("vanilla", "true"), ("mswa", "true")]
     assert "train_batch_size=32" in throughput[0]  # two of the config's 16-sample micro-batches
+    assert [("--aha-mu-f 0.1" in t) for t in throughput] == [False] * 4 + [True] + [False] * 2  # AHA at 10% routed
     assert "-k long_sequence" in res.stdout and "-k 'not long_sequence and not float32]'" in res.stdout
     assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
     assert "bench/decode.py --dtype bfloat16 --preset pythia-160m" in res.stdout
@@ -130,6 +131,8 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     assert sorted((r["config"]["attention_type"], r["config"]["attention_impl"]) for r in runs) == [
         ("aha", "triton"), ("dar", "triton"), ("mswa", "triton"), ("swa", "triton"), ("vanilla", "sdpa")]
     assert all(r["engine"]["tokens_per_sec"] > 0 and r["device"].startswith("CPU") for r in runs)
+    (aha,) = [r["engine"]["aha_mu_f"] for r in runs if r["config"]["attention_type"] == "aha"]
+    assert aha["target"] == 0.1 and 0 < aha["measured"] < 0.3  # 1 - 0.1 quantile thresholds; the router trains
     decode = json.loads((out / "decode.json").read_text())
     assert decode["dtype"] == "bfloat16" and {r["context"] for r in decode["results"]} == {64}
     # the targets, from the same files: every ratio computed, none judged off a GPU

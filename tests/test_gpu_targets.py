@@ -24,11 +24,14 @@ def attention_file(times: dict[tuple[str, int, str], float], device: str = H100)
 
 
 def throughput_run(attention: str, tokens_per_sec: float, mfu: float | None, hidden=768, layers=12, impl="triton",
-                   device: str = H100, compiled: bool = False) -> dict:
+                   device: str = H100, compiled: bool = False, mu_f: float | None = 0.1) -> dict:
+    engine = {"tokens_per_sec": tokens_per_sec, "mfu": mfu}
+    if attention == "aha" and mu_f is not None:
+        engine["aha_mu_f"] = {"target": 0.1, "measured": mu_f}
     return {"device": device, "cuda": "12.8" if device == H100 else None,
             "config": {"hidden_size": hidden, "num_layers": layers, "attention_type": attention,
                        "attention_impl": impl, "torch_compile": compiled},
-            "engine": {"tokens_per_sec": tokens_per_sec, "mfu": mfu}}
+            "engine": engine}
 
 
 def decode_file(rows: list[tuple[str, int, int, float]], device: str = H100, shape=(768, 12)) -> dict:
@@ -89,9 +92,21 @@ def test_training_targets_mfu_with_and_without_compile_and_every_variant_against
     assert t[f"{shape} false: SWA (triton) tokens/s / vanilla >= 1.05"]["met"] is True
     assert t[f"{shape} false: AHA (triton) tokens/s / vanilla >= 1"]["met"] is False
     assert t[f"{shape} true: MSWA (triton) tokens/s / vanilla >= 1.05"]["value"] == pytest.approx(130 / 120)
+    assert t[f"{shape} false: AHA (triton) tokens/s / vanilla >= 1"]["note"] == "mu_f 0.100"
     small = t["d 512 x 6 layers, torch_compile false: vanilla MFU >= 0.28"]
     assert small["met"] is None and not small["judged"] and "reported only" in small["note"]
     assert t["d 512 x 6 layers, torch_compile false: DAR (triton) tokens/s / vanilla >= 0.95"]["met"] is False
+
+
+def test_aha_is_judged_only_at_about_a_tenth_of_its_rows_routed(tmp_path):
+    """A zero-initialised router routes no row (the H200 runs before --aha-mu-f): AHA is then SWA plus a router."""
+    for mu_f, judged, note in [(0.098, True, "mu_f 0.098"), (None, False, "routed share not set"),
+                               (0.3, False, "mu_f 0.300, not near 0.1")]:
+        runs = [throughput_run("vanilla", 100_000, 0.30, impl="sdpa"), throughput_run("aha", 90_000, 0.27, mu_f=mu_f)]
+        (aha,) = [t for t in judge(write(tmp_path / "run", train_throughput={"runs": runs}))["targets"]
+                  if "AHA" in t["target"]]
+        assert aha["judged"] is judged and aha["note"].startswith(note) and aha["value"] == 0.9
+        assert aha["met"] is (False if judged else None)
 
 
 def test_decode_targets_at_the_longest_context_and_at_8k(tmp_path):
