@@ -14,6 +14,7 @@ from neox_dar.attention.dar import dar_reference, dar_sdpa
 from neox_dar.attention.masks import masked_attention, window_mask
 from neox_dar.attention.windowed import mean_attended_keys
 from neox_dar.config import Config
+from neox_dar.families import FAMILIES
 from neox_dar.model import build_model, flops_per_token, init_std
 from neox_dar.variants import mswa_window_table
 from neox_dar.variants.mswa import window_budget
@@ -100,15 +101,49 @@ def test_dar_window_1_uses_only_itself_on_the_local_path(fn):
         assert t.grad[:, :, i:].abs().max() == 0
 
 
-def test_dar_global_kv_uses_the_same_query_key_value_and_bias():
-    cfg = attention_config("dar", window_size=2)
+def family_attention_config(family: str, **keys):
+    """A small DAR config of ``family``'s attention: its fixed settings, biases on, and (besides GPT-NeoX's fused
+    layout) two key/value heads for four query heads."""
+    fixed = {k: v for k, v in FAMILIES[family].fixed.items() if k in ("fused_qkv", "qk_norm", "rotary_pct")}
+    kv = {} if family == "gpt_neox" else {"num_kv_heads": 2}
+    return attention_config("dar", window_size=2, model_family=family, qkv_bias=True, **fixed, **kv, **keys)
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmo2", "qwen3"])
+def test_dar_global_kv_uses_the_same_key_value_weights_bias_and_norm(family):
+    """``global_kv`` folds ``dar_up`` into the key/value weights, ``(W_kv W_up) dar_down(a)``: the keys and values
+    of ``h' = dar_up(dar_down(a))`` through the layer's own projections (fused GPT-NeoX rows, or k_proj/v_proj with
+    grouped-query heads), bias and key norm, up to float32 rounding."""
+    cfg = family_attention_config(family)
     dar = randomized(build_attention(cfg, 0))
     a, cos, sin = inputs(cfg)
     k_glob, v_glob = dar.global_kv(a, cos, sin)
     h2 = dar.dar_up(dar.dar_down(a))
-    _, k_expect, v_expect = dar.split_heads(h2, cos, sin)  # the full fused pass (q discarded)
+    _, k_expect, v_expect = dar.split_heads(h2, cos, sin)  # the full pass (q discarded)
     torch.testing.assert_close(k_glob, k_expect)
     torch.testing.assert_close(v_glob, v_expect)
+
+
+def test_dar_global_kv_calls_a_wrapped_projection_on_the_bottleneck():
+    """A projection that is not a plain Linear (peft's LoRA layer adds an adapter's product) is called on
+    ``dar_up(dar_down(a))``, so its extra path reaches the global keys and values too."""
+
+    class Shifted(torch.nn.Module):  # stands in for a LoRA layer: the base Linear plus a path of its own
+        def __init__(self, base):
+            super().__init__()
+            self.base = base
+
+        def forward(self, x):
+            return self.base(x) + 1.0
+
+    cfg = family_attention_config("llama")
+    dar = randomized(build_attention(cfg, 0))
+    a, cos, sin = inputs(cfg)
+    k_plain, v_plain = dar.global_kv(a, cos, sin)
+    dar.v_proj = Shifted(dar.v_proj)
+    k_glob, v_glob = dar.global_kv(a, cos, sin)
+    torch.testing.assert_close(k_glob, k_plain)
+    torch.testing.assert_close(v_glob, v_plain + 1.0)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -82,10 +82,11 @@ class Attention(AttentionLayer, abc.ABC):
         self.stats: dict[str, torch.Tensor] = {}
         self.token_stats: dict[str, torch.Tensor] = {}
 
-    def key_value(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    def key_value(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, through: torch.Tensor | None = None):
         """Rotary-applied ``k`` and ``v``, each (B, H_kv, T, d_h), of ``h`` (B, T, d) through the key and value
-        weights (and bias, and key norm) only."""
-        _, k, v = self.project(h, query=False)
+        weights (and bias, and key norm) only; with ``through`` (d, d_in), of ``h @ through.T`` for ``h`` (B, T,
+        d_in) (:meth:`project`)."""
+        _, k, v = self.project(h, query=False, through=through)
         return apply_rotary(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
 
     def expand_kv(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -100,8 +100,15 @@ class DARAttention(DARLayer, Attention):
 
     def global_kv(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``k_glob`` (rotary applied) and ``v_glob``, each (B, H_kv, T, d_h), from ``h' = dar_up(dar_down(a))``
-        through the layer's own key and value weights, bias and key norm (the global query is never used)."""
-        return self.key_value(self.dar_up(self.dar_down(a)), cos, sin)
+        through the layer's own key and value weights, bias and key norm (the global query is never used).
+
+        Computed as ``(W_kv W_up) c`` with ``c = dar_down(a)``: the product of the key/value rows with ``dar_up``'s
+        weight, (2 H_kv d_h x d_down), is formed once per call, so a token costs a (2 H_kv d_h x d_down) product
+        instead of ``dar_up``'s (d x d_down) and the key/value rows' (2 H_kv d_h x d): at Pythia-160M's shape
+        (d 768, d_down 192) 0.29M multiply-adds a token and layer instead of 1.33M, and ``h'`` is never stored.
+        The same association as the inference cache (:class:`~neox_dar.standalone.dar.DARCache`); only the
+        rounding differs from ``key_value(dar_up(dar_down(a)))``."""
+        return self.key_value(self.dar_down(a), cos, sin, through=self.dar_up.weight)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         k_glob, v_glob = self.global_kv(a, cos, sin)
@@ -128,7 +135,10 @@ class DARAttention(DARLayer, Attention):
         """The second pass through the key and value weights for ``k_glob, v_glob``: a (2 H_kv d_h x d) product,
         2 FLOPs per multiply-add, ``x3`` for forward + backward (``12 d^2`` without grouped-query attention).
         (``dar_down``/``dar_up`` are used once per token and are already in ``6 N``; each (i, j) pair is scored
-        once, so the attention term is vanilla's.)"""
+        once, so the attention term is vanilla's.) These are the FLOPs of DAR's definition, which the report's Cost
+        column and MFU count; :meth:`global_kv` evaluates the same products with ``dar_up`` folded into the key/value
+        weights, a (2 H_kv d_h x d_down) product a token in place of this term and ``dar_up``'s share of ``6 N``,
+        so DAR's MFU counts more FLOPs than its step does (tokens/s compares the variants)."""
         return 3.0 * 2.0 * (2 * self.num_kv_heads * self.head_dim) * self.hidden_size
 
     def far_key_width(self) -> int:

@@ -42,22 +42,37 @@ class HeadProjections:
             self.q_norm = rms_norm(head_dim if per_head else width)
             self.k_norm = rms_norm(head_dim if per_head else kv_width)
 
-    def project(self, h: torch.Tensor, query: bool = True):
+    def project(self, h: torch.Tensor, query: bool = True, through: torch.Tensor | None = None):
         """``h`` (B, T, d) -> ``q`` (B, T, H, d_h) (None without ``query``), ``k``, ``v`` (B, T, H_kv, d_h), with the
         family's query/key norms applied (before rotary). Without ``query`` only the key and value weights are
-        applied (DAR's bottlenecked keys and values)."""
+        applied (DAR's bottlenecked keys and values).
+
+        ``through`` (d, d_in), with ``h`` (B, T, d_in): the projections of ``h @ through.T``, computed as
+        ``h @ (W through).T``: each weight ``W`` (rows, d) times ``through`` once per call, then one (rows x d_in)
+        product per token instead of a (d x d_in) and a (rows x d) one (DAR: ``through`` is ``dar_up``'s weight). A
+        projection that is not a plain ``Linear`` (peft's LoRA layer, whose adapter has its own product) is called
+        on ``h @ through.T``."""
         B, T, _ = h.shape
         H, G, D = self.num_heads, self.num_kv_heads, self.head_dim
+
+        def weights(w: torch.Tensor) -> torch.Tensor:
+            return w if through is None else w @ through
+
         if self.fused:
             weight, bias = self.query_key_value.weight, self.query_key_value.bias
             if not query:
                 weight = weight.view(H, 3, D, -1)[:, 1:].reshape(2 * H * D, -1)
                 bias = None if bias is None else bias.view(H, 3, D)[:, 1:].reshape(2 * H * D)
-            parts = F.linear(h, weight, bias).view(B, T, H, -1).split(D, dim=-1)
+            parts = F.linear(h, weights(weight), bias).view(B, T, H, -1).split(D, dim=-1)
             q, (k, v) = (parts[0], parts[1:]) if query else (None, parts)
         else:
-            q = self.q_proj(h).view(B, T, H, D) if query else None
-            k, v = self.k_proj(h).view(B, T, G, D), self.v_proj(h).view(B, T, G, D)
+            def linear(m: torch.nn.Module, heads: int) -> torch.Tensor:
+                if through is None or type(m) is not torch.nn.Linear:  # a wrapper (peft's LoRA) adds its own path
+                    return m(h if through is None else F.linear(h, through)).view(B, T, heads, D)
+                return F.linear(h, weights(m.weight), m.bias).view(B, T, heads, D)
+
+            q = linear(self.q_proj, H) if query else None
+            k, v = linear(self.k_proj, G), linear(self.v_proj, G)
         if self.qk_norm == "head":
             q = self.q_norm(q) if query else None
         elif self.qk_norm == "projection":
