@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -190,3 +191,26 @@ def test_training_docs_loss_table_is_the_h200_loss_file():
                        ("plain", "| full float32 logits")]:
         (row,) = [line for line in docs.splitlines() if line.startswith(label)]
         assert row.endswith(f"| {1e3 * ways[key]['seconds']:.1f} ms | {ways[key]['launches']:,} |"), (key, row)
+
+
+def test_training_docs_dar_flops_after_the_fold_come_from_the_shapes():
+    """docs/training.md's DAR FLOPs a token since dar_up is folded into the key/value weights: flops_per_token (the
+    definition's) less, per layer, 6 x (dar_up's d x d_down + the key/value rows' 2 H_kv d_h x d - the folded
+    2 H_kv d_h x d_down) multiply-adds."""
+    import warnings
+
+    from neox_dar.config import load_config
+    from neox_dar.model import build_model, flops_per_token
+
+    totals = {}
+    for variant in ("vanilla", "dar"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cfg = load_config(ROOT / "configs/pythia-160m.yml", ROOT / f"configs/attention/{variant}.yml").model
+        with torch.device("meta"):
+            totals[variant] = flops_per_token(build_model(cfg))["total"]
+    d, d_down, kv = cfg.hidden_size, cfg.attention.dar_d_down, 2 * cfg.num_kv_heads * cfg.head_dim
+    folded = totals["dar"] - cfg.num_layers * 6 * (d * d_down + kv * d - kv * d_down)
+    docs = " ".join((ROOT / "docs" / "training.md").read_text().split())
+    assert f"about {round(100 * (folded / totals['vanilla'] - 1))}% more FLOPs a token" in docs
+    assert f"({folded / 1e6:.0f}M against {totals['vanilla'] / 1e6:.0f}M" in docs
