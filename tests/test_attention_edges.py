@@ -109,7 +109,7 @@ def family_attention_config(family: str, **keys):
     return attention_config("dar", window_size=2, model_family=family, qkv_bias=True, **fixed, **kv, **keys)
 
 
-@pytest.mark.parametrize("family", ["gpt_neox", "llama", "olmo2", "qwen3"])
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_dar_global_kv_uses_the_same_key_value_weights_bias_and_norm(family):
     """``global_kv`` folds ``dar_up`` into the key/value weights, ``(W_kv W_up) dar_down(a)``: the keys and values
     of ``h' = dar_up(dar_down(a))`` through the layer's own projections (fused GPT-NeoX rows, or k_proj/v_proj with
