@@ -45,8 +45,9 @@
 #                     reference, DAR's SDPA path, flex for every kernel and each backward dq pass fixed)
 #   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 160M,
 #                     the MFU target's model, the triton path, torch_compile off for vanilla, MSWA, SWA, DAR, AHA
-#                     (with 10% of its rows routed: --aha-mu-f 0.1) and on for vanilla and MSWA, in that order: the time limit, sized for the runs without
-#                     compile, keeps the runs that finished and cuts the rest; --full: 70M and 160M, torch_compile
+#                     (with 10% of its rows routed: --aha-mu-f 0.1) and on for vanilla and MSWA, in that order:
+#                     the time limit, sized for the runs without compile, keeps the runs that finished and cuts
+#                     the rest; --full: 70M and 160M, torch_compile
 #                     off and on, attention_impl triton and sdpa); each result records the attention kernels
 #                     one step ran (SDPA's backend)
 #   train-smoke       train.py, bf16: 200 steps of Pythia-14M on the tokenized sample, stopped with a checkpoint
