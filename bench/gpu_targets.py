@@ -115,14 +115,17 @@ def training_targets(runs: list[dict]) -> list[dict]:
             if variant not in TRAIN_RATIO_TARGETS:
                 continue
             ratio = r["engine"]["tokens_per_sec"] / vanilla["engine"]["tokens_per_sec"] if vanilla else None
-            note, ok = ("", True) if vanilla else ("no vanilla run", True)
+            notes, ok = ["" if vanilla else "no vanilla run"], True
             if variant == "aha":  # the target is AHA with about AHA_MU_F of its rows routed (--aha-mu-f)
                 mu_f = (r["engine"].get("aha_mu_f") or {}).get("measured")
                 ok = mu_f is not None and abs(mu_f - AHA_MU_F) <= AHA_MU_F / 2
-                note = (f"mu_f {mu_f:.3f}" if mu_f is not None else "routed share not set (a zero router routes no "
-                        "row): reported only") + ("" if ok or mu_f is None else f", not near {AHA_MU_F}: reported only")
+                if mu_f is None:
+                    notes.append("routed share not set (a zero router routes no row): reported only")
+                else:
+                    notes.append(f"mu_f {mu_f:.3f}" + ("" if ok else f", not near {AHA_MU_F}: reported only"))
             out.append(row("training", f"{shape}: {variant.upper()} ({r['config'].get('attention_impl')}) tokens/s "
-                           "/ vanilla", ratio, *TRAIN_RATIO_TARGETS[variant], judged and ok, note))
+                           "/ vanilla", ratio, *TRAIN_RATIO_TARGETS[variant], judged and ok,
+                           "; ".join(filter(None, notes))))
     return out
 
 

@@ -45,11 +45,10 @@ from neox_dar.training.metrics import peak_flops  # noqa: E402
 from neox_dar.variants.layers import layer_types  # noqa: E402
 
 
-def route_fraction(model, tokens: torch.Tensor, fraction: float) -> list[float]:
+def route_fraction(model, tokens: torch.Tensor, fraction: float) -> None:
     """Open about ``fraction`` of AHA's gates, as the GPU targets ask (AHA at 10% routed), where a zero-initialised
     router opens none: each AHA layer's threshold becomes the ``1 - fraction`` quantile of its scores ``s`` on
-    ``tokens`` (its router, randomly initialised: ``aha_router_init: random``, trains as in any run). Returns the
-    thresholds."""
+    ``tokens`` (its router, randomly initialised: ``aha_router_init: random``, trains as in any run)."""
     layers = [m for m in model.attention_modules() if m.name == "aha"]
     scores = {}
     hooks = [m.router.register_forward_hook(lambda mod, inp, out, m=m: scores.__setitem__(m, out.detach()))
@@ -61,7 +60,6 @@ def route_fraction(model, tokens: torch.Tensor, fraction: float) -> list[float]:
     for m in layers:
         s = torch.sigmoid(scores[m].float()).flatten()
         m.threshold = torch.quantile(s[torch.randperm(s.numel(), device=s.device)[:1 << 24]], 1 - fraction).item()
-    return [m.threshold for m in layers]
 
 
 def engine_step(cfg: Config, aha_mu_f: float | None = None):
