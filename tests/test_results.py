@@ -236,8 +236,8 @@ def test_the_round2_dimpo_table_is_rebuilt_and_its_orderings_are_the_docs():
 def test_the_orderings_docs_state_for_round2_scaling():
     """docs/experiments.md, "Results, second round", (d): SWA's lead over vanilla shrinks from 1x to 2x (each
     against vanilla of its budget) and stays beyond the noise floor; DAR closes on vanilla with it; MSWA's lead
-    shrinks less and it stays below SWA beyond the floor; at 4x SWA and MSWA stay ahead of vanilla beyond the
-    floor, MSWA ahead of SWA."""
+    shrinks less and it stays below SWA beyond the floor; at 4x SWA, DAR and MSWA stay ahead of vanilla beyond the
+    floor, MSWA ahead of SWA, DAR within the floor of SWA."""
     rel, vs_swa, floor = round2_rel()
     assert (round(100 - rel["swa"], 2), round(100 - rel["swa-2x"], 2)) == (5.85, 1.8)
     assert 100 - rel["swa-2x"] > floor
@@ -255,6 +255,12 @@ def test_the_orderings_docs_state_for_round2_scaling():
     assert round(100 - rel["swa-4x"], 2) == 2.56 and 100 - rel["swa-4x"] > floor
     assert round(100 - rel["mswa-4x"], 2) == 7.71 and round(vs_swa["mswa-4x"], 2) == 94.73
     assert 100 - vs_swa["mswa-4x"] > floor and min(rel["swa-4x"], rel["mswa-4x"]) < rel["vanilla-4x"]
+    # DAR at 4x: its lead over vanilla stops shrinking after 2x (beyond the floor), it stays within the floor of SWA,
+    # and the order is MSWA, SWA, DAR, vanilla
+    assert round(100 - rel["dar-4x"], 2) == 1.65 and 100 - rel["dar-4x"] > floor
+    assert round(vs_swa["dar-4x"], 2) == 100.95 and abs(vs_swa["dar-4x"] - 100) < floor
+    assert sorted(("vanilla-4x", "swa-4x", "dar-4x", "mswa-4x"), key=rel.get) == ["mswa-4x", "swa-4x", "dar-4x",
+                                                                                 "vanilla-4x"]
 
 
 def test_the_studies_start_checkpoint_is_committed_and_is_vanilla_seed3():
