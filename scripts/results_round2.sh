@@ -12,6 +12,9 @@
 #                                             #   docs/experiments.md's table, and data.json: torch, sha256 of the bytes)
 #   bash scripts/results_round2.sh --publish-finetune RUN...   # the same for results/results-round2-finetune
 #   bash scripts/results_round2.sh --publish-dimpo    # the DimPO study into results/results-round2-dimpo
+#   bash scripts/results_round2.sh --rebuild RUN [STEPS]   # train one published run again from nothing with the
+#                                             #   code that trained it (in runs/results-round2-rebuild/RUN), its
+#                                             #   first STEPS steps if given, and compare its losses with the published
 #   bash scripts/results_round2.sh --publish-checkpoint RUN   # RUN's final weights (the start of the fine-tuning
 #                                             #   runs and the DimPO study: vanilla-seed3) into
 #                                             #   results/results-round2/checkpoints/RUN, loadable as a checkpoint
@@ -372,6 +375,50 @@ EOF
   log "published $out"
 }
 
+rebuild() {  # rebuild RUN [STEPS]: train RUN again with the code that trained the round's runs (CODE_COMMIT), from
+  # the data prepared here, in runs/results-round2-rebuild/RUN (continued if there), stopping after STEPS steps if
+  # given; then compare its logged training losses with the published run's at every step both logged
+  local run=$1 steps=${2:-} sweep=$SWEEP published=results/results-round2/runs/$1 rc=0 out=runs/results-round2-rebuild
+  [ -z "$steps" ] || [[ "$steps" =~ ^[1-9][0-9]*$ ]] || {
+    echo "results_round2.sh: --rebuild STEPS must be a positive integer, got '$steps'" >&2; return 2; }
+  if [ -f "$FT_SWEEP" ] && [[ " $(runs_of "$FT_SWEEP") " == *" $run "* ]]; then
+    sweep=$FT_SWEEP published=results/results-round2-finetune/runs/$run
+  elif [[ " $(runs_of "$SWEEP") " != *" $run "* ]]; then
+    echo "results_round2.sh: --rebuild: no run '$run' in $SWEEP or $FT_SWEEP" >&2; return 2
+  fi
+  [ -f "$published/metrics.jsonl" ] || { echo "results_round2.sh: --rebuild: $run is not published ($published)" >&2; return 2; }
+  local overrides=()
+  if [ "$sweep" = "$FT_SWEEP" ]; then  # fine-tuned from the rebuilt vanilla-seed3, not from the round's runs/
+    grep -q '"state": "done"' "$out/vanilla-seed3/status.json" 2>/dev/null || {
+      echo "results_round2.sh: --rebuild $run starts from vanilla-seed3: run --rebuild vanilla-seed3 first" >&2; return 2; }
+    overrides=("load=$ROOT/$out/vanilla-seed3")
+  fi
+  log "data: $DATA"
+  prepare_data
+  setup_code
+  in_code "$PY" -m neox_dar.sweep "$ROOT/$sweep" plan --out "$ROOT/$out" "${overrides[@]}" >/dev/null
+  log "rebuild $run with the code at $CODE_COMMIT in $out/$run${steps:+, stopping at step $steps}"
+  in_code "$PY" train.py "$ROOT/$out/$run/config.yml" ${steps:+exit_interval=$steps} || rc=$?
+  ((rc == 0 || rc == 3)) || { log "rebuild $run: train.py exited with $rc"; return "$rc"; }
+  "$PY" - "$out/$run/metrics.jsonl" "$published/metrics.jsonl" <<'EOF'
+import json, sys
+def losses(path):
+    rows = (json.loads(line) for line in open(path) if line.strip())
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+ours, theirs = losses(sys.argv[1]), losses(sys.argv[2])
+steps = sorted(ours.keys() & theirs.keys())
+if not steps:
+    sys.exit(f"results_round2.sh: --rebuild: no logged step in common between {sys.argv[1]} and {sys.argv[2]}")
+worst = max(steps, key=lambda s: abs(ours[s] - theirs[s]) / abs(theirs[s]))
+gap = abs(ours[worst] - theirs[worst]) / abs(theirs[worst])
+print(f"rebuild: {len(steps)} logged steps ({steps[0]}..{steps[-1]}) against {sys.argv[2]}: the largest relative "
+      f"difference in the training loss is {gap:.1e}, at step {worst} ({ours[worst]:.6f} against {theirs[worst]:.6f})")
+if gap > 1e-5:
+    sys.exit("rebuild: the losses differ beyond 1e-5: not the published run's training")
+print("rebuild: the same losses as the published run at every logged step (within 1e-5)")
+EOF
+}
+
 PUBLISH_COMMAND="bash scripts/results_round2.sh (from the repository root; data from ../shared/data, as scripts/replicate.sh --cpu): python -m neox_dar.sweep configs/sweeps/results-round2.yml plan --out runs/results-round2, then two workers, OMP_NUM_THREADS=1 each, each run: python -m neox_dar.sweep configs/sweeps/results-round2.yml run --local --out runs/results-round2 --only RUN (train.py RUN/config.yml, then python -m neox_dar.sweep.evaluate RUN with the sweep's eval: arguments); round 1's runs (reused_from) copied from results/replicate-cpu/runs"
 
 main() {
@@ -390,6 +437,8 @@ main() {
     --publish-dimpo) publish_dimpo ;;
     --publish-checkpoint) [ $# -eq 2 ] || { echo "results_round2.sh: --publish-checkpoint needs one RUN" >&2; return 2; }
                           publish_checkpoint "$2" ;;
+    --rebuild) { [ $# -ge 2 ] && [ $# -le 3 ]; } || { echo "results_round2.sh: --rebuild needs RUN and optionally STEPS" >&2; return 2; }
+               rebuild "$2" "${3:-}" ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" ;;
     *) echo "results_round2.sh: unknown argument '$1' (see --help)" >&2; return 2 ;;
   esac

@@ -34,6 +34,13 @@ def test_the_runner_lists_its_tasks_in_the_sweeps_order_and_refuses_a_bad_argume
     bad = subprocess.run(["bash", "scripts/results_round2.sh", "--publish-checkpoint"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--publish-checkpoint needs one RUN" in bad.stderr
+    for args, message in [(["nope"], "no run 'nope' in configs/sweeps/results-round2.yml"),
+                          (["dar-4x", "0"], "STEPS must be a positive integer, got '0'"),
+                          ([], "--rebuild needs RUN and optionally STEPS")]:
+        bad = subprocess.run(["bash", "scripts/results_round2.sh", "--rebuild", *args], cwd=ROOT, capture_output=True,
+                             text=True, timeout=60)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and message in bad.stderr, (args, bad.stderr)
+        assert not bad.stdout  # refused before the data or the code is prepared
 
 
 def test_the_figures_are_drawn_from_the_published_runs(tmp_path):
