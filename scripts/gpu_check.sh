@@ -24,7 +24,7 @@
 #                                            #   then train-throughput, then train-smoke,decode)
 #   bash scripts/gpu_check.sh --steps bench-attention,train-smoke   # a subset, in plan order
 #   bash scripts/gpu_check.sh --dry-run      # print the plan (any machine, nothing runs)
-#   bash scripts/gpu_check.sh --rehearse     # every step on this machine's CPU at toy sizes (~2.5 CPU-minutes):
+#   bash scripts/gpu_check.sh --rehearse     # every step on this machine's CPU at toy sizes (~3 CPU-minutes):
 #                                            #   the same commands, result files and summary, differing only in
 #                                            #   sizes and device (TRITON_INTERPRET=1; no wheels: this machine's
 #                                            #   packages, and the sample tokenized small); CI runs it. Its
@@ -157,14 +157,14 @@ if [ "$REHEARSE" = 0 ]; then
   fi
 else
   XDIST="-n 0"                    # a few tests on 2 cores: no worker processes
-  KERNEL_TESTS="not long_sequence and (grouped_query and 41 or fla_kernel)"  # one GQA case per kernel
+  KERNEL_TESTS="not long_sequence and (grouped_query and 37 or fla_kernel)"  # one GQA case per kernel (the smallest)
   LONG_T=64
   PRECISION=fp32                  # the interpreter refuses bf16
-  MICRO=2
+  MICRO=1
   MODEL_SIZE="num_layers=2 hidden_size=64 num_attention_heads=4 seq_length=32 train_micro_batch_size_per_gpu=$MICRO"
   SMOKE_SIZE="seq_length=64 train_batch_size=4 train_micro_batch_size_per_gpu=4" SMOKE_ITERS=12 SMOKE_LOG=2
   DECODE_SIZE="--contexts 64 --batches 1"
-  ATTENTION_SIZE="--interpret --warmup-ms 0 --rep-ms 0" THROUGHPUT_STEPS="--steps 1 --warmup 1"
+  ATTENTION_SIZE="--interpret --warmup-ms 0 --rep-ms 0" THROUGHPUT_STEPS="--steps 1 --warmup 0"
   DECODE_STEPS="--steps 1 --warmup 0"
   SAMPLE=$WORK/gpu_sample         # made by the install step, from the same C4 sample as gpu_wheels.sh
   LOG_DIR=${OUT:-runs/gpu_check_rehearse}
