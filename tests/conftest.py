@@ -115,7 +115,7 @@ E2E = {
     "tests/test_conformance.py::test_triton_paths_agree_or_are_refused_in_one_line",
     "tests/test_downstream_ruler.py::test_the_standin_runs_both_lengths_in_one_evaluation_with_the_models_tokenizer",
     "tests/test_family_records.py::test_a_new_family_is_one_record_and_its_preset",
-    "tests/test_kernels.py::test_tiny_model_triton_matches_reference",
+    "tests/test_kernels.py::test_tiny_model_triton_matches_reference_and_compiles_in_one_graph",
     "tests/test_slurm.py::test_a_run_trained_past_its_evaluation_is_evaluated_again",
     "tests/test_gpu_scripts.py::test_steps_are_timed_logged_and_summarized_past_a_failure_and_a_time_limit",
     # trust round 3 and the decode kernel: trainings, commands killed mid-way, a model decoding under the interpreter
