@@ -117,7 +117,7 @@ E2E = {
     "tests/test_family_records.py::test_a_new_family_is_one_record_and_its_preset",
     "tests/test_kernels.py::test_tiny_model_triton_matches_reference_and_compiles_in_one_graph",
     "tests/test_slurm.py::test_a_run_trained_past_its_evaluation_is_evaluated_again",
-    "tests/test_gpu_scripts.py::test_steps_are_timed_logged_and_summarized_past_a_failure_and_a_time_limit",
+    "tests/test_gpu_scripts.py::test_a_copy_without_git_goes_past_a_failure_and_a_time_limit_and_records_its_commit",
     # trust round 3 and the decode kernel: trainings, commands killed mid-way, a model decoding under the interpreter
     "tests/test_trust_resume.py",
     "tests/test_trust_commands.py::test_ctrl_c_in_eval_convert_and_tokenize_is_one_line_and_writes_nothing",

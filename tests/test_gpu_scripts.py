@@ -158,25 +158,11 @@ def test_bad_arguments_are_one_line_errors(args, message):
     assert lines[0].startswith(f"gpu_check.sh: error: {message}")
 
 
-def test_steps_are_timed_logged_and_summarized_past_a_failure_and_a_time_limit(tmp_path):
-    """No wheels (the install fails), a 2-second limit on the kernel tests (killed, with their workers): the
-    script goes on, writes its log and summary under $OUT and exits 1."""
-    (tmp_path / "no_wheels").mkdir()
-    res = run("gpu_check.sh", "--steps", "kernel-tests,decode", OUT=str(tmp_path / "out"),
-              GPU_WHEELS=str(tmp_path / "no_wheels"), GPU_CHECK_LIMIT_kernel_tests="2", TMPDIR=str(tmp_path),
-              GPU_CHECK_DECODE_ARGS="--contexts 64 --batches 1 --steps 1 --warmup 0 --dtype float32")
-    assert res.returncode == 1, res.stdout + res.stderr
-    rows = summary_rows(tmp_path / "out" / "summary.md")
-    assert rows["install"] == "FAILED (1)" and rows["kernel-tests"] == "TIMEOUT"
-    decode_rows = json.loads((tmp_path / "out" / "decode.json").read_text())["results"]
-    assert rows["decode"] == "ok" and len(decode_rows) == 6  # the pythia-160m preset's variants
-    log = (tmp_path / "out" / "gpu_check.log").read_text()
-    assert "no wheels in" in log and "=================== kernel-tests: TIMEOUT" in log
-
-
-def test_a_copy_without_git_records_the_commit_it_is_named(tmp_path):
+def test_a_copy_without_git_goes_past_a_failure_and_a_time_limit_and_records_its_commit(tmp_path):
     """The GPU machine gets the tree without .git: NEOX_DAR_GIT_COMMIT names the commit, and the summary and every
-    result file record it (not None, not a git repository above the copy)."""
+    result file record it (not None, not a git repository above the copy). No wheels (the install fails), a
+    2-second limit on the kernel tests (killed, with their workers): the script goes on, writes its log and summary
+    under $OUT and exits 1."""
     copy = tmp_path / "tree"
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     for name in filter(None, files.split("\0")):
@@ -184,15 +170,21 @@ def test_a_copy_without_git_records_the_commit_it_is_named(tmp_path):
             (copy / name).parent.mkdir(parents=True, exist_ok=True)
             (copy / name).write_bytes((ROOT / name).read_bytes())
     (tmp_path / "no_wheels").mkdir()
-    res = subprocess.run(["bash", str(copy / "scripts" / "gpu_check.sh"), "--steps", "decode"], cwd=copy,
+    res = subprocess.run(["bash", str(copy / "scripts" / "gpu_check.sh"), "--steps", "kernel-tests,decode"], cwd=copy,
                          capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OUT": str(tmp_path / "out"), "GPU_WHEELS": str(tmp_path / "no_wheels"),
                               "TMPDIR": str(tmp_path), "NEOX_DAR_GIT_COMMIT": "cafe1234",
+                              "GPU_CHECK_LIMIT_kernel_tests": "2",
                               "GPU_CHECK_DECODE_ARGS": "--contexts 64 --batches 1 --steps 1 --warmup 0 --dtype float32"})
-    assert summary_rows(tmp_path / "out" / "summary.md")["decode"] == "ok", res.stdout[-3000:] + res.stderr[-2000:]
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
+    rows = summary_rows(tmp_path / "out" / "summary.md")
+    assert rows == {"install": "FAILED (1)", "kernel-tests": "TIMEOUT", "decode": "ok"}, rows
+    log = (tmp_path / "out" / "gpu_check.log").read_text()
+    assert "no wheels in" in log and "=================== kernel-tests: TIMEOUT" in log
     assert "commit cafe1234:" in (tmp_path / "out" / "summary.md").read_text()
-    decode = json.loads((tmp_path / "out" / "decode.json").read_text())["provenance"]
-    assert decode["git_commit"] == "cafe1234" and decode["git_dirty"] is None
+    decode = json.loads((tmp_path / "out" / "decode.json").read_text())
+    assert len(decode["results"]) == 6  # the pythia-160m preset's variants
+    assert decode["provenance"]["git_commit"] == "cafe1234" and decode["provenance"]["git_dirty"] is None
     targets = json.loads((tmp_path / "out" / "targets.json").read_text())
     assert targets["git_commit"] == "cafe1234"
 
