@@ -25,7 +25,7 @@ import triton.language as tl
 from .banded import FWD_KEY, PRUNE, attend_rows, kernel_strides, launch_groups, query_tile
 from .runtime import (HeadWindows, block_d, dot_precision, key_major_configs, new_heads, qk_scales,
                       query_major_dq_configs, s3, seq_bucket, tuned_launch)
-from .tiles import bwd_tile, key_tile_query_bounds, load_rows, store_rows
+from .tiles import bwd_tile, key_tile_query_bounds, load_lse_delta, load_rows, store_rows
 
 _BWD_KEY = ["T_TUNE", "D", "W_TUNE", "G", "R", "HAS_FAR", "ROUTED", "ATOMIC_DQ"]
 _DELTA_ROWS = 64  # rows per program of the delta kernel (a memory-bound row reduction)
@@ -175,9 +175,7 @@ def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN, KV_HEADS,
     m0, b, h, kv, w, pos, row_ok, offs_d, q = query_tile(Q, WIN, KV_HEADS, s_qb, s_qh, s_qt, G, R, T, D, BLOCK_M,
                                                          BLOCK_D)
     do = load_rows(DO + b * s_dob + h * s_doh, pos, row_ok, s_dot, offs_d, D)
-    lse = tl.load(LSE + (b * H + h) * T + pos, mask=row_ok, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # an empty row: every probability 0
-    delta = tl.load(DELTA + (b * H + h) * T + pos, mask=row_ok, other=0.0)
+    lse, delta = load_lse_delta(LSE + (b * H + h) * T, DELTA + (b * H + h) * T, pos, row_ok)
     dq, _, _ = attend_rows(q, (do, lse, delta), pos, m0, tl.minimum(m0 + BLOCK_M, T) - 1, w, T,
                            KL + b * s_klb + kv * s_klh, VL + b * s_vlb + kv * s_vlh,
                            KF + b * s_kfb + kv * s_kfh, VF + b * s_vfb + kv * s_vfh,

@@ -150,6 +150,15 @@ def finish_rows(acc, m_i, l_i):
 
 
 @triton.jit
+def load_lse_delta(LSE, DELTA, pos, row_ok):
+    """Rows ``pos`` of one head's base-2 LSE and ``delta`` (float32): ``(lse, delta)``, the LSE ``+inf`` for an empty
+    row (saved as ``-inf``) or one past ``T``, so that every probability of that row is 0; ``delta`` 0 there."""
+    lse = tl.load(LSE + pos, mask=row_ok, other=float("inf"))
+    lse = tl.where(lse == float("-inf"), float("inf"), lse)
+    return lse, tl.load(DELTA + pos, mask=row_ok, other=0.0)
+
+
+@triton.jit
 def bwd_tile(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, pos, row_ok, keys, w, T, s_qt, s_dot, s_dqt, offs_d,
              D: tl.constexpr, sm_scale, qk_scale,
              LOCAL: tl.constexpr, MASKED: tl.constexpr, ATOMIC_DQ: tl.constexpr, PRECISION: tl.constexpr):
@@ -162,9 +171,7 @@ def bwd_tile(dk, dv, k, v, Q, DO, LSE, DELTA, DQ, pos, row_ok, keys, w, T, s_qt,
     """
     q = load_rows(Q, pos, row_ok, s_qt, offs_d, D)
     do = load_rows(DO, pos, row_ok, s_dot, offs_d, D)
-    lse = tl.load(LSE + pos, mask=row_ok, other=float("inf"))
-    lse = tl.where(lse == float("-inf"), float("inf"), lse)  # an empty row: every probability 0
-    delta = tl.load(DELTA + pos, mask=row_ok, other=0.0)
+    lse, delta = load_lse_delta(LSE, DELTA, pos, row_ok)
     pt = tl.exp2(tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale - lse[None, :])  # (N, M)
     if MASKED:
         pt = tl.where(region_mask(pos, keys, w, T, LOCAL, KEY_MAJOR=True), pt, 0.0)
