@@ -377,26 +377,30 @@ EOF
 
 rebuild() {  # rebuild RUN [STEPS]: train RUN again with the code that trained the round's runs (CODE_COMMIT), from
   # the data prepared here, in runs/results-round2-rebuild/RUN (continued if there), stopping after STEPS steps if
-  # given; then compare its logged training losses with the published run's at every step both logged
+  # given; then compare its logged training losses with the published run's at every step both logged (a fine-tuning
+  # run: in runs/results-round2-finetune-rebuild/RUN, from the rebuilt vanilla-seed3)
   local run=$1 steps=${2:-} sweep=$SWEEP published=results/results-round2/runs/$1 rc=0 out=runs/results-round2-rebuild
+  local base=runs/results-round2-rebuild
   [ -z "$steps" ] || [[ "$steps" =~ ^[1-9][0-9]*$ ]] || {
     echo "results_round2.sh: --rebuild STEPS must be a positive integer, got '$steps'" >&2; return 2; }
   if [ -f "$FT_SWEEP" ] && [[ " $(runs_of "$FT_SWEEP") " == *" $run "* ]]; then
-    sweep=$FT_SWEEP published=results/results-round2-finetune/runs/$run
+    sweep=$FT_SWEEP published=results/results-round2-finetune/runs/$run out=runs/results-round2-finetune-rebuild
   elif [[ " $(runs_of "$SWEEP") " != *" $run "* ]]; then
     echo "results_round2.sh: --rebuild: no run '$run' in $SWEEP or $FT_SWEEP" >&2; return 2
   fi
   [ -f "$published/metrics.jsonl" ] || { echo "results_round2.sh: --rebuild: $run is not published ($published)" >&2; return 2; }
   local overrides=()
   if [ "$sweep" = "$FT_SWEEP" ]; then  # fine-tuned from the rebuilt vanilla-seed3, not from the round's runs/
-    grep -q '"state": "done"' "$out/vanilla-seed3/status.json" 2>/dev/null || {
+    grep -q '"state": "done"' "$base/vanilla-seed3/status.json" 2>/dev/null || {
       echo "results_round2.sh: --rebuild $run starts from vanilla-seed3: run --rebuild vanilla-seed3 first" >&2; return 2; }
-    overrides=("load=$ROOT/$out/vanilla-seed3")
+    overrides=("load=$ROOT/$base/vanilla-seed3")
   fi
   log "data: $DATA"
   prepare_data
   setup_code
-  in_code "$PY" -m neox_dar.sweep "$ROOT/$sweep" plan --out "$ROOT/$out" "${overrides[@]}" >/dev/null
+  # planned once; a later call continues the run as it was planned (train.py records its exit_interval there)
+  [ -f "$out/$run/config.yml" ] ||
+    in_code "$PY" -m neox_dar.sweep "$ROOT/$sweep" plan --out "$ROOT/$out" "${overrides[@]}" --only "$run" >/dev/null
   log "rebuild $run with the code at $CODE_COMMIT in $out/$run${steps:+, stopping at step $steps}"
   in_code "$PY" train.py "$ROOT/$out/$run/config.yml" ${steps:+exit_interval=$steps} || rc=$?
   ((rc == 0 || rc == 3)) || { log "rebuild $run: train.py exited with $rc"; return "$rc"; }
