@@ -132,10 +132,19 @@ def _fake_hub(monkeypatch, rows_by_path, calls):
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
 
 
+def _short_wikitext_pages(n: int = 4) -> list:
+    """The ``n`` shortest pages of the shipped WikiText-103 sample, in file order: the stand-in Hub split's pages,
+    every one of which an evaluation scores (the sample's first four are ~17k tokens; these are ~1.4k)."""
+    pages = load_local("wikitext103")
+    return [pages[i] for i in sorted(sorted(range(len(pages)), key=lambda i: len(pages[i].count_text))[:n])]
+
+
 @pytest.fixture()
 def hub_rows():
-    c4 = [{"text": d.text, "timestamp": "2019", "url": f"https://x/{i}"} for i, d in enumerate(load_local("c4"))]
-    wiki = [{"page": d.count_text} for d in load_local("wikitext103")[:4]]
+    # the stand-in C4 split holds the shipped sample's documents, shortest first: the evaluations score its first rows
+    c4 = [{"text": d.text, "timestamp": "2019", "url": f"https://x/{i}"}
+          for i, d in enumerate(sorted(load_local("c4"), key=lambda d: len(d.text)))]
+    wiki = [{"page": d.count_text} for d in _short_wikitext_pages()]
     fineweb = [{"id": f"<urn:{i}>", "text": d.text} for i, d in enumerate(load_local("fineweb_edu")[:5])]
     return {HUB_SOURCES["c4"].path: c4, HUB_SOURCES["wikitext103"].path: wiki, HUB_SOURCES["fineweb_edu"].path: fineweb}
 
@@ -150,7 +159,7 @@ def test_load_hub_streams_the_first_documents(monkeypatch, hub_rows):
     fineweb = load_hub("fineweb_edu")
     assert [d.id for d in fineweb] == [f"<urn:{i}>" for i in range(5)]
     wiki = load_hub("wikitext103", max_docs=None)
-    local = load_local("wikitext103")[:4]
+    local = _short_wikitext_pages()
     assert [(d.text, d.count_text) for d in wiki] == [(d.text, d.count_text) for d in local]  # detokenized as lm-eval
     hub_rows["allenai/c4"][0] = {"content": "no text field"}
     with pytest.raises(CorpusError, match="row 0 has no string 'text' field"):

@@ -167,14 +167,14 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
     time.sleep(5)
     subprocess.run(["scontrol", "update", f"JobId={jobs['dar']}", "StartTime=now"], check=True, capture_output=True,
                    timeout=30)
-    _wait("the DAR job to restart", lambda: "restart 1]" in dar_log.read_text(), 300, 1.0,
+    _wait("the DAR job to restart", lambda: "restart 1]" in dar_log.read_text(), 300, 0.5,
           detail=lambda: _describe(jobs, runs))
 
     def finished():
         failed["vanilla"](), failed["dar"]()
         return not any(_slurm("squeue", "-h", "-j", j, "-o", "%T").strip() for j in jobs.values())
 
-    _wait("every job to finish", finished, 900, 2.0, detail=lambda: _describe(jobs, runs))
+    _wait("every job to finish", finished, 900, 0.5, detail=lambda: _describe(jobs, runs))
 
     for name in ("vanilla", "dar"):
         d = runs[name]
@@ -220,7 +220,7 @@ def test_sweep_on_local_slurm(cluster, tmp_path, monkeypatch, capsys):
     assert lines[-1].startswith("cancel: 1 waiting job(s) cancelled"), lines
     assert "2 of 3 run(s) had no live job" in lines[-1], lines
     _wait("the cancelled SWA job to leave the queue",
-          lambda: not _slurm("squeue", "-h", "-j", second, "-o", "%T").strip(), 180, 1.0)
+          lambda: not _slurm("squeue", "-h", "-j", second, "-o", "%T").strip(), 180, 0.5)
     assert read_status(swa)["state"] == "interrupted" and _job_field(second, "Restarts") == "0"
     assert _job_field(second, "JobState") == "CANCELLED"
 
@@ -249,7 +249,7 @@ def test_cluster_settings_reach_the_job_and_the_evaluation_uses_its_ranks(cluste
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("WANDB_MODE", "disabled")
     monkeypatch.setenv("PYTHONPATH", str(ROOT))
-    steps = 8
+    steps = 3  # a checkpoint by wall time after each of the first two steps, then the last step's
     sweep = {
         "name": "slurm-settings",
         "configs": ["configs/tiny.yml", "configs/attention/vanilla.yml"],
@@ -277,7 +277,7 @@ def test_cluster_settings_reach_the_job_and_the_evaluation_uses_its_ranks(cluste
         failed()
         return not _slurm("squeue", "-h", "-j", job, "-o", "%T").strip()
 
-    _wait("the job to finish", finished, 900, 2.0, detail=lambda: _describe({"one": job}, {"one": run}))
+    _wait("the job to finish", finished, 900, 0.5, detail=lambda: _describe({"one": job}, {"one": run}))
     log = (run / "logs" / "job.log").read_text()
     assert read_status(run)["state"] == "done", log
     env = (run / "logs" / "job-env.txt").read_text().splitlines()

@@ -430,7 +430,7 @@ def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, caps
     from trainrun import train_env
 
     spec = {"name": "ext", "configs": ["configs/tiny.yml", "configs/attention/vanilla.yml"],
-            "set": {"data_path": tokenized_sample, "seq_length": 32, "train_iters": 4, "train_batch_size": 8,
+            "set": {"data_path": tokenized_sample, "seq_length": 32, "train_iters": 2, "train_batch_size": 8,
                     "train_micro_batch_size_per_gpu": 4, "log_interval": 1, "eval_interval": 0,
                     "checkpoint_factor": 2, "precision": "fp32", "use_wandb": True, "wandb_project": "tests",
                     "tensorboard_dir": str(tmp_path / "tb")},
@@ -446,7 +446,7 @@ def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, caps
     for run in ("a", "b"):  # one TensorBoard directory per run, each with its own steps
         assert list((tmp_path / "tb" / run).glob("events.out.tfevents.*")), run
         result = json.loads((out / run / "eval" / "perplexity.json").read_text())
-        assert result["step"] == 4 and result["corpora"]["notes"]["documents"] == 2  # the extra corpus beside c4
+        assert result["step"] == 2 and result["corpora"]["notes"]["documents"] == 2  # the extra corpus beside c4
         log = _wandb_log(out / run)  # the evaluation reached the run's W&B run
         assert b"eval/c4/token_perplexity" in log and json.dumps(result["corpora"]["c4"]["token_perplexity"]).encode() in log
     assert not list((tmp_path / "tb").glob("events.out.tfevents.*"))
@@ -454,28 +454,27 @@ def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, caps
     assert sweep_main([str(out), "run", "--local"]) == 0
     assert capsys.readouterr().out.count("done, skipped") == 2
 
-    # raise train_iters: the finished runs re-open; `run` trains `a` from its step-4 checkpoint to 6, evaluates step 6
-    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=6"]) == 2  # checkpoints: needs --force
-    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=6", "--force"]) == 0
+    # raise train_iters: the finished runs re-open; `run` trains `a` from its step-2 checkpoint to 3, evaluates step 3
+    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=3"]) == 2  # checkpoints: needs --force
+    assert sweep_main([str(path), "plan", "--out", str(out), "train_iters=3", "--force"]) == 0
     assert run_state(out / "a", want_eval=True).state == "extend"
     assert sweep_main([str(path), "run", "--local", "--out", str(out), "--only", "a"]) == 0
-    assert [json.loads(line)["step"] for line in (out / "a" / "metrics.jsonl").read_text().splitlines()] == \
-        [1, 2, 3, 4, 5, 6]
-    assert json.loads((out / "a" / "eval" / "perplexity.json").read_text())["step"] == 6
+    assert [json.loads(line)["step"] for line in (out / "a" / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    assert json.loads((out / "a" / "eval" / "perplexity.json").read_text())["step"] == 3
 
-    # `b` extended outside the sweep (train.py on its config): its step-4 evaluation is out of date
+    # `b` extended outside the sweep (train.py on its config): its step-2 evaluation is out of date
     proc = subprocess.run([sys.executable, "train.py", str(out / "b" / "config.yml")], cwd=ROOT, env=train_env(),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     st = run_state(out / "b", want_eval=True)
-    assert (st.state, st.checkpoint, st.eval_step) == ("trained", 6, 4)
+    assert (st.state, st.checkpoint, st.eval_step) == ("trained", 3, 2)
     assert report_main([str(out), "--no-figures"]) == 0
-    assert "b: evaluated at step 4 but trained to step 6" in capsys.readouterr().out
+    assert "b: evaluated at step 2 but trained to step 3" in capsys.readouterr().out
     assert sweep_main([str(out), "run", "--local"]) == 0
     text = capsys.readouterr().out
     assert "a: done, skipped" in text and "b: training" not in text
     result = json.loads((out / "b" / "eval" / "perplexity.json").read_text())
-    assert result["step"] == 6 and set(result["corpora"]) == {"c4", "notes"}
+    assert result["step"] == 3 and set(result["corpora"]) == {"c4", "notes"}
     assert sweep_main([str(out), "status"]) == 0
     assert "2 done" in capsys.readouterr().out
     assert report_main([str(out), "--no-figures"]) == 0
