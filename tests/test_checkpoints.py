@@ -1,6 +1,9 @@
 """Checkpoint trust, end to end through train.py: used run directories, SIGKILLs at every step of a save and of
 pruning, same-size corruption, crafted pickles, a full disk, damaged data after a preemption, and models that no
-longer match their checkpoints. Each case gets one line and exit 2, or resumes to bit-identical losses."""
+longer match their checkpoints. Each case gets one line and exit 2, or resumes to bit-identical losses.
+
+The runs train on the byte-tokenized sample (trainrun.BYTES: a 257-token vocabulary): what is checked here is the
+trainer's checkpoints, whatever the model, and a checkpoint of that model is ~3 MB instead of ~130 MB."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainrun import ROOT, STEPS, error_line, losses, status, train, train_env
+from trainrun import BYTES, ROOT, STEPS, byte_sample, error_line, losses, status, train, train_env, train_in_process
 
 from neox_dar.rundir import (
     DEL_PREFIX,
@@ -28,14 +31,19 @@ from neox_dar.rundir import (
     write_manifest,
 )
 
-EVERY_STEP = ["checkpoint_factor=1", "keep_last_n=2", "eval_interval=0"]
+EVERY_STEP = [*BYTES, "checkpoint_factor=1", "keep_last_n=2", "eval_interval=0"]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tokenized_sample) -> Path:
+def data(tmp_path_factory) -> str:
+    return byte_sample(tmp_path_factory.mktemp("bytes"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data) -> Path:
     """An uninterrupted run that checkpoints (and prunes) after every step."""
     save = tmp_path_factory.mktemp("reference")
-    train(save, tokenized_sample, *EVERY_STEP)
+    train(save, data, *EVERY_STEP)
     return save
 
 
@@ -43,36 +51,36 @@ def _checkpoint_names(save: Path) -> list[str]:
     return sorted(p.name for p in (save / "checkpoints").iterdir() if p.name != LATEST and p.suffix != ".py")
 
 
-def test_sigkill_at_every_point_of_saving_and_pruning_resumes_exactly(reference, tokenized_sample, tmp_path):
+def test_sigkill_at_every_point_of_saving_and_pruning_resumes_exactly(reference, data, tmp_path):
     """One run killed (SIGKILL) at each point of a save, of the `latest` update and of pruning, restarted each
     time with the same command: it resumes every time, its losses equal the uninterrupted run's bit for bit, and
     no directory is left beyond keep_last_n."""
     save = tmp_path / "killed"
     points = ["save-written:2", "save-renamed:1", "latest-written:1", "prune-renamed:1", "prune-deleting:1"]
     for point in points:
-        out = train(save, tokenized_sample, *EVERY_STEP, expect=None, env=train_env(**{KILL_AT_ENV: point}))
+        out = train(save, data, *EVERY_STEP, expect=None, env=train_env(**{KILL_AT_ENV: point}))
         assert out.returncode == -9, (point, out.stderr[-2000:])
         assert status(save)["state"] == "running"
-    train(save, tokenized_sample, *EVERY_STEP)
+    train(save, data, *EVERY_STEP)
     assert losses(save) == losses(reference)
     assert _checkpoint_names(save) == [step_dir_name(STEPS - 1), step_dir_name(STEPS)]
     assert (save / "checkpoints" / LATEST).read_text().strip() == step_dir_name(STEPS)
 
 
-def test_a_used_save_is_refused_and_overwrite_replaces_it(reference, tokenized_sample, tmp_path):
+def test_a_used_save_is_refused_and_overwrite_replaces_it(reference, data, tmp_path):
     """resume=never or another load= source into a run directory with checkpoints: one line, nothing touched.
     (Before: it printed 'saved checkpoint' while the old run's files stayed.) overwrite=true replaces them."""
     save = tmp_path / "used"
     shutil.copytree(reference, save)
     before = {p: p.read_bytes() for p in save.rglob("*") if p.is_file()}
-    out = train(save, tokenized_sample, *EVERY_STEP, "resume=never", "seed=7", expect=2)
+    out = train(save, data, *EVERY_STEP, "resume=never", "seed=7", expect=2)
     line = error_line(out)
     assert str(save) in line and "resume=never" in line and "overwrite=true" in line
-    out = train(save, tokenized_sample, *EVERY_STEP, f"load={reference}", expect=2)
+    out = train(save, data, *EVERY_STEP, f"load={reference}", expect=2)
     assert "checkpoints of another run" in error_line(out)
     assert {p: p.read_bytes() for p in save.rglob("*") if p.is_file()} == before  # not even status.json
 
-    train(save, tokenized_sample, *EVERY_STEP, "resume=never", "seed=7", "overwrite=true")
+    train(save, data, *EVERY_STEP, "resume=never", "seed=7", "overwrite=true")
     newest = newest_checkpoint(save)
     assert "seed: 7" in (newest / "config.yml").read_text()
     assert (newest / "model.safetensors").read_bytes() != (reference / "checkpoints" / newest.name /
@@ -80,7 +88,7 @@ def test_a_used_save_is_refused_and_overwrite_replaces_it(reference, tokenized_s
     assert losses(save) != losses(reference) and status(save)["state"] == "done"
 
 
-def test_same_size_corruption_is_skipped_by_checksum(reference, tokenized_sample, tmp_path):
+def test_same_size_corruption_is_skipped_by_checksum(reference, data, tmp_path):
     """4 KiB of zeros in the newest checkpoint's optimizer state (same size): skipped, with the reason, and the
     run continues from the previous one to the same losses. (Before: resumed silently and diverged.)"""
     save = tmp_path / "corrupt"
@@ -89,7 +97,7 @@ def test_same_size_corruption_is_skipped_by_checksum(reference, tokenized_sample
     with open(newest / "mp_rank_00_model_states.pt", "r+b") as f:
         f.seek(4096)
         f.write(b"\0" * 4096)
-    out = train(save, tokenized_sample, *EVERY_STEP)
+    out = train(save, data, *EVERY_STEP)
     assert "mp_rank_00_model_states.pt is corrupt" in out.stderr
     assert f"resumed from {save / 'checkpoints' / step_dir_name(STEPS - 1)}" in out.stdout
     assert losses(save) == losses(reference) and verify(newest) is None
@@ -110,7 +118,7 @@ def test_evaluation_refuses_a_corrupt_model_file(reference, tmp_path):
     assert "model.safetensors is corrupt" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_a_checkpoint_carrying_a_pickled_callable_is_refused(reference, tokenized_sample, tmp_path):
+def test_a_checkpoint_carrying_a_pickled_callable_is_refused(reference, data, tmp_path):
     """A crafted optimizer file with a matching manifest (the attacker rewrote it too): resuming refuses it in
     one line and the planted command never runs. (Before: it ran and training exited 0.)"""
     save = tmp_path / "crafted"
@@ -123,7 +131,7 @@ def test_a_checkpoint_carrying_a_pickled_callable_is_refused(reference, tokenize
     meta = {k: v for k, v in read_state(newest).items() if k != "files"}
     write_manifest(newest, meta)
     assert verify(newest) is None
-    out = train(save, tokenized_sample, *EVERY_STEP, "train_iters=8", expect=2)
+    out = train(save, data, *EVERY_STEP, "train_iters=8", expect=2)
     line = error_line(out)
     assert "holds pickled" in line and "trust" in line and "mp_rank_00_model_states.pt" in line
     assert not marker.exists()
@@ -144,42 +152,45 @@ def _file_size_limit(limit: int):
     return apply
 
 
-def test_a_failed_save_removes_its_temporary_and_keeps_the_previous(tokenized_sample, tmp_path):
-    """A write that fails mid-checkpoint (a file-size limit standing in for a full disk): one line with the
-    path and the free space, no temporary left, the previous checkpoint intact and status failed."""
+def test_a_failed_save_removes_its_temporary_and_keeps_the_previous(reference, data, tmp_path):
+    """A write that fails mid-checkpoint (a file-size limit standing in for a full disk: 1 MiB, less than the
+    ~1.8 MB optimizer state): one line with the path and the free space, no temporary left, the previous checkpoint
+    intact and status failed. (The run: a copy of the reference continued to step 8, its first save after the copy
+    being step 7's.)"""
     save = tmp_path / "full"
-    train(save, tokenized_sample, *EVERY_STEP, "exit_interval=2", expect=3)
+    shutil.copytree(reference, save)
     previous = newest_checkpoint(save)
-    out = train(save, tokenized_sample, *EVERY_STEP, expect=2, preexec_fn=_file_size_limit(4 * 2**20))
+    out = train(save, data, *EVERY_STEP, "train_iters=8", expect=2, preexec_fn=_file_size_limit(2**20))
     line = error_line(out)
-    assert f"could not write checkpoint {save / 'checkpoints' / step_dir_name(3)}" in line and "GiB free" in line
+    assert f"could not write checkpoint {save / 'checkpoints' / step_dir_name(STEPS + 1)}" in line
+    assert "GiB free" in line
     assert not [p for p in (save / "checkpoints").iterdir() if p.name.startswith((TMP_PREFIX, DEL_PREFIX))]
-    assert [d.name for _, d in step_dirs(save / "checkpoints")] == [step_dir_name(2), step_dir_name(1)]
+    assert [d.name for _, d in step_dirs(save / "checkpoints")] == [step_dir_name(STEPS), step_dir_name(STEPS - 1)]
     assert newest_checkpoint(save) == previous and verify(previous) is None
     assert status(save)["state"] == "failed" and "could not write checkpoint" in status(save)["reason"]
 
 
-def test_damaged_data_after_a_preemption_fails_instead_of_looping(tokenized_sample, tmp_path):
+def test_damaged_data_after_a_preemption_fails_instead_of_looping(data, tmp_path):
     """A run stopped at a checkpoint (status 'interrupted') whose data file is then damaged: the restart exits 2
     with one line and status.json says failed, so a requeueing job script stops. (Before: status stayed
     'interrupted' and the job requeued forever.)"""
-    data = tmp_path / "c4"
+    copy = tmp_path / "c4"
     for ext in (".bin", ".idx"):
-        shutil.copy(tokenized_sample + ext, str(data) + ext)
+        shutil.copy(data + ext, str(copy) + ext)
     save = tmp_path / "run"
-    train(save, str(data), *EVERY_STEP, "exit_interval=2", expect=3)
+    train(save, str(copy), *EVERY_STEP, "exit_interval=2", expect=3)
     assert status(save)["state"] == "interrupted"
-    os.truncate(str(data) + ".bin", 1000)
-    out = train(save, str(data), *EVERY_STEP, expect=2)
-    assert "c4.bin" in error_line(out)
+    os.truncate(str(copy) + ".bin", 1000)
+    out = train_in_process(save, str(copy), *EVERY_STEP)  # the data files are checked before any start-up
+    assert out.returncode == 2 and "c4.bin" in error_line(out)
     assert status(save)["state"] == "failed" and "c4.bin" in status(save)["reason"]
 
 
-def test_resuming_with_another_model_is_one_line(reference, tokenized_sample, tmp_path):
+def test_resuming_with_another_model_is_one_line(reference, data, tmp_path):
     """The run's config changed the architecture since its checkpoints: one line naming the key (before: a
     49-line size-mismatch traceback)."""
     save = tmp_path / "changed"
     shutil.copytree(reference, save)
-    out = train(save, tokenized_sample, *EVERY_STEP, "train_iters=8", "hidden_size=128", expect=2)
+    out = train(save, data, *EVERY_STEP, "train_iters=8", "hidden_size=128", expect=2)
     line = error_line(out)
     assert "another model" in line and "hidden_size (64 in the checkpoint, 128 now)" in line

@@ -31,6 +31,17 @@ def run(*args):
                           cwd=ROOT)
 
 
+def convert(capsys, *args) -> subprocess.CompletedProcess:
+    """The same command as :func:`run` by its ``main`` in this process (no interpreter start-up): its exit status and
+    what it printed."""
+    from neox_dar.convert import main
+
+    capsys.readouterr()
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["convert", *args], code, out.out, out.err)
+
+
 def test_cli_round_trip_keeps_every_weight(tmp_path):
     cfg = load_config(ROOT / "configs/tiny.yml").model
     torch.manual_seed(1)
@@ -56,11 +67,11 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.returncode == 2 and str(tmp_path / "missing") in r.stderr and r.stderr.strip().count("\n") == 0
 
 
-def test_to_hf_writes_the_runs_tokenizer(tmp_path):
+def test_to_hf_writes_the_runs_tokenizer(tmp_path, capsys):
     """The export is complete for transformers: AutoTokenizer loads it, with the run's own tokenizer.json (byte for
     byte) and bos = eos = unk = <|endoftext|>; config.json and generation_config.json name its id."""
     saved_model(tmp_path / "ckpt", seed=2)
-    r = run("to-hf", tmp_path / "ckpt", tmp_path / "hf")
+    r = convert(capsys, "to-hf", tmp_path / "ckpt", tmp_path / "hf")
     assert r.returncode == 0, r.stderr
     hf = tmp_path / "hf"
     assert (hf / "tokenizer.json").read_bytes() == (ROOT / "data/20B_tokenizer.json").read_bytes()
@@ -81,23 +92,23 @@ def test_to_hf_writes_the_runs_tokenizer(tmp_path):
     assert generation.eos_token_id == 0 and generation.bos_token_id == 0
 
 
-def test_to_hf_tokenizer_follows_the_config_and_the_command_line(tmp_path):
+def test_to_hf_tokenizer_follows_the_config_and_the_command_line(tmp_path, capsys):
     other = tmp_path / "other.json"
     raw = json.loads((ROOT / "data/20B_tokenizer.json").read_text())
     raw["added_tokens"] = [t for t in raw["added_tokens"] if t["content"] != "<|endoftext|>"]
     del raw["model"]["vocab"]["<|endoftext|>"]
     other.write_text(json.dumps(raw))
     saved_model(tmp_path / "ckpt", f"vocab_file={tmp_path / 'gone.json'}", seed=2)
-    r = run("to-hf", tmp_path / "ckpt", tmp_path / "hf")
+    r = convert(capsys, "to-hf", tmp_path / "ckpt", tmp_path / "hf")
     assert r.returncode == 2 and "gone.json" in r.stderr and r.stderr.strip().count("\n") == 0
-    r = run("to-hf", tmp_path / "ckpt", tmp_path / "hf", "--tokenizer", other)
+    r = convert(capsys, "to-hf", tmp_path / "ckpt", tmp_path / "hf", "--tokenizer", other)
     assert r.returncode == 2 and "'<|endoftext|>' is not in the vocabulary" in r.stderr
-    r = run("to-hf", tmp_path / "ckpt", tmp_path / "hf", "--tokenizer", ROOT / "data/20B_tokenizer.json")
+    r = convert(capsys, "to-hf", tmp_path / "ckpt", tmp_path / "hf", "--tokenizer", ROOT / "data/20B_tokenizer.json")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "hf/tokenizer.json").is_file()
 
 
-def test_from_hf_keeps_the_folders_tokenizer(tmp_path):
+def test_from_hf_keeps_the_folders_tokenizer(tmp_path, capsys):
     """from-hf copies the folder's tokenizer files beside the weights, where evaluation finds them first."""
     _, cfg = saved_model(tmp_path / "ckpt", seed=2)
     model, _ = load_model(tmp_path / "ckpt")
@@ -106,7 +117,7 @@ def test_from_hf_keeps_the_folders_tokenizer(tmp_path):
     raw = json.loads((hf / "tokenizer.json").read_text())
     raw["model"]["vocab"]["<|marker|>"] = len(raw["model"]["vocab"])  # a tokenizer other than the bundled one
     (hf / "tokenizer.json").write_text(json.dumps(raw))
-    r = run("from-hf", hf, tmp_path / "back")
+    r = convert(capsys, "from-hf", hf, tmp_path / "back")
     assert r.returncode == 0, r.stderr
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         assert (tmp_path / "back" / name).read_bytes() == (hf / name).read_bytes(), name

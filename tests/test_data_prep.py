@@ -296,14 +296,25 @@ def big_docs(tmp_path_factory):
     return d, docs
 
 
-def test_large_documents_are_cut_into_byte_shards_with_identical_output(big_docs):
-    d, docs = big_docs
-    runs = {"w1": ("--workers", 1), "w2": ("--workers", 2), "w2_300k": ("--workers", 2, "--shard-bytes", "300k"),
+# the big documents tokenized four ways: 1 or 2 workers, shards of the default 16 MB, of 300 kB or of 7 documents
+BIG_RUNS = {"w1": ("--workers", 1), "w2": ("--workers", 2), "w2_300k": ("--workers", 2, "--shard-bytes", "300k"),
             "w1_docs7": ("--workers", 1, "--shard-docs", 7)}
+
+
+@pytest.fixture(scope="module")
+def big_runs(big_docs) -> dict[str, dict]:
+    """The manifest of each :data:`BIG_RUNS` run of the big documents (its output: ``DIR/NAME``)."""
+    d, _ = big_docs
     manifests = {}
-    for name, extra in runs.items():
+    for name, extra in BIG_RUNS.items():
         prep(d / "big.jsonl", "--out", d / name, *extra)
         manifests[name] = json.loads((d / f"{name}.manifest.json").read_text())
+    return manifests
+
+
+def test_large_documents_are_cut_into_byte_shards_with_identical_output(big_docs, big_runs):
+    d, docs = big_docs
+    manifests = big_runs
     by_bytes, held = 0, 0  # a shard ends once its lines hold >= 300,000 bytes
     for line in (d / "big.jsonl").read_bytes().splitlines(keepends=True):
         held += len(line)
@@ -312,21 +323,19 @@ def test_large_documents_are_cut_into_byte_shards_with_identical_output(big_docs
     by_bytes += held > 0
     assert by_bytes >= 8 and {name: m["shards"] for name, m in manifests.items()} == {
         "w1": 1, "w2": 1, "w2_300k": by_bytes, "w1_docs7": 4}
-    assert len({digest(d / name) for name in runs}) == 1
+    assert len({digest(d / name) for name in BIG_RUNS}) == 1
     tok = Tokenizer.from_file(str(TOKENIZER))
     ds = IndexedDataset(d / "w1")
     assert [list(ds[i]) for i in range(len(ds))] == [e.ids + [0] for e in tok.encode_batch(docs)]
 
 
-def test_tokenizer_process_memory_does_not_grow_with_the_shard(big_docs):
+def test_tokenizer_process_memory_does_not_grow_with_the_shard(big_runs):
     """A worker tokenizes ~1 MiB pieces, so a 2.6 MB shard costs it no more memory than a 300 kB one (the old
     one-batch-per-shard worker peaked 60 MB higher with one shard than with 3-document shards here); and peak RSS
-    is in the manifest."""
-    d, _ = big_docs
-    peak = {}
-    for name, size in (("one_shard", "16M"), ("small_shards", "300k")):
-        prep(d / "big.jsonl", "--out", d / f"mem_{name}", "--workers", 2, "--shard-bytes", size)
-        peak[name] = json.loads((d / f"mem_{name}.manifest.json").read_text())["peak_rss_mb"]["tokenizer_process"]
+    is in the manifest. (The 2-worker runs of :data:`BIG_RUNS`: one shard of the default 16 MB, and 300 kB ones.)"""
+    assert (big_runs["w2"]["shards"], big_runs["w2_300k"]["shard_bytes"]) == (1, 300_000)
+    peak = {name: big_runs[run]["peak_rss_mb"]["tokenizer_process"]
+            for name, run in (("one_shard", "w2"), ("small_shards", "w2_300k"))}
     assert 0 < peak["one_shard"] < peak["small_shards"] + 30, peak
 
 

@@ -33,6 +33,33 @@ def _task_folder(root: Path) -> Path:
     return root
 
 
+@pytest.fixture(scope="module", autouse=True)
+def lm_evals_task_index_once():
+    """lm-eval's TaskManager indexes its own ~13,000 task YAML files (~15 s) each time one is made, and every test here
+    makes one or more (each run_suite does). That index is a pure function of the installed files: for this module
+    it is built once and every TaskManager gets it (the index of any other folder, include_path's, is built as
+    usual)."""
+    import lm_eval.tasks
+    from lm_eval.tasks._index import TaskIndex
+
+    builtin, build, cache = Path(lm_eval.tasks.__file__).parent.resolve(), TaskIndex.build, {}
+
+    def build_once(paths, *, resolve_includes=True):
+        index = {}
+        for root in paths:
+            if Path(root).resolve() != builtin:
+                index.update(build([root], resolve_includes=resolve_includes))
+                continue
+            if resolve_includes not in cache:
+                cache[resolve_includes] = build([root], resolve_includes=resolve_includes)
+            index.update(cache[resolve_includes])
+        return index
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(TaskIndex, "build", staticmethod(build_once))
+        yield
+
+
 @pytest.fixture(scope="module")
 def aha(tmp_path_factory):
     root = tmp_path_factory.mktemp("aha")

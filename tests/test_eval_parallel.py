@@ -13,7 +13,6 @@ import shlex
 import shutil
 import stat
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -107,6 +106,24 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return out
 
 
+def _one_process(main, argv: list[str]) -> None:
+    """The one-process run of a command (``python -m MODULE ARGV``) by its ``main``, in this process with one intra-op
+    thread (as OMP_NUM_THREADS=1 gives each rank of the torchrun runs): what it prints is not read."""
+    import contextlib
+    import io
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
+            code = main(argv)
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0, out.getvalue() + err.getvalue()
+
+
 def _without_timing(results: dict) -> dict:
     corpora = {name: {k: v for k, v in r.items() if k not in TIMING} for name, r in results["corpora"].items()}
     return {**{k: v for k, v in results.items() if k != "ranks"}, "corpora": corpora}
@@ -123,14 +140,18 @@ def test_torchrun_eval_perplexity_writes_the_one_process_results(aha_run, tmp_pa
     run_at = words.index("-m") + 2
     words[run_at] = str(root)
     words[words.index("--out") + 1] = str(tmp_path / "two.json")
-    test_only = ["--corpora", "c4,wikitext103", "--max-docs", "3", "--batch-size", "3", "--per-document", "--no-wandb"]
+    # 3 C4 documents, and WikiText-103's first (1,252 tokens: its next two hold 8,000 more, which only cost time)
+    test_only = ["--corpora", "c4,wikitext103", "--max-docs", "3", "--max-docs", "wikitext103=1", "--batch-size", "3",
+                 "--per-document", "--no-wandb"]
     two = _run([*words, *test_only])
-    _run([sys.executable, "-m", "eval.perplexity", str(root), *test_only, "--no-progress", "--out",
-          str(tmp_path / "one.json")])
+    from eval.perplexity import main  # python -m eval.perplexity, in this process
+
+    _one_process(main, [str(root), *test_only, "--no-progress", "--out", str(tmp_path / "one.json")])
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert (a["ranks"], b["ranks"]) == (1, 2)
     assert _without_timing(a) == _without_timing(b)
     assert b["corpora"]["c4"]["attention_stats"] and len(b["corpora"]["c4"]["per_document"]) == 3
+    assert len(b["corpora"]["wikitext103"]["per_document"]) == 1
     assert two.stdout.count("c4: token ppl") == 1
     assert "rank 0's share of 2" in two.stderr and "rank 1's" not in two.stderr
 
@@ -149,7 +170,10 @@ def test_torchrun_sweep_evaluate_scores_the_run_and_its_extra_corpus_as_one_proc
     for run in runs.values():
         shutil.copytree(root / "checkpoints", run / "checkpoints")
     run_at = words.index("-m") + 2
-    _run([sys.executable, *words[run_at - 2:run_at], str(runs["one"]), *words[run_at + 1:], *test_only])
+    from neox_dar.sweep.evaluate import main  # python -m neox_dar.sweep.evaluate, in this process
+
+    assert words[run_at - 1] == "neox_dar.sweep.evaluate"
+    _one_process(main, [str(runs["one"]), *words[run_at + 1:], *test_only])
     _run([*words[:run_at], str(runs["two"]), *words[run_at + 1:], *test_only])
     a, b = (json.loads((runs[n] / "eval" / "perplexity.json").read_text()) for n in ("one", "two"))
     assert set(b["corpora"]) == {"c4", "mine"} and b["ranks"] == 2

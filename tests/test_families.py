@@ -98,7 +98,7 @@ def test_to_hf_loads_in_the_same_class(folders, family, tmp_path):
         torch.testing.assert_close(again(x).logits, model(x), atol=1e-5, rtol=0)
 
 
-def test_command_line_round_trip_with_the_tokenizer(folders, tmp_path):
+def test_command_line_round_trip_with_the_tokenizer(folders, tmp_path, capsys):
     """``from-hf`` copies the folder's tokenizer files; ``to-hf`` of the result writes them back with the folder's
     own bos/eos (Llama-3 style: bos differs from eos), and the prefix token is lm-eval's (the bos). The tokenizer
     fits the tiny model's 96 embedding rows (a word-level one of 29 ids: the Pythia tokenizer would be refused)."""
@@ -112,15 +112,12 @@ def test_command_line_round_trip_with_the_tokenizer(folders, tmp_path):
     words.save(str(src / "tokenizer.json"))
     (src / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<|padding|>", "eos_token": "<|endoftext|>"}))
-    run = [sys.executable, "-m", "neox_dar.convert"]
-    out = subprocess.run([*run, "from-hf", src, tmp_path / "ours"], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
+    # the command (python -m neox_dar.convert) by its main, in this process
+    assert main(["from-hf", str(src), str(tmp_path / "ours")]) == 0, capsys.readouterr().err
     assert (tmp_path / "ours" / "tokenizer_config.json").is_file()
     assert special_token_ids(tmp_path / "ours" / "tokenizer.json") == {"bos": 1, "eos": 0}
     assert prefix_token_id(tmp_path / "ours" / "tokenizer.json") == 1
-    out = subprocess.run([*run, "to-hf", tmp_path / "ours", tmp_path / "back"], capture_output=True, text=True,
-                         cwd=ROOT)
-    assert out.returncode == 0, out.stderr
+    assert main(["to-hf", str(tmp_path / "ours"), str(tmp_path / "back")]) == 0, capsys.readouterr().err
     exported = json.loads((tmp_path / "back" / "config.json").read_text())
     assert (exported["bos_token_id"], exported["eos_token_id"]) == (1, 0)
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "back")
@@ -240,16 +237,12 @@ print((peak - before) * 1024, sum(p.numel() * p.element_size() for p in model.pa
 def test_sharded_import_peak_memory_is_one_model(folders, tmp_path):
     """A ~220 MB random Llama in 4 shards imports with peak RSS growth < 1.3x its size on disk (tensors are
     memory-mapped and assigned, never copied)."""
-    maker = """
-import sys, torch, transformers
-cfg = transformers.LlamaConfig(vocab_size=8000, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
-                               num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False)
-with torch.no_grad():
-    transformers.LlamaForCausalLM(cfg).save_pretrained(sys.argv[1], max_shard_size="60MB")
-"""
     folder = tmp_path / "big"
+    cfg = transformers.LlamaConfig(vocab_size=8000, hidden_size=768, intermediate_size=2048, num_hidden_layers=6,
+                                   num_attention_heads=12, num_key_value_heads=4, tie_word_embeddings=False)
+    with torch.no_grad():  # made here: the import is measured in a process of its own (below)
+        transformers.LlamaForCausalLM(cfg).save_pretrained(folder, max_shard_size="60MB")
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    subprocess.run([sys.executable, "-c", maker, folder], check=True, cwd=ROOT, env=env, capture_output=True)
     disk = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
     assert disk > 200e6 and len(list(folder.glob("*.safetensors"))) >= 3
     out = subprocess.run([sys.executable, "-c", RSS_SCRIPT, folder, folders["llama"][0]], check=True, cwd=ROOT, env=env,
@@ -298,18 +291,27 @@ def test_rolling_perplexity_of_an_import_equals_lm_eval(tmp_path):
         assert -row["nll"] == pytest.approx(ll, rel=1e-4, abs=0)
 
 
+@pytest.fixture(scope="module")
+def byte_data(tmp_path_factory) -> str:
+    from trainrun import byte_sample
+
+    return byte_sample(tmp_path_factory.mktemp("bytes"))
+
+
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt_neox"])  # Pythia's: the training tests
-def test_family_trains_resumes_exactly_and_evaluates(family, tokenized_sample, tmp_path):
+def test_family_trains_resumes_exactly_and_evaluates(family, byte_data, tmp_path):
     """A tiny model of the family's preset trains under DeepSpeed ZeRO-1; a second run started from the first's
-    step-3 checkpoint (``load=``) repeats its steps 4-6 bit for bit; rolling perplexity of the result is finite."""
-    from trainrun import losses, train
+    step-3 checkpoint (``load=``) repeats its steps 4-6 bit for bit; rolling perplexity of the result is finite.
+    (On the byte-tokenized sample, trainrun.BYTES: the family's architecture is what is checked, and a 257-token
+    vocabulary makes its steps and checkpoints cheap.)"""
+    from trainrun import BYTES, losses, train
 
     from eval.perplexity import main as perplexity
 
-    keys = [FAMILY_PRESETS[family], *TINY_FAMILY, "zero_optimization.stage=1"]
+    keys = [FAMILY_PRESETS[family], *TINY_FAMILY, *BYTES, "zero_optimization.stage=1"]
     full, resumed = tmp_path / "full", tmp_path / "resumed"
-    train(full, tokenized_sample, *keys)
-    train(resumed, tokenized_sample, *keys, f"load={full / 'checkpoints' / 'step_00000003'}")
+    train(full, byte_data, *keys)
+    train(resumed, byte_data, *keys, f"load={full / 'checkpoints' / 'step_00000003'}")
     reference = losses(full)
     assert losses(resumed) == {s: v for s, v in reference.items() if s > 3} and len(reference) == 6
     out = tmp_path / "ppl.json"

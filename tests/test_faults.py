@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from trainrun import ROOT, error_line, rows, status, train, train_command, train_env
+from trainrun import ROOT, error_line, rows, status, train, train_command, train_env, train_in_process
 
 from neox_dar.rundir import LOCK, STATUS, lock_run_dir, write_status
 
@@ -93,9 +93,9 @@ def test_a_refused_second_launch_writes_nothing_into_the_run(data, tmp_path):
     write_status(finished, "done", 6, 6)
     before = {d: (d / STATUS).read_bytes() for d in (live, finished)}
     try:
-        for save in (live, finished):
-            out = train(save, str(tmp_path / "typo"), *SHORT, expect=2)
-            assert "typo" in error_line(out)
+        for save in (live, finished):  # train.py's main in this process: the data path is checked before any start-up
+            out = train_in_process(save, str(tmp_path / "typo"), *SHORT)
+            assert out.returncode == 2 and "typo" in error_line(out)
             assert (save / STATUS).read_bytes() == before[save]
         out = train(live, data, "train_iters=3000", "eval_interval=0", expect=2)
         assert "in use by another trainer" in error_line(out)
@@ -204,15 +204,16 @@ def test_torchs_full_disk_message_reads_no_space_left(tmp_path):
 
 def test_bad_paths_and_values_are_one_line(data, tmp_path):
     """save that is an existing file, lr=.inf and trainable_params=[]: one line each, exit 2. (Before: a
-    FileExistsError traceback, and two silent accepts.)"""
+    FileExistsError traceback, and two silent accepts.) train.py's main in this process: all three are config
+    checks, made before the process group and the engine."""
     (tmp_path / "file").write_text("x")
-    out = train(tmp_path / "file", data, *SHORT, expect=2)
-    assert error_line(out) == (f"config error: save={tmp_path / 'file'} is a file, not a directory: name a directory "
-                               "for the run")
+    out = train_in_process(tmp_path / "file", data, *SHORT)
+    assert out.returncode == 2 and error_line(out) == (
+        f"config error: save={tmp_path / 'file'} is a file, not a directory: name a directory for the run")
     for value, why in (("optimizer.params.lr=.inf", "must be > 0 and finite"),
                        ("trainable_params=[]", "must name at least one pattern")):
-        out = train(tmp_path / "run", data, *SHORT, value, expect=2)
-        assert why in error_line(out)
+        out = train_in_process(tmp_path / "run", data, *SHORT, value)
+        assert out.returncode == 2 and why in error_line(out)
 
 
 def test_sweep_plan_prints_the_epochs_a_budget_reads(data, tmp_path, capsys):

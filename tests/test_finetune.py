@@ -4,15 +4,13 @@ bottleneck, AHA's router), trainable_params and LoRA, through train.py and DeepS
 from __future__ import annotations
 
 import glob
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from builders import ROOT, config, hf_folder
 from safetensors.torch import load_file
-from trainrun import losses, rows, train
+from trainrun import BYTES, byte_sample, losses, rows, train
 
 from neox_dar.saved_model import load_model
 from neox_dar.config import ConfigError
@@ -26,20 +24,28 @@ BOTTLENECK = 'trainable_params=["*.dar_down.*","*.dar_up.*"]'
 
 
 @pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    """The byte-tokenized sample (trainrun.BYTES): fine-tuning is what is checked, and with a 257-token vocabulary
+    the imported model's steps and checkpoints are cheap."""
+    return byte_sample(tmp_path_factory.mktemp("bytes"))
+
+
+@pytest.fixture(scope="module")
 def olmo(tmp_path_factory) -> Path:
-    """A tiny random OLMo-2 made by transformers (Pythia-sized vocabulary, so it trains on the tokenized sample),
-    imported with ``from-hf``: our checkpoint folder, with its ``model.yml``."""
+    """A tiny random OLMo-2 made by transformers (the byte tokenizer's vocabulary, so it trains on ``data``),
+    imported with ``from-hf`` (the command's ``main``, in this process): our checkpoint folder, with its
+    ``model.yml``."""
+    from neox_dar.convert import main as convert
+
     root = tmp_path_factory.mktemp("olmo")
-    hf_folder(root / "hf", "olmo2", vocab=50304, shard="2MB")
-    out = subprocess.run([sys.executable, "-m", "neox_dar.convert", "from-hf", root / "hf", root / "ours"], cwd=ROOT,
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    hf_folder(root / "hf", "olmo2", vocab=257, shard="200KB")
+    assert convert(["from-hf", str(root / "hf"), str(root / "ours")]) == 0
     return root / "ours"
 
 
 def _stage(olmo: Path, *extra: str) -> list[str]:
-    return [str(olmo / "model.yml"), "configs/attention/dar.yml", f"load={olmo}", "finetune=true", "window_size=8",
-            *extra]
+    return [str(olmo / "model.yml"), *BYTES, "configs/attention/dar.yml", f"load={olmo}", "finetune=true",
+            "window_size=8", *extra]
 
 
 def _optimizer_numel(step_dir: Path) -> int:
@@ -69,19 +75,36 @@ def _start(olmo: Path, *files: str, **keys) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.weights().items()}
 
 
+STAGE_ONE_STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def stage_one(olmo, data, tmp_path_factory):
+    """``stage_one(zero)``: (run directory, stdout) of DAR stage 1 on the import under ZeRO-``zero``, 4 steps at a
+    high learning rate; each stage trained once, when first asked for (stage two continues from ZeRO-1's)."""
+    runs = {}
+
+    def run(zero: int) -> tuple[Path, str]:
+        if zero not in runs:
+            save = tmp_path_factory.mktemp(f"stage1-zero{zero}")
+            out = train(save, data, *_stage(
+                olmo, BOTTLENECK, f"train_iters={STAGE_ONE_STEPS}", "eval_interval=0",
+                f"checkpoint_factor={STAGE_ONE_STEPS}", f"zero_optimization.stage={zero}", "optimizer.params.lr=3e-2"))
+            runs[zero] = save, out.stdout
+        return runs[zero]
+    return run
+
+
 @pytest.mark.parametrize("stage", [1, 2])
-def test_stage_one_trains_only_the_bottleneck(olmo, tokenized_sample, tmp_path, stage):
-    """DAR stage 1 on an imported model, 20 steps under ZeRO-``stage``: every parameter outside the patterns is
+def test_stage_one_trains_only_the_bottleneck(olmo, stage_one, stage):
+    """DAR stage 1 on an imported model, 4 steps under ZeRO-``stage``: every parameter outside the patterns is
     bit-identical to the import, every bottleneck parameter changed, and the optimizer holds state for the
     bottleneck only."""
-    save = tmp_path / "stage1"
-    out = train(save, tokenized_sample, *_stage(olmo, BOTTLENECK, "train_iters=20", "eval_interval=0",
-                                                "checkpoint_factor=20", f"zero_optimization.stage={stage}",
-                                                "optimizer.params.lr=3e-2"))
-    assert "training 4,096 of 6,504,960 parameters" in out.stdout
+    save, stdout = stage_one(stage)
+    assert "training 4,096 of 98,944 parameters" in stdout
     imported = load_file(str(olmo / "model.safetensors"))
     start = _start(olmo, "configs/attention/dar.yml", window_size=8)
-    step_dir = save / "checkpoints" / step_dir_name(20)
+    step_dir = save / "checkpoints" / step_dir_name(STAGE_ONE_STEPS)
     end = load_file(str(step_dir / "model.safetensors"))
     bottleneck = sorted(k for k in end if ".dar_" in k)
     assert len(bottleneck) == 4 and set(end) == set(imported) | set(bottleneck)
@@ -92,16 +115,15 @@ def test_stage_one_trains_only_the_bottleneck(olmo, tokenized_sample, tmp_path, 
     assert _optimizer_numel(step_dir) == sum(end[k].numel() for k in bottleneck) == 4096
 
 
-def test_stage_two_resets_step_schedule_optimizer_and_resumes_exactly(olmo, tokenized_sample, tmp_path):
-    """Stage 2 (everything trains) from stage 1's final checkpoint: a new run at step 1 with a fresh schedule and
-    Adam state (step count = its own steps); stopped after step 3 and run again, it repeats the uninterrupted
-    run's losses bit for bit."""
-    stage1 = tmp_path / "stage1"
-    train(stage1, tokenized_sample, *_stage(olmo, BOTTLENECK, "train_iters=4", "eval_interval=0"))
+def test_stage_two_resets_step_schedule_optimizer_and_resumes_exactly(olmo, stage_one, data, tmp_path):
+    """Stage 2 (everything trains) from stage 1's final checkpoint (step 4): a new run at step 1 with a fresh
+    schedule and Adam state (step count = its own steps); stopped after step 3 and run again, it repeats the
+    uninterrupted run's losses bit for bit."""
+    stage1, _ = stage_one(1)
     keys = [*_stage(olmo), f"load={stage1}", "train_iters=6", "optimizer.params.lr=1e-3", "eval_interval=0",
             "zero_optimization.stage=1"]
     full, resumed = tmp_path / "stage2", tmp_path / "stage2-resumed"
-    train(full, tokenized_sample, *keys)
+    train(full, data, *keys)
     log = rows(full)
     assert [r["step"] for r in log if "loss" in r] == [1, 2, 3, 4, 5, 6]
     from neox_dar.config import load_config
@@ -111,20 +133,20 @@ def test_stage_two_resets_step_schedule_optimizer_and_resumes_exactly(olmo, toke
     adam = safe_torch_load(glob.glob(str(full / "checkpoints" / step_dir_name(6) / "*optim_states.pt"))[0])
     steps = {int(s["step"]) for s in adam["optimizer_state_dict"]["base_optimizer_state"]["state"].values()}
     assert steps == {6}
-    out = train(resumed, tokenized_sample, *keys, "exit_interval=3", expect=3)
+    out = train(resumed, data, *keys, "exit_interval=3", expect=3)
     assert "finetuning from" in out.stdout
-    out = train(resumed, tokenized_sample, *keys, "exit_interval=3")
+    out = train(resumed, data, *keys, "exit_interval=3")
     assert "resumed from" in out.stdout and "finetuning from" not in out.stdout
     assert losses(resumed) == losses(full)
 
 
-def test_a_weights_only_load_needs_finetune(olmo, tokenized_sample, tmp_path):
-    out = train(tmp_path / "x", tokenized_sample, str(olmo / "model.yml"), f"load={olmo}", expect=2)
+def test_a_weights_only_load_needs_finetune(olmo, data, tmp_path):
+    out = train(tmp_path / "x", data, str(olmo / "model.yml"), *BYTES, f"load={olmo}", expect=2)
     assert "set finetune=true" in out.stderr
 
 
-def test_finetune_refuses_another_base_model(olmo, tokenized_sample, tmp_path):
-    out = train(tmp_path / "x", tokenized_sample, *_stage(olmo, "intermediate_size=64"), expect=2)
+def test_finetune_refuses_another_base_model(olmo, data, tmp_path):
+    out = train(tmp_path / "x", data, *_stage(olmo, "intermediate_size=64"), expect=2)
     assert "another base model" in out.stderr and "intermediate_size" in out.stderr
 
 
@@ -153,7 +175,7 @@ def test_pca_bottleneck_is_the_best_rank_d_down_reconstruction(olmo):
     """dar_init: pca: at step 0 each layer's ``dar_up(dar_down(a))`` on the calibration sequences has the squared
     error of the rank-d_down SVD bound (the sum of the discarded eigenvalues), within 1e-4."""
     model, new, _ = _imported(olmo, attention_type="dar", window_size=8, dar_d_down=12, dar_init="pca")
-    calibration = [torch.randint(0, 50277, (32,), generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    calibration = [torch.randint(0, 257, (32,), generator=torch.Generator().manual_seed(i)) for i in range(6)]
     lines = initialise_new(model, new, calibration)
     assert len(lines) == 2 and "calibrated on 192 tokens" in lines[1]
     for module in model.attention_modules():
@@ -168,7 +190,7 @@ def test_pca_bottleneck_is_the_best_rank_d_down_reconstruction(olmo):
 def test_aha_router_start_is_pinned(olmo):
     """aha_router_init: zeros gives s = 1/2: at aha_threshold 0.5 step 0 is the SWA model with the same window, at
     aha_threshold 0.49 the imported (vanilla) model itself."""
-    x = torch.randint(0, 50277, (2, 40), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(0, 257, (2, 40), generator=torch.Generator().manual_seed(1))
     swa, _, _ = _imported(olmo, attention_type="swa", window_size=6)
     vanilla, _, _ = _imported(olmo)
     for threshold, reference in ((0.5, swa), (0.49, vanilla)):
@@ -208,16 +230,16 @@ def test_lora_merge_equals_the_adapted_model():
         torch.testing.assert_close(plain(x), adapted, atol=1e-5, rtol=1e-5)
 
 
-def test_lora_run_trains_adapters_and_saves_merged_weights(tokenized_sample, tmp_path):
+def test_lora_run_trains_adapters_and_saves_merged_weights(data, tmp_path):
     """A Llama-family run with LoRA on q/k/v/o plus the norms (MSWA Sec. 5.2's recipe shape): the optimizer holds
     the adapters and norms only, the checkpoint's model.safetensors has the plain names (loadable anywhere), and
     only the adapted and trainable weights moved."""
     keys = ["configs/llama-3.2-1b.yml", "num_layers=2", "hidden_size=64", "num_attention_heads=4", "num_kv_heads=2",
-            "head_dim=16", "intermediate_size=96", "vocab_size=50277", "max_position_embeddings=2048",
+            "head_dim=16", "intermediate_size=96", *BYTES, "max_position_embeddings=2048",
             "lora.r=4", 'trainable_params=["*norm*"]', "optimizer.params.lr=1e-2", "zero_optimization.stage=2",
             "eval_interval=0", "checkpoint_factor=3"]
     save = tmp_path / "lora"
-    train(save, tokenized_sample, *keys)
+    train(save, data, *keys)
     first = load_file(str(save / "checkpoints" / step_dir_name(3) / "model.safetensors"))
     last = load_file(str(save / "checkpoints" / step_dir_name(6) / "model.safetensors"))
     assert not any("lora" in k or "base_layer" in k for k in last)

@@ -5,15 +5,20 @@ model's is a one-line error everywhere."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from builders import ROOT
 from trainrun import train
 
+from data_prep.tokenize import main as tokenize
+from eval.perplexity import main as perplexity
+from neox_dar.convert import main as convert
+from neox_dar.generate.__main__ import main as generate
 from neox_dar.rundir import newest_checkpoint, read_state
 from neox_dar.tokenizer import tokenizer_sha256
 
@@ -22,8 +27,15 @@ PYTHIA = ROOT / "data" / "20B_tokenizer.json"
 FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
-def _run(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+def _run(command: str, *args, expect: int = 0) -> subprocess.CompletedProcess:
+    """``python -m COMMAND ARGS`` as its ``main(ARGS)`` in this process (no interpreter start-up per command): the
+    exit status it returns and what it printed."""
+    main = {"convert": convert, "tokenize": tokenize, "perplexity": perplexity, "generate": generate}[command]
+    argv = list(map(str, args))
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv)
+    out = subprocess.CompletedProcess([command, *argv], code, stdout.getvalue(), stderr.getvalue())
     assert out.returncode == expect, f"exit {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
     return out
 
@@ -50,11 +62,10 @@ def byte_llama(tmp_path_factory) -> dict[str, Path]:
     write_tokenizer_files(hf, tokenizer=BYTE)
     AutoTokenizer.from_pretrained(hf).save_pretrained(hf)  # transformers 5: the template in chat_template.jinja
     assert (hf / "chat_template.jinja").is_file()
-    _run("-m", "neox_dar.convert", "from-hf", hf, root / "import")
+    _run("convert", "from-hf", hf, root / "import")
     docs = root / "docs.jsonl"
     docs.write_text("".join(line for line in open(ROOT / "data" / "sample" / "c4_sample.jsonl").readlines()[:20]))
-    _run("-m", "data_prep.tokenize", docs, "--tokenizer", root / "import", "--out", root / "data", "--workers", "1",
-         "--no-progress")
+    _run("tokenize", docs, "--tokenizer", root / "import", "--out", root / "data", "--workers", "1", "--no-progress")
     train(root / "run", str(root / "data"), str(root / "import" / "model.yml"), f"load={root / 'import'}",
           "finetune=true", "train_iters=4", "checkpoint_factor=2", "eval_interval=0")
     return {"hf": hf, "import": root / "import", "run": root / "run", "root": root}
@@ -85,12 +96,12 @@ def test_commands_use_the_checkpoints_tokenizer(byte_llama, tmp_path):
     from eval.lm_eval_model import NeoxDarLM
 
     run, imp = byte_llama["run"], byte_llama["import"]
-    _run("-m", "eval.perplexity", run, "--corpora", "c4", "--max-docs", "2", "--no-progress", "--no-wandb",
-         "--out", tmp_path / "ppl.json")
+    _run("perplexity", run, "--corpora", "c4", "--max-docs", "2", "--no-progress", "--no-wandb", "--out",
+         tmp_path / "ppl.json")
     c4 = json.loads((tmp_path / "ppl.json").read_text())["corpora"]["c4"]
     assert c4["tokens"] == c4["bytes"]
     assert len(NeoxDarLM(checkpoint=str(run)).tokenizer) == 257  # 256 bytes + <|endoftext|>
-    _run("-m", "neox_dar.convert", "to-hf", run, tmp_path / "export")
+    _run("convert", "to-hf", run, tmp_path / "export")
     for name in FILES:
         assert (tmp_path / "export" / name).read_bytes() == (imp / name).read_bytes(), name
     chat = [{"role": "user", "content": "Hello?"}]
@@ -106,8 +117,8 @@ def test_generate_chat_applies_the_checkpoints_template(byte_llama, tmp_path):
     --chat is decoded from the bare text."""
     for flags, expected in ((["--chat"], "<|user|>\nHi\n<|assistant|>\n"), ([], None)):
         out = tmp_path / "out.jsonl"
-        _run("-m", "neox_dar.generate", byte_llama["run"], "--prompts", _prompts(tmp_path, "Hi"), *flags,
-             "--max-new-tokens", "2", "--out", out)
+        _run("generate", byte_llama["run"], "--prompts", _prompts(tmp_path, "Hi"), *flags, "--max-new-tokens", "2",
+             "--out", out)
         line = json.loads(out.read_text())
         assert line.get("chat_prompt") == expected
 
@@ -122,10 +133,9 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(byte_llama, tmp_path):
     """--tokenizer with another file than the checkpoint's, a vocab_file that differs from load='s tokenizer, and
     a tokenizer larger than the embedding: one line each, exit 2."""
     run, imp = byte_llama["run"], byte_llama["import"]
-    for cmd in (["-m", "eval.perplexity", run, "--corpora", "c4", "--max-docs", "1", "--no-wandb", "--tokenizer",
-                 PYTHIA],
-                ["-m", "neox_dar.convert", "to-hf", run, tmp_path / "x", "--tokenizer", PYTHIA],
-                ["-m", "neox_dar.generate", run, "--prompt", "a", "--max-new-tokens", "1", "--tokenizer", PYTHIA]):
+    for cmd in (["perplexity", run, "--corpora", "c4", "--max-docs", "1", "--no-wandb", "--tokenizer", PYTHIA],
+                ["convert", "to-hf", run, tmp_path / "x", "--tokenizer", PYTHIA],
+                ["generate", run, "--prompt", "a", "--max-new-tokens", "1", "--tokenizer", PYTHIA]):
         _one_line_error(_run(*cmd, expect=2), "not the tokenizer", str(PYTHIA))
     out = train(tmp_path / "other", str(byte_llama["root"] / "data"), str(imp / "model.yml"), f"load={imp}",
                 "finetune=true", f"vocab_file={PYTHIA}", expect=2)

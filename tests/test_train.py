@@ -1,7 +1,11 @@
 """End-to-end training on CPU: train.py in subprocesses (1 process, and 2 processes under torchrun/gloo).
 
-Shared runs (module fixtures) keep the file fast: one 1-process reference run and one 2-process ZeRO-2 run
-serve several assertions. Every run: tiny model, seq_length 32, global batch 8, 6 steps, fp32.
+Shared runs (module fixtures) keep the file fast: one 1-process reference run, one 2-process ZeRO-2 run and one
+run that checkpoints only at its end serve several assertions. Every run: tiny model, seq_length 32, global batch 8,
+6 steps, fp32, on the Pythia-tokenized sample; but the checkpoint_minutes runs and the SIGTERM run, which no
+Pythia-vocabulary run is compared with, train on the byte-tokenized one (trainrun.BYTES: a 257-token vocabulary, so
+their steps and many checkpoints are cheap). The runs compared with the reference keep Pythia's vocabulary: its
+embeddings are the only tensors large enough for ZeRO-3 to partition.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainrun import COMMON, ROOT, STEPS, losses, rows, train, train_env, valid_losses
+from trainrun import BYTES, COMMON, ROOT, STEPS, byte_sample, losses, rows, train, train_env, valid_losses
 
 from neox_dar.saved_model import load_model
 from neox_dar.rundir import newest_checkpoint, step_dir_name
@@ -26,6 +30,11 @@ from neox_dar.rundir import newest_checkpoint, step_dir_name
 @pytest.fixture(scope="module")
 def data(tokenized_sample) -> str:
     return tokenized_sample
+
+
+@pytest.fixture(scope="module")
+def byte_data(tmp_path_factory) -> str:
+    return byte_sample(tmp_path_factory.mktemp("bytes"))
 
 
 # the rolling-window perplexity of 3 C4 documents inside training, every 3 steps (an AHA-free model: no stats)
@@ -37,6 +46,18 @@ def reference(tmp_path_factory, data) -> Path:
     """1 process, micro 4 x grad-accum 2, ZeRO-0; logging to W&B (offline) and TensorBoard too."""
     save = tmp_path_factory.mktemp("reference")
     train(save, data, "zero_optimization.stage=0", "use_wandb=true", f"tensorboard_dir={save / 'tb'}", *CORPUS_EVAL)
+    return save
+
+
+# checkpoints only at the end (checkpoint_factor is past the run), validation at step 4 and after the last step
+UNTIMED = [*BYTES, "checkpoint_factor=1000", "keep_last_n=6", "eval_interval=4"]
+
+
+@pytest.fixture(scope="module")
+def untimed(tmp_path_factory, byte_data) -> Path:
+    """1 process, ZeRO-1, :data:`UNTIMED`: one checkpoint (step 6) and validation at steps 4 and 6."""
+    save = tmp_path_factory.mktemp("untimed")
+    train(save, byte_data, *UNTIMED)
     return save
 
 
@@ -128,11 +149,13 @@ def test_exact_resume_two_processes_zero2(zero2, data, tmp_path):
     assert valid_losses(save) == valid_losses(zero2)
 
 
-def test_sigterm_checkpoints_and_resumes(data, tmp_path):
+def test_sigterm_checkpoints_and_resumes(byte_data, tmp_path):
     """SIGTERM mid-run (an AHA model: its mu_f and L1 term are logged): a complete checkpoint at the next step
     boundary, exit 3, and the rerun continues."""
+    data = byte_data
     save = tmp_path / "preempted"
-    extra = ["train_iters=400", "eval_interval=0", "checkpoint_factor=1000", "attention_type=aha", "window_size=8"]
+    extra = [*BYTES, "train_iters=400", "eval_interval=0", "checkpoint_factor=1000", "attention_type=aha",
+             "window_size=8"]
     args = [*COMMON, f"data_path={data}", f"save={save}", *extra]
     proc = subprocess.Popen([sys.executable, "train.py", *args], cwd=ROOT, env=train_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -177,11 +200,9 @@ def test_batch_mismatch_is_a_config_error(data, tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
-def test_validation_also_runs_after_the_last_step(data, tmp_path):
+def test_validation_also_runs_after_the_last_step(untimed):
     """As in GPT-NeoX, a final validation after the last step when it is not an evaluation step (6 % 4 != 0)."""
-    save = tmp_path / "final-eval"
-    train(save, data, "eval_interval=4", "checkpoint_factor=6")
-    assert sorted(valid_losses(save)) == [4, STEPS]
+    assert sorted(valid_losses(untimed)) == [4, STEPS]
 
 
 def test_corpus_perplexity_during_training(reference, zero2):
@@ -208,16 +229,14 @@ def test_corpus_perplexity_during_training(reference, zero2):
     assert sharded["token_perplexity"] == pytest.approx(in_training["token_perplexity"], rel=1e-4)
 
 
-def test_checkpoint_minutes_saves_by_wall_time_between_step_checkpoints(data, tmp_path):
+def test_checkpoint_minutes_saves_by_wall_time_between_step_checkpoints(untimed, byte_data, tmp_path):
     """``checkpoint_minutes``: a checkpoint once that much wall time has passed since the last save, whatever
-    ``checkpoint_factor`` says (here every step, 0.06 ms being shorter than any step); the run's losses are the
-    reference's."""
+    ``checkpoint_factor`` says (here every step, 0.06 ms being shorter than any step); the same run without it
+    (``untimed``) saves only its last step, and the losses of the two are the same."""
     save = tmp_path / "timed"
-    train(save, data, "checkpoint_factor=1000", "keep_last_n=6", "checkpoint_minutes=0.000001", "eval_interval=0")
+    train(save, byte_data, *UNTIMED, "checkpoint_minutes=0.000001")
     steps = sorted(int(p.name.removeprefix("step_")) for p in (save / "checkpoints").glob("step_*"))
     assert steps == list(range(1, STEPS + 1))
-    untimed = tmp_path / "untimed"
-    train(untimed, data, "checkpoint_factor=1000", "keep_last_n=6", "eval_interval=0")
     assert [p.name for p in (untimed / "checkpoints").glob("step_*")] == [step_dir_name(STEPS)]
     assert losses(save) == losses(untimed)
 

@@ -18,6 +18,26 @@ COMMON = [
 ]
 
 
+# Runs whose assertions are about the trainer's mechanics (checkpoints, resumes, model families), not about the
+# Pythia vocabulary, can train on the sample tokenized with the byte tokenizer (257 ids, 384 embedding rows with
+# configs/tiny.yml's rounding) instead: the same code paths with a ~45x smaller output layer, so steps, checkpoints
+# (~3 MB instead of ~130 MB), their checksums and resumes cost a fraction. Add BYTES to the run's overrides and train
+# on byte_sample()'s prefix.
+BYTE_TOKENIZER = ROOT / "data" / "byte_tokenizer.json"
+BYTES = [f"vocab_file={BYTE_TOKENIZER}", "vocab_size=257"]
+
+
+def byte_sample(out_dir: Path) -> str:
+    """The embedded C4 sample's first 20,000 tokens under the byte tokenizer (as conftest's ``tokenized_sample`` is
+    under the Pythia tokenizer), written to ``out_dir/c4``; returns the prefix."""
+    from data_prep.tokenize import run
+
+    prefix = Path(out_dir) / "c4"
+    run([str(ROOT / "data" / "sample" / "c4_sample.jsonl"), "--tokenizer", str(BYTE_TOKENIZER), "--out", str(prefix),
+         "--max-tokens", "20000", "--workers", "1", "--no-progress"])
+    return str(prefix)
+
+
 def train_env(**extra: str) -> dict:
     env = dict(os.environ)
     # one thread per process: identical kernels in every run (exact resume), no oversubscription
@@ -42,6 +62,32 @@ def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int | 
     if expect is not None:
         assert out.returncode == expect, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
     return out
+
+
+def train_in_process(save: Path, data: str, *overrides: str) -> subprocess.CompletedProcess:
+    """train.py's ``main`` with :func:`train`'s arguments, run in this process from the repository root: for a run
+    that ends at its config and data checks (``config error: ...``, exit 2), which come before the process group,
+    the engine and anything the run leaves in this process, so the same command costs no interpreter start-up.
+    Returns its exit code and what it printed (as :func:`train` does); a run that gets as far as the process group
+    is an error of the test (use :func:`train`)."""
+    import contextlib
+    import importlib.util
+    import io
+    from unittest import mock
+
+    spec = importlib.util.spec_from_file_location("train_py", ROOT / "train.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+
+    def past_the_checks():
+        raise AssertionError("train_in_process: the run got past its config and data checks; run it with train()")
+
+    argv = train_command(save, data, *overrides)[2:]
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with (contextlib.chdir(ROOT), mock.patch("neox_dar.training.distributed.init_distributed", past_the_checks),
+          contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr)):
+        code = script.main(argv)
+    return subprocess.CompletedProcess(["train.py", *argv], code, stdout.getvalue(), stderr.getvalue())
 
 
 def rows(save: Path) -> list[dict]:
