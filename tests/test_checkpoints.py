@@ -10,13 +10,11 @@ from __future__ import annotations
 import os
 import resource
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from trainrun import BYTES, ROOT, STEPS, byte_sample, error_line, losses, status, train, train_env, train_in_process
+from trainrun import BYTES, STEPS, byte_sample, error_line, losses, status, train, train_env, train_in_process
 
 from neox_dar.rundir import (
     DEL_PREFIX,
@@ -103,8 +101,11 @@ def test_same_size_corruption_is_skipped_by_checksum(reference, data, tmp_path):
     assert losses(save) == losses(reference) and verify(newest) is None
 
 
-def test_evaluation_refuses_a_corrupt_model_file(reference, tmp_path):
-    """Same-size garbage in model.safetensors: eval exits 2 with one line (before: a NaN perplexity, exit 0)."""
+def test_evaluation_refuses_a_corrupt_model_file(reference, tmp_path, capsys):
+    """Same-size garbage in model.safetensors: eval exits 2 with one line (before: a NaN perplexity, exit 0). The
+    command (python -m eval.perplexity) by its main, in this process."""
+    from eval.perplexity import main as perplexity
+
     save = tmp_path / "garbage"
     shutil.copytree(reference, save)
     weights = save / "checkpoints" / step_dir_name(STEPS) / "model.safetensors"
@@ -112,10 +113,10 @@ def test_evaluation_refuses_a_corrupt_model_file(reference, tmp_path):
         f.seek(weights.stat().st_size // 2)
         f.write(b"\xff" * 4096)
     step_dir = weights.parent
-    out = subprocess.run([sys.executable, "-m", "eval.perplexity", str(step_dir), "--corpora", "c4", "--max-docs",
-                          "1", "--no-progress"], cwd=ROOT, env=train_env(), capture_output=True, text=True)
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert "model.safetensors is corrupt" in out.stderr and "Traceback" not in out.stderr
+    code = perplexity([str(step_dir), "--corpora", "c4", "--max-docs", "1", "--no-progress"])
+    out = capsys.readouterr()
+    assert code == 2, out.out + out.err
+    assert "model.safetensors is corrupt" in out.err and "Traceback" not in out.err
 
 
 def test_a_checkpoint_carrying_a_pickled_callable_is_refused(reference, data, tmp_path):

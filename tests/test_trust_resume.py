@@ -1,5 +1,8 @@
 """What a run resumes (issue 36, items 5-7), through train.py as a user runs it: a run whose checkpoints were moved
-away, data changed under a run between its stop and its resume, a run directory copied elsewhere."""
+away, data changed under a run between its stop and its resume, a run directory copied elsewhere.
+
+The runs train on data tokenized with the byte tokenizer (trainrun.BYTES: a 257-token vocabulary): what is checked is
+the run directory and its data, whatever the model, and that model's steps and checkpoints are cheap."""
 
 from __future__ import annotations
 
@@ -11,18 +14,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainrun import ROOT, error_line, rows, status, train, train_env
+from trainrun import BYTE_TOKENIZER, BYTES, ROOT, byte_sample, error_line, rows, status, train, train_env
 
 from data_prep.tokenize import main as tokenize_main
 from neox_dar.data.identity import prefix_identity, sha256_file
 from neox_dar.rundir import STATUS
 
-SHORT = ["train_iters=2", "eval_interval=0", "checkpoint_factor=2"]
+SHORT = [*BYTES, "train_iters=2", "eval_interval=0", "checkpoint_factor=2"]
 
 
 @pytest.fixture(scope="module")
-def data(tokenized_sample) -> str:
-    return tokenized_sample
+def data(tmp_path_factory) -> str:
+    return byte_sample(tmp_path_factory.mktemp("bytes"))
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +59,14 @@ SAMPLE = ROOT / "data" / "sample" / "c4_sample.jsonl"
 
 
 def _tokenize(out: Path, *args: str, reverse: bool = False, env: dict | None = None) -> int:
-    """`python -m data_prep.tokenize` of the embedded C4 sample (``reverse``: its documents in reverse order, another
-    corpus) into ``out``; ``args``: its budget. In this process, or with ``env`` in a subprocess; returns its exit
-    status."""
+    """`python -m data_prep.tokenize` of the embedded C4 sample with the byte tokenizer (``reverse``: its documents in
+    reverse order, another corpus) into ``out``; ``args``: its budget. In this process, or with ``env`` in a
+    subprocess; returns its exit status."""
     source = SAMPLE
     if reverse:
         source = out.parent / "reversed.jsonl"
         source.write_text("".join(reversed(SAMPLE.read_text().splitlines(keepends=True))))
-    argv = [str(source), "--tokenizer", "data/20B_tokenizer.json", "--out", str(out), "--workers", "1",
+    argv = [str(source), "--tokenizer", str(BYTE_TOKENIZER), "--out", str(out), "--workers", "1",
             "--no-progress", *args]
     if env is None:
         return tokenize_main(argv)
@@ -77,9 +80,10 @@ def test_data_replaced_between_stop_and_resume_is_refused(tmp_path):
     data = tmp_path / "c4"
     assert _tokenize(data, "--max-tokens", "20000") == 0
     save = tmp_path / "run"
-    train(save, str(data), "train_iters=4", "eval_interval=0", "checkpoint_factor=2", "exit_interval=2", expect=3)
+    train(save, str(data), *BYTES, "train_iters=4", "eval_interval=0", "checkpoint_factor=2", "exit_interval=2",
+          expect=3)
     assert _tokenize(data, "--max-tokens", "20000", reverse=True) == 0
-    out = train(save, str(data), "train_iters=4", "eval_interval=0", "checkpoint_factor=2", expect=2)
+    out = train(save, str(data), *BYTES, "train_iters=4", "eval_interval=0", "checkpoint_factor=2", expect=2)
     assert error_line(out).startswith(
         f"error: the data changed since {save / 'checkpoints' / 'step_00000002'} was written: {data} is not the data "
         f"the checkpoint was trained on ({data}; idx_sha256 differ): restore that data to continue the run exactly, "
