@@ -31,11 +31,23 @@ def one_thread():
 def tokenized_sample(tmp_path_factory) -> str:
     """Prefix of a tokenized slice (20k tokens) of the embedded C4 training sample, shared by the session."""
     from data_prep.tokenize import run
+    from session_cache import built_once
 
-    prefix = tmp_path_factory.mktemp("tokenized_sample") / "c4"
-    run(["data/sample/c4_sample.jsonl", "--tokenizer", "data/20B_tokenizer.json", "--out", str(prefix),
-         "--max-tokens", "20000", "--workers", "1", "--no-progress"])
-    return str(prefix)
+    def tokenize(folder):
+        run(["data/sample/c4_sample.jsonl", "--tokenizer", "data/20B_tokenizer.json", "--out", str(folder / "c4"),
+             "--max-tokens", "20000", "--workers", "1", "--no-progress"])
+        return str(folder / "c4")
+
+    return built_once(tmp_path_factory, "tokenized_sample", tokenize)
+
+
+@pytest.fixture(scope="session")
+def byte_tokenized_sample(tmp_path_factory) -> str:
+    """Prefix of the same slice under the byte tokenizer (trainrun.byte_sample), shared by the session."""
+    from session_cache import built_once
+    from trainrun import byte_sample
+
+    return built_once(tmp_path_factory, "byte_tokenized_sample", byte_sample)
 
 
 # ---------------------------------------------------------------------------------------------------------

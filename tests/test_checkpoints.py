@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainrun import BYTES, STEPS, byte_sample, error_line, losses, status, train, train_env, train_in_process
+from session_cache import built_once
+from trainrun import BYTES, STEPS, error_line, losses, status, train, train_env, train_in_process
 
 from neox_dar.rundir import (
     DEL_PREFIX,
@@ -33,16 +34,18 @@ EVERY_STEP = [*BYTES, "checkpoint_factor=1", "keep_last_n=2", "eval_interval=0"]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> str:
-    return byte_sample(tmp_path_factory.mktemp("bytes"))
+def data(byte_tokenized_sample) -> str:
+    return byte_tokenized_sample
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
     """An uninterrupted run that checkpoints (and prunes) after every step."""
-    save = tmp_path_factory.mktemp("reference")
-    train(save, data, *EVERY_STEP)
-    return save
+    def run(save):
+        train(save, data, *EVERY_STEP)
+        return str(save)
+
+    return Path(built_once(tmp_path_factory, "test_checkpoints-reference", run))
 
 
 def _checkpoint_names(save: Path) -> list[str]:

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from builders import config
+from session_cache import built_once
 from neox_dar.saved_model import save_weights
 from neox_dar.data import IndexedDatasetWriter
 from neox_dar.dimpo import DimPOError, LayerSplit, capture_split, evaluate, layer_qkv, select_documents
@@ -38,16 +39,23 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "dimpo_small.py"
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """(checkpoint dir, dataset prefix) of bench/dimpo_small.py's byte-level model (200 Adam steps, ~10 s)."""
+    """(checkpoint dir, dataset prefix) of bench/dimpo_small.py's byte-level model (200 Adam steps, ~10 s), trained
+    once for the session (test_dimpo_pairs.py uses it too)."""
     spec = importlib.util.spec_from_file_location("dimpo_small", BENCH)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        return bench.train_byte_model(tmp_path_factory.mktemp("dimpo_model"), seq=SEQ)
-    finally:
-        torch.set_num_threads(threads)
+
+    def build(folder):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            ckpt, data = bench.train_byte_model(folder, seq=SEQ)
+            return str(ckpt), data
+        finally:
+            torch.set_num_threads(threads)
+
+    ckpt, data = built_once(tmp_path_factory, "dimpo_model", build)
+    return Path(ckpt), data
 
 
 def splits(prefix, n=(4, 2, 2), seq=SEQ):

@@ -292,10 +292,8 @@ def test_rolling_perplexity_of_an_import_equals_lm_eval(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def byte_data(tmp_path_factory) -> str:
-    from trainrun import byte_sample
-
-    return byte_sample(tmp_path_factory.mktemp("bytes"))
+def byte_data(byte_tokenized_sample) -> str:
+    return byte_tokenized_sample
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gpt_neox"])  # Pythia's: the training tests

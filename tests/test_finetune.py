@@ -10,7 +10,7 @@ import pytest
 import torch
 from builders import ROOT, config, hf_folder
 from safetensors.torch import load_file
-from trainrun import BYTES, byte_sample, losses, rows, train
+from trainrun import BYTES, losses, rows, train
 
 from neox_dar.saved_model import load_model
 from neox_dar.config import ConfigError
@@ -24,10 +24,10 @@ BOTTLENECK = 'trainable_params=["*.dar_down.*","*.dar_up.*"]'
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> str:
+def data(byte_tokenized_sample) -> str:
     """The byte-tokenized sample (trainrun.BYTES): fine-tuning is what is checked, and with a 257-token vocabulary
     the imported model's steps and checkpoints are cheap."""
-    return byte_sample(tmp_path_factory.mktemp("bytes"))
+    return byte_tokenized_sample
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainrun import BYTES, COMMON, ROOT, STEPS, byte_sample, losses, rows, train, train_env, valid_losses
+from session_cache import built_once
+from trainrun import BYTES, COMMON, ROOT, STEPS, losses, rows, train, train_env, valid_losses
 
 from neox_dar.saved_model import load_model
 from neox_dar.rundir import newest_checkpoint, step_dir_name
@@ -33,8 +34,8 @@ def data(tokenized_sample) -> str:
 
 
 @pytest.fixture(scope="module")
-def byte_data(tmp_path_factory) -> str:
-    return byte_sample(tmp_path_factory.mktemp("bytes"))
+def byte_data(byte_tokenized_sample) -> str:
+    return byte_tokenized_sample
 
 
 # the rolling-window perplexity of 3 C4 documents inside training, every 3 steps (an AHA-free model: no stats)
@@ -44,9 +45,12 @@ CORPUS_EVAL = ["eval_perplexity.interval=3", "eval_perplexity.corpora=[c4]", "ev
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
     """1 process, micro 4 x grad-accum 2, ZeRO-0; logging to W&B (offline) and TensorBoard too."""
-    save = tmp_path_factory.mktemp("reference")
-    train(save, data, "zero_optimization.stage=0", "use_wandb=true", f"tensorboard_dir={save / 'tb'}", *CORPUS_EVAL)
-    return save
+    def run(save):
+        train(save, data, "zero_optimization.stage=0", "use_wandb=true", f"tensorboard_dir={save / 'tb'}",
+              *CORPUS_EVAL)
+        return str(save)
+
+    return Path(built_once(tmp_path_factory, "test_train-reference", run))
 
 
 # checkpoints only at the end (checkpoint_factor is past the run), validation at step 4 and after the last step
@@ -56,17 +60,21 @@ UNTIMED = [*BYTES, "checkpoint_factor=1000", "keep_last_n=6", "eval_interval=4"]
 @pytest.fixture(scope="module")
 def untimed(tmp_path_factory, byte_data) -> Path:
     """1 process, ZeRO-1, :data:`UNTIMED`: one checkpoint (step 6) and validation at steps 4 and 6."""
-    save = tmp_path_factory.mktemp("untimed")
-    train(save, byte_data, *UNTIMED)
-    return save
+    def run(save):
+        train(save, byte_data, *UNTIMED)
+        return str(save)
+
+    return Path(built_once(tmp_path_factory, "test_train-untimed", run))
 
 
 @pytest.fixture(scope="module")
 def zero2(tmp_path_factory, data) -> Path:
     """2 processes, micro 4 x grad-accum 1, ZeRO-2."""
-    save = tmp_path_factory.mktemp("zero2")
-    train(save, data, "zero_optimization.stage=2", *CORPUS_EVAL, nproc=2)
-    return save
+    def run(save):
+        train(save, data, "zero_optimization.stage=2", *CORPUS_EVAL, nproc=2)
+        return str(save)
+
+    return Path(built_once(tmp_path_factory, "test_train-zero2", run))
 
 
 def test_run_outputs_and_loss_falls(reference):

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainrun import BYTE_TOKENIZER, BYTES, ROOT, byte_sample, error_line, rows, status, train, train_env
+from trainrun import BYTE_TOKENIZER, BYTES, ROOT, error_line, rows, status, train, train_env
 
 from data_prep.tokenize import main as tokenize_main
 from neox_dar.data.identity import prefix_identity, sha256_file
@@ -24,8 +24,8 @@ SHORT = [*BYTES, "train_iters=2", "eval_interval=0", "checkpoint_factor=2"]
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> str:
-    return byte_sample(tmp_path_factory.mktemp("bytes"))
+def data(byte_tokenized_sample) -> str:
+    return byte_tokenized_sample
 
 
 @pytest.fixture(scope="module")
