@@ -16,7 +16,7 @@ from neox_dar.variants import registry
 from neox_dar.model import build_model
 
 from builders import attention_config
-from trainrun import losses, train
+from trainrun import BYTES, losses, train
 
 VARIANTS = list(registry.variants())
 # Every variant's reference path, and the sdpa paths that differ from it in the code they trace (training on a GPU
@@ -61,12 +61,14 @@ def test_every_variant_compiles_in_one_graph_and_trains_as_eager(variant, impl):
 
 
 @pytest.mark.filterwarnings("ignore:MSWA")
-def test_train_py_torch_compile_trains_mswa_to_the_eager_losses(tmp_path, tokenized_sample):
+def test_train_py_torch_compile_trains_mswa_to_the_eager_losses(tmp_path, byte_tokenized_sample):
     """``torch_compile=true`` (DeepSpeed's engine.compile with the configured backend): the same loss at every
-    logged step as the eager run of the same config, MSWA (per-head windows) on the sdpa path."""
-    common = ("configs/attention/mswa.yml", "train_iters=4", "checkpoint_factor=4", "eval_interval=4")
-    train(tmp_path / "eager", tokenized_sample, *common)
-    train(tmp_path / "compiled", tokenized_sample, *common, "torch_compile=true", "torch_compile_backend=aot_eager")
+    logged step as the eager run of the same config, MSWA (per-head windows) on the sdpa path (on the byte-tokenized
+    sample: what is compiled is the same graph, with a smaller output layer)."""
+    common = ("configs/attention/mswa.yml", *BYTES, "train_iters=4", "checkpoint_factor=4", "eval_interval=4")
+    train(tmp_path / "eager", byte_tokenized_sample, *common)
+    train(tmp_path / "compiled", byte_tokenized_sample, *common, "torch_compile=true",
+          "torch_compile_backend=aot_eager")
     eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert list(eager) == [1, 2, 3, 4] and compiled.keys() == eager.keys()
     assert compiled == pytest.approx(eager, rel=1e-5)
