@@ -900,14 +900,21 @@ def test_bench_flex_baselines_run_forward_and_backward_within_their_compile_budg
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: compile_(fn, **{**kw, "backend": "eager"}))
     monkeypatch.setattr(fa, "create_block_mask", lambda *a, **kw: create(*a, **{**kw, "_compile": False}))
     monkeypatch.setattr(fa, "_validate_device", lambda *a: None)
-    for key in ("recompile_limit", "fail_on_recompile_limit_hit"):
-        monkeypatch.setattr(torch._dynamo.config, key, getattr(torch._dynamo.config, key))
+    dynamo = torch._dynamo.config
+    limits = {"recompile_limit": dynamo.recompile_limit,
+              "fail_on_recompile_limit_hit": dynamo.fail_on_recompile_limit_hit}
     torch._dynamo.reset()
     args = bench.parse_args(["--interpret", "--warmup-ms", "0", "--rep-ms", "0"])
     args.methods = ["sdpa_causal", "reference", "flex"]  # --interpret leaves flex out (inductor: minutes on 2 cores)
     saved = []
     try:
-        report = bench.run_benchmarks(args, torch, None, save=lambda r: saved.append(json.loads(json.dumps(r))))
+        # run_benchmarks sets both limits; dynamo's patch() restores them (monkeypatch cannot: pytest >= 9.2 undoes a
+        # module attribute missing from the module's __dict__ by deleting it, and a deleted dynamo config key is
+        # hidden from every later torch.compile in the process)
+        with dynamo.patch(**limits):
+            report = bench.run_benchmarks(args, torch, None, save=lambda r: saved.append(json.loads(json.dumps(r))))
+            assert dynamo.recompile_limit == bench.FLEX_COMPILES_PER_CASE * len(args.kernels)
+        assert {key: getattr(dynamo, key) for key in limits} == limits
         # flex in a pass of its own, after every other method; the report saved after each (kernel, T)
         assert [(r["kernel"], r["method"]) for r in report["results"]] == [
             *((k, m) for k in args.kernels for m in ("sdpa_causal", "reference")), *((k, "flex") for k in args.kernels)]
@@ -917,7 +924,6 @@ def test_bench_flex_baselines_run_forward_and_backward_within_their_compile_budg
         assert report["complete"] and all(r["fwd_bwd_ms"] > 0 and "error" not in r for r in report["results"])
         flex = [r["rel_err_vs_reference"] for r in report["results"] if r["method"] == "flex"]
         assert all(isinstance(e, float) and e < 1e-5 for e in flex), flex
-        assert torch._dynamo.config.recompile_limit == bench.FLEX_COMPILES_PER_CASE * len(args.kernels)
     finally:
         torch._dynamo.reset()
 
