@@ -27,8 +27,10 @@ file that changed since.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
+import importlib.util
 import json
 import zlib
 from collections.abc import Iterator
@@ -116,11 +118,25 @@ def wikitext_pages(raw: str) -> list[str]:
     return pages
 
 
-def wikitext_document(doc_id: str, page: str) -> Document:
-    """A WikiText page scored as lm-eval scores it: the detokenized page, counted on the original page."""
+@functools.cache
+def _wikitext_detokenizer():
+    """lm-eval's ``wikitext_detokenizer``, read from its module file alone: importing it by name runs
+    ``lm_eval.tasks``' package code (its TaskManager, ~1.5 s) first. Falls back to the import by name."""
+    spec = importlib.util.find_spec("lm_eval")
+    path = Path(spec.origin).parent / "tasks" / "wikitext" / "preprocess_wikitext.py" if spec and spec.origin else None
+    if path is not None and path.is_file():
+        module_spec = importlib.util.spec_from_file_location("_neox_dar_preprocess_wikitext", path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module.wikitext_detokenizer
     from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer
 
-    return Document(doc_id, wikitext_detokenizer({"page": page}), page)
+    return wikitext_detokenizer
+
+
+def wikitext_document(doc_id: str, page: str) -> Document:
+    """A WikiText page scored as lm-eval scores it: the detokenized page, counted on the original page."""
+    return Document(doc_id, _wikitext_detokenizer()({"page": page}), page)
 
 
 def _load_wikitext_file(path: Path) -> Iterator[Document]:
