@@ -74,6 +74,32 @@ def check_weight_shapes(weights: Path, model: torch.nn.Module) -> None:
                                   f"{expected[name]} (the config no longer matches the weights)")
 
 
+_INITS = frozenset(getattr(torch.nn.init, n) for n in ("normal_", "uniform_", "trunc_normal_", "ones_", "zeros_",
+                                                        "constant_", "xavier_uniform_", "xavier_normal_",
+                                                        "kaiming_uniform_", "kaiming_normal_", "orthogonal_"))
+_INITS |= frozenset(getattr(torch.Tensor, n) for n in ("normal_", "uniform_", "fill_", "zero_"))
+
+
+class _NoInitOnMeta(torch.overrides.TorchFunctionMode):
+    """Skips the initialisers on meta tensors (they hold no values): meta ``normal_`` and ``uniform_`` run through
+    ``torch._refs``, whose first call imports ``torch._dynamo`` (~2 s per process)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INITS:  # torch.nn.init passes its tensor by keyword
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+def build_meta_model(cfg: ModelConfig) -> CausalLM:
+    """``build_model(cfg)`` on the meta device, without running its initialisers: shapes and parameter counts only
+    (load real tensors with ``model.load_weights(state, assign=True)``)."""
+    with torch.device("meta"), _NoInitOnMeta():
+        return build_model(cfg)
+
+
 def load_model(path: str | Path, map_location: str | torch.device = "cpu",
                attention_impl: str | None = None) -> tuple[CausalLM, ModelConfig]:
     """Load ``(model, model config)`` from a verified checkpoint written by training or by :func:`save_weights`;
@@ -83,8 +109,7 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu",
         cfg = read_model_config(step_dir)
         if attention_impl is not None:
             cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
-        with torch.device("meta"):
-            model = build_model(cfg)
+        model = build_meta_model(cfg)
         check_weight_shapes(step_dir / WEIGHTS, model)
         state = load_file(str(step_dir / WEIGHTS), device=str(map_location))
     model.load_weights(state, assign=True)

@@ -123,16 +123,15 @@ def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:
 
 def relative_cost(run: RunRecord, cache: dict) -> float:
     """Attention FLOPs per token (``model.flops_per_token``) at ``seq_length``, as a fraction of vanilla's."""
-    import torch
-
-    from ..model import build_model, flops_per_token
+    from ..model import flops_per_token
+    from ..saved_model import build_meta_model
 
     def attention_flops(cfg: Config) -> float:
         k = cfg.to_yaml()
         if k not in cache:
-            with warnings.catch_warnings(), torch.device("meta"):
+            with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                model = build_model(cfg.model)
+                model = build_meta_model(cfg.model)
             cache[k] = flops_per_token(model, cfg.model.seq_length)["attention"]
         return cache[k]
 

@@ -45,12 +45,10 @@ def gpu_dtype(cfg: Config) -> str:
 
 def parameter_count(cfg: Config) -> int:
     """The model's parameters (:func:`neox_dar.model.count_parameters`, the model built on the meta device)."""
-    import torch
+    from ..model import count_parameters
+    from ..saved_model import build_meta_model
 
-    from ..model import build_model, count_parameters
-
-    with torch.device("meta"):
-        return count_parameters(build_model(cfg.model))["total"]
+    return count_parameters(build_meta_model(cfg.model))["total"]
 
 
 def _optimizer_bytes(dtype: str, stage: int) -> int:
