@@ -136,14 +136,15 @@ def on_every(group: EvalGroup, fn: Callable[[], T]) -> T:
     return _agreed(group, fn, True)
 
 
-def main(argv: list[str] | None = None, group: EvalGroup | None = None) -> int:
+def main(argv: list[str] | None = None, group: EvalGroup | None = None, load=None) -> int:
     """The command; ``group``: the ranks of a caller that has started them (default: :func:`.parallel.start_group`,
-    closed at the end)."""
+    closed at the end); ``load``: a caller's :func:`load_checkpoint` (one that keeps what it loaded for its own
+    use after this)."""
     args = build_parser().parse_args(argv)
     own = group is None
     group = group or start_group(args.device)
     try:
-        return _evaluate(args, group)
+        return _evaluate(args, group, load or load_checkpoint)
     except AgreedError as e:
         if group.is_main:
             print(f"error: {e}", file=sys.stderr)
@@ -179,10 +180,10 @@ def _documents(args: argparse.Namespace) -> tuple[list[str], dict[str, list[Docu
     return names, *load_corpora(*corpus_args, manifest)
 
 
-def _evaluate(args: argparse.Namespace, group: EvalGroup) -> int:
+def _evaluate(args: argparse.Namespace, group: EvalGroup, load) -> int:
     device = group.device(args.device)
     names, docs, entries = on_main(group, lambda: _documents(args))  # rank 0 reads them (and pins a sweep's)
-    loaded, tokenizer, prefix = load_checkpoint(args, group, device)
+    loaded, tokenizer, prefix = load(args, group, device)
     max_length = args.max_length or loaded.cfg.seq_length
     if max_length > loaded.cfg.max_position_embeddings:
         raise AgreedError(f"--max-length {max_length} exceeds max_position_embeddings "

@@ -67,8 +67,8 @@ def read_documents(path: str | Path) -> list[Document]:
     return docs
 
 
-def score_extra(run_dir: Path, corpora: dict[str, str], options: list[str], group: EvalGroup | None = None
-                ) -> list[str]:
+def score_extra(run_dir: Path, corpora: dict[str, str], options: list[str], group: EvalGroup | None = None,
+                load=load_checkpoint) -> list[str]:
     """Score the ``corpora`` that ``{run}/eval/perplexity.json`` lacks, on the checkpoint it scored, with its windows
     and the batch size, dtype, device and attention path of the eval.perplexity ``options``; add each to the file
     (atomically, rank 0). With a ``group`` of several ranks each scores its share. Returns the names scored."""
@@ -80,7 +80,7 @@ def score_extra(run_dir: Path, corpora: dict[str, str], options: list[str], grou
         return []
     args = build_parser().parse_args([str(run_dir), *options])
     device = group.device(args.device)
-    loaded, tokenizer, prefix = load_checkpoint(args, group, device)
+    loaded, tokenizer, prefix = load(args, group, device)
     if loaded.info["step"] != results.get("step"):
         raise AgreedError(f"{path} scored step {results.get('step')}, but the run's newest checkpoint is step "
                           f"{loaded.info['step']}")
@@ -100,17 +100,24 @@ def score_extra(run_dir: Path, corpora: dict[str, str], options: list[str], grou
 
 
 def evaluate(run_dir: Path, options: list[str], extra: dict[str, str], group: EvalGroup | None = None) -> int:
-    """eval.perplexity when the run's evaluation is missing or stale, then the extra corpora; the exit code. With
-    a ``group`` of several ranks, every rank takes part and rank 0 writes."""
+    """eval.perplexity when the run's evaluation is missing or stale, then the extra corpora (on the checkpoint it
+    loaded: read once); the exit code. With a ``group`` of several ranks, every rank takes part and rank 0 writes."""
     group = group or EvalGroup()
     out = Path(run_dir) / EVAL_DIR / FINAL_EVAL
+    loaded = []
+
+    def load(args, group, device):  # the checkpoint is read once for both
+        if not loaded:
+            loaded.append(load_checkpoint(args, group, device))
+        return loaded[0]
+
     if on_main(group, lambda: needs_eval(run_dir)):
-        rc = perplexity_main([str(run_dir), *options, "--out", str(out)], group)
+        rc = perplexity_main([str(run_dir), *options, "--out", str(out)], group, load)
         rc = max(group.all_gather(rc))  # the ranks go on together (rank 0 alone writes, and may fail to)
         if rc != 0:
             return rc
     if extra:
-        score_extra(Path(run_dir), extra, options, group)
+        score_extra(Path(run_dir), extra, options, group, load)
     return 0
 
 
