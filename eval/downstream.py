@@ -228,7 +228,7 @@ def run_task(lm, specs: list[SuiteTask], task_manager, limit: int | None, min_co
     return rows
 
 
-def _found(index: dict, name: str, seen: frozenset = frozenset()) -> bool:
+def task_found(index: dict, name: str, seen: frozenset = frozenset()) -> bool:
     """Whether ``name`` is in a TaskManager's ``index`` with every task it names: a group's listed tasks
     (recursively; inline task configs count as found)."""
     entry = index.get(name)
@@ -237,7 +237,7 @@ def _found(index: dict, name: str, seen: frozenset = frozenset()) -> bool:
     members = (entry.cfg or {}).get("task") if getattr(entry.kind, "name", "") == "GROUP" else None
     if not isinstance(members, list):
         return True
-    return all(not isinstance(m, str) or (m not in seen and _found(index, m, seen | {name})) for m in members)
+    return all(not isinstance(m, str) or (m not in seen and task_found(index, m, seen | {name})) for m in members)
 
 
 def task_manager(tasks: list[str], include_path: str | None, metadata: dict | None = None):
@@ -248,7 +248,7 @@ def task_manager(tasks: list[str], include_path: str | None, metadata: dict | No
 
     if include_path:
         local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
-        if all(_found(local.task_index, t) for t in tasks):
+        if all(task_found(local.task_index, t) for t in tasks):
             return local
     return TaskManager(include_path=include_path, metadata=metadata)
 
