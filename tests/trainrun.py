@@ -60,8 +60,17 @@ def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int | 
     out = subprocess.run(train_command(save, data, *overrides, nproc=nproc), cwd=ROOT, env=env or train_env(),
                          capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
     if expect is not None:
-        assert out.returncode == expect, f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+        assert out.returncode == expect, f"exit {out.returncode}\n{_causes(out.stderr)}{out.stdout[-3000:]}\n" \
+                                         f"{out.stderr[-5000:]}"
     return out
+
+
+def _causes(stderr: str) -> str:
+    """The lines of a failed run's whole stderr that say why a process died (a C++ abort's message, a Python error),
+    which torchrun's own report after them can push out of the tail."""
+    keys = ("terminate called", "what():", "Error", "error:", "Aborted", "Signal ")
+    lines = [line for line in stderr.splitlines() if any(k in line for k in keys)]
+    return "".join(f"cause? {line}\n" for line in lines[:40])
 
 
 def train_in_process(save: Path, data: str, *overrides: str) -> subprocess.CompletedProcess:
