@@ -62,6 +62,8 @@ import yaml
 
 from neox_dar.dimpo.tasks import PAPER_TASKS, TASK_TITLES
 
+from .local_tasks import task_manager
+
 
 @dataclass(frozen=True)
 class SuiteTask:
@@ -228,38 +230,13 @@ def run_task(lm, specs: list[SuiteTask], task_manager, limit: int | None, min_co
     return rows
 
 
-def task_found(index: dict, name: str, seen: frozenset = frozenset()) -> bool:
-    """Whether ``name`` is in a TaskManager's ``index`` with every task it names: a group's listed tasks
-    (recursively; inline task configs count as found)."""
-    entry = index.get(name)
-    if entry is None:
-        return False
-    members = (entry.cfg or {}).get("task") if getattr(entry.kind, "name", "") == "GROUP" else None
-    if not isinstance(members, list):
-        return True
-    return all(not isinstance(m, str) or (m not in seen and task_found(index, m, seen | {name})) for m in members)
-
-
-def task_manager(tasks: list[str], include_path: str | None, metadata: dict | None = None):
-    """lm-eval's TaskManager for ``tasks``: over ``include_path`` alone when every task (and every task a group of
-    them lists) is found there, else over include_path and lm-eval's built-in tasks. Indexing the ~14,000
-    built-in task YAML files takes ~10 s per TaskManager; a suite of local tasks does not need them."""
-    from lm_eval.tasks import TaskManager
-
-    if include_path:
-        local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
-        if all(task_found(local.task_index, t) for t in tasks):
-            return local
-    return TaskManager(include_path=include_path, metadata=metadata)
-
-
 def run_suite(checkpoint: str, suite_name: str, suites: dict[str, Suite], *, limit: int | None = None,
               min_context: int | None = None, include_path: str | None = None, batch_size: int | str = 8,
               device: str | None = None, dtype: str = "float32", allow_code: bool = False,
               max_length: int | None = None) -> dict:
     """Every task of ``suite_name`` on ``checkpoint``: the result dict written by ``run``. When ``include_path``
     holds every task of the suite (and every task a group of them lists), lm-eval's built-in tasks are not indexed
-    (:func:`task_manager`: ~10 s less start-up); otherwise the include_path tasks are added to them."""
+    (:func:`.local_tasks.task_manager`: ~10 s less start-up); otherwise the include_path tasks are added to them."""
     from lm_eval import __version__ as lm_eval_version
 
     from .lm_eval_model import NeoxDarLM

@@ -11,7 +11,7 @@ From Python, ``import eval.lm_eval_model`` before ``lm_eval.simple_evaluate(mode
 
 When every ``--tasks`` name is found in ``--include_path`` (and every task a group of them lists), lm-eval's task
 manager indexes that folder alone, not lm-eval's ~14,000 built-in task YAML files as well (~10 s per run; the
-rule of :func:`eval.downstream.task_manager`); a ``--config`` file, a task path or any other task keeps lm-eval's
+rule of :func:`eval.local_tasks.task_manager`); a ``--config`` file, a task path or any other task keeps lm-eval's
 own index.
 """
 
@@ -35,7 +35,7 @@ def local_tasks_only(argv: list[str]) -> bool:
         return False
     from lm_eval.tasks import TaskManager
 
-    from .downstream import task_found
+    from .local_tasks import task_found
 
     index = TaskManager(include_path=args.include_path, include_defaults=False).task_index
     names = [t.strip() for item in args.tasks for t in item.split(",") if t.strip()]
