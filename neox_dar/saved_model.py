@@ -93,10 +93,16 @@ class _NoInitOnMeta(torch.overrides.TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def no_init_on_meta() -> torch.overrides.TorchFunctionMode:
+    """A context in which initialisers leave meta tensors alone (around code that builds a model under
+    ``torch.device("meta")``)."""
+    return _NoInitOnMeta()
+
+
 def build_meta_model(cfg: ModelConfig) -> CausalLM:
     """``build_model(cfg)`` on the meta device, without running its initialisers: shapes and parameter counts only
     (load real tensors with ``model.load_weights(state, assign=True)``)."""
-    with torch.device("meta"), _NoInitOnMeta():
+    with torch.device("meta"), no_init_on_meta():
         return build_model(cfg)
 
 

@@ -142,7 +142,8 @@ def kv_bytes_per_token(run: RunRecord) -> float:
     """Inference KV-cache bytes per token in bf16 at a context of ``seq_length``, summed over the layers
     (:func:`neox_dar.describe.kv_cache_numbers_per_token`, what ``python -m neox_dar.describe`` prints)."""
     from ..describe import DTYPE_BYTES, kv_cache_numbers_per_token
+    from ..saved_model import no_init_on_meta
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), no_init_on_meta():  # it builds the model on the meta device
         warnings.simplefilter("ignore")
         return sum(kv_cache_numbers_per_token(run.cfg, run.cfg.model.seq_length)) * DTYPE_BYTES["bf16"]

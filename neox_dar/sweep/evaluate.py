@@ -23,26 +23,12 @@ from pathlib import Path
 
 from ..evaluation.cli import AgreedError, build_parser, load_checkpoint, on_main
 from ..evaluation.cli import main as perplexity_main
-from ..evaluation.corpora import ALL_CORPORA, CorpusError, Document, corpus_manifest
+from ..evaluation.corpora import CorpusError, Document, corpus_manifest
 from ..evaluation.parallel import EvalGroup, start_group
 from ..evaluation.perplexity import score_corpus
 from ..rundir import EVAL_DIR, FINAL_EVAL, read_json, write_text_atomic
+from .extra import parse_extra
 from .rundir import needs_eval
-
-
-def parse_extra(items: list[str] | dict) -> dict[str, str]:
-    """``{NAME: PATH}`` from ``NAME=PATH`` strings (or a mapping); a name of a built-in corpus, or one that is not
-    a word, is a ValueError."""
-    pairs = items.items() if isinstance(items, dict) else (str(i).partition("=")[::2] for i in items)
-    out = {}
-    for name, path in pairs:
-        name = str(name)
-        if not name.isidentifier() or not path:
-            raise ValueError(f"an extra corpus is NAME=PATH with NAME a word, got {name!r}={path!r}")
-        if name in ALL_CORPORA:
-            raise ValueError(f"extra corpus name '{name}' is a built-in corpus: list it in the eval corpora instead")
-        out[name] = str(path)
-    return out
 
 
 def read_documents(path: str | Path) -> list[Document]:

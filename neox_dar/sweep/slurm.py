@@ -185,7 +185,7 @@ def eval_args(ev: dict | None) -> list[str]:
 
 def extra_corpora(ev: dict | None) -> dict[str, str]:
     """The sweep's extra evaluation corpora, ``{NAME: PATH}`` (SweepError for a bad one)."""
-    from .evaluate import parse_extra
+    from .extra import parse_extra
 
     extra = (ev or {}).get("extra") or {}
     if not isinstance(extra, dict):
