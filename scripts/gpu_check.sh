@@ -137,6 +137,9 @@ WORK=${TMPDIR:-/tmp}/neox_dar_gpu_check
 
 # ------------------------------------------------------------------------------------------------ sizes
 # What differs between the GPU run and the rehearsal: sizes and the device, nothing else.
+ATTENTION_METHODS=""  # --full: every method
+# --quick: the targets' methods only (the reference checks every output untimed; flex for MSWA, its one target)
+[ "$MODE" = quick ] && ATTENTION_METHODS="--methods triton sdpa_causal flex --flex-kernels mswa"
 if [ "$REHEARSE" = 0 ]; then
   XDIST="-n 8"                    # 16 cores: compile kernel specializations in parallel processes
   KERNEL_TESTS="not long_sequence"
@@ -149,8 +152,7 @@ if [ "$REHEARSE" = 0 ]; then
   DECODE_SIZE="--preset pythia-160m"  # the 160M shape: contexts 8k and 32k, batch 16, 20 timed steps after 3
   DECODE_STEPS=""
   if [ "$MODE" = quick ]; then
-    # the targets' methods only (the reference checks every output untimed; flex for MSWA, its one target)
-    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100 --methods triton sdpa_causal flex --flex-kernels mswa"
+    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100 $ATTENTION_METHODS"
     THROUGHPUT_STEPS="--steps 4 --warmup 2"
   else
     ATTENTION_SIZE="" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
@@ -164,7 +166,8 @@ else
   MODEL_SIZE="num_layers=2 hidden_size=64 num_attention_heads=4 seq_length=32 train_micro_batch_size_per_gpu=$MICRO"
   SMOKE_SIZE="seq_length=64 train_batch_size=4 train_micro_batch_size_per_gpu=4" SMOKE_ITERS=12 SMOKE_LOG=2
   DECODE_SIZE="--contexts 64 --batches 1"
-  ATTENTION_SIZE="--interpret --warmup-ms 0 --rep-ms 0" THROUGHPUT_STEPS="--steps 1 --warmup 0"
+  # (--interpret leaves flex out: inductor's CPU build takes minutes)
+  ATTENTION_SIZE="--interpret --warmup-ms 0 --rep-ms 0 $ATTENTION_METHODS" THROUGHPUT_STEPS="--steps 1 --warmup 0"
   DECODE_STEPS="--steps 1 --warmup 0"
   SAMPLE=$WORK/gpu_sample         # made by the install step, from the same C4 sample as gpu_wheels.sh
   LOG_DIR=${OUT:-runs/gpu_check_rehearse}
@@ -329,7 +332,9 @@ do_identities() { eval "$(step_commands identities)"; }
 do_bench_attention() { eval "$(step_commands bench-attention)"; }
 
 merge_throughput() {  # merge_throughput [--table]: the runs so far into train_throughput.json (--table: and print them)
-  "$PY" - "$WORK/throughput" "$LOG_DIR/train_throughput.json" "$(throughput_runs | wc -l)" "$@" <<'EOF'
+  "$PY" -c "$MERGE_THROUGHPUT" "$WORK/throughput" "$LOG_DIR/train_throughput.json" "$(throughput_runs | wc -l)" "$@"
+}
+IFS= read -r -d '' MERGE_THROUGHPUT <<'EOF'
 import json, sys
 from pathlib import Path
 runs = [json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("*.json"))]
@@ -346,17 +351,68 @@ for r in runs:
           f"{str(c.get('torch_compile', '')):7s} {e['tokens_per_sec']:12,.0f} {e['tflops_per_device']:8.1f} {mfu:>6s}")
 sys.exit(len(runs) != int(sys.argv[3]))
 EOF
+
+run_forked() {  # run_forked PRELOAD CMD...: python command lines ("$PY SCRIPT ARGS"), each in a child forked from
+  # one process that imported PRELOAD (comma-separated modules) and SCRIPT's own imports first; "--- NAME" before
+  # each, merge_throughput after (the rehearsal: on the CPU a torch + DeepSpeed + dynamo start is ~5 s a run; on
+  # the GPU each command runs as a process of its own)
+  REHEARSE_MERGE="$WORK/throughput $LOG_DIR/train_throughput.json $(throughput_runs | wc -l)" \
+    MERGE_THROUGHPUT=$MERGE_THROUGHPUT "$PY" -c "$RUN_FORKED" "$@"
 }
+IFS= read -r -d '' RUN_FORKED <<'EOF'
+import importlib, os, runpy, shlex, subprocess, sys, traceback
+
+preload, cmds = sys.argv[1].split(","), sys.argv[2:]
+sys.path.insert(0, os.getcwd())
+for name in preload:  # no thread starts here: each child gets the imported modules, nothing else, by fork
+    importlib.import_module(name)
+for script in {shlex.split(c)[1] for c in cmds}:
+    runpy.run_path(script, run_name="__preload__")  # the script's module-level imports (its main() does not run)
+failed = 0
+for cmd in cmds:
+    print(f"--- {cmd.rsplit('/', 1)[-1]}", flush=True)
+    argv = shlex.split(cmd)[1:]  # [SCRIPT, ARGS...]
+    pid = os.fork()
+    if pid == 0:  # the child: runs the script as `python SCRIPT ARGS` would
+        code = 1
+        try:
+            sys.argv = argv
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if rc != 0:
+        failed = 1
+        print(f"FAILED: {cmd.rsplit('/', 1)[-1]}", flush=True)
+    subprocess.run([sys.executable, "-c", os.environ["MERGE_THROUGHPUT"], *os.environ["REHEARSE_MERGE"].split()])
+sys.exit(failed)
+EOF
 
 do_train_throughput() {
   rm -rf "$WORK/throughput" "$LOG_DIR/train_throughput.json"
   mkdir -p "$WORK/throughput"
-  local failed=0 cmd
-  while read -r cmd; do
-    echo "--- ${cmd##*/}"
-    eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
-    merge_throughput  # after each run: a step stopped by its time limit keeps the runs it finished
-  done < <(step_commands train-throughput)
+  local failed=0 cmd cmds
+  if [ "$REHEARSE" = 1 ]; then  # the same command lines, each in a fork of one process (run_forked)
+    mapfile -t cmds < <(step_commands train-throughput)
+    run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches "${cmds[@]}" \
+      || failed=1
+  else
+    while read -r cmd; do
+      echo "--- ${cmd##*/}"
+      eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
+      merge_throughput  # after each run: a step stopped by its time limit keeps the runs it finished
+    done < <(step_commands train-throughput)
+  fi
   merge_throughput --table || failed=1
   return $failed
 }
