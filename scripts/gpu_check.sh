@@ -55,10 +55,11 @@
 #                     kernels train in the throughput step)
 #   decode            bench/decode.py in bfloat16, the Pythia-160M shape (--quick: contexts 8k and 32k, batch 16)
 # --rehearse sizes: kernel tests one grouped-query case per kernel (fla's is CUDA only, skipped); identities at
-# T = 64 in fp16; bench/attention.py --interpret (B=1, H=4, d_h=16, T=32, w=8, fp32); throughput and smoke fp32, 2
-# layers x 64 wide at T = 32 (without the torch_compile runs: inductor's C++ build of CPU graphs takes minutes on two
-# cores; tests/test_compile.py trains torch_compile=true on the CPU) and 14M at T = 64 for 12 steps (stopped at 6);
-# decode at context 64, batch 1.
+# T = 32 (two 16-row tiles, w = 8) in fp16; bench/attention.py --interpret (B=1, H=4, d_h=16, T=32, w=8, fp32; the
+# --quick methods); throughput and smoke fp32, 2 layers x 64 wide at T = 32 (without the torch_compile runs:
+# inductor's C++ build of CPU graphs takes minutes on two cores; tests/test_compile.py trains torch_compile=true on
+# the CPU; the five command lines run in forks of one process that imported torch, dynamo and DeepSpeed once) and
+# 14M at T = 64 for 12 steps (stopped at 6); decode at context 64, batch 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -160,7 +161,7 @@ if [ "$REHEARSE" = 0 ]; then
 else
   XDIST="-n 0"                    # a few tests on 2 cores: no worker processes
   KERNEL_TESTS="not long_sequence and (grouped_query and 37 or fla_kernel)"  # one GQA case per kernel (the smallest)
-  LONG_T=64
+  LONG_T=32
   PRECISION=fp32                  # the interpreter refuses bf16
   MICRO=1
   MODEL_SIZE="num_layers=2 hidden_size=64 num_attention_heads=4 seq_length=32 train_micro_batch_size_per_gpu=$MICRO"
@@ -353,25 +354,27 @@ sys.exit(len(runs) != int(sys.argv[3]))
 EOF
 
 run_forked() {  # run_forked PRELOAD CMD...: python command lines ("$PY SCRIPT ARGS"), each in a child forked from
-  # one process that imported PRELOAD (comma-separated modules) and SCRIPT's own imports first; "--- NAME" before
-  # each, merge_throughput after (the rehearsal: on the CPU a torch + DeepSpeed + dynamo start is ~5 s a run; on
-  # the GPU each command runs as a process of its own)
-  REHEARSE_MERGE="$WORK/throughput $LOG_DIR/train_throughput.json $(throughput_runs | wc -l)" \
+  # one process that imported PRELOAD (comma-separated modules) and SCRIPT's own imports first, "--- NAME" before
+  # each; the rehearsal's (on the CPU a torch + DeepSpeed + dynamo start is ~5 s a run; on the GPU each command runs
+  # as a process of its own). FORKED_MERGE=1: merge_throughput after each. Exit status 1 when a run's is not 0.
+  MERGE_ARGS="$WORK/throughput $LOG_DIR/train_throughput.json $(throughput_runs | wc -l)" \
     MERGE_THROUGHPUT=$MERGE_THROUGHPUT "$PY" -c "$RUN_FORKED" "$@"
 }
 IFS= read -r -d '' RUN_FORKED <<'EOF'
-import importlib, os, runpy, shlex, subprocess, sys, traceback
+import gc, importlib, os, runpy, shlex, subprocess, sys, traceback
 
 preload, cmds = sys.argv[1].split(","), sys.argv[2:]
 sys.path.insert(0, os.getcwd())
-for name in preload:  # no thread starts here: each child gets the imported modules, nothing else, by fork
+for name in preload:  # imported once, here: each child has them by fork
     importlib.import_module(name)
 for script in {shlex.split(c)[1] for c in cmds}:
     runpy.run_path(script, run_name="__preload__")  # the script's module-level imports (its main() does not run)
-failed = 0
+gc.freeze()  # the imported objects stay out of the children's collections (no copy-on-write of their pages)
+rcs = []
 for cmd in cmds:
-    print(f"--- {cmd.rsplit('/', 1)[-1]}", flush=True)
     argv = shlex.split(cmd)[1:]  # [SCRIPT, ARGS...]
+    name = os.path.basename(argv[argv.index("--out") + 1] if "--out" in argv else argv[0])
+    print(f"--- {name}", flush=True)
     pid = os.fork()
     if pid == 0:  # the child: runs the script as `python SCRIPT ARGS` would
         code = 1
@@ -390,12 +393,12 @@ for cmd in cmds:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    rc = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
-    if rc != 0:
-        failed = 1
-        print(f"FAILED: {cmd.rsplit('/', 1)[-1]}", flush=True)
-    subprocess.run([sys.executable, "-c", os.environ["MERGE_THROUGHPUT"], *os.environ["REHEARSE_MERGE"].split()])
-sys.exit(failed)
+    rcs.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    if rcs[-1] != 0:
+        print(f"FAILED: {name} (exit {rcs[-1]})", flush=True)
+    if os.environ.get("FORKED_MERGE") == "1":
+        subprocess.run([sys.executable, "-c", os.environ["MERGE_THROUGHPUT"], *os.environ["MERGE_ARGS"].split()])
+sys.exit(int(any(rcs)))
 EOF
 
 do_train_throughput() {
@@ -404,8 +407,8 @@ do_train_throughput() {
   local failed=0 cmd cmds
   if [ "$REHEARSE" = 1 ]; then  # the same command lines, each in a fork of one process (run_forked)
     mapfile -t cmds < <(step_commands train-throughput)
-    run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches "${cmds[@]}" \
-      || failed=1
+    FORKED_MERGE=1 run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches \
+      "${cmds[@]}" || failed=1
   else
     while read -r cmd; do
       echo "--- ${cmd##*/}"

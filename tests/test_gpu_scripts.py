@@ -108,7 +108,7 @@ def test_rehearsal_plan_is_the_gpu_plan_at_toy_sizes():
     for step in list(gpu)[1:]:
         assert [files.findall(c) for c in rehearsal[step]] == [files.findall(c) for c in gpu[step]], step
     assert "--interpret" in rehearsal["bench-attention"][0] and "precision=fp32" in rehearsal["train-smoke"][0]
-    assert "KERNEL_TESTS_LONG_T=64 " in rehearsal["identities"][0]
+    assert "KERNEL_TESTS_LONG_T=32 " in rehearsal["identities"][0]
     assert "KERNEL_TESTS_LONG_T=8192 " in gpu["identities"][0]
 
 
