@@ -175,7 +175,11 @@ def test_a_copy_without_git_goes_past_a_failure_and_a_time_limit_and_records_its
                          env={**os.environ, "OUT": str(tmp_path / "out"), "GPU_WHEELS": str(tmp_path / "no_wheels"),
                               "TMPDIR": str(tmp_path), "NEOX_DAR_GIT_COMMIT": "cafe1234",
                               "GPU_CHECK_LIMIT_kernel_tests": "2",
-                              "GPU_CHECK_DECODE_ARGS": "--contexts 64 --batches 1 --steps 1 --warmup 0 --dtype float32"})
+                              # the preset's six variants on a 2-layer, 64-wide model of its config (the 160M
+                              # shape takes ~13 s to build six times on the CPU)
+                              "GPU_CHECK_DECODE_ARGS": "--contexts 64 --batches 1 --steps 1 --warmup 0 --dtype float32 "
+                                                       "configs/pythia-160m.yml window_size=16 num_layers=2 "
+                                                       "hidden_size=64 num_attention_heads=4"})
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-2000:]
     rows = summary_rows(tmp_path / "out" / "summary.md")
     assert rows == {"install": "FAILED (1)", "kernel-tests": "TIMEOUT", "decode": "ok"}, rows
