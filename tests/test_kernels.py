@@ -760,7 +760,7 @@ def test_cpu_tensor_without_interpreter_is_a_clear_error():
 # EXACT_BACKEND, same rounded inputs) is at most twice SDPA's own error in the input dtype (flash when causal; with a
 # mask the GPU's flash takes none, so memory-efficient) plus 1e-3; an input the reference does not read gets no
 # gradient. KERNEL_TESTS_LONG_T=<T> sets T (w = min(128, T / 4)); under the interpreter (where only that runs them:
-# `scripts/gpu_check.sh --rehearse` sets 64) the inputs are float16 (the interpreter refuses bf16), the exact
+# `scripts/gpu_check.sh --rehearse` sets 32) the inputs are float16 (the interpreter refuses bf16), the exact
 # reference is SDPA's math backend and the yardstick its CPU flash kernel, which takes masks.
 LONG_T = int(os.environ.get("KERNEL_TESTS_LONG_T", "8192"))
 LONG = dict(B=2 if ON_GPU else 1, H=4, T=LONG_T, D=64, w=min(128, LONG_T // 4))
@@ -830,7 +830,7 @@ LONG_CHECKS = {
 
 @tuned
 @pytest.mark.skipif(not ON_GPU and "KERNEL_TESTS_LONG_T" not in os.environ,
-                    reason="bf16 at T=8192 with the tuned tiles: GPU only (KERNEL_TESTS_LONG_T=64: interpreter, fp16)")
+                    reason="bf16 at T=8192 with the tuned tiles: GPU only (KERNEL_TESTS_LONG_T=32: interpreter, fp16)")
 @pytest.mark.parametrize("check", list(LONG_CHECKS))
 def test_long_sequence_matches_sdpa(check):
     h_kv, kernel, key_sets, mask_of = LONG_CHECKS[check]
