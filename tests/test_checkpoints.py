@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from session_cache import built_once
-from trainrun import BYTES, STEPS, error_line, losses, status, train, train_env, train_in_process
+from trainrun import BYTES, STEPS, error_line, losses, status, train, train_env, train_in_process, trained_once
 
 from neox_dar.rundir import (
     DEL_PREFIX,
@@ -41,11 +40,7 @@ def data(byte_tokenized_sample) -> str:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
     """An uninterrupted run that checkpoints (and prunes) after every step."""
-    def run(save):
-        train(save, data, *EVERY_STEP)
-        return str(save)
-
-    return Path(built_once(tmp_path_factory, "test_checkpoints-reference", run))
+    return trained_once(tmp_path_factory, "test_checkpoints-reference", data, *EVERY_STEP)
 
 
 def _checkpoint_names(save: Path) -> list[str]:

@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from session_cache import built_once
-from trainrun import BYTES, COMMON, ROOT, STEPS, losses, rows, train, train_env, valid_losses
+from trainrun import BYTES, COMMON, ROOT, STEPS, losses, rows, train, train_env, trained_once, valid_losses
 
 from neox_dar.saved_model import load_model
 from neox_dar.rundir import newest_checkpoint, step_dir_name
@@ -45,12 +44,8 @@ CORPUS_EVAL = ["eval_perplexity.interval=3", "eval_perplexity.corpora=[c4]", "ev
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
     """1 process, micro 4 x grad-accum 2, ZeRO-0; logging to W&B (offline) and TensorBoard too."""
-    def run(save):
-        train(save, data, "zero_optimization.stage=0", "use_wandb=true", f"tensorboard_dir={save / 'tb'}",
-              *CORPUS_EVAL)
-        return str(save)
-
-    return Path(built_once(tmp_path_factory, "test_train-reference", run))
+    return trained_once(tmp_path_factory, "test_train-reference", data, "zero_optimization.stage=0", "use_wandb=true",
+                        "tensorboard_dir={save}/tb", *CORPUS_EVAL)
 
 
 # checkpoints only at the end (checkpoint_factor is past the run), validation at step 4 and after the last step
@@ -60,21 +55,13 @@ UNTIMED = [*BYTES, "checkpoint_factor=1000", "keep_last_n=6", "eval_interval=4"]
 @pytest.fixture(scope="module")
 def untimed(tmp_path_factory, byte_data) -> Path:
     """1 process, ZeRO-1, :data:`UNTIMED`: one checkpoint (step 6) and validation at steps 4 and 6."""
-    def run(save):
-        train(save, byte_data, *UNTIMED)
-        return str(save)
-
-    return Path(built_once(tmp_path_factory, "test_train-untimed", run))
+    return trained_once(tmp_path_factory, "test_train-untimed", byte_data, *UNTIMED)
 
 
 @pytest.fixture(scope="module")
 def zero2(tmp_path_factory, data) -> Path:
     """2 processes, micro 4 x grad-accum 1, ZeRO-2."""
-    def run(save):
-        train(save, data, "zero_optimization.stage=2", *CORPUS_EVAL, nproc=2)
-        return str(save)
-
-    return Path(built_once(tmp_path_factory, "test_train-zero2", run))
+    return trained_once(tmp_path_factory, "test_train-zero2", data, "zero_optimization.stage=2", *CORPUS_EVAL, nproc=2)
 
 
 def test_run_outputs_and_loss_falls(reference):

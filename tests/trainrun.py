@@ -65,6 +65,18 @@ def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int | 
     return out
 
 
+def trained_once(tmp_path_factory, name: str, data: str, *overrides: str, nproc: int = 1) -> Path:
+    """The run directory of :func:`train` ``(save, data, *overrides)``, trained once per test session and shared by
+    the xdist workers (:func:`session_cache.built_once`); ``{save}`` in an override is that run directory."""
+    from session_cache import built_once
+
+    def run(save: Path) -> str:
+        train(save, data, *(o.replace("{save}", str(save)) for o in overrides), nproc=nproc)
+        return str(save)
+
+    return Path(built_once(tmp_path_factory, name, run))
+
+
 def _causes(stderr: str) -> str:
     """The lines of a failed run's whole stderr that say why a process died (a C++ abort's message, a Python error),
     which torchrun's own report after them can push out of the tail."""
