@@ -31,15 +31,12 @@ def local_tasks_only(argv: list[str]) -> bool:
         args, _ = p.parse_known_args(argv)
     except SystemExit:  # lm-eval's own parser says what is wrong
         return False
-    if not args.include_path or not args.tasks or args.config:
+    if not args.tasks or args.config:
         return False
-    from lm_eval.tasks import TaskManager
+    from .local_tasks import local_task_manager
 
-    from .local_tasks import task_found
-
-    index = TaskManager(include_path=args.include_path, include_defaults=False).task_index
     names = [t.strip() for item in args.tasks for t in item.split(",") if t.strip()]
-    return bool(names) and all(task_found(index, t) for t in names)
+    return bool(names) and local_task_manager(names, args.include_path) is not None
 
 
 def main() -> None:

@@ -16,14 +16,22 @@ def task_found(index: dict, name: str, seen: frozenset = frozenset()) -> bool:
     return all(not isinstance(m, str) or (m not in seen and task_found(index, m, seen | {name})) for m in members)
 
 
-def task_manager(tasks: list[str], include_path: str | None, metadata: dict | None = None):
-    """lm-eval's TaskManager for ``tasks``: over ``include_path`` alone when every task (and every task a group of
-    them lists) is found there, else over include_path and lm-eval's built-in tasks. Indexing the ~14,000
-    built-in task YAML files takes ~10 s per TaskManager; a suite of local tasks does not need them."""
+def local_task_manager(tasks: list[str], include_path: str | None, metadata: dict | None = None):
+    """lm-eval's TaskManager over ``include_path`` alone when it holds every task of ``tasks`` (and every task a
+    group of them lists), else None."""
     from lm_eval.tasks import TaskManager
 
-    if include_path:
-        local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
-        if all(task_found(local.task_index, t) for t in tasks):
-            return local
-    return TaskManager(include_path=include_path, metadata=metadata)
+    if not include_path:
+        return None
+    local = TaskManager(include_path=include_path, include_defaults=False, metadata=metadata)
+    return local if all(task_found(local.task_index, t) for t in tasks) else None
+
+
+def task_manager(tasks: list[str], include_path: str | None, metadata: dict | None = None):
+    """lm-eval's TaskManager for ``tasks``: :func:`local_task_manager`'s when there is one, else over include_path
+    and lm-eval's built-in tasks. Indexing the ~14,000 built-in task YAML files takes ~10 s per TaskManager; a suite
+    of local tasks does not need them."""
+    from lm_eval.tasks import TaskManager
+
+    local = local_task_manager(tasks, include_path, metadata)
+    return local if local is not None else TaskManager(include_path=include_path, metadata=metadata)
