@@ -2,7 +2,8 @@
 
 Triton picks compiled or interpreted kernels when a ``@triton.jit`` function is defined, so the choice must
 be made before anything imports Triton: without CUDA, the whole session uses the CPU interpreter
-(``TRITON_INTERPRET=1``), whichever test module happens to import the kernels first.
+(``TRITON_INTERPRET=1``), whichever test module happens to import the kernels first; its per-call cost is cut by
+tests/interpreter_calls.py.
 """
 
 import os
@@ -14,6 +15,11 @@ if "TRITON_INTERPRET" not in os.environ:
 
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    import interpreter_calls  # the interpreter patches triton.language once per device function and launch
+
+    interpreter_calls.install()
 
 
 @pytest.fixture
