@@ -43,6 +43,10 @@ class ZeroConfig:
     reduce_scatter: bool = setting(True, "Use reduce-scatter for gradients.")
     reduce_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO reduce bucket size (elements).")
     contiguous_gradients: bool = setting(True, "Copy gradients to a contiguous buffer.")
+    stage3_param_persistence_threshold: int = setting(
+        100_000, "ZeRO-3: parameters with fewer elements are kept whole on every rank instead of partitioned "
+                 "(DeepSpeed's default); 0 partitions every parameter.",
+        rule=when(lambda v: v >= 0, "must be >= 0"))
     cpu_offload: bool = setting(False, "GPT-NeoX's ZeRO-Offload switch; only false is supported (Pythia configs "
                                        "carry it).",
                                 rule=when(lambda v: not v,

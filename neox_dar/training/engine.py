@@ -35,6 +35,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
             "reduce_scatter": z.reduce_scatter,
             "reduce_bucket_size": z.reduce_bucket_size,
             "contiguous_gradients": z.contiguous_gradients,
+            "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold,
         },
         "bf16": {"enabled": dtype == "bf16"},
         "fp16": {"enabled": dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16,
