@@ -13,16 +13,19 @@ import time
 from pathlib import Path
 
 import pytest
-from trainrun import ROOT, error_line, rows, status, train, train_command, train_env, train_in_process
+from trainrun import BYTES, ROOT, error_line, rows, status, train, train_command, train_env, train_in_process
 
 from neox_dar.rundir import LOCK, STATUS, lock_run_dir, write_status
 
-SHORT = ["train_iters=2", "eval_interval=0", "checkpoint_factor=2"]
+TWO_STEPS = ["train_iters=2", "eval_interval=0", "checkpoint_factor=2"]
+SHORT = [*BYTES, *TWO_STEPS]
 
 
 @pytest.fixture(scope="module")
-def data(tokenized_sample) -> str:
-    return tokenized_sample
+def data(byte_tokenized_sample) -> str:
+    """The sample under the byte tokenizer: runs here add trainrun.BYTES (what fails is the trainer's start, its
+    files and disk, not the model; a 257-token vocabulary makes each start cheaper)."""
+    return byte_tokenized_sample
 
 
 def _extension_locks(root: Path) -> list[Path]:
@@ -97,7 +100,7 @@ def test_a_refused_second_launch_writes_nothing_into_the_run(data, tmp_path):
             out = train_in_process(save, str(tmp_path / "typo"), *SHORT)
             assert out.returncode == 2 and "typo" in error_line(out)
             assert (save / STATUS).read_bytes() == before[save]
-        out = train(live, data, "train_iters=3000", "eval_interval=0", expect=2)
+        out = train(live, data, *BYTES, "train_iters=3000", "eval_interval=0", expect=2)
         assert "in use by another trainer" in error_line(out)
         assert "warning: token budget: 768,000 tokens = " in out.stderr and "more than max_epochs = 1" in out.stderr
         assert (live / STATUS).read_bytes() == before[live]
@@ -152,7 +155,7 @@ def test_a_full_disk_while_logging_is_one_line_and_failed(data, tmp_path):
     """The disk fills up during training (metrics.jsonl cannot take the next row): one line naming the file and
     the free space, exit 2, status.json `failed`. (Before: a chained OSError traceback, exit 1, status `running`.)"""
     save = tmp_path / "run"
-    command = train_command(save, data, "train_iters=60", "eval_interval=0", "checkpoint_factor=1000")
+    command = train_command(save, data, *BYTES, "train_iters=60", "eval_interval=0", "checkpoint_factor=1000")
     out = _on_a_small_disk(save, "16m", _TRAIN_ON_SMALL_DISK, "fill", str(tmp_path), str(save), *command)
     assert out.returncode == 2, out.stderr[-3000:]
     line = error_line(out)
@@ -161,11 +164,12 @@ def test_a_full_disk_while_logging_is_one_line_and_failed(data, tmp_path):
     assert written["state"] == "failed" and "metrics.jsonl" in written["reason"]
 
 
-def test_a_full_disk_at_a_checkpoint_says_no_space_left(data, tmp_path):
+def test_a_full_disk_at_a_checkpoint_says_no_space_left(tokenized_sample, tmp_path):
     """A checkpoint that does not fit: "no space left on device" with the checkpoint's path (not torch's
-    "[enforce fail at inline_container.cc:672] . unexpected pos 128 vs 0"), exit 2, status `failed`."""
+    "[enforce fail at inline_container.cc:672] . unexpected pos 128 vs 0"), exit 2, status `failed`. (The Pythia
+    vocabulary: its ~40 MB checkpoint is what overflows the 48 MB disk.)"""
     save = tmp_path / "run"
-    command = train_command(save, data, *SHORT)
+    command = train_command(save, tokenized_sample, *TWO_STEPS)
     out = _on_a_small_disk(save, "48m", _TRAIN_ON_SMALL_DISK, "no", str(tmp_path), str(save), *command)
     assert out.returncode == 2, out.stderr[-3000:]
     line = error_line(out)
@@ -216,12 +220,12 @@ def test_bad_paths_and_values_are_one_line(data, tmp_path):
         assert out.returncode == 2 and why in error_line(out)
 
 
-def test_sweep_plan_prints_the_epochs_a_budget_reads(data, tmp_path, capsys):
+def test_sweep_plan_prints_the_epochs_a_budget_reads(tokenized_sample, tmp_path, capsys):
     """The DAR Table 1 plan (10B tokens per run) on the 20k-token test sample: each run's row shows the epochs and a
     warning says the data repeats. (Before: planned without a word.)"""
     from neox_dar.sweep.__main__ import main as sweep_main
 
-    assert sweep_main(["configs/sweeps/dar-table1.yml", "plan", "--out", str(tmp_path), f"data_path={data}"]) == 0
+    assert sweep_main(["configs/sweeps/dar-table1.yml", "plan", "--out", str(tmp_path), f"data_path={tokenized_sample}"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[1].split()[-1] == "epochs" and "5.16e+05" in out.splitlines()[2]
     assert "warning: vanilla: token budget: 9,999,745,024 tokens = 5.16e+05 epochs" in err
