@@ -422,15 +422,18 @@ def _wandb_log(run_dir: Path) -> bytes:
     return b"".join(f.read_bytes() for f in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")))
 
 
-def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, capsys, monkeypatch, tokenized_sample):
+def test_local_sweep_extends_runs_and_evaluates_newer_checkpoints(tmp_path, capsys, monkeypatch,
+                                                                  byte_tokenized_sample):
     """A raised train_iters re-opens finished runs (before: `run --local` said "done, skipped"); a run trained past
     its evaluation is evaluated again (before: the table kept the old step's numbers, silently); every run gets its
-    own TensorBoard directory under a shared tensorboard_dir; the evaluation reaches the run's W&B run."""
+    own TensorBoard directory under a shared tensorboard_dir; the evaluation reaches the run's W&B run. (On the
+    byte-tokenized sample: the sweep's bookkeeping is what is checked.)"""
     from neox_dar.report.__main__ import main as report_main
-    from trainrun import train_env
+    from trainrun import BYTE_TOKENIZER, train_env
 
     spec = {"name": "ext", "configs": ["configs/tiny.yml", "configs/attention/vanilla.yml"],
-            "set": {"data_path": tokenized_sample, "seq_length": 32, "train_iters": 2, "train_batch_size": 8,
+            "set": {"data_path": byte_tokenized_sample, "vocab_file": str(BYTE_TOKENIZER), "vocab_size": 257,
+                    "seq_length": 32, "train_iters": 2, "train_batch_size": 8,
                     "train_micro_batch_size_per_gpu": 4, "log_interval": 1, "eval_interval": 0,
                     "checkpoint_factor": 2, "precision": "fp32", "use_wandb": True, "wandb_project": "tests",
                     "tensorboard_dir": str(tmp_path / "tb")},
