@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from builders import ROOT, config, model_config
-from trainrun import BYTES, byte_sample, losses, train
+from trainrun import BYTES, losses, train
 
 from neox_dar.variants import layer_types, mswa_window_table, variant, variants
 from neox_dar.variants.layers import pattern
@@ -157,11 +157,11 @@ def test_describe_prints_each_layers_type_windows_flops_and_cache():
     assert f"a fixed state of {state:,} numbers per layer" in text
 
 
-def test_a_hybrid_run_resumes_exactly(tmp_path):
+def test_a_hybrid_run_resumes_exactly(tmp_path, byte_tokenized_sample):
     """train.py on a 12-layer hybrid: stopped after step 3 and rerun, the losses equal an uninterrupted run's bit for
     bit (the linear layers' feature projections are saved and restored with the rest). On the byte-tokenized sample
     (trainrun.BYTES): the layers are what is checked, and a 257-token output layer keeps the steps cheap."""
-    data = byte_sample(tmp_path)
+    data = byte_tokenized_sample
     hybrid = ["num_layers=12", "attention_type=mswa", "hybrid=mswa_linear", "window_size=8", "zero_optimization.stage=0",
               *BYTES]
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
