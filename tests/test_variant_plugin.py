@@ -103,9 +103,12 @@ sys.exit(train.main(sys.argv[1:]))
 """
 
 
-def test_train_sweep_evaluation_and_report(tokenized_sample, tmp_path):
+def test_train_sweep_evaluation_and_report(byte_tokenized_sample, tmp_path):
     """train.py steps the toy model (its parameter is optimised and its statistic logged), a sweep names and plans
-    runs by its key's label, the evaluation averages its statistic, and the report shows it."""
+    runs by its key's label, the evaluation averages its statistic, and the report shows it. (On the
+    byte-tokenized sample: the variant's path through them is what is checked.)"""
+    from trainrun import BYTE_TOKENIZER
+
     from neox_dar.evaluation.perplexity import score_corpus
     from neox_dar.evaluation.corpora import load_local
     from neox_dar.evaluation.loading import load_for_eval
@@ -117,7 +120,8 @@ def test_train_sweep_evaluation_and_report(tokenized_sample, tmp_path):
     sweep = {"name": "toy", "configs": [TOY[0]],
              "set": {"attention_type": "toy", "seq_length": 32, "train_iters": 3, "train_batch_size": 8,
                      "train_micro_batch_size_per_gpu": 4, "log_interval": 1, "eval_interval": 0,
-                     "checkpoint_factor": 3, "precision": "fp32", "data_path": tokenized_sample},
+                     "checkpoint_factor": 3, "precision": "fp32", "data_path": byte_tokenized_sample,
+                     "vocab_file": str(BYTE_TOKENIZER), "vocab_size": 257},
              "grid": {"toy_scale": [1.0, 2.0]}, "eval": False, "report": {"baseline": {"run": "s1"}}}
     path = tmp_path / "toy.yml"
     path.write_text(yaml.safe_dump(sweep))
