@@ -1,4 +1,4 @@
-"""The Triton CPU interpreter patches ``triton.language`` once per device-function call per launch, not per call.
+"""The Triton CPU interpreter, in the suite, patches ``triton.language`` once per device function and launch.
 
 Under ``TRITON_INTERPRET=1`` a kernel launch (``GridExecutor.__call__``) patches ``triton.language`` with the
 interpreter's implementations for the whole launch and restores it at the end. Every call of a ``@triton.jit``

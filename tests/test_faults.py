@@ -225,7 +225,8 @@ def test_sweep_plan_prints_the_epochs_a_budget_reads(tokenized_sample, tmp_path,
     warning says the data repeats. (Before: planned without a word.)"""
     from neox_dar.sweep.__main__ import main as sweep_main
 
-    assert sweep_main(["configs/sweeps/dar-table1.yml", "plan", "--out", str(tmp_path), f"data_path={tokenized_sample}"]) == 0
+    assert sweep_main(["configs/sweeps/dar-table1.yml", "plan", "--out", str(tmp_path),
+                       f"data_path={tokenized_sample}"]) == 0
     out, err = capsys.readouterr()
     assert out.splitlines()[1].split()[-1] == "epochs" and "5.16e+05" in out.splitlines()[2]
     assert "warning: vanilla: token budget: 9,999,745,024 tokens = 5.16e+05 epochs" in err

@@ -40,8 +40,8 @@ CORPUS_EVAL = ["eval_perplexity.interval=3", "eval_perplexity.corpora=[c4]", "ev
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> Path:
     """1 process, micro 4 x grad-accum 2, ZeRO-0; logging to W&B (offline) and TensorBoard too."""
-    return trained_once(tmp_path_factory, "test_train-reference", data, *BYTES, "zero_optimization.stage=0", "use_wandb=true",
-                        "tensorboard_dir={save}/tb", *CORPUS_EVAL)
+    return trained_once(tmp_path_factory, "test_train-reference", data, *BYTES, "zero_optimization.stage=0",
+                        "use_wandb=true", "tensorboard_dir={save}/tb", *CORPUS_EVAL)
 
 
 # checkpoints only at the end (checkpoint_factor is past the run), validation at step 4 and after the last step
@@ -57,7 +57,8 @@ def untimed(tmp_path_factory, data) -> Path:
 @pytest.fixture(scope="module")
 def zero2(tmp_path_factory, data) -> Path:
     """2 processes, micro 4 x grad-accum 1, ZeRO-2."""
-    return trained_once(tmp_path_factory, "test_train-zero2", data, *BYTES, "zero_optimization.stage=2", *CORPUS_EVAL, nproc=2)
+    return trained_once(tmp_path_factory, "test_train-zero2", data, *BYTES, "zero_optimization.stage=2",
+                        *CORPUS_EVAL, nproc=2)
 
 
 def test_run_outputs_and_loss_falls(reference):
