@@ -20,6 +20,9 @@ autotuner tunes for the timed shapes); a wrong or failing method is recorded, no
 (kernel, T) with ``"complete": false`` until the run ends, and flex (compiled by inductor per shape and grad mode,
 the slowest part on a GPU) runs last, in a pass of its own: a run stopped by a time limit keeps the rest.
 The JSON records which flash kernels SDPA ran (profiler names) and PyTorch's active flash implementation.
+``--profile`` runs the ``triton`` and ``sdpa_causal`` forward+backward once more under torch's profiler and records,
+per row, each CUDA kernel's launches and device microseconds beside the call's wall microseconds (``profile``): where
+a kernel's time goes, and how much of the call the device spends waiting for the host.
 
 Modes:
   python bench/attention.py                      # CUDA (the target). Defaults: bf16, B=8, H=12, d_h=64,
@@ -79,6 +82,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="warm-up time per measurement (GPU: do_bench's; CPU: calls until it is spent, none at 0)")
     p.add_argument("--rep-ms", type=float, default=300.0,
                    help="timed calls per measurement until this is spent (at least one on the CPU)")
+    p.add_argument("--profile", action="store_true",
+                   help="also run the triton and sdpa_causal methods' forward+backward once under torch's profiler: "
+                        "each kernel's launches and device microseconds against the call's wall microseconds "
+                        "(on CPU: aten ops and CPU microseconds)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/attention-<tag>.json)")
     args = p.parse_args(argv)
     if args.interpret:
@@ -340,7 +347,7 @@ def check_outputs(methods: dict, inputs, args, torch) -> dict:
     return errs
 
 
-def measure(fn, inputs, timer, torch) -> dict:
+def measure(fn, inputs, timer, torch, profile: bool = False) -> dict:
     """Forward and forward+backward median ms and forward+backward peak MiB.
 
     Every method maps inputs of batch B to an output of batch B. When the full batch runs out of memory (the
@@ -349,7 +356,7 @@ def measure(fn, inputs, timer, torch) -> dict:
     """
     B = inputs[0].shape[0]
     try:
-        return timed(fn, inputs, timer, torch, chunk=B)
+        return timed(fn, inputs, timer, torch, chunk=B, profile=profile)
     except torch.cuda.OutOfMemoryError:
         pass
     torch.cuda.empty_cache()
@@ -360,7 +367,7 @@ def measure(fn, inputs, timer, torch) -> dict:
         return {"fwd_ms": None, "fwd_bwd_ms": None, "peak_mib": None, "error": "out of memory"}
 
 
-def timed(fn, inputs, timer, torch, chunk: int) -> dict:
+def timed(fn, inputs, timer, torch, chunk: int, profile: bool = False) -> dict:
     with torch.no_grad():
         out = fn(*(x[:1] for x in inputs))
     grad = torch.randn((inputs[0].shape[0], *out.shape[1:]), dtype=out.dtype, device=out.device)  # contiguous
@@ -379,7 +386,36 @@ def timed(fn, inputs, timer, torch, chunk: int) -> dict:
         for sl in parts:
             fn(*(x[sl] for x in inputs)).backward(grad[sl])
 
-    return {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
+    r = {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
+    if profile:
+        r["profile"] = launch_profile(fwd_bwd, torch, timer.gpu)
+    return r
+
+
+def launch_profile(fn, torch, gpu: bool, top: int = 12) -> dict:
+    """``fn()`` once more (it has run already: tuned, compiled) under torch's profiler. On the GPU: every CUDA
+    kernel it launched, with its launches and device microseconds, their sums, and the call's wall microseconds to
+    the end of its last kernel; a wall time well above the kernels' sum is time the device waits for the host
+    (launch path, allocations, synchronizations). On CPU the same for the aten ops (the interpreter's kernels are
+    Python), which checks the plumbing only. ``kernels``: the ``top`` longest."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    sync()
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
+        start = time.perf_counter()
+        fn()
+        sync()
+        wall_us = (time.perf_counter() - start) * 1e6
+    want = DeviceType.CUDA if gpu else DeviceType.CPU
+    rows = [{"name": e.key, "launches": e.count,
+             "us": round(e.self_device_time_total if gpu else e.self_cpu_time_total, 1)}
+            for e in prof.key_averages() if e.device_type == want]
+    rows.sort(key=lambda x: -x["us"])
+    return {"what": "CUDA kernels" if gpu else "aten ops (CPU)", "wall_us": round(wall_us, 1),
+            "launches": sum(x["launches"] for x in rows), "kernel_us": round(sum(x["us"] for x in rows), 1),
+            "kernels": rows[:top]}
 
 
 def run_benchmarks(args, torch, triton, save=None) -> dict:
@@ -420,6 +456,8 @@ def run_benchmarks(args, torch, triton, save=None) -> dict:
     return report
 
 
+PROFILED = ("triton", "sdpa_causal")  # the methods --profile runs once more under torch's profiler
+
 # methods that run the triton kernels with the backward's dq pass fixed (kernels.backward.DQ_PASS)
 FIXED_DQ = {"triton_dq_atomic": "atomic", "triton_dq_rows": "rows"}
 
@@ -440,7 +478,7 @@ def check_and_time(name: str, T: int, method: str, fn, err, inputs, args, timer,
     else:
         backward.DQ_PASS = FIXED_DQ.get(method)
         try:
-            r.update(measure(fn, inputs, timer, torch))
+            r.update(measure(fn, inputs, timer, torch, profile=args.profile and method in PROFILED))
         except Exception as e:  # noqa: BLE001  (recorded, printed, and the exit status says so)
             r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
@@ -450,6 +488,10 @@ def check_and_time(name: str, T: int, method: str, fn, err, inputs, args, timer,
     shown = f"{err:.2e}" if isinstance(err, float) else "-"
     print(f"{name:5s} T={T:6d} {method:17s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
           f"  peak {fmt(r['peak_mib'])} MiB  err {shown} {r.get('error', '')}{r.get('note', '')}", flush=True)
+    if "profile" in r:
+        prof = r["profile"]
+        print(f"      profiled fwd+bwd: {prof['launches']} {prof['what']}, {prof['kernel_us']:.1f} us of them in "
+              f"{prof['wall_us']:.1f} us wall", flush=True)
     return r
 
 

@@ -42,7 +42,9 @@
 #   bench-attention   bench/attention.py at the issue's shapes (B=8, H=12, d_h=64, T in {2048, 8192}, w=128):
 #                     DAR, SWA, MSWA, AHA at 10% routed against SDPA causal flash and (MSWA) flex_attention,
 #                     each output checked against the reference first (--full also times MSWA in one launch, the
-#                     reference, DAR's SDPA path, flex for every kernel and each backward dq pass fixed)
+#                     reference, DAR's SDPA path, flex for every kernel and each backward dq pass fixed);
+#                     --profile: the triton and flash rows' kernels, launches and device time against the call's
+#                     wall time (where the windowed kernels' fixed cost at T = 2048 goes)
 #   train-throughput  bench/train_throughput.py: tokens/s, TFLOP/s, MFU, bf16, ZeRO-1, one GPU (--quick: 160M,
 #                     the MFU target's model, the triton path, torch_compile off for vanilla, MSWA, SWA, DAR, AHA
 #                     (with 10% of its rows routed: --aha-mu-f 0.1) and on for vanilla and MSWA, in that order:
@@ -153,10 +155,10 @@ if [ "$REHEARSE" = 0 ]; then
   DECODE_SIZE="--preset pythia-160m"  # the 160M shape: contexts 8k and 32k, batch 16, 20 timed steps after 3
   DECODE_STEPS=""
   if [ "$MODE" = quick ]; then
-    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100 $ATTENTION_METHODS"
+    ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100 --profile $ATTENTION_METHODS"
     THROUGHPUT_STEPS="--steps 4 --warmup 2"
   else
-    ATTENTION_SIZE="" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
+    ATTENTION_SIZE="--profile" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
   fi
 else
   XDIST="-n 0"                    # a few tests on 2 cores: no worker processes
