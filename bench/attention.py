@@ -388,7 +388,10 @@ def timed(fn, inputs, timer, torch, chunk: int, profile: bool = False) -> dict:
 
     r = {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
     if profile:
-        r["profile"] = launch_profile(fwd_bwd, torch, timer.gpu)
+        try:
+            r["profile"] = launch_profile(fwd_bwd, torch, timer.gpu)
+        except Exception as e:  # noqa: BLE001  (the timings above stand; the record says why the profile is missing)
+            r["profile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     return r
 
 
@@ -396,7 +399,7 @@ def launch_profile(fn, torch, gpu: bool, top: int = 12) -> dict:
     """``fn()`` once more (it has run already: tuned, compiled) under torch's profiler. On the GPU: every CUDA
     kernel it launched, with its launches and device microseconds, their sums, and the call's wall microseconds to
     the end of its last kernel; a wall time well above the kernels' sum is time the device waits for the host
-    (launch path, allocations, synchronizations). On CPU the same for the aten ops (the interpreter's kernels are
+    (launch path, allocations, synchronizations; the profiler's own per-op cost is in the wall time too). On CPU the same for the aten ops (the interpreter's kernels are
     Python), which checks the plumbing only. ``kernels``: the ``top`` longest."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -488,7 +491,9 @@ def check_and_time(name: str, T: int, method: str, fn, err, inputs, args, timer,
     shown = f"{err:.2e}" if isinstance(err, float) else "-"
     print(f"{name:5s} T={T:6d} {method:17s} fwd {fmt(r['fwd_ms'])} ms  fwd+bwd {fmt(r['fwd_bwd_ms'])} ms"
           f"  peak {fmt(r['peak_mib'])} MiB  err {shown} {r.get('error', '')}{r.get('note', '')}", flush=True)
-    if "profile" in r:
+    if "profile" in r and "error" in r["profile"]:
+        print(f"      profile failed: {r['profile']['error']}", flush=True)
+    elif "profile" in r:
         prof = r["profile"]
         print(f"      profiled fwd+bwd: {prof['launches']} {prof['what']}, {prof['kernel_us']:.1f} us of them in "
               f"{prof['wall_us']:.1f} us wall", flush=True)

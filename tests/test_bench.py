@@ -214,3 +214,23 @@ def test_attention_bench_times_flex_only_for_the_flex_kernels(monkeypatch):
     timed.clear()
     attention.run_benchmarks(args, torch, None)
     assert [m for m in timed if m[1] == "flex"] == [("dar", "flex"), ("mswa", "flex"), ("aha", "flex")]
+
+
+def test_a_failed_profile_keeps_the_timings(monkeypatch):
+    """bench/attention.py --profile: a profiler that raises leaves the row's timings and says why it has no
+    profile (a GPU run must not lose a target's time to its diagnostics)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from bench import attention
+
+    def broken(*a, **k):
+        raise RuntimeError("profiler unavailable\nsecond line")
+
+    monkeypatch.setattr(attention, "launch_profile", broken)
+    args = attention.parse_args(["--interpret", "--warmup-ms", "0", "--rep-ms", "0"])
+    timer = attention.Timer(torch, None, args, gpu=False)
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    r = attention.timed(lambda t: t * 2, [x], timer, torch, chunk=2, profile=True)
+    assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0
+    assert r["profile"] == {"error": "RuntimeError: profiler unavailable"}
