@@ -17,10 +17,9 @@ import argparse
 import sys
 import typing
 
-import torch
 
 from .config import Config, split_args
-from .model import build_model, count_parameters, flops_per_token
+from .model import build_meta_model, count_parameters, flops_per_token
 from .training.checks import load_checked
 from .variants import variant
 
@@ -29,9 +28,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 def kv_cache_numbers_per_token(cfg: Config, context: int) -> list[float]:
     """Cached numbers per token for each layer, averaged over a context of ``context`` tokens."""
-    with torch.device("meta"):
-        model = build_model(cfg.model)
-    return [m.kv_cache_per_token(context) for m in model.attention_modules()]
+    return [m.kv_cache_per_token(context) for m in build_meta_model(cfg.model).attention_modules()]
 
 
 def _first_of_each_variant(modules: list) -> list:
@@ -47,9 +44,8 @@ def describe(cfg: Config, context: int | None = None, dtype: str = "bf16") -> st
     C = context or cfg.model.seq_length
     m = cfg.model
     L, d, H = m.num_layers, m.hidden_size, m.num_attention_heads
-    with torch.device("meta"):
-        model = build_model(m)
-        vanilla = build_model(cfg.with_attention_type("vanilla").model)
+    model = build_meta_model(m)
+    vanilla = build_meta_model(cfg.with_attention_type("vanilla").model)
     mods, vanilla_mods = model.attention_modules(), vanilla.attention_modules()
     mixed = len({type(a) for a in mods}) > 1
     lines = [f"attention_type: {m.attention.attention_type} (attention_impl: {m.attention.attention_impl}); "

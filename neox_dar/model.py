@@ -15,6 +15,7 @@ checkpoints convert by renaming nothing: ``gpt_neox.layers.{l}.attention.query_k
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Sequence
 
@@ -262,11 +263,46 @@ def init_weights(model: CausalLM, cfg: ModelConfig, only: set[str] | None = None
 
 
 def build_model(cfg: ModelConfig) -> CausalLM:
-    """Build and initialise the model for ``cfg`` (works under ``torch.device("meta")`` for counting)."""
+    """Build and initialise the model for ``cfg`` (not initialised on the meta device: names, shapes and counts,
+    :func:`build_meta_model`)."""
     model = CausalLM(cfg)
     if next(model.parameters()).device.type != "meta":
         init_weights(model, cfg)
     return model
+
+
+_INITS = frozenset(getattr(torch.nn.init, n) for n in ("normal_", "uniform_", "trunc_normal_", "ones_", "zeros_",
+                                                        "constant_", "xavier_uniform_", "xavier_normal_",
+                                                        "kaiming_uniform_", "kaiming_normal_", "orthogonal_"))
+_INITS |= frozenset(getattr(torch.Tensor, n) for n in ("normal_", "uniform_", "fill_", "zero_"))
+
+
+class _NoInitOnMeta(torch.overrides.TorchFunctionMode):
+    """Skips the initialisers on meta tensors (they hold no values): meta ``normal_`` and ``uniform_`` run through
+    ``torch._refs``, whose first call imports ``torch._dynamo`` (~2 s per process)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _INITS:  # torch.nn.init passes its tensor by keyword
+            tensor = args[0] if args else kwargs.get("tensor")
+            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+                return tensor
+        return func(*args, **kwargs)
+
+
+def build_meta_model(cfg: ModelConfig) -> CausalLM:
+    """``build_model(cfg)`` on the meta device, without running the modules' initialisers: names, shapes, parameter
+    counts and FLOPs only (load real tensors with ``model.load_weights(state, assign=True)``)."""
+    with torch.device("meta"), _NoInitOnMeta():
+        return build_model(cfg)
+
+
+def vanilla_weight_names(cfg: ModelConfig) -> set[str]:
+    """The weight names of ``cfg``'s model with vanilla attention in every layer: what a pretrained model it starts
+    from must hold (a variant's own weights are new)."""
+    vanilla = dataclasses.replace(cfg, attention=dataclasses.replace(
+        cfg.attention, attention_type="vanilla", attention_config=None, hybrid=None))
+    return set(build_meta_model(vanilla).weights())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from .config import ConfigError, ModelConfig, load_config, model_config_from_flat, model_flat
-from .model import CausalLM, build_model
+from .model import CausalLM, build_meta_model
 from .rundir import CONFIG, MODEL_CONFIG, WEIGHTS, CheckpointError, held_checkpoint, write_manifest
 from .tokenizer import recorded_tokenizer, tokenizer_sha256
 
@@ -72,38 +72,6 @@ def check_weight_shapes(weights: Path, model: torch.nn.Module) -> None:
         if found[name] != expected[name]:
             raise CheckpointError(f"{weights}: {name} has shape {found[name]}, its {CONFIG} implies "
                                   f"{expected[name]} (the config no longer matches the weights)")
-
-
-_INITS = frozenset(getattr(torch.nn.init, n) for n in ("normal_", "uniform_", "trunc_normal_", "ones_", "zeros_",
-                                                        "constant_", "xavier_uniform_", "xavier_normal_",
-                                                        "kaiming_uniform_", "kaiming_normal_", "orthogonal_"))
-_INITS |= frozenset(getattr(torch.Tensor, n) for n in ("normal_", "uniform_", "fill_", "zero_"))
-
-
-class _NoInitOnMeta(torch.overrides.TorchFunctionMode):
-    """Skips the initialisers on meta tensors (they hold no values): meta ``normal_`` and ``uniform_`` run through
-    ``torch._refs``, whose first call imports ``torch._dynamo`` (~2 s per process)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _INITS:  # torch.nn.init passes its tensor by keyword
-            tensor = args[0] if args else kwargs.get("tensor")
-            if isinstance(tensor, torch.Tensor) and tensor.is_meta:
-                return tensor
-        return func(*args, **kwargs)
-
-
-def no_init_on_meta() -> torch.overrides.TorchFunctionMode:
-    """A context in which initialisers leave meta tensors alone (around code that builds a model under
-    ``torch.device("meta")``)."""
-    return _NoInitOnMeta()
-
-
-def build_meta_model(cfg: ModelConfig) -> CausalLM:
-    """``build_model(cfg)`` on the meta device, without running its initialisers: shapes and parameter counts only
-    (load real tensors with ``model.load_weights(state, assign=True)``)."""
-    with torch.device("meta"), no_init_on_meta():
-        return build_model(cfg)
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu",

@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 
 from ..config import ModelConfig, model_config_from_flat, model_flat
-from ..model import CausalLM, build_model
+from ..model import CausalLM, build_meta_model
 from ..tokenizer import copy_tokenizer, tokenizer_file
 from ..variants import layer_types
 from .instances import DimPOError
@@ -59,8 +58,7 @@ def apply_projections(model: CausalLM, cfg: ModelConfig, path: str | Path,
         return model, cfg, info
     new_cfg = projected_config(cfg, layers, proj.d_proj)
     param = next(model.parameters())
-    with torch.device("meta"):
-        projected = build_model(new_cfg)
+    projected = build_meta_model(new_cfg)
     state = dict(model.weights())
     for l in layers:
         state[f"{_attention_prefix(projected, l)}dimpo_proj"] = proj.weights[l].to(param.device, param.dtype)

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from ..saved_model import read_model_config
 from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
-from ..model import build_model, CausalLM
+from ..model import build_meta_model, CausalLM
 from ..rundir import CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, staged_dir
 from ..tokenizer import tokenizer_file, write_tokenizer
 from .config_map import config_from_hf, export_problems, hf_config_dict
@@ -66,8 +66,7 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
     cfg = config_from_hf(hf, str(config_path), overrides, sum(f.stat().st_size for f in files))
     if attention_impl is not None:
         cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
-    with torch.device("meta"):
-        model = build_model(cfg)
+    model = build_meta_model(cfg)
     expected = {k: tuple(v.shape) for k, v in model.weights().items()}
     loaded = set()
     try:

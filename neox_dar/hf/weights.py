@@ -4,7 +4,6 @@ our names for them, and the parameters a variant adds on top of an import."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 from pathlib import Path, PurePosixPath
@@ -14,7 +13,7 @@ from safetensors import safe_open
 
 from ..config import ModelConfig
 from ..families import FAMILIES
-from ..model import build_model, CausalLM, init_weights
+from ..model import CausalLM, init_weights, vanilla_weight_names
 from ..rundir import CheckpointError
 
 # Buffers that some published GPT-NeoX checkpoints carry and that hold no learned state.
@@ -122,10 +121,3 @@ def initialise_new(model: CausalLM, cfg: ModelConfig, missing: set[str], hf_dir:
     init_weights(model, cfg, only=modules)
 
 
-
-def vanilla_weight_names(cfg: ModelConfig) -> set[str]:
-    """The parameter names of ``cfg``'s model with vanilla attention (what an imported folder must hold)."""
-    vanilla = dataclasses.replace(cfg, attention=dataclasses.replace(
-        cfg.attention, attention_type="vanilla", attention_config=None, hybrid=None))
-    with torch.device("meta"):
-        return set(build_model(vanilla).weights())

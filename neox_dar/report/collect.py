@@ -123,8 +123,7 @@ def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:
 
 def relative_cost(run: RunRecord, cache: dict) -> float:
     """Attention FLOPs per token (``model.flops_per_token``) at ``seq_length``, as a fraction of vanilla's."""
-    from ..model import flops_per_token
-    from ..saved_model import build_meta_model
+    from ..model import build_meta_model, flops_per_token
 
     def attention_flops(cfg: Config) -> float:
         k = cfg.to_yaml()
@@ -142,8 +141,7 @@ def kv_bytes_per_token(run: RunRecord) -> float:
     """Inference KV-cache bytes per token in bf16 at a context of ``seq_length``, summed over the layers
     (:func:`neox_dar.describe.kv_cache_numbers_per_token`, what ``python -m neox_dar.describe`` prints)."""
     from ..describe import DTYPE_BYTES, kv_cache_numbers_per_token
-    from ..saved_model import no_init_on_meta
 
-    with warnings.catch_warnings(), no_init_on_meta():  # it builds the model on the meta device
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return sum(kv_cache_numbers_per_token(run.cfg, run.cfg.model.seq_length)) * DTYPE_BYTES["bf16"]

@@ -45,8 +45,7 @@ def gpu_dtype(cfg: Config) -> str:
 
 def parameter_count(cfg: Config) -> int:
     """The model's parameters (:func:`neox_dar.model.count_parameters`, the model built on the meta device)."""
-    from ..model import count_parameters
-    from ..saved_model import build_meta_model
+    from ..model import build_meta_model, count_parameters
 
     return count_parameters(build_meta_model(cfg.model))["total"]
 

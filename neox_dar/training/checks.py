@@ -25,13 +25,10 @@ def check_what_trains(cfg: Config) -> None:
     neox_dar.config``, ``describe``) calls it after loading."""
     if cfg.training.trainable_params is None and cfg.training.lora is None:
         return
-    import torch  # only here: the other checks, and sweep plans without these keys, need no model
-
-    from ..model import build_model
+    from ..model import build_meta_model  # only here: the other checks, and plans without these keys, need no model
     from .finetune import check_trainable
 
-    with torch.device("meta"):
-        model = build_model(cfg.model)
+    model = build_meta_model(cfg.model)
     cfg.validate(lambda c: check_trainable(c, model))
 
 

@@ -13,7 +13,6 @@ start is exact for every layer at step 0: the layers before it are already initi
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import logging
 from collections.abc import Sequence
@@ -27,7 +26,7 @@ from ..saved_model import check_weight_shapes, read_model_config
 from ..config import Config, model_config_diff
 from ..config.schema import key_sections
 from ..config_fields import check
-from ..model import CausalLM, build_model
+from ..model import CausalLM, build_meta_model, vanilla_weight_names
 from ..rundir import WEIGHTS, CheckpointError
 
 log = logging.getLogger(__name__)
@@ -53,21 +52,12 @@ def finetune_mismatch(step_dir: Path, cfg: Config) -> str | None:
     return f"{step_dir} holds another base model: {shown}"
 
 
-def _variant_free_names(cfg: Config) -> set[str]:
-    """Weight names of ``cfg``'s model with vanilla attention everywhere (what any pretrained model must hold)."""
-    vanilla = dataclasses.replace(cfg.model, attention=dataclasses.replace(
-        cfg.model.attention, attention_type="vanilla", attention_config=None, hybrid=None))
-    with torch.device("meta"):
-        return set(build_model(vanilla).weights())
-
-
 def load_pretrained(model: CausalLM, cfg: Config, step_dir: Path) -> set[str]:
     """Load the weights of ``step_dir`` (verified by the caller) into ``model``; returns the names of the model's
     weights it does not hold (the new ones). Every tensor it holds must be one of the model's, of the same shape;
     a missing weight must be a variant's own (CheckpointError otherwise, before any tensor is read)."""
     weights = step_dir / WEIGHTS
-    with torch.device("meta"):
-        probe = build_model(read_model_config(step_dir))
+    probe = build_meta_model(read_model_config(step_dir))
     check_weight_shapes(weights, probe)  # the file matches its own config
     ours = {k: tuple(v.shape) for k, v in model.weights().items()}
     theirs = {k: tuple(v.shape) for k, v in probe.weights().items()}
@@ -77,7 +67,7 @@ def load_pretrained(model: CausalLM, cfg: Config, step_dir: Path) -> set[str]:
         if ours[name] != shape:
             raise CheckpointError(f"{weights}: {name} has shape {shape}, this run's model {ours[name]}")
     new = set(ours) - set(theirs)
-    base = sorted(new & _variant_free_names(cfg))
+    base = sorted(new & vanilla_weight_names(cfg.model))
     if base:
         raise CheckpointError(f"{weights} lacks {len(base)} weight(s) of the base model, e.g. {base[0]}")
     device = next(model.parameters()).device
