@@ -399,8 +399,9 @@ def launch_profile(fn, torch, gpu: bool, top: int = 12) -> dict:
     """``fn()`` once more (it has run already: tuned, compiled) under torch's profiler. On the GPU: every CUDA
     kernel it launched, with its launches and device microseconds, their sums, and the call's wall microseconds to
     the end of its last kernel; a wall time well above the kernels' sum is time the device waits for the host
-    (launch path, allocations, synchronizations; the profiler's own per-op cost is in the wall time too). On CPU the same for the aten ops (the interpreter's kernels are
-    Python), which checks the plumbing only. ``kernels``: the ``top`` longest."""
+    (launch path, allocations, synchronizations; the profiler's own per-op cost is in the wall time too). On CPU
+    the same for the aten ops (the interpreter's kernels are Python), which checks the plumbing only. ``kernels``:
+    the ``top`` longest."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 

@@ -158,7 +158,8 @@ if [ "$REHEARSE" = 0 ]; then
     ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100 --profile $ATTENTION_METHODS"
     THROUGHPUT_STEPS="--steps 4 --warmup 2"
   else
-    ATTENTION_SIZE="--profile" THROUGHPUT_STEPS="--steps 10 --warmup 3" DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
+    ATTENTION_SIZE="--profile" THROUGHPUT_STEPS="--steps 10 --warmup 3"
+    DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
   fi
 else
   XDIST="-n 0"                    # a few tests on 2 cores: no worker processes

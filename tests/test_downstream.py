@@ -36,9 +36,9 @@ def _task_folder(root: Path) -> Path:
 @pytest.fixture(scope="module", autouse=True)
 def lm_evals_task_index_once():
     """lm-eval's TaskManager indexes its own ~13,000 task YAML files (~15 s) each time one over them is made (a
-    run_suite whose tasks are not all in include_path makes one; test_suites_name_lm_evals_tasks does). That index is a pure function of the installed files: for this module
-    it is built once and every TaskManager gets it (the index of any other folder, include_path's, is built as
-    usual)."""
+    run_suite whose tasks are not all in include_path makes one; test_suites_name_lm_evals_tasks does). That index
+    is a pure function of the installed files: for this module it is built once and every TaskManager gets it (the
+    index of any other folder, include_path's, is built as usual)."""
     import lm_eval.tasks
     from lm_eval.tasks._index import TaskIndex
 
