@@ -77,8 +77,8 @@ PLATFORM="--python-version 3.12 --implementation cp --only-binary=:all:
   --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 
-# The GPU machine's Python packages (/work/.library/device/KINDS.md, read 2026-11-17), with the versions a session
-# saw there where known; a name alone is checked by name (gpu_check.sh runs `pip check` there).
+# The GPU machine's Python packages (as the device lender's machine notes listed them, read 2026-11-17), with the
+# versions a session saw there where known; a name alone is checked by name (gpu_check.sh runs `pip check` there).
 GPU_HAS="
 torch==2.11.0 triton==3.6.0 numpy==2.5.2 transformers==5.17.0 tokenizers==0.23.2 safetensors==0.8.0
 accelerate==1.15.0 huggingface-hub==1.33.0 sentencepiece==0.2.2 tiktoken==0.14.0 onnx==1.23.1 jax==0.11.2
