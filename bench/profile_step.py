@@ -1,14 +1,15 @@
 """Where a training step's time goes: torch.profiler over train.py's DeepSpeed engine (1 rank, random tokens).
 
     python bench/profile_step.py configs/tiny.yml configs/attention/vanilla.yml [key=value ...]
-        [--steps 2] [--warmup 2] [--top 25] [--out bench/results/x.json]
+        [--steps 2] [--warmup 2] [--top 25] [--aha-mu-f F] [--out bench/results/x.json]
 
 After ``--warmup`` optimizer steps, ``--steps`` are profiled (CPU and CUDA activities). Reported per optimizer
 step: the wall time, the device time of all kernels (on CUDA, GPU kernels; on CPU, the top-level operators' CPU
 time), the kernel launches, the device-busy fraction (kernel time / wall: well below 1 means the host, not the GPU,
 sets the pace), the time per category (matrix products, attention, the loss, optimizer, element-wise, other; from
 the kernel and operator names, see :data:`CATEGORIES`) and the ``--top`` kernels by time with their counts.
-Writes JSON with provenance (see ``bench/train_throughput.py``) to ``--out``.
+``--aha-mu-f F`` opens about that share of AHA's gates, as ``bench/train_throughput.py`` does. Writes JSON with
+provenance (see ``bench/train_throughput.py``) to ``--out``.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.train_throughput import add_aha_mu_f, aha_share, bench_config, engine_step  # noqa: E402
 from kernels.runtime import device_report  # noqa: E402
-from neox_dar.config import load_config, split_args  # noqa: E402
 from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
 
 # (category, regular expression on the kernel's or operator's name); the first match wins
@@ -47,12 +48,10 @@ def category(name: str) -> str:
     return "other"
 
 
-def profile(cfg, steps: int, warmup: int, top: int) -> dict:
+def profile(cfg, steps: int, warmup: int, top: int, aha_mu_f: float | None = None) -> dict:
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    from bench.train_throughput import engine_step
-
-    info, step, grad_accum, micro, _, _ = engine_step(cfg)
+    info, step, grad_accum, micro, _, model = engine_step(cfg, aha_mu_f)
     for _ in range(warmup):
         step()
     synchronize(info.device)
@@ -83,7 +82,9 @@ def profile(cfg, steps: int, warmup: int, top: int) -> dict:
         cats[category(name)] = cats.get(category(name), 0.0) + ms
     ranked = sorted(per_step.items(), key=lambda kv: -kv[1][1])
     tokens_per_step = grad_accum * micro * cfg.model.seq_length
-    return {"step_wall_ms": wall * 1e3, "tokens_per_step": tokens_per_step, "tokens_per_sec": tokens_per_step / wall,
+    routed = {"aha_mu_f": aha_share(model, aha_mu_f)} if aha_mu_f is not None else {}
+    return {**routed, "step_wall_ms": wall * 1e3, "tokens_per_step": tokens_per_step,
+            "tokens_per_sec": tokens_per_step / wall,
             "kernel_ms": busy_ms, "busy_fraction": busy_ms / (wall * 1e3),
             "launches": sum(n for n, _ in per_step.values()),
             "categories_ms": dict(sorted(cats.items(), key=lambda kv: -kv[1])),
@@ -98,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--top", type=int, default=25)
+    add_aha_mu_f(p)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    paths, overrides = split_args(args.config)
-    cfg = load_config(*paths, overrides=overrides)
+    cfg = bench_config(args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     result = {**provenance(["bench/profile_step.py", *(sys.argv[1:] if argv is None else argv)]),
               **device_report(), "device": device_name(device), "precision": cfg.training.dtype,
@@ -111,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                          "torch_compile": cfg.training.torch_compile,
                          "micro_batch": cfg.training.train_micro_batch_size_per_gpu,
                          "train_batch_size": cfg.training.train_batch_size}}
-    result["profile"] = r = profile(cfg, args.steps, args.warmup, args.top)
+    result["profile"] = r = profile(cfg, args.steps, args.warmup, args.top, args.aha_mu_f)
     print(f"{result['device']}: {r['step_wall_ms']:.1f} ms per step ({r['tokens_per_sec']:,.0f} tokens/s), "
           f"{r['kernel_ms']:.1f} ms of {r['kernel_time']} ({100 * r['busy_fraction']:.0f}% busy), "
           f"{r['launches']:.0f} launches")

@@ -62,6 +62,38 @@ def route_fraction(model, tokens: torch.Tensor, fraction: float) -> None:
         m.threshold = torch.quantile(s[torch.randperm(s.numel(), device=s.device)[:1 << 24]], 1 - fraction).item()
 
 
+def aha_share(model, target: float) -> dict:
+    """``{"target", "measured"}``: the last micro-batch's share of open gates over every AHA layer and head."""
+    return {"target": target, "measured": torch.stack(
+        [m.stats["mu_f"] for m in model.attention_modules() if m.name == "aha"]).float().mean().item()}
+
+
+def add_aha_mu_f(parser: argparse.ArgumentParser) -> None:
+    """The ``--aha-mu-f F`` option of the training benchmarks (:func:`bench_config` applies it)."""
+    parser.add_argument("--aha-mu-f", type=float, default=None, metavar="F",
+                        help="AHA: open about this share of the gates (a random router, each layer's threshold at "
+                             "the 1 - F quantile of its scores on the first micro-batch; the GPU targets' AHA is at "
+                             "0.1); the result records the share measured")
+
+
+def bench_config(args: argparse.Namespace) -> Config:
+    """The config of a training benchmark's ``config`` arguments (files and key=value overrides), with
+    ``aha_router_init=random`` under ``--aha-mu-f`` (a zero router scores every row 1/2); a bad config or share is a
+    one-line error (exit 2)."""
+    paths, overrides = split_args(args.config)
+    try:
+        cfg = load_config(*paths, overrides=overrides)
+        if args.aha_mu_f is None:
+            return cfg
+        if not (0 < args.aha_mu_f < 1 and "aha" in layer_types(cfg.model)):
+            print("error: --aha-mu-f needs a share in (0, 1) and a model with AHA layers", file=sys.stderr)
+            raise SystemExit(2)
+        return load_config(*paths, overrides=[*overrides, "aha_router_init=random"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def engine_step(cfg: Config, aha_mu_f: float | None = None):
     """train.py's DeepSpeed engine (1 rank) and one optimizer step of it on fixed random tokens: returns
     ``(info, step, grad_accum, micro, flops, model)``, ``step()`` running ``grad_accum`` micro-batches of ``micro``
@@ -106,9 +138,8 @@ def engine_throughput(cfg: Config, steps: int, warmup: int, aha_mu_f: float | No
     out = {"step_time_s": seconds, "tokens_per_sec": tokens_per_sec, "global_batch": grad_accum * micro,
            "flops_per_token": flops, "tflops_per_device": flops * tokens_per_sec / 1e12, "peak_flops": peak,
            "mfu": flops * tokens_per_sec / peak if peak else None}
-    if aha_mu_f is not None:  # the last micro-batch's share of open gates over every AHA layer and head
-        out["aha_mu_f"] = {"target": aha_mu_f, "measured": torch.stack(
-            [m.stats["mu_f"] for m in model.attention_modules() if m.name == "aha"]).float().mean().item()}
+    if aha_mu_f is not None:
+        out["aha_mu_f"] = aha_share(model, aha_mu_f)
     if info.device.type == "cuda":
         out["max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(info.device) / 1e9
         out["attention_kernels"] = attention_kernels(step)
@@ -188,23 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--compare-hf", action=argparse.BooleanOptionalAction, default=None,
                    help="time ours vs transformers.GPTNeoXForCausalLM (default: on CPU only)")
-    p.add_argument("--aha-mu-f", type=float, default=None, metavar="F",
-                   help="AHA: open about this share of the gates (a random router, each layer's threshold at the "
-                        "1 - F quantile of its scores on the first micro-batch; the GPU targets' AHA is at 0.1); "
-                        "the result records the share measured")
+    add_aha_mu_f(p)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
-    paths, overrides = split_args(args.config)
-    if args.aha_mu_f is not None:
-        overrides = [*overrides, "aha_router_init=random"]  # a zero router scores every row 1/2
-    try:
-        cfg = load_config(*paths, overrides=overrides)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    if args.aha_mu_f is not None and not (0 < args.aha_mu_f < 1 and "aha" in layer_types(cfg.model)):
-        print("error: --aha-mu-f needs a share in (0, 1) and a model with AHA layers", file=sys.stderr)
-        return 2
+    cfg = bench_config(args)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     compare = args.compare_hf if args.compare_hf is not None else device.type == "cpu"
 

@@ -12,12 +12,12 @@
 #
 #   bash scripts/gpu_check.sh --part 1       # --quick, the kernels: kernel-tests, bench-attention (< 7 min)
 #   bash scripts/gpu_check.sh --part 2       # --quick, training and decoding: train-throughput, decode (< 7 min)
-#   bash scripts/gpu_check.sh --part 3       # --quick, the long checks: identities, train-smoke (< 4 min)
+#   bash scripts/gpu_check.sh --part 3       # --quick, the long checks: identities, train-profile, train-smoke
+#                                            #   (< 8 min)
 #                                            #   (a session's device lease is 15 minutes, the machine's start
 #                                            #   included, and one command at most 10: parts 1 and 2 fit one lease,
-#                                            #   which is what the issue's targets are judged on; part 3, which
-#                                            #   passed on the first GPU run, in a later one. A later part on a warm
-#                                            #   machine reuses the install)
+#                                            #   which is what the issue's targets are judged on; part 3 in a
+#                                            #   later one. A later part on a warm machine reuses the install)
 #   bash scripts/gpu_check.sh                # --quick, every step in one command (over 10 minutes in all)
 #   bash scripts/gpu_check.sh --full         # the whole grid and longer timings: ~30 minutes, so split it:
 #                                            #   --full --steps kernel-tests,identities   (then bench-attention,
@@ -52,16 +52,22 @@
 #                     the rest; --full: 70M and 160M, torch_compile
 #                     off and on, attention_impl triton and sdpa); each result records the attention kernels
 #                     one step ran (SDPA's backend)
+#   train-profile     bench/profile_step.py: where a training step's time goes (160M, bf16, ZeRO-1, T = 2048,
+#                     2 profiled steps after 3): GPU kernel time per category (matrix products, attention, loss,
+#                     optimizer, element-wise) against the step's wall time, for the targets still open first: AHA
+#                     (10% routed), DAR, then vanilla and MSWA, and vanilla with torch_compile; one JSON per run
+#                     in profile/ and a table in the summary
 #   train-smoke       train.py, bf16: 200 steps of Pythia-14M on the tokenized sample, stopped with a checkpoint
 #                     at step 100 and resumed; the loss must fall and the resumed run continue from step 101 (the
 #                     kernels train in the throughput step)
 #   decode            bench/decode.py in bfloat16, the Pythia-160M shape (--quick: contexts 8k and 32k, batch 16)
 # --rehearse sizes: kernel tests one grouped-query case per kernel (fla's is CUDA only, skipped); identities at
 # T = 32 (two 16-row tiles, w = 8) in fp16; bench/attention.py --interpret (B=1, H=4, d_h=16, T=32, w=8, fp32; the
-# --quick methods); throughput and smoke fp32, 2 layers x 64 wide at T = 32 (without the torch_compile runs:
-# inductor's C++ build of CPU graphs takes minutes on two cores; tests/test_compile.py trains torch_compile=true on
-# the CPU) and 14M at T = 64 for 12 steps (stopped at 6); decode at context 64, batch 1. The throughput step's five
-# command lines and the smoke's two run in forks of one process that imported torch, dynamo and DeepSpeed once.
+# --quick methods); throughput, profiles and smoke fp32, 2 layers x 64 wide at T = 32 (without the torch_compile
+# runs: inductor's C++ build of CPU graphs takes minutes on two cores; tests/test_compile.py trains
+# torch_compile=true on the CPU) and 14M at T = 64 for 12 steps (stopped at 6); decode at context 64, batch 1. The
+# throughput step's five command lines, the profile step's four and the smoke's two run in forks of one process
+# that imported torch, dynamo and DeepSpeed once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -69,7 +75,7 @@ PY=${PYTHON:-python3}
 WHEELS=${GPU_WHEELS:-.whl}
 SAMPLE=${GPU_SAMPLE:-runs/gpu_sample}
 LOG_DIR=${OUT:-runs/gpu_check}
-ALL_STEPS="kernel-tests identities bench-attention train-throughput train-smoke decode"
+ALL_STEPS="kernel-tests identities bench-attention train-throughput train-profile train-smoke decode"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "gpu_check.sh: error: $*" >&2; exit 2; }
@@ -90,8 +96,9 @@ while [ $# -gt 0 ]; do
       case "${2:-}" in
         1) wanted="kernel-tests bench-attention" ;;
         2) wanted="train-throughput decode" ;;
-        3) wanted="identities train-smoke" ;;
-        *) die "--part needs 1 (kernel-tests, bench-attention), 2 (train-throughput, decode) or 3 (identities, train-smoke)" ;;
+        3) wanted="identities train-profile train-smoke" ;;
+        *) die "--part needs 1 (kernel-tests, bench-attention), 2 (train-throughput, decode) or 3 (identities," \
+               "train-profile, train-smoke)" ;;
       esac
       STEPS=$wanted
       shift ;;
@@ -120,13 +127,14 @@ done
 # alone, and bench/attention.py saves after each kernel and T, so a cut run keeps those it finished), the seven 160M
 # throughput runs 254 in all, decode 22 (a 6-layer model: the preset's shape was lost; the 160M shape takes longer).
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
+# train-profile, not yet run: five 160M runs at the throughput runs' ~36 s each, the compiled one longer.
 declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=140 [identities]=90 [bench-attention]=240
-                        [train-throughput]=280 [train-smoke]=70 [decode]=60)
+                        [train-throughput]=280 [train-profile]=270 [train-smoke]=70 [decode]=60)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
-                       [train-throughput]=1500 [train-smoke]=120 [decode]=300)
+                       [train-throughput]=1500 [train-profile]=400 [train-smoke]=120 [decode]=300)
 # --rehearse: the CPU's times (a shared 2-core machine: each step takes 10-60 s), limits that only catch a hang
 declare -A LIMIT_REHEARSE=([install]=120 [kernel-tests]=300 [identities]=300 [bench-attention]=300
-                           [train-throughput]=600 [train-smoke]=300 [decode]=120)
+                           [train-throughput]=600 [train-profile]=300 [train-smoke]=300 [decode]=120)
 limit() {  # GPU_CHECK_LIMIT_<step> (dashes as underscores) overrides a step's limit
   local override="GPU_CHECK_LIMIT_${1//-/_}"
   if [ -n "${!override:-}" ]; then echo "${!override}"
@@ -156,9 +164,9 @@ if [ "$REHEARSE" = 0 ]; then
   DECODE_STEPS=""
   if [ "$MODE" = quick ]; then
     ATTENTION_SIZE="--warmup-ms 25 --rep-ms 100 --profile $ATTENTION_METHODS"
-    THROUGHPUT_STEPS="--steps 4 --warmup 2"
+    THROUGHPUT_STEPS="--steps 4 --warmup 2" PROFILE_STEPS="--steps 2 --warmup 3 --top 30"
   else
-    ATTENTION_SIZE="--profile" THROUGHPUT_STEPS="--steps 10 --warmup 3"
+    ATTENTION_SIZE="--profile" THROUGHPUT_STEPS="--steps 10 --warmup 3" PROFILE_STEPS="--steps 3 --warmup 3 --top 40"
     DECODE_STEPS="--contexts 2048,8192,32768 --batches 1,16"
   fi
 else
@@ -172,6 +180,7 @@ else
   DECODE_SIZE="--contexts 64 --batches 1"
   # (--interpret leaves flex out: inductor's CPU build takes minutes)
   ATTENTION_SIZE="--interpret --warmup-ms 0 --rep-ms 0 $ATTENTION_METHODS" THROUGHPUT_STEPS="--steps 1 --warmup 0"
+  PROFILE_STEPS="--steps 1 --warmup 0 --top 10"
   DECODE_STEPS="--steps 1 --warmup 0"
   SAMPLE=$WORK/gpu_sample         # made by the install step, from the same C4 sample as gpu_wheels.sh
   LOG_DIR=${OUT:-runs/gpu_check_rehearse}
@@ -196,6 +205,18 @@ throughput_runs() {
   done
 }
 
+profile_runs() {
+  # one line per run: "<attention> <attention_impl> <torch_compile>", the open targets' variants first; the compiled
+  # run stays on the GPU (see the header)
+  printf 'aha triton false\ndar triton false\nvanilla sdpa false\nmswa triton false\n'
+  [ "$REHEARSE" = 1 ] || echo "vanilla sdpa true"
+}
+
+micro_batch() {  # micro_batch MODEL: the kit's micro-batch (--rehearse: $MICRO), else the config's
+  if [ -n "$MICRO" ]; then echo "$MICRO"
+  else sed -n 's/^train_micro_batch_size_per_gpu: *\([0-9]*\).*/\1/p' "configs/pythia-$1.yml"; fi
+}
+
 step_commands() {
   case "$1" in
     install)
@@ -217,13 +238,22 @@ step_commands() {
       echo "$PY bench/attention.py" $ATTENTION_SIZE "--out $LOG_DIR/attention.json" ;;
     train-throughput)
       throughput_runs | while read -r m a i c; do
-        local micro=$MICRO  # two micro-batches of the config per step: a short step, the config's per-GPU shapes
-        [ -n "$micro" ] || micro=$(sed -n 's/^train_micro_batch_size_per_gpu: *\([0-9]*\).*/\1/p' "configs/pythia-$m.yml")
+        local micro  # two micro-batches of the config per step: a short step, the config's per-GPU shapes
+        micro=$(micro_batch "$m")
         local routed=""  # AHA as its target has it: about 10% of the rows routed (a zero router routes none)
         [ "$a" = aha ] && routed="--aha-mu-f 0.1"
         echo "$PY bench/train_throughput.py configs/pythia-$m.yml configs/attention/$a.yml precision=$PRECISION" \
              "zero_optimization.stage=1 attention_impl=$i torch_compile=$c" $MODEL_SIZE \
              "train_batch_size=$((2 * micro)) $THROUGHPUT_STEPS $routed --no-compare-hf --out $WORK/throughput/$m-$a-$i-compile_$c.json"
+      done ;;
+    train-profile)
+      profile_runs | while read -r a i c; do
+        local routed=""
+        [ "$a" = aha ] && routed="--aha-mu-f 0.1"
+        echo "$PY bench/profile_step.py configs/pythia-160m.yml configs/attention/$a.yml precision=$PRECISION" \
+             "zero_optimization.stage=1 attention_impl=$i torch_compile=$c" $MODEL_SIZE \
+             "train_batch_size=$((2 * $(micro_batch 160m))) $PROFILE_STEPS" $routed \
+             "--out $LOG_DIR/profile/$a-$i-compile_$c.json"
       done ;;
     train-smoke)
       local half=$((SMOKE_ITERS / 2))
@@ -427,6 +457,44 @@ do_train_throughput() {
   return $failed
 }
 
+do_train_profile() {
+  rm -rf "$LOG_DIR/profile"
+  mkdir -p "$LOG_DIR/profile"
+  local failed=0 cmd cmds
+  if [ "$REHEARSE" = 1 ]; then  # the same command lines, each in a fork of one process (run_forked)
+    mapfile -t cmds < <(step_commands train-profile)
+    run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches "${cmds[@]}" || failed=1
+  else
+    while read -r cmd; do
+      echo "--- ${cmd##*/}"
+      eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
+    done < <(step_commands train-profile)
+  fi
+  profile_table "$(profile_runs | wc -l)" || failed=1
+  return $failed
+}
+
+profile_table() {  # profile_table [EXPECTED]: the profiles in $LOG_DIR/profile/ as a table; exit 1 when fewer
+  "$PY" - "$LOG_DIR/profile" "${1:-0}" <<'EOF'
+import json, sys
+from pathlib import Path
+runs = [json.loads(p.read_text()) for p in sorted(Path(sys.argv[1]).glob("*.json"))]
+cats = ("matmul", "attention", "loss", "elementwise", "optimizer", "other")
+print("| run | ms a step | kernel ms (busy) | " + " | ".join(cats) + " |")
+print("|---|---|---|" + "---|" * len(cats))
+for r in runs:
+    c, p = r["config"], r["profile"]
+    name = f"{c['attention_type']} ({c['attention_impl']}{', compiled' if c['torch_compile'] else ''})"
+    if "aha_mu_f" in p:
+        name += f", {100 * p['aha_mu_f']['measured']:.0f}% routed"
+    print(f"| {name} | {p['step_wall_ms']:.1f} | {p['kernel_ms']:.1f} ({100 * p['busy_fraction']:.0f}%) | "
+          + " | ".join(f"{p['categories_ms'].get(k, 0.0):.1f}" for k in cats) + " |")
+if len(runs) < int(sys.argv[2]):
+    print(f"{len(runs)} of {sys.argv[2]} runs wrote a profile")
+    sys.exit(1)
+EOF
+}
+
 do_train_smoke() {
   rm -rf "$WORK/smoke"
   [ -f "$SAMPLE/c4_sample.bin" ] || { echo "no $SAMPLE/c4_sample.bin: run scripts/gpu_wheels.sh and carry it"; return 1; }
@@ -483,6 +551,13 @@ summary() {
       echo "| $s | $st | ${SECONDS_TAKEN[$s]:--} | $(limit "$s") |"
     done
     echo
+    if ls "$LOG_DIR"/profile/*.json >/dev/null 2>&1; then
+      echo "Where a training step's time goes (bench/profile_step.py; profile/; per optimizer step, kernel time by"
+      echo "category in ms; busy: kernel time / wall time):"
+      echo
+      profile_table
+      echo
+    fi
     echo "Targets (bench/gpu_targets.py: ratios measured in this run; judged only on a GPU):"
     echo
     "$PY" bench/gpu_targets.py "$LOG_DIR" --out "$LOG_DIR/targets.json" 2>&1
@@ -501,7 +576,8 @@ mkdir -p "$LOG_DIR" "$WORK"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 LOG=$LOG_DIR/gpu_check.log
 : > "$LOG"
-rm -f "$LOG_DIR"/{attention,train_throughput,decode,targets}.json  # a step that fails leaves none of an earlier run's
+rm -rf "$LOG_DIR"/{attention,train_throughput,decode,targets}.json "$LOG_DIR/profile"  # a step that fails leaves
+# none of an earlier run's
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline
 if [ "$REHEARSE" = 1 ]; then  # the CPU, the kernels interpreted; DeepSpeed's CPU op from this machine's cache
   export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES=""

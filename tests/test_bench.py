@@ -190,6 +190,26 @@ def test_bench_script_runs_one_tiny_step_on_cpu(script, tmp_path):
     check(report)
 
 
+@pytest.mark.parametrize("script", ["train_throughput", "profile_step"])
+@pytest.mark.parametrize("args,message", [
+    (["configs/tiny.yml", "nope=1"], "error: unknown key 'nope' in the command line"),
+    (["configs/tiny.yml", "--aha-mu-f", "0.1"],
+     "error: --aha-mu-f needs a share in (0, 1) and a model with AHA layers"),
+    (["configs/tiny.yml", "configs/attention/aha.yml", "--aha-mu-f", "1.5"], "error: --aha-mu-f needs a share"),
+])
+def test_training_benches_refuse_a_bad_config_or_share_in_one_line(script, args, message, capsys):
+    """Both training benchmarks load their config the same way (bench.train_throughput.bench_config): a bad key or
+    an AHA share without AHA layers is one line on stderr and exit 2, before any model is built."""
+    import importlib
+
+    sys.path.insert(0, str(ROOT))
+    module = importlib.import_module(f"bench.{script}")
+    with pytest.raises(SystemExit) as exit_info:
+        module.main([*args, "--out", os.devnull])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
+
+
 def test_attention_bench_times_flex_only_for_the_flex_kernels(monkeypatch):
     """--flex-kernels (the kit's quick run: mswa, the one flex target) keeps inductor from compiling the other
     kernels' masks; every kernel still gets the other methods."""

@@ -54,7 +54,7 @@ def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two
     res = run("gpu_check.sh", "--dry-run")
     assert res.returncode == 0, res.stderr
     assert plan_steps(res.stdout) == ["install", "kernel-tests", "identities", "bench-attention", "train-throughput",
-                                      "train-smoke", "decode"]
+                                      "train-profile", "train-smoke", "decode"]
     assert "over the device tool's 600s command limit: run --part 1, then --part 2 (one 15-minute lease)" in res.stdout
     parts, totals = {}, {}
     for part in ("1", "2", "3"):
@@ -64,7 +64,7 @@ def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two
         parts[part] = plan_steps(out)
     assert parts == {"1": ["install", "kernel-tests", "bench-attention"],
                      "2": ["install", "train-throughput", "decode"],
-                     "3": ["install", "identities", "train-smoke"]}
+                     "3": ["install", "identities", "train-profile", "train-smoke"]}
     assert totals["1"] + totals["2"] <= LEASE_S - START_S, "the targets' measurements must fit one lease"
     throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
     # the MFU target's model, Pythia-160M: the five variants without compile, vanilla and MSWA with it, the runs
@@ -75,6 +75,14 @@ def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two
         ("vanilla", "true"), ("mswa", "true")]
     assert "train_batch_size=32" in throughput[0]  # two of the config's 16-sample micro-batches
     assert [("--aha-mu-f 0.1" in t) for t in throughput] == [False] * 4 + [True] + [False] * 2  # AHA at 10% routed
+    # the step profiles at the same shape: the open targets' variants first, the compiled run last
+    profiles = plan_commands(res.stdout)["train-profile"]
+    assert [re.search(r"attention/(\w+)\.yml .*attention_impl=(\w+) torch_compile=(\w+)", c).groups()
+            for c in profiles] == [("aha", "triton", "false"), ("dar", "triton", "false"), ("vanilla", "sdpa", "false"),
+                                   ("mswa", "triton", "false"), ("vanilla", "sdpa", "true")]
+    assert all("bench/profile_step.py configs/pythia-160m.yml" in c and "train_batch_size=32" in c
+               and re.search(r"--out \S+/profile/[\w-]+\.json$", c) for c in profiles)
+    assert [("--aha-mu-f 0.1" in c) for c in profiles] == [True] + [False] * 4
     assert "-k long_sequence" in res.stdout and "-k 'not long_sequence and not float32]'" in res.stdout
     assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
     assert "bench/decode.py --dtype bfloat16 --preset pythia-160m" in res.stdout
@@ -103,7 +111,8 @@ def test_rehearsal_plan_is_the_gpu_plan_at_toy_sizes():
     rehearsal = plan_commands(run("gpu_check.sh", "--rehearse", "--dry-run").stdout)
     assert list(rehearsal) == list(gpu)
     # the torch_compile runs stay on the GPU (inductor's CPU build takes minutes; tests/test_compile.py covers it)
-    gpu["train-throughput"] = [c for c in gpu["train-throughput"] if "torch_compile=true" not in c]
+    for step in ("train-throughput", "train-profile"):
+        gpu[step] = [c for c in gpu[step] if "torch_compile=true" not in c]
     files = re.compile(r"(?:tests|bench|configs(?:/attention)?)/[\w.-]+|train\.py|[\w-]+\.json|-k long_sequence")
     for step in list(gpu)[1:]:
         assert [files.findall(c) for c in rehearsal[step]] == [files.findall(c) for c in gpu[step]], step
@@ -121,7 +130,7 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-3000:]
     assert summary_rows(out / "summary.md") == {s: "ok" for s in ["install", "kernel-tests", "identities",
                                                                   "bench-attention", "train-throughput",
-                                                                  "train-smoke", "decode"]}
+                                                                  "train-profile", "train-smoke", "decode"]}
     assert "rehearsal on this CPU at toy sizes" in (out / "summary.md").read_text()
     assert re.search(r"\b8 passed\b", log) and "train-smoke: loss falls, resume continued to step 12" in log
     attention = json.loads((out / "attention.json").read_text())
@@ -133,6 +142,11 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     assert all(r["engine"]["tokens_per_sec"] > 0 and r["device"].startswith("CPU") for r in runs)
     (aha,) = [r["engine"]["aha_mu_f"] for r in runs if r["config"]["attention_type"] == "aha"]
     assert aha["target"] == 0.1 and 0 < aha["measured"] < 0.3  # 1 - 0.1 quantile thresholds; the router trains
+    profiles = {p.name: json.loads(p.read_text()) for p in (out / "profile").glob("*.json")}
+    assert sorted(profiles) == [f"{a}-compile_false.json" for a in ("aha-triton", "dar-triton", "mswa-triton",
+                                                                      "vanilla-sdpa")]
+    assert all(r["profile"]["kernel_ms"] > 0 and r["profile"]["top"] for r in profiles.values())
+    assert 0 < profiles["aha-triton-compile_false.json"]["profile"]["aha_mu_f"]["measured"] < 0.3
     decode = json.loads((out / "decode.json").read_text())
     assert decode["dtype"] == "bfloat16" and {r["context"] for r in decode["results"]} == {64}
     # the issue's targets, from the same files: every ratio computed, none judged off a GPU
@@ -142,6 +156,7 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     # every ratio measured but flex's (not run on a CPU: minutes to compile) and the MFU (no peak FLOP/s for a CPU)
     assert all(t["value"] > 0 for t in targets["targets"] if not {"MFU", "flex"} & set(t["target"].split()))
     summary = (out / "summary.md").read_text()
+    assert re.search(r"^\| aha \(triton\), \d+% routed \| [\d.]+ \| [\d.]+ \(\d+%\) \|", summary, flags=re.M)
     assert "| decode | d 128 x 4 layers, context 64, batch 1: dar tokens/s / vanilla >= 3 (" in summary
 
 
