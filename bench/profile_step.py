@@ -25,13 +25,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.train_throughput import add_aha_mu_f, aha_share, bench_config, engine_step  # noqa: E402
+from bench.train_throughput import ATTENTION_KERNEL, add_aha_mu_f, aha_share, bench_config, engine_step  # noqa: E402
 from kernels.runtime import device_report  # noqa: E402
 from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
 
 # (category, regular expression on the kernel's or operator's name); the first match wins
 CATEGORIES = (
-    ("attention", r"flash|fmha|attention|_banded|_dar|_mswa|_aha|_attn|flex|cudnn.*mha"),
+    ("attention", ATTENTION_KERNEL.pattern),
     ("loss", r"cross_entropy|log_softmax|nll|_lce|logsumexp"),
     ("optimizer", r"adam|multi_tensor|foreach|optim"),
     ("matmul", r"gemm|cutlass|sm90|xmma|nvjet|cublas|addmm|^aten::mm$|^aten::bmm$|linear"),

@@ -146,7 +146,11 @@ def engine_throughput(cfg: Config, steps: int, warmup: int, aha_mu_f: float | No
     return out
 
 
-ATTENTION_KERNEL = re.compile(r"flash|fmha|cudnn|attention|sdpa|_fwd_kernel|_bwd_kernel|_routed|_delta", re.I)
+# Attention kernels by name: SDPA's (cuDNN's, FlashAttention's, the memory-efficient one), flex_attention's, and the
+# project's Triton kernels (kernels/: the banded forward and backward, dq, delta, AHA's routed and decode's range
+# kernels) or, on CPU, their custom ops (neox_dar::mswa_forward, its autograd node, ...)
+ATTENTION_KERNEL = re.compile(r"flash|fmha|cudnn|attention|sdpa|flex|_attn|_fwd_kernel|_bwd_kernel|_dq_kernel|"
+                              r"_delta_kernel|_routed_|_range_|(dar|mswa|aha)_(forward|backward)", re.I)
 
 
 def attention_kernels(step) -> list[str]:

@@ -190,6 +190,22 @@ def test_bench_script_runs_one_tiny_step_on_cpu(script, tmp_path):
     check(report)
 
 
+def test_step_profiles_put_every_attention_kernel_under_attention():
+    """profile_step's categories by kernel name: the project's Triton kernels (names of the H200 runs) and SDPA's
+    are attention, the fused loss's kernel and custom op the loss, cuBLAS's products matmul."""
+    sys.path.insert(0, str(ROOT))
+    from bench.profile_step import category
+
+    attention = ["_fwd_kernel", "_bwd_kernel", "_dq_kernel", "_delta_kernel", "_routed_fwd_kernel",
+                 "_routed_dq_kernel", "_range_partial_kernel", "neox_dar::mswa_backward",
+                 "GeneratedBackwardFor_neox_dar_aha_forward_default",
+                 "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0",
+                 "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*)"]
+    assert {name: category(name) for name in attention} == {name: "attention" for name in attention}
+    assert category("_cross_entropy_kernel") == category("neox_dar::fused_linear_cross_entropy") == "loss"
+    assert category("nvjet_sm90_tst_192x192_64x3_2x1_v_bz_coopB_NTN") == "matmul"
+
+
 @pytest.mark.parametrize("script", ["train_throughput", "profile_step"])
 @pytest.mark.parametrize("args,message", [
     (["configs/tiny.yml", "nope=1"], "error: unknown key 'nope' in the command line"),
