@@ -553,8 +553,9 @@ def compile_report(args) -> dict:
              ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True, ATOMIC_DQ=True)),
              ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False, ATOMIC_DQ=False)),
              ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False, ATOMIC_DQ=False)),
+             ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True, ATOMIC_DQ=False)),
              ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
-             ("_routed_fwd_kernel", {}),
+             ("_routed_fwd_kernel", {}), ("_routed_dq_kernel", {}),
              ("_range_partial_kernel", {}), ("_range_merge_kernel", {})]
     # the decode kernels are not autotuned: their one launch configuration (kernels/decode.py)
     fixed = {"_range_partial_kernel": triton.Config(dict(CHUNK_=decode.CHUNK, BLOCK=decode.BLOCK_N),

@@ -12,6 +12,8 @@ Kernels:
   routed rows, into the same accumulators, so ``dk``/``dv`` are stored once.
 * ``_dq_kernel``: without ``ATOMIC_DQ``, one program per query tile and query head -> its ``dq`` over the
   forward's key tiles (three products per tile pair), written once.
+* ``_routed_dq_kernel`` (AHA, without ``ATOMIC_DQ``): the routed rows, compacted as in the forward, -> their ``dq``
+  over every causal key, written over the local-only ``dq`` of ``_dq_kernel``.
 
 Tensors as in :mod:`kernels.banded`; ``do`` any strides with unit stride on d_h; ``delta`` float32 (B*H, T).
 """
@@ -22,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .banded import FWD_KEY, PRUNE, attend_rows, kernel_strides, launch_groups, query_tile
+from .banded import FWD_KEY, PRUNE, attend_rows, kernel_strides, launch_groups, query_tile, routed_tile
 from .runtime import (HeadWindows, block_d, dot_precision, key_major_configs, new_heads, qk_scales,
                       query_major_dq_configs, s3, seq_bucket, tuned_launch)
 from .tiles import bwd_tile, key_tile_query_bounds, load_lse_delta, load_rows, store_rows
@@ -80,8 +82,8 @@ def key_set_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, n0, keys, w, T, s_qt,
 
 @triton.jit
 def routed_far_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, ROWSh, count, n0, keys, w, T, s_qt, s_dot, s_dqt,
-                    offs_m, offs_d, D: tl.constexpr, sm_scale, qk_scale, PRECISION: tl.constexpr,
-                    BLOCK_M: tl.constexpr):
+                    offs_m, offs_d, D: tl.constexpr, sm_scale, qk_scale, ATOMIC_DQ: tl.constexpr,
+                    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr):
     """The far pairs (``i - j >= w``) of one head's routed rows with the key tile ``[n0, ..)``: the rows of the
     sorted list ``ROWSh[:count]`` with a far pair here (``pos >= n0 + w``) are a suffix, found by binary search,
     so the program reads only the routed rows that need it."""
@@ -99,7 +101,7 @@ def routed_far_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, ROWSh, count, n0, 
         row_ok = rr < count
         pos = tl.load(ROWSh + rr, mask=row_ok, other=0)
         dk, dv = bwd_tile(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, pos, row_ok, keys, w, T, s_qt, s_dot, s_dqt,
-                          offs_d, D, sm_scale, qk_scale, False, True, True, PRECISION)
+                          offs_d, D, sm_scale, qk_scale, False, True, ATOMIC_DQ, PRECISION)
     return dk, dv
 
 
@@ -127,7 +129,7 @@ def key_set_grads(K, V, s_kt, s_vt, DK, DV, s_gt, Qb, DOb, DQb, LSEb, DELTAb, s_
         if ROUTED:
             dk, dv = routed_far_pass(dk, dv, k, v, Qh, DOh, LSEh, DELTAh, DQh, ROWSb + h * T, tl.load(COUNTSb + h),
                                      n0, keys, w, T, s_qt, s_dot, s_dqt, offs_m, offs_d, D, sm_scale, qk_scale,
-                                     PRECISION, BLOCK_M)
+                                     ATOMIC_DQ, PRECISION, BLOCK_M)
     store_rows(DK, dk * sm_scale, keys, key_ok, s_gt, offs_d, D)
     store_rows(DV, dv, keys, key_ok, s_gt, offs_d, D)
 
@@ -184,6 +186,27 @@ def _dq_kernel(Q, KL, VL, KF, VF, DO, LSE, DELTA, DQ, WIN, KV_HEADS,
     store_rows(DQ + b * s_dqb + h * s_dqh, dq * sm_scale, pos, row_ok, s_dqt, offs_d, D)
 
 
+@triton.autotune(configs=query_major_dq_configs(), key=["T_TUNE", "D", "R"])
+@triton.jit(do_not_specialize=["T_TUNE"])
+def _routed_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, ROWS, COUNTS,
+                      s_qb, s_qh, s_qt, s_kb, s_kh, s_kt, s_vb, s_vh, s_vt, s_dob, s_doh, s_dot, s_dqb, s_dqh, s_dqt,
+                      H, R, T, T_TUNE, D: tl.constexpr, sm_scale, qk_scale,
+                      PRECISION: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """AHA without ``ATOMIC_DQ``: ``dq`` of rows ``tile * BLOCK_M ..`` of head ``bh``'s sorted routed list (the
+    first ``COUNTS[bh]`` of ``ROWS[bh]``) over every causal key (the far path with ``w = 0``, as
+    ``_routed_fwd_kernel``), written over the local-only ``dq`` that ``_dq_kernel`` gave those rows. A program past
+    the head's count does nothing."""
+    live, bh, b, h, pos, row_ok, offs_d, q, Kp, Vp = routed_tile(Q, K, V, ROWS, COUNTS, s_qb, s_qh, s_qt, s_kb, s_kh,
+                                                                 s_vb, s_vh, H, R, T, D, BLOCK_M, BLOCK_D)
+    if live:
+        do = load_rows(DO + b * s_dob + h * s_doh, pos, row_ok, s_dot, offs_d, D)
+        lse, delta = load_lse_delta(LSE + bh * T, DELTA + bh * T, pos, row_ok)
+        dq, _, _ = attend_rows(q, (do, lse, delta), pos, tl.min(tl.where(row_ok, pos, T)),
+                               tl.max(tl.where(row_ok, pos, -1)), 0, T, Kp, Vp, Kp, Vp, s_kt, s_vt, s_kt, s_vt,
+                               D, qk_scale, False, True, True, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
+        store_rows(DQ + b * s_dqb + h * s_dqh, dq * sm_scale, pos, row_ok, s_dqt, offs_d, D)
+
+
 @triton.jit
 def _delta_kernel(O, DO, DELTA, DQ, s_ob, s_oh, s_ot, s_dob, s_doh, s_dot, s_dqb, s_dqh, s_dqt, H, T,
                   D: tl.constexpr, ZERO_DQ: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -230,21 +253,22 @@ def banded_backward(q, k_loc, v_loc, k_far, v_far, o, lse, do, windows: HeadWind
       computes each query tile's ``dq`` over the forward's key tiles (three products per pair), written once in
       the input dtype: no atomics, no float32 buffer, the same result at every run.
 
+    AHA's routed rows (``routed``: ``(rows, counts)``, :func:`kernels.aha.route_rows`): their far pairs join the
+    local key set's ``dk``/``dv`` in the key-major kernel (and, in the atomic pass, their ``dq``); in the rows pass
+    ``_routed_dq_kernel`` then computes their whole ``dq`` over every causal key, over the local one.
+
     ``dq_pass=None`` (the autograd path) takes :data:`DQ_PASS` when set, else chooses per specialization
-    (``windows.plans``): on CUDA the faster of the two, timed on first use (:func:`_timed_passes`; recorded in
-    :data:`DQ_CHOICES`), under the interpreter ``"atomic"``. AHA's routed rows (``routed``: ``(rows, counts)``,
-    :func:`kernels.aha.route_rows`; their far pairs join the local set's gradients) always use ``"atomic"``.
+    (``windows.plans``; routed or not is part of it): on CUDA the faster of the two, timed on first use
+    (:func:`_timed_passes`; recorded in :data:`DQ_CHOICES`), under the interpreter ``"atomic"``.
     ``do``: (B, H, T, d_h), unit stride on d_h. Returns ``(dq, dk_loc, dv_loc, dk_far, dv_far)`` in the input dtype;
     the far pair is ``None`` unless ``has_far``.
     """
     precision = dot_precision(q.dtype, q.device)
-    spec = (q.dtype, q.shape[-1], q.shape[1] // k_loc.shape[1], has_far, precision)
+    spec = (q.dtype, q.shape[-1], q.shape[1] // k_loc.shape[1], has_far, routed is not None, precision)
     dq_pass = dq_pass or DQ_PASS
     if dq_pass is not None and dq_pass not in DQ_PASSES:
         raise ValueError(f"banded_backward: dq_pass must be one of {DQ_PASSES} or None, got {dq_pass!r}")
-    if routed is not None:  # AHA: the routed rows' far pairs are visited key-major only
-        dq_pass = "atomic"
-    elif dq_pass is None:
+    if dq_pass is None:
         dq_pass = windows.plans.get(("dq_pass", *spec))
         if dq_pass is None:
             dq_pass = "atomic"
@@ -253,7 +277,8 @@ def banded_backward(q, k_loc, v_loc, k_far, v_far, o, lse, do, windows: HeadWind
                                                           has_far, routed, p, precision))
                 dq_pass = min(times, key=times.get)
                 DQ_CHOICES.append({"dtype": str(q.dtype).removeprefix("torch."), "head_dim": q.shape[-1],
-                                   "group": spec[2], "has_far": has_far, "seq_len": q.shape[2],
+                                   "group": spec[2], "has_far": has_far, "routed": routed is not None,
+                                   "seq_len": q.shape[2],
                                    "windows": sorted(set(windows.values.tolist())), "median_ms": times,
                                    "dq_pass": dq_pass})
             windows.plans[("dq_pass", *spec)] = dq_pass
@@ -309,4 +334,10 @@ def _backward(q, k_loc, v_loc, k_far, v_far, o, lse, do, windows: HeadWindows, h
         return dq.to(q.dtype), dkl, dvl, dkf, dvf
     tuned_launch(_dq_kernel, windows.plans, ("dq", q.dtype, D, R, has_far, precision), launch_groups(windows),
                  lambda meta, g: (triton.cdiv(T, meta["BLOCK_M"]), B * g["G"] * R), dict(shared, HAS_LOCAL=True))
+    if routed is not None:  # AHA: the routed rows' dq again, over every causal key, written over the local one
+        args = dict(Q=q, K=k_loc, V=v_loc, DO=do, LSE=lse, DELTA=delta, DQ=dq, ROWS=rows, COUNTS=counts,
+                    **kernel_strides(q=q, k=k_loc, v=v_loc, do=do, dq=dq), H=H, R=R, T=T, T_TUNE=seq_bucket(T), D=D,
+                    sm_scale=sm_scale, qk_scale=qk_scale, PRECISION=precision, BLOCK_D=block_d(D))
+        tuned_launch(_routed_dq_kernel, windows.plans, ("routed_dq", q.dtype, D, R, precision), [{}],
+                     lambda meta, g: (triton.cdiv(T, meta["BLOCK_M"]), B * H), args)
     return dq, dkl, dvl, dkf, dvf

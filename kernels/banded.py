@@ -104,6 +104,28 @@ def query_tile(Q, WIN, KV_HEADS, s_qb, s_qh, s_qt, G, R, T, D: tl.constexpr, BLO
 
 
 @triton.jit
+def routed_tile(Q, K, V, ROWS, COUNTS, s_qb, s_qh, s_qt, s_kb, s_kh, s_vb, s_vh, H, R, T, D: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The routed kernels' program (grid ``(row tiles, B x H)``, the heaviest (last) tiles first): rows
+    ``tile * BLOCK_M ..`` of head ``bh``'s sorted routed list (``ROWS[bh]``, the first ``COUNTS[bh]`` valid):
+    ``(live, bh, b, h, pos, row_ok, offs_d, q, Kp, Vp)``: whether the tile holds a routed row (a program past the
+    head's count has nothing to do), the (batch, head) row, batch, query head, positions (BLOCK_M,), their
+    validity, the head-dim offsets, the rows of ``Q`` and the head's key/value pointers."""
+    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # later routed rows see more keys
+    bh = tl.program_id(1)
+    count = tl.load(COUNTS + bh)
+    b = bh // H
+    h = bh % H
+    kv = h // R
+    r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = r < count
+    pos = tl.load(ROWS + bh * T + r, mask=row_ok, other=0)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = load_rows(Q + b * s_qb + h * s_qh, pos, row_ok, s_qt, offs_d, D)  # masked: nothing read past the count
+    return tile * BLOCK_M < count, bh, b, h, pos, row_ok, offs_d, q, K + b * s_kb + kv * s_kh, V + b * s_vb + kv * s_vh
+
+
+@triton.jit
 def query_head(j, KV_HEADS, R):
     """Query head of launch slot ``j`` (0 <= j < G * R): the ``j % R``-th query head of key/value head
     ``KV_HEADS[j // R]``. Returns ``(h, kv)``."""
@@ -141,21 +163,10 @@ def _routed_fwd_kernel(Q, K, V, O, LSE, ROWS, COUNTS,
                        BLOCK_N: tl.constexpr):
     """Rows ``tile * BLOCK_M ..`` of head ``bh``'s sorted routed list (``ROWS[bh]``, the first ``COUNTS[bh]``
     valid): full causal attention (the far path with ``w = 0``), written over the local pass's rows of ``O`` and
-    ``LSE``. A program past the head's count returns at once."""
-    tile = tl.num_programs(0) - 1 - tl.program_id(0)  # later routed rows see more keys: the heaviest first
-    bh = tl.program_id(1)
-    count = tl.load(COUNTS + bh)
-    if tile * BLOCK_M < count:
-        b = bh // H
-        h = bh % H
-        kv = h // R
-        r = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_ok = r < count
-        pos = tl.load(ROWS + bh * T + r, mask=row_ok, other=0)
-        offs_d = tl.arange(0, BLOCK_D)
-        q = load_rows(Q + b * s_qb + h * s_qh, pos, row_ok, s_qt, offs_d, D)
-        Kp = K + b * s_kb + kv * s_kh
-        Vp = V + b * s_vb + kv * s_vh
+    ``LSE``. A program past the head's count does nothing."""
+    live, bh, b, h, pos, row_ok, offs_d, q, Kp, Vp = routed_tile(Q, K, V, ROWS, COUNTS, s_qb, s_qh, s_qt, s_kb, s_kh,
+                                                                 s_vb, s_vh, H, R, T, D, BLOCK_M, BLOCK_D)
+    if live:
         acc, m_i, l_i = attend_rows(q, None, pos, tl.min(tl.where(row_ok, pos, T)),
                                     tl.max(tl.where(row_ok, pos, -1)), 0, T, Kp, Vp, Kp, Vp, s_kt, s_vt, s_kt, s_vt,
                                     D, qk_scale, False, True, False, PRECISION, BLOCK_M, BLOCK_N, BLOCK_D)
@@ -189,7 +200,7 @@ def banded_forward(q, k_loc, v_loc, k_far, v_far, windows: HeadWindows, has_loca
 
 def routed_forward(q, k, v, o, lse, windows: HeadWindows, rows, counts):
     """Overwrite the routed rows (:func:`kernels.aha.route_rows`) of ``o``/``lse`` with full causal attention.
-    One program per (tile of routed rows, query head); a tile past its head's count returns at once."""
+    One program per (tile of routed rows, query head); a tile past its head's count does nothing."""
     B, H, T, D = q.shape
     R = H // k.shape[1]
     _, qk_scale = qk_scales(D)

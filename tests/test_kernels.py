@@ -303,9 +303,19 @@ def test_mswa_with_the_query_major_dq_pass_matches_reference(B, H, T, D, windows
     test_mswa_matches_reference(B, H, T, D, windows, dtype)
 
 
+# AHA: some rows routed over tiles, every row routed (the routed dq kernel writes over all of them), w = T, none
+@pytest.mark.parametrize("B,H,T,D,w,frac,dtype", [(*AHA_CASES[0], torch.float32), (*AHA_CASES[2], torch.float32),
+                                                  (*AHA_CASES[3], torch.float32), (*AHA_CASES[4], torch.float32),
+                                                  (*AHA_CASES[1], torch.float16)], ids=dtype_id)
+def test_aha_with_the_query_major_dq_pass_matches_reference(B, H, T, D, w, frac, dtype, rows_dq_pass):
+    """AHA's "rows" pass: the key-major kernel's routed far pairs without atomic dq, then the local dq of every
+    row and the routed rows' full dq written over it."""
+    test_aha_matches_reference(B, H, T, D, w, frac, dtype)
+
+
 @pytest.mark.parametrize("variant", ["dar", "mswa", "aha"])
 def test_grouped_query_attention_with_the_query_major_dq_pass_matches_reference(variant, rows_dq_pass):
-    """Grouped key/value heads; AHA's routed rows keep the atomic pass (their far pairs are visited key-major)."""
+    """Grouped key/value heads (AHA's routed rows read their key/value head's every causal key)."""
     test_grouped_query_attention_matches_reference(variant, *GQA_CASES[0])
 
 
@@ -327,6 +337,14 @@ def test_the_dq_passes_agree_and_the_query_major_one_is_repeatable():
     for a, r, r2 in zip(atomic, rows, again):
         assert r.dtype == q.dtype and rel_err(r, a.double()) < 1e-6
         assert torch.equal(r, r2)
+    # AHA's routed rows (a third of them): the same agreement, the rows pass repeatable
+    routed = route_rows(torch.rand(2, 2, 45, device=DEVICE) < 0.3)
+    o, lse = banded.banded_forward(q, kl, vl, kl, vl, win, True, False)
+    banded.routed_forward(q, kl, vl, o, lse, win, *routed)
+    atomic, rows, again = (backward.banded_backward(q, kl, vl, kl, vl, o, lse, do, win, False, routed, dq_pass=p)
+                           for p in ("atomic", "rows", "rows"))
+    for a, r, r2 in zip(atomic[:3], rows[:3], again[:3]):
+        assert rel_err(r, a.double()) < 1e-6 and torch.equal(r, r2)
     with pytest.raises(ValueError, match="dq_pass must be one of"):
         backward.banded_backward(q, kl, vl, kf, vf, o, lse, do, win, True, dq_pass="fast")
 
@@ -414,7 +432,8 @@ def test_each_kernel_pass_launches_what_it_must_and_nothing_more(monkeypatch):
     one banded kernel (AHA: and the routed rows' kernel, after compacting the rows: five small PyTorch operators).
     Backward (the atomic dq pass, the interpreter's default): the row deltas (which also zero the float32 dq
     accumulator) and the key-major kernel (then, for half inputs, dq's cast); with the query-major dq pass, the row
-    deltas, the key-major kernel and the dq kernel. Autograd makes no zero gradient for the LSE (or AHA's rows)."""
+    deltas, the key-major kernel and the dq kernel (AHA: and the routed rows' dq kernel). Autograd makes no zero
+    gradient for the LSE (or AHA's rows)."""
     from kernels import backward, banded
     from kernels.aha import route_rows
 
@@ -448,6 +467,12 @@ def test_each_kernel_pass_launches_what_it_must_and_nothing_more(monkeypatch):
     _, triton_bwd, torch_bwd = count(lambda: backward.banded_backward(q, k, v, k, v, o, lse, do, win, False,
                                                                     dq_pass="rows"))
     assert triton_bwd == ["_delta_kernel", "_bwd_kernel", "_dq_kernel"] and torch_bwd == []
+    # AHA's query-major pass: and the routed rows' dq kernel
+    rows, counts = route_rows(gate)
+    backward.banded_backward(q, k, v, k, v, o, lse, do, win, False, (rows, counts), dq_pass="rows")  # tunes
+    _, triton_bwd, torch_bwd = count(lambda: backward.banded_backward(q, k, v, k, v, o, lse, do, win, False,
+                                                                    (rows, counts), dq_pass="rows"))
+    assert triton_bwd == ["_delta_kernel", "_bwd_kernel", "_dq_kernel", "_routed_dq_kernel"] and torch_bwd == []
     _, _, torch_rows = count(lambda: route_rows(gate))
     assert torch_rows == ["bitwise_not", "_to_copy", "sort", "_to_copy", "sum"]
 
