@@ -43,7 +43,8 @@ _GPU_CONFIGS = [
 # Key-major backward (dk/dv, and dq by atomic adds): BLOCK_N keys own two (BLOCK_N, d_h) float32 accumulators and
 # each step computes five products over BLOCK_M query rows (FlashAttention-2's backward), so it takes fewer query
 # rows per step than the forward, and 8 warps except for 16-row steps: with 4 warps, 32- and 64-row steps spill at
-# d_h = 64. Each candidate below is spill-free at d_h 32 and 64 in every backward variant (DAR, local, AHA).
+# d_h = 64. Under Triton 3.9 each candidate below is spill-free at d_h 32 and 64 in the DAR and local backward; with
+# atomic dq AHA's 32 x 64 spills 40 bytes at d_h 64, and Triton 3.6 spills a few more (docs/kernels.md's table).
 _GPU_KEY_MAJOR_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=nw, num_stages=ns)
     for bm, bn, nw, ns in [(64, 64, 8, 3), (32, 64, 8, 3), (16, 64, 4, 3), (16, 128, 8, 2), (64, 32, 8, 3)]
