@@ -22,7 +22,8 @@ the slowest part on a GPU) runs last, in a pass of its own: a run stopped by a t
 The JSON records which flash kernels SDPA ran (profiler names) and PyTorch's active flash implementation.
 ``--profile`` runs the ``triton`` and ``sdpa_causal`` forward+backward once more under torch's profiler and records,
 per row, each CUDA kernel's launches and device microseconds beside the call's wall microseconds (``profile``): where
-a kernel's time goes, and how much of the call the device spends waiting for the host.
+a kernel's time goes, and how much of the call the device spends waiting for the host; and, outside the profiler,
+the host's milliseconds to issue one forward+backward (``host_fwd_bwd_ms``), against the device-timed ones.
 
 Modes:
   python bench/attention.py                      # CUDA (the target). Defaults: bf16, B=8, H=12, d_h=64,
@@ -388,11 +389,27 @@ def timed(fn, inputs, timer, torch, chunk: int, profile: bool = False) -> dict:
 
     r = {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
     if profile:
+        r["host_fwd_bwd_ms"] = host_ms(fwd_bwd, torch, timer.gpu)
         try:
             r["profile"] = launch_profile(fwd_bwd, torch, timer.gpu)
         except Exception as e:  # noqa: BLE001  (the timings above stand; the record says why the profile is missing)
             r["profile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     return r
+
+
+def host_ms(fn, torch, gpu: bool, calls: int = 10) -> float:
+    """Median milliseconds the host takes to return from ``fn()`` with the device idle at the start (synchronized
+    before each call, not after): on the GPU the time to issue the call's work. Near the call's device-timed
+    milliseconds, the host sets the pace; well below, the device does. On CPU the call's wall time."""
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    times = []
+    for _ in range(calls):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    sync()
+    return statistics.median(times)
 
 
 def launch_profile(fn, torch, gpu: bool, top: int = 12) -> dict:
