@@ -553,7 +553,7 @@ summary() {
     echo
     if ls "$LOG_DIR"/profile/*.json >/dev/null 2>&1; then
       echo "Where a training step's time goes (bench/profile_step.py; profile/; per optimizer step, kernel time by"
-      echo "category in ms; busy: kernel time / wall time):"
+      echo "category in ms; busy: kernel time / wall time, a lower bound: the profiler slows the host):"
       echo
       profile_table
       echo
