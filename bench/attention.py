@@ -389,30 +389,31 @@ def timed(fn, inputs, timer, torch, chunk: int, profile: bool = False) -> dict:
 
     r = {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
     if profile:
-        r["host_fwd_bwd_ms"] = host_ms(fwd_bwd, torch, timer.gpu)
+        r["host_fwd_bwd_ms"] = host_ms(fwd_bwd, inputs[0].device)
         try:
-            r["profile"] = launch_profile(fwd_bwd, torch, timer.gpu)
+            r["profile"] = launch_profile(fwd_bwd, inputs[0].device)
         except Exception as e:  # noqa: BLE001  (the timings above stand; the record says why the profile is missing)
             r["profile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     return r
 
 
-def host_ms(fn, torch, gpu: bool, calls: int = 10) -> float:
-    """Median milliseconds the host takes to return from ``fn()`` with the device idle at the start (synchronized
+def host_ms(fn, device, calls: int = 10) -> float:
+    """Median milliseconds the host takes to return from ``fn()`` with ``device`` idle at the start (synchronized
     before each call, not after): on the GPU the time to issue the call's work. Near the call's device-timed
     milliseconds, the host sets the pace; well below, the device does. On CPU the call's wall time."""
-    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    from neox_dar.provenance import synchronize
+
     times = []
     for _ in range(calls):
-        sync()
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    sync()
+    synchronize(device)
     return statistics.median(times)
 
 
-def launch_profile(fn, torch, gpu: bool, top: int = 12) -> dict:
+def launch_profile(fn, device, top: int = 12) -> dict:
     """``fn()`` once more (it has run already: tuned, compiled) under torch's profiler. On the GPU: every CUDA
     kernel it launched, with its launches and device microseconds, their sums, and the call's wall microseconds to
     the end of its last kernel; a wall time well above the kernels' sum is time the device waits for the host
@@ -422,12 +423,14 @@ def launch_profile(fn, torch, gpu: bool, top: int = 12) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    sync = torch.cuda.synchronize if gpu else (lambda: None)
-    sync()
+    from neox_dar.provenance import synchronize
+
+    gpu = device.type == "cuda"
+    synchronize(device)
     with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
         start = time.perf_counter()
         fn()
-        sync()
+        synchronize(device)
         wall_us = (time.perf_counter() - start) * 1e6
     want = DeviceType.CUDA if gpu else DeviceType.CPU
     rows = [{"name": e.key, "launches": e.count,
