@@ -79,7 +79,8 @@ def add_aha_mu_f(parser: argparse.ArgumentParser) -> None:
 def bench_config(args: argparse.Namespace) -> Config:
     """The config of a training benchmark's ``config`` arguments (files and key=value overrides), with
     ``aha_router_init=random`` under ``--aha-mu-f`` (a zero router scores every row 1/2); a bad config or share is a
-    one-line error (exit 2)."""
+    one-line error (exit 2). With ``--aha-mu-f`` the config is read twice, first without that key, so a model
+    without AHA layers gets the one-line error and not the key's has-no-effect warning before it."""
     paths, overrides = split_args(args.config)
     try:
         cfg = load_config(*paths, overrides=overrides)

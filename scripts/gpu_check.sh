@@ -438,21 +438,30 @@ if os.environ.get("FORKED_RCS"):
 sys.exit(int(any(rcs)))
 EOF
 
-do_train_throughput() {
-  rm -rf "$WORK/throughput" "$LOG_DIR/train_throughput.json"
-  mkdir -p "$WORK/throughput"
+run_engine_commands() {  # run_engine_commands STEP [MERGE]: STEP's training-engine command lines, each as a
+  # process of its own (--rehearse: in forks of one process, run_forked); MERGE=merge: merge_throughput after each
+  # run (a step stopped by its time limit keeps the runs it finished). Exit status 1 when a run failed.
   local failed=0 cmd cmds
-  if [ "$REHEARSE" = 1 ]; then  # the same command lines, each in a fork of one process (run_forked)
-    mapfile -t cmds < <(step_commands train-throughput)
-    FORKED_MERGE=1 run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches \
-      "${cmds[@]}" || failed=1
+  if [ "$REHEARSE" = 1 ]; then
+    mapfile -t cmds < <(step_commands "$1")
+    FORKED_MERGE=$([ "${2:-}" = merge ] && echo 1) \
+      run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches "${cmds[@]}" \
+      || failed=1
   else
     while read -r cmd; do
       echo "--- ${cmd##*/}"
       eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
-      merge_throughput  # after each run: a step stopped by its time limit keeps the runs it finished
-    done < <(step_commands train-throughput)
+      [ "${2:-}" = merge ] && merge_throughput
+    done < <(step_commands "$1")
   fi
+  return $failed
+}
+
+do_train_throughput() {
+  rm -rf "$WORK/throughput" "$LOG_DIR/train_throughput.json"
+  mkdir -p "$WORK/throughput"
+  local failed=0
+  run_engine_commands train-throughput merge || failed=1
   merge_throughput --table || failed=1
   return $failed
 }
@@ -460,16 +469,8 @@ do_train_throughput() {
 do_train_profile() {
   rm -rf "$LOG_DIR/profile"
   mkdir -p "$LOG_DIR/profile"
-  local failed=0 cmd cmds
-  if [ "$REHEARSE" = 1 ]; then  # the same command lines, each in a fork of one process (run_forked)
-    mapfile -t cmds < <(step_commands train-profile)
-    run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches "${cmds[@]}" || failed=1
-  else
-    while read -r cmd; do
-      echo "--- ${cmd##*/}"
-      eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
-    done < <(step_commands train-profile)
-  fi
+  local failed=0
+  run_engine_commands train-profile || failed=1
   profile_table "$(profile_runs | wc -l)" || failed=1
   return $failed
 }
