@@ -17,7 +17,6 @@ import argparse
 import sys
 import typing
 
-
 from .config import Config, split_args
 from .model import build_meta_model, count_parameters, flops_per_token
 from .training.checks import load_checked

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from ..config import ModelConfig, model_config_from_flat, model_flat
 from ..model import CausalLM, build_meta_model
 from ..tokenizer import copy_tokenizer, tokenizer_file

@@ -119,5 +119,3 @@ def initialise_new(model: CausalLM, cfg: ModelConfig, missing: set[str], hf_dir:
         if name in modules:
             module.to_empty(device="cpu", recurse=False)
     init_weights(model, cfg, only=modules)
-
-
