@@ -136,46 +136,56 @@ def thousands(tokens_per_sec: float) -> str:
     return f"{tokens_per_sec / 1e3:.1f}k"
 
 
-KIT_RUN = ROOT / "bench" / "results" / "gpu-h200-2026-11-28" / "part2" / "train_throughput.json"
+KIT_RUNS = ROOT / "bench" / "results"
 
 
-def kit_engines() -> dict[str, dict]:
-    """The 2026-11-28 kit run's throughput engines, by the fused-loss run's names (``<variant>[_compile]``)."""
-    runs = json.loads(KIT_RUN.read_text())["runs"]
+def kit_engines(folder: str) -> dict[str, dict]:
+    """A kit run's throughput engines (``<folder>/part2/train_throughput.json``), by the fused-loss run's names
+    (``<variant>[_compile]``)."""
+    runs = json.loads((KIT_RUNS / folder / "part2" / "train_throughput.json").read_text())["runs"]
     return {r["config"]["attention_type"] + ("_compile" if r["config"]["torch_compile"] else ""): r["engine"]
             for r in runs}
 
 
 def test_training_docs_gpu_table_is_the_h200_result_files():
-    """docs/training.md's GPU speed table: every tokens/s, MFU and ratio is one of its committed H200 result files'
-    (before the fused loss, with it, and the kit's run now)."""
+    """docs/training.md's GPU speed table: every tokens/s, MFU, routed share and ratio is one of its committed H200
+    result files' (before the fused loss, with it, the first kit run of 2026-11-28 and the latest)."""
     docs = (ROOT / "docs" / "training.md").read_text()
     fused = {p.stem.removeprefix("tp_"): json.loads(p.read_text())["engine"] for p in GPU_RUN.glob("tp_*.json")}
     assert set(fused) == {"vanilla", "mswa", "dar", "aha", "vanilla_compile", "mswa_compile"}
-    now = kit_engines()
-    assert set(now) == set(fused) | {"swa"}
+    earlier, now = kit_engines("gpu-h200-2026-11-28"), kit_engines("gpu-h200-2026-11-28b")
+    assert set(now) == set(earlier) == set(fused) | {"swa"}
     rows = {"vanilla": "| vanilla (sdpa) |", "mswa": "| MSWA (triton) |", "swa": "| SWA (triton) |",
-            "dar": "| DAR (triton) |", "aha": "| AHA (triton), no row routed |",
+            "dar": "| DAR (triton) |", "aha": "| AHA (triton) |",
             "vanilla_compile": "| vanilla (sdpa), `torch_compile: true` |",
             "mswa_compile": "| MSWA (triton), `torch_compile: true` |"}
     for name, label in rows.items():
-        (row,) = [line for line in docs.splitlines() if line.startswith(label)]
+        row = row_of(docs, label)
         cells = [c.strip() for c in row.strip("|").split("|")]
         baseline = now["vanilla_compile" if name.endswith("compile") else "vanilla"]["tokens_per_sec"]
-        assert cells[3].startswith(thousands(now[name]["tokens_per_sec"])), (name, row)
-        assert cells[4].startswith(f"{now[name]['tokens_per_sec'] / baseline:.3f}") or cells[4] == "1", (name, row)
+        assert cells[4].startswith(thousands(now[name]["tokens_per_sec"])), (name, row)
+        assert cells[3].startswith(thousands(earlier[name]["tokens_per_sec"])), (name, row)
+        assert cells[5].startswith(f"{now[name]['tokens_per_sec'] / baseline:.3f}") or cells[5] == "1", (name, row)
         assert cells[2].startswith(thousands(fused[name]["tokens_per_sec"])) if name in fused else cells[2] == "not run"
         if name.startswith("vanilla"):
-            assert f"MFU {100 * now[name]['mfu']:.1f}%" in cells[3] and f"MFU {100 * fused[name]['mfu']:.1f}%" in cells[2]
+            for cell, engine in ((cells[4], now), (cells[3], earlier), (cells[2], fused)):
+                assert f"MFU {100 * engine[name]['mfu']:.1f}%" in cell, (name, row)
+    share = now["aha"]["aha_mu_f"]["measured"]
+    assert f"{100 * share:.1f}% of rows routed" in row_of(docs, rows["aha"]) and "aha_mu_f" not in earlier["aha"]
     before = json.loads((ROOT / "bench/results/gpu-h200-2026-11-27/train_throughput.json").read_text())["runs"]
     for run in before:
         label = rows[run["config"]["attention_type"]]
-        (row,) = [line for line in docs.splitlines() if line.startswith(label)]
+        row = row_of(docs, label)
         assert f"| {thousands(run['engine']['tokens_per_sec'])}" in row, (label, row)
 
 
+def row_of(docs: str, label: str) -> str:
+    (row,) = [line for line in docs.splitlines() if line.startswith(label)]
+    return row
+
+
 def test_readme_gpu_sentence_is_the_h200_result_files():
-    engine = kit_engines()
+    engine = kit_engines("gpu-h200-2026-11-28b")
     v, vc = engine["vanilla"], engine["vanilla_compile"]
     text = " ".join(README.split())
     assert (f"{thousands(v['tokens_per_sec'])} tokens/s (MFU {100 * v['mfu']:.1f}%) with vanilla attention, "
