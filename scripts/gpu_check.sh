@@ -10,8 +10,8 @@
 # NEOX_DAR_GIT_COMMIT=<hash> bash scripts/gpu_check.sh (the hash written out: it is read there), and every result
 # file and the summary record it.
 #
-#   bash scripts/gpu_check.sh --part 1       # --quick, the kernels: kernel-tests, bench-attention (< 7 min)
-#   bash scripts/gpu_check.sh --part 2       # --quick, training and decoding: train-throughput, decode (< 7 min)
+#   bash scripts/gpu_check.sh --part 1       # --quick, the kernels: kernel-tests, bench-attention (< 7.5 min)
+#   bash scripts/gpu_check.sh --part 2       # --quick, training and decoding: train-throughput, decode (< 5.5 min)
 #   bash scripts/gpu_check.sh --part 3       # --quick, the long checks: identities, train-profile, train-smoke
 #                                            #   (< 8 min)
 #                                            #   (a session's device lease is 15 minutes, the machine's start
@@ -118,18 +118,18 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# Time limit of each step, seconds: --quick's parts 1 and 2 sum (each with its install) to under 13 minutes, what a
-# 15-minute lease leaves after the machine's start; --full is split by --steps. From the H200 runs' measured
-# seconds: on 2026-11-27 (bench/results/gpu-h200-2026-11-27*) identities 64, train-smoke 52; on 2026-11-28
-# (bench/results/gpu-h200-2026-11-28: the machine's start and transfers 38 s) install 14 (8 on the warm machine),
-# kernel-tests 118, bench-attention over 170 with every method (DAR and SWA at six methods each, then stopped: the
-# kernels' autotuning and the float32 reference's timing; --quick now times the targets' methods only, flex for MSWA
-# alone, and bench/attention.py saves after each kernel and T, so a cut run keeps those it finished), the seven 160M
-# throughput runs 254 in all, decode 22 (a 6-layer model: the preset's shape was lost; the 160M shape takes longer).
+# Time limit of each step, seconds: --quick's parts 1 and 2 sum (each with its install) to 12.5 minutes, what a
+# 15-minute lease leaves after the machine's start (38 s and about 130 s on the two 2026-11-28 leases); --full is
+# split by --steps. From the H200 runs' measured seconds: on 2026-11-27 (bench/results/gpu-h200-2026-11-27*)
+# identities 64, train-smoke 52; on 2026-11-28 (bench/results/gpu-h200-2026-11-28 and -28b) install 14 (7-8 on the
+# warm machine), kernel-tests 118 and then over 140 (8 workers: 112 of 116 tests in 140 s, so 14 workers now),
+# bench-attention 240 with the targets' methods, stopped in its last call, MSWA's flex baseline (inductor's compile;
+# bench/attention.py saves after each kernel and T, so a cut run keeps those it finished), the seven 160M
+# throughput runs 254 and 231, decode 22 (a 6-layer model) and 27 (the 160M shape).
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
-# train-profile, not yet run: five 160M runs at the throughput runs' ~36 s each, the compiled one longer.
-declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=140 [identities]=90 [bench-attention]=240
-                        [train-throughput]=280 [train-profile]=270 [train-smoke]=70 [decode]=60)
+# train-profile, not yet run: five 160M runs at the throughput runs' ~33 s each, the compiled one longer.
+declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=150 [identities]=90 [bench-attention]=260
+                        [train-throughput]=250 [train-profile]=270 [train-smoke]=70 [decode]=40)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
                        [train-throughput]=1500 [train-profile]=400 [train-smoke]=120 [decode]=300)
 # --rehearse: the CPU's times (a shared 2-core machine: each step takes 10-60 s), limits that only catch a hang
@@ -152,7 +152,7 @@ ATTENTION_METHODS=""  # --full: every method
 # --quick: the targets' methods only (the reference checks every output untimed; flex for MSWA, its one target)
 [ "$MODE" = quick ] && ATTENTION_METHODS="--methods triton sdpa_causal flex --flex-kernels mswa"
 if [ "$REHEARSE" = 0 ]; then
-  XDIST="-n 8"                    # 16 cores: compile kernel specializations in parallel processes
+  XDIST="-n 14"                   # 16 cores: compile kernel specializations in parallel processes
   KERNEL_TESTS="not long_sequence"
   [ "$MODE" = quick ] && KERNEL_TESTS="not long_sequence and not float32]"  # the matrices' float32 ids
   LONG_T=8192
