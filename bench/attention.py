@@ -86,7 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true",
                    help="also run the triton and sdpa_causal methods' forward+backward once under torch's profiler: "
                         "each kernel's launches and device microseconds against the call's wall microseconds "
-                        "(on CPU: aten ops and CPU microseconds)")
+                        "(on CPU: aten ops and CPU microseconds); time the host's issuing of one forward+backward; "
+                        "on a GPU, time it replayed from a CUDA graph (the device's time without the host's)")
     p.add_argument("--out", type=Path, default=None, help="JSON path (default bench/results/attention-<tag>.json)")
     args = p.parse_args(argv)
     if args.interpret:
@@ -390,6 +391,11 @@ def timed(fn, inputs, timer, torch, chunk: int, profile: bool = False) -> dict:
     r = {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
     if profile:
         r["host_fwd_bwd_ms"] = host_ms(fwd_bwd, inputs[0].device)
+        if timer.gpu:
+            try:
+                r["graph_fwd_bwd_ms"] = graph_ms(fwd_bwd, timer, torch)
+            except Exception as e:  # noqa: BLE001  (the eager timings stand; the record says why this one is missing)
+                r["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         try:
             r["profile"] = launch_profile(fwd_bwd, inputs[0].device)
         except Exception as e:  # noqa: BLE001  (the timings above stand; the record says why the profile is missing)
@@ -411,6 +417,27 @@ def host_ms(fn, device, calls: int = 10) -> float:
         times.append((time.perf_counter() - t0) * 1e3)
     synchronize(device)
     return statistics.median(times)
+
+
+def graph_ms(fn, timer, torch) -> float:
+    """Median milliseconds of ``fn()`` (a forward+backward that has run already: tuned, its ``dq`` pass chosen)
+    captured once into a CUDA graph and replayed: the device's time for the call's work with the host's cost of
+    issuing it (Python, autograd, the launches) taken out, as torch.compile's CUDA graphs would. The eager
+    ``fwd_bwd_ms`` is the larger of this and the host's time (``host_fwd_bwd_ms``)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up on the capture's stream, as torch.cuda.graph's documentation asks
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return timer.ms(graph.replay)
+    finally:
+        del graph
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
 
 
 def launch_profile(fn, device, top: int = 12) -> dict:
@@ -517,7 +544,8 @@ def check_and_time(name: str, T: int, method: str, fn, err, inputs, args, timer,
     elif "profile" in r:
         prof = r["profile"]
         print(f"      profiled fwd+bwd: {prof['launches']} {prof['what']}, {prof['kernel_us']:.1f} us of them in "
-              f"{prof['wall_us']:.1f} us wall", flush=True)
+              f"{prof['wall_us']:.1f} us wall; host {fmt(r['host_fwd_bwd_ms'])} ms to issue, replayed from a CUDA "
+              f"graph {fmt(r.get('graph_fwd_bwd_ms'))} ms {r.get('graph_error', '')}", flush=True)
     return r
 
 

@@ -79,14 +79,19 @@ def row(area: str, target: str, value: float | None, op: str, bound: float, judg
 def attention_targets(results: list[dict], judged: bool) -> list[dict]:
     """:data:`ATTENTION_TARGETS` over bench/attention.py's ``results`` (forward+backward ms per kernel, T, method)."""
     times: dict[tuple[str, int], dict[str, float | None]] = {}
+    graphs: dict[tuple[str, int], dict[str, float | None]] = {}  # --profile on a GPU: replayed from a CUDA graph
     for r in results:
         times.setdefault((r["kernel"], r["T"]), {})[r["method"]] = r.get("fwd_bwd_ms")
+        graphs.setdefault((r["kernel"], r["T"]), {})[r["method"]] = r.get("graph_fwd_bwd_ms")
     out = []
     for kernel, num, den, op, bound, which in ATTENTION_TARGETS:
         lengths = sorted(T for k, T in times if k == kernel)
         for T in {"all": lengths, "shortest": lengths[:1], "longest": lengths[-1:]}[which]:
             a, b = times[(kernel, T)].get(num), times[(kernel, T)].get(den)
             note = "" if a and b else f"{num if not a else den} not timed"
+            ga, gb = graphs[(kernel, T)].get(num), graphs[(kernel, T)].get(den)
+            if ga and gb:  # reported beside the judged eager ratio: the device's share without the host's
+                note = "; ".join(filter(None, [note, f"replayed from CUDA graphs: {ga / gb:.3f}"]))
             out.append(row("attention", f"{kernel} T={T}: {num} / {den} fwd+bwd", a / b if a and b else None,
                            op, bound, judged, note))
     return out

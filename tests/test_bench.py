@@ -32,6 +32,7 @@ def check_attention(r: dict) -> None:
         assert 0 < prof["kernel_us"] and all(k["launches"] > 0 and k["us"] >= 0 for k in prof["kernels"])
     assert not [m for m in methods
                 if m not in ("triton", "sdpa_causal") and {"profile", "host_fwd_bwd_ms"} & set(methods[m])]
+    assert not [m for m in methods if {"graph_fwd_bwd_ms", "graph_error"} & set(methods[m])]  # CUDA graphs: GPU only
     assert methods["sdpa_causal"]["rel_err_vs_reference"] is None  # another mask: the targets' speed baseline
     assert [t["target"] for t in r["targets"]] == ["dar T=32: triton / sdpa_causal fwd+bwd <= 1.1"]
     assert all(t["value"] > 0 and t["met"] is None for t in r["targets"])  # computed, not judged off a GPU
@@ -273,3 +274,32 @@ def test_a_failed_profile_keeps_the_timings(monkeypatch):
     r = attention.timed(lambda t: t * 2, [x], timer, torch, chunk=2, profile=True)
     assert r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0
     assert r["profile"] == {"error": "RuntimeError: profiler unavailable"}
+
+
+@pytest.mark.parametrize("graph", ["replays", "raises"])
+def test_the_graph_replay_timing_is_recorded_or_its_error_keeps_the_timings(monkeypatch, graph):
+    """bench/attention.py --profile on a GPU (the timer's device faked here): the forward+backward replayed from
+    a CUDA graph is recorded beside the eager timings, and a capture that fails leaves them and says why."""
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from bench import attention
+
+    def replayed(fn, timer, torch):
+        if graph == "raises":
+            raise RuntimeError("operation not permitted when stream is capturing\nsecond line")
+        return 0.25
+
+    monkeypatch.setattr(attention, "graph_ms", replayed)
+    monkeypatch.setattr(attention.Timer, "ms", lambda self, fn: (fn(), 1.5)[1])
+    monkeypatch.setattr(attention.Timer, "peak_mb", lambda self, fn: 3.0)
+    args = attention.parse_args(["--interpret", "--warmup-ms", "0", "--rep-ms", "0"])
+    timer = attention.Timer(torch, None, args, gpu=True)
+    x = torch.randn(2, 4, 8, requires_grad=True)
+    r = attention.timed(lambda t: t * 2, [x], timer, torch, chunk=2, profile=True)
+    assert r["fwd_ms"] == r["fwd_bwd_ms"] == 1.5 and r["host_fwd_bwd_ms"] > 0 and "error" not in r["profile"]
+    if graph == "replays":
+        assert r["graph_fwd_bwd_ms"] == 0.25 and "graph_error" not in r
+    else:
+        assert r["graph_error"] == "RuntimeError: operation not permitted when stream is capturing"
+        assert "graph_fwd_bwd_ms" not in r

@@ -75,6 +75,24 @@ def test_attention_targets_at_every_the_shortest_and_the_longest_length(tmp_path
     assert t["aha T=8192: triton / sdpa_causal fwd+bwd <= 0.3"]["met"] is False
 
 
+def test_attention_targets_report_the_graph_replayed_ratio_beside_the_judged_eager_one(tmp_path):
+    """bench/attention.py --profile on a GPU also times each forward+backward replayed from a CUDA graph: the
+    ratio of those is a note; the eager ratio alone is judged."""
+    times = {("swa", 2048, "sdpa_causal"): 1.0, ("swa", 2048, "triton"): 1.2, ("swa", 8192, "sdpa_causal"): 10.0,
+             ("swa", 8192, "triton"): 1.0}
+    record = attention_file(times)
+    graphs = {(2048, "sdpa_causal"): 0.8, (2048, "triton"): 0.24, (8192, "triton"): 0.9}  # no sdpa graph at 8192
+    for r in record["results"]:
+        if (r["T"], r["method"]) in graphs:
+            r["graph_fwd_bwd_ms"] = graphs[(r["T"], r["method"])]
+    t = by_target(judge(write(tmp_path / "run", attention=record)))
+    short = t["swa T=2048: triton / sdpa_causal fwd+bwd <= 0.45"]
+    long = t["swa T=8192: triton / sdpa_causal fwd+bwd <= 0.15"]
+    assert short["met"] is False and short["value"] == pytest.approx(1.2)
+    assert short["note"] == "replayed from CUDA graphs: 0.300"
+    assert long["note"] == "" and long["met"] is True
+
+
 def test_training_targets_mfu_with_and_without_compile_and_every_variant_against_vanilla(tmp_path):
     runs = [throughput_run("vanilla", 100_000, 0.30, impl="sdpa"), throughput_run("dar", 96_000, 0.29),
             throughput_run("mswa", 104_000, 0.27), throughput_run("swa", 106_000, 0.27),
