@@ -87,6 +87,27 @@ def test_incremental_logits_equal_the_full_forward(family, variant):
     check_decoding(model, lengths, N, seed=1)
 
 
+@pytest.mark.parametrize("variant", ["vanilla", "aha"])
+def test_a_cache_not_yet_full_is_read_in_blocks_and_decodes_like_the_full_forward(variant, monkeypatch):
+    """``RingBuffer.read`` gives whole blocks of ``READ_BLOCK`` slots, so the attention's key count changes once a
+    block, not at every token; the empty slots read after the last column are later than every query and masked.
+    With blocks of 8, the 41-column contexts cross several blocks, each step's read ending inside one."""
+    from neox_dar.standalone import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "READ_BLOCK", 8)
+    reads, read = [], cache_module.RingBuffer.read
+
+    def spy(self, upto):
+        keys, columns = read(self, upto)
+        reads.append((upto, columns.numel(), self.slots))
+        return keys, columns
+
+    monkeypatch.setattr(cache_module.RingBuffer, "read", spy)
+    check_decoding(family_model("gpt_neox", variant), [11, 5, 17], 24, seed=3)
+    assert reads and all(width == min(slots, -(-upto // 8) * 8) for upto, width, slots in reads)
+    assert any(width > upto for upto, width, _ in reads) and any(upto % 8 for upto, _, _ in reads)
+
+
 def test_hybrid_stack_decodes_like_the_full_forward():
     """The MSWA paper's Sec. 4.4 stack (``hybrid: mswa_linear``, 12 layers: [linear, mswa, mswa] x 4)."""
     model = family_model("gpt_neox", None, num_layers=12, hybrid="mswa_linear", window_size=W)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 NO_WINDOW = torch.iinfo(torch.long).max  # the window of a head that sees every earlier key
+READ_BLOCK = 256  # a ring not yet full is read in whole blocks of this many slots (RingBuffer.read)
 
 
 class Layout:
@@ -124,9 +125,14 @@ class RingBuffer:
                 self.data[name][rows[:, None], :, slots[None]] = x.transpose(1, 2)
 
     def read(self, upto: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The slots holding columns ``< upto`` (views, no copy), and the column each holds, (S,) long."""
+        """The slots holding columns ``< upto`` (views, no copy), and the column each holds, (S,) long. A ring not
+        yet full also gives the empty slots after them up to the next multiple of :data:`READ_BLOCK` (zeros, columns
+        later than every query, which causality masks): the attention's key count then changes every
+        ``READ_BLOCK`` steps, not at every step, so kernels that are planned per shape (cuDNN's attention) are not
+        planned again at every generated token."""
         if upto <= self.slots:
-            return {k: t[:, :, :upto] for k, t in self.data.items()}, self.layout.columns(0, upto)
+            width = min(self.slots, -(-upto // READ_BLOCK) * READ_BLOCK)
+            return {k: t[:, :, :width] for k, t in self.data.items()}, self.layout.columns(0, width)
         s = self.layout.columns(0, self.slots)
         return dict(self.data), (upto - 1) - ((upto - 1 - s) % self.slots)
 
