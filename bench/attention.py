@@ -390,33 +390,19 @@ def timed(fn, inputs, timer, torch, chunk: int, profile: bool = False) -> dict:
 
     r = {"fwd_ms": timer.ms(fwd), "fwd_bwd_ms": timer.ms(fwd_bwd), "peak_mib": timer.peak_mb(fwd_bwd)}
     if profile:
-        r["host_fwd_bwd_ms"] = host_ms(fwd_bwd, inputs[0].device)
+        from neox_dar import timing
+
+        r["host_fwd_bwd_ms"] = timing.host_ms(fwd_bwd, inputs[0].device)
         if timer.gpu:
             try:
                 r["graph_fwd_bwd_ms"] = graph_ms(fwd_bwd, timer, torch)
             except Exception as e:  # noqa: BLE001  (the eager timings stand; the record says why this one is missing)
                 r["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         try:
-            r["profile"] = launch_profile(fwd_bwd, inputs[0].device)
+            r["profile"] = timing.launch_profile(fwd_bwd, inputs[0].device)
         except Exception as e:  # noqa: BLE001  (the timings above stand; the record says why the profile is missing)
             r["profile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
     return r
-
-
-def host_ms(fn, device, calls: int = 10) -> float:
-    """Median milliseconds the host takes to return from ``fn()`` with ``device`` idle at the start (synchronized
-    before each call, not after): on the GPU the time to issue the call's work. Near the call's device-timed
-    milliseconds, the host sets the pace; well below, the device does. On CPU the call's wall time."""
-    from neox_dar.provenance import synchronize
-
-    times = []
-    for _ in range(calls):
-        synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    synchronize(device)
-    return statistics.median(times)
 
 
 def graph_ms(fn, timer, torch) -> float:
@@ -438,35 +424,6 @@ def graph_ms(fn, timer, torch) -> float:
         del graph
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-
-
-def launch_profile(fn, device, top: int = 12) -> dict:
-    """``fn()`` once more (it has run already: tuned, compiled) under torch's profiler. On the GPU: every CUDA
-    kernel it launched, with its launches and device microseconds, their sums, and the call's wall microseconds to
-    the end of its last kernel; a wall time well above the kernels' sum is time the device waits for the host
-    (launch path, allocations, synchronizations; the profiler's own per-op cost is in the wall time too). On CPU
-    the same for the aten ops (the interpreter's kernels are Python), which checks the plumbing only. ``kernels``:
-    the ``top`` longest."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    from neox_dar.provenance import synchronize
-
-    gpu = device.type == "cuda"
-    synchronize(device)
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
-        start = time.perf_counter()
-        fn()
-        synchronize(device)
-        wall_us = (time.perf_counter() - start) * 1e6
-    want = DeviceType.CUDA if gpu else DeviceType.CPU
-    rows = [{"name": e.key, "launches": e.count,
-             "us": round(e.self_device_time_total if gpu else e.self_cpu_time_total, 1)}
-            for e in prof.key_averages() if e.device_type == want]
-    rows.sort(key=lambda x: -x["us"])
-    return {"what": "CUDA kernels" if gpu else "aten ops (CPU)", "wall_us": round(wall_us, 1),
-            "launches": sum(x["launches"] for x in rows), "kernel_us": round(sum(x["us"] for x in rows), 1),
-            "kernels": rows[:top]}
 
 
 def run_benchmarks(args, torch, triton, save=None) -> dict:

@@ -1,10 +1,13 @@
 """Timing for the benchmarks: side by side for those that compare us with a peer (``bench/eval_vs_lmeval.py``,
 ``bench/generate_vs_hf.py``: every side run once per round, in turn, so that the machine's load falls on all of them
-alike), and of a child process whose output is read as it comes (``bench/quickstart.py``, ``bench/startup.py``)."""
+alike), of a child process whose output is read as it comes (``bench/quickstart.py``, ``bench/startup.py``), and of
+one call's host and device time (``bench/attention.py``, ``bench/decode.py``: :func:`host_ms`,
+:func:`launch_profile`)."""
 
 from __future__ import annotations
 
 import resource
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass
@@ -63,3 +66,48 @@ def run_child(cmd: list[str], on_line: Callable[[str, float], None] | None = Non
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return ChildRun(rc, lines, wall, cpu)
+
+
+def host_ms(fn, device, calls: int = 10) -> float:
+    """Median milliseconds the host takes to return from ``fn()`` with ``device`` idle at the start (synchronized
+    before each call, not after): on the GPU the time to issue the call's work. Near the call's device-timed
+    milliseconds, the host sets the pace; well below, the device does. On CPU the call's wall time."""
+    from .provenance import synchronize
+
+    times = []
+    for _ in range(calls):
+        synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    synchronize(device)
+    return statistics.median(times)
+
+
+def launch_profile(fn, device, top: int = 12) -> dict:
+    """``fn()`` once more (it has run already: tuned, compiled) under torch's profiler. On the GPU: every CUDA
+    kernel it launched, with its launches and device microseconds, their sums, and the call's wall microseconds to
+    the end of its last kernel; a wall time well above the kernels' sum is time the device waits for the host
+    (launch path, allocations, synchronizations; the profiler's own per-op cost is in the wall time too). On CPU
+    the same for the aten ops (the interpreter's kernels are Python), which checks the plumbing only. ``kernels``:
+    the ``top`` longest."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from .provenance import synchronize
+
+    gpu = device.type == "cuda"
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])) as prof:
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        wall_us = (time.perf_counter() - start) * 1e6
+    want = DeviceType.CUDA if gpu else DeviceType.CPU
+    rows = [{"name": e.key, "launches": e.count,
+             "us": round(e.self_device_time_total if gpu else e.self_cpu_time_total, 1)}
+            for e in prof.key_averages() if e.device_type == want]
+    rows.sort(key=lambda x: -x["us"])
+    return {"what": "CUDA kernels" if gpu else "aten ops (CPU)", "wall_us": round(wall_us, 1),
+            "launches": sum(x["launches"] for x in rows), "kernel_us": round(sum(x["us"] for x in rows), 1),
+            "kernels": rows[:top]}

@@ -267,7 +267,7 @@ def test_a_failed_profile_keeps_the_timings(monkeypatch):
     def broken(*a, **k):
         raise RuntimeError("profiler unavailable\nsecond line")
 
-    monkeypatch.setattr(attention, "launch_profile", broken)
+    monkeypatch.setattr("neox_dar.timing.launch_profile", broken)
     args = attention.parse_args(["--interpret", "--warmup-ms", "0", "--rep-ms", "0"])
     timer = attention.Timer(torch, None, args, gpu=False)
     x = torch.randn(2, 4, 8, requires_grad=True)
