@@ -4,7 +4,7 @@ read per generated token, and decode tokens/s, at several contexts and batch siz
     python bench/decode.py [CONFIG ...] [key=value ...] [--variants vanilla,swa,mswa,aha,dar,uniform,linear]
         [--contexts 2048,8192,32768] [--batches 1,16] [--steps 4] [--warmup 1] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--aha-mu-f 0.1] [--threads N] [--out bench/results/decode_<device>.json]
-        [--markdown] [--preset pythia-160m|mswa-fig3|mswa-fig3-cpu|dimpo-table4|dimpo-table4-cpu]
+        [--markdown] [--profile] [--preset pythia-160m|mswa-fig3|mswa-fig3-cpu|dimpo-table4|dimpo-table4-cpu]
 
 Default model: ``configs/pythia-14m.yml`` with 4 layers (d 128, 4 heads of 32: MSWA's 4 x 4 window table is the
 paper's), ``window_size: 128``, DAR/uniform ``d_down = d/4`` (``dar-latent``: DAR with ``dar_inference_cache: latent``),
@@ -45,6 +45,11 @@ Presets (:data:`PRESETS`; options given on the command line replace a preset's):
   8,192, batch 1, bfloat16 on a GPU (the paper's eager attention: here ``sdpa``).
 - ``dimpo-table4-cpu``: the same at 4 layers, float32, for this CPU.
 
+``--profile`` runs one more step per variant and point (the cache made one column larger, so that step is at
+context ``C``) under torch's profiler (:func:`neox_dar.timing.launch_profile`): its CUDA kernels' launches and
+device microseconds against the step's wall microseconds, in each row's ``profile``: a wall time well above the
+kernels' is the host's (Python, launches, a new shape's planning).
+
 Writes JSON (device, versions, git commit, command, UTC date, the model, every number) to ``--out`` and prints a
 table (``--markdown``: the Markdown table of docs/inference.md). Runs on a GPU as is (``--device cuda --dtype
 bfloat16``). On the CPU it uses one thread unless ``--threads`` says otherwise.
@@ -68,6 +73,7 @@ sys.path.insert(0, str(ROOT))
 from neox_dar.config import ConfigError, load_config, split_args  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
 from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
+from neox_dar.timing import launch_profile  # noqa: E402
 
 DEFAULT_CONFIG = ["configs/pythia-14m.yml", "num_layers=4", "window_size=128", "seq_length=2048",
                   "max_position_embeddings=65536"]
@@ -162,11 +168,12 @@ def run(args) -> dict:
                     gates = aha_gates(len(mods), B, mods[0].num_heads, args.aha_mu_f)
                     for m, g in zip(mods, gates):
                         m.router = FixedGate(g.to(device))
-                cache = model.new_cache([C - args.warmup - args.steps] * B, args.warmup + args.steps,
-                                        device=device, dtype=dtype)
-                cache.layout.advance(C - args.warmup - args.steps)
+                new = args.warmup + args.steps + args.profile  # the profiled step is one more, at context C
+                cache = model.new_cache([C - new] * B, new, device=device, dtype=dtype)
+                cache.layout.advance(C - new)
                 states[v] = (cache, gates, [])
             tokens = torch.zeros(B, 1, dtype=torch.long, device=device)
+            profiles = {}
             with torch.inference_mode():
                 for step in range(args.warmup + args.steps):
                     for v, model in models.items():
@@ -177,6 +184,9 @@ def run(args) -> dict:
                         synchronize(device)
                         if step >= args.warmup:
                             times.append(time.perf_counter() - t0)
+                if args.profile:
+                    for v, model in models.items():
+                        profiles[v] = launch_profile(lambda: model.decode(tokens, states[v][0]), device, top=8)
             for v, model in models.items():
                 cache, gates, times = states[v]
                 formula = (sum(m.kv_cache_per_token(C) for m in model.attention_modules()) * C
@@ -191,7 +201,8 @@ def run(args) -> dict:
                              "step_ms_spread": {"min": 1e3 * min(times), "q1": 1e3 * q[0], "q3": 1e3 * q[2],
                                                 "max": 1e3 * max(times)},
                              "decode_tokens_per_s": B / step_s,
-                             **({"mu_f": gates.float().mean().item()} if gates is not None else {})})
+                             **({"mu_f": gates.float().mean().item()} if gates is not None else {}),
+                             **({"profile": profiles[v]} if v in profiles else {})})
                 print(_line(rows[-1]), flush=True)
             del states
     for r in rows:
@@ -268,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--aha-mu-f", type=float, default=0.1)
     ap.add_argument("--threads", type=int, default=None,
                     help="CPU threads (default 1 on the CPU: on a shared machine more threads measure the scheduler)")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more step per variant and point under torch's profiler: its kernels' launches and "
+                         "device microseconds against its wall microseconds (on the CPU: aten ops), in 'profile'")
     ap.add_argument("--out", default=None)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)

@@ -60,7 +60,8 @@
 #   train-smoke       train.py, bf16: 200 steps of Pythia-14M on the tokenized sample, stopped with a checkpoint
 #                     at step 100 and resumed; the loss must fall and the resumed run continue from step 101 (the
 #                     kernels train in the throughput step)
-#   decode            bench/decode.py in bfloat16, the Pythia-160M shape (--quick: contexts 8k and 32k, batch 16)
+#   decode            bench/decode.py in bfloat16, the Pythia-160M shape (--quick: contexts 8k and 32k, batch 16),
+#                     one more step of each variant under the profiler (--profile: device time against wall time)
 # --rehearse sizes: kernel tests one grouped-query case per kernel (fla's is CUDA only, skipped); identities at
 # T = 32 (two 16-row tiles, w = 8) in fp16; bench/attention.py --interpret (B=1, H=4, d_h=16, T=32, w=8, fp32; the
 # --quick methods); throughput, profiles and smoke fp32, 2 layers x 64 wide at T = 32 (without the torch_compile
@@ -125,11 +126,11 @@ done
 # warm machine), kernel-tests 118 and then over 140 (8 workers: 112 of 116 tests in 140 s, so 14 workers now),
 # bench-attention 240 with the targets' methods, stopped in its last call, MSWA's flex baseline (inductor's compile;
 # bench/attention.py saves after each kernel and T, so a cut run keeps those it finished), the seven 160M
-# throughput runs 254 and 231, decode 22 (a 6-layer model) and 27 (the 160M shape).
+# throughput runs 254 and 231, decode 22 (a 6-layer model) and 27 (the 160M shape; --profile adds a step a point).
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
 # train-profile, not yet run: five 160M runs at the throughput runs' ~33 s each, the compiled one longer.
 declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=150 [identities]=90 [bench-attention]=260
-                        [train-throughput]=250 [train-profile]=270 [train-smoke]=70 [decode]=40)
+                        [train-throughput]=245 [train-profile]=270 [train-smoke]=70 [decode]=45)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
                        [train-throughput]=1500 [train-profile]=400 [train-smoke]=120 [decode]=300)
 # --rehearse: the CPU's times (a shared 2-core machine: each step takes 10-60 s), limits that only catch a hang
@@ -265,7 +266,7 @@ step_commands() {
       echo "(then: the logged loss falls, and the resumed run logs steps $((half + 1))..$SMOKE_ITERS, status done)" ;;
     decode)  # GPU_CHECK_DECODE_ARGS: more bench/decode.py options (the last of a repeated option wins)
       # shellcheck disable=SC2086  # (unquoted: word-split, joined by single spaces)
-      echo "$PY bench/decode.py --dtype bfloat16" $DECODE_SIZE $DECODE_STEPS ${GPU_CHECK_DECODE_ARGS:-} \
+      echo "$PY bench/decode.py --dtype bfloat16 --profile" $DECODE_SIZE $DECODE_STEPS ${GPU_CHECK_DECODE_ARGS:-} \
            "--out $LOG_DIR/decode.json" ;;
   esac
 }

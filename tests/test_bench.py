@@ -49,6 +49,11 @@ def check_decode(r: dict) -> None:
     assert all(x["context"] == 64 and x["decode_tokens_per_s"] > 0 and x["cache_bytes_per_sequence"] > 0
                for x in rows)
     assert all(x["speed_vs_vanilla"] > 0 for x in rows)
+    # --profile: one more step at context 64 (the cache one column larger, so it holds what describe says)
+    assert all(x["cache_bytes_per_sequence"] == x["describe_bytes_per_sequence"] for x in rows)
+    for x in rows:
+        prof = x["profile"]
+        assert prof["what"] == "aten ops (CPU)" and prof["wall_us"] > 0 and prof["launches"] >= len(prof["kernels"]) > 0
 
 
 def check_dimpo_memory(r: dict) -> None:
@@ -148,7 +153,7 @@ SMALLEST = {
     "attention.py": (["--interpret", "--kernels", "dar", "--warmup-ms", "0", "--rep-ms", "0", "--profile"],
                      check_attention),
     "data_prep.py": (["--corpus", "data/sample/pile_text.jsonl", "--workers", "1", "--repeats", "1"], check_data_prep),
-    "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0"], check_decode),
+    "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0", "--profile"], check_decode),
     "eval_vs_lmeval.py": (["--quick"], check_eval_vs_lmeval),
     "generate_vs_hf.py": (["--quick"], check_generate_vs_hf),
     "gpu_targets.py": (gpu_targets_args, check_gpu_targets),

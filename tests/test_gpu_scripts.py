@@ -85,7 +85,7 @@ def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two
     assert [("--aha-mu-f 0.1" in c) for c in profiles] == [True] + [False] * 4
     assert "-k long_sequence" in res.stdout and "-k 'not long_sequence and not float32]'" in res.stdout
     assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
-    assert "bench/decode.py --dtype bfloat16 --preset pythia-160m" in res.stdout
+    assert "bench/decode.py --dtype bfloat16 --profile --preset pythia-160m" in res.stdout
     bad = run("gpu_check.sh", "--part", "4", "--dry-run")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--part needs 1" in bad.stderr
 
@@ -233,3 +233,16 @@ def test_wheel_check_names_a_missing_wheel(tmp_path):
     res = run("gpu_wheels.sh", "--check", GPU_WHEELS=str(partial))
     assert res.returncode == 2
     assert "gpu_wheels.sh: error:" in res.stderr and "hjson" in res.stdout + res.stderr
+
+
+def test_the_inference_docs_paper_preset_command_prints_what_they_say():
+    """docs/inference.md runs a paper's decode preset through the kit's decode step: its command's dry run prints
+    the bench/decode.py line the docs quote (the last --preset wins, no --contexts of the kit's own)."""
+    text = " ".join((ROOT / "docs" / "inference.md").read_text().split())
+    limit, command, printed = re.search(r"\(`GPU_CHECK_LIMIT_decode=(\d+) GPU_CHECK_DECODE_ARGS=\"([^\"]+)\" "
+                                        r"bash scripts/gpu_check.sh --steps decode`, whose `--dry-run` prints "
+                                        r"`([^`]+)`", text).groups()
+    res = run("gpu_check.sh", "--steps", "decode", "--dry-run", GPU_CHECK_LIMIT_decode=limit,
+              GPU_CHECK_DECODE_ARGS=command)
+    assert res.returncode == 0, res.stderr
+    assert f"decode            (time limit  {limit}s)" in res.stdout and f"python3 {printed} --out" in res.stdout
