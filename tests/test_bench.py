@@ -56,6 +56,12 @@ def check_decode(r: dict) -> None:
         assert prof["what"] == "aten ops (CPU)" and prof["wall_us"] > 0 and prof["launches"] >= len(prof["kernels"]) > 0
 
 
+def check_host_path(r: dict) -> None:
+    (row,) = r["results"]
+    assert r["calls"] == 3 and row["kernel"] == "swa" and row["host_us"] > r["glue_us"] > 0
+    assert row["beyond_glue_us"] == pytest.approx(row["host_us"] - r["glue_us"], abs=0.11)
+
+
 def check_dimpo_memory(r: dict) -> None:
     (run,) = r["runs"]
     assert run["docs_per_split"] == 1 and run["layers"] == 1 and run["peak_mb"] >= run["peak_before_fit_mb"] > 0
@@ -155,6 +161,7 @@ SMALLEST = {
     "data_prep.py": (["--corpus", "data/sample/pile_text.jsonl", "--workers", "1", "--repeats", "1"], check_data_prep),
     "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0", "--profile"], check_decode),
     "eval_vs_lmeval.py": (["--quick"], check_eval_vs_lmeval),
+    "host_path.py": (["--kernels", "swa", "--calls", "3"], check_host_path),
     "generate_vs_hf.py": (["--quick"], check_generate_vs_hf),
     "gpu_targets.py": (gpu_targets_args, check_gpu_targets),
     "dimpo_memory.py": (["--docs", "1", "--layers", "1", "--seq-len", "16", "--max-steps", "1"], check_dimpo_memory),
