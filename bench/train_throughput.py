@@ -149,9 +149,10 @@ def engine_throughput(cfg: Config, steps: int, warmup: int, aha_mu_f: float | No
 
 # Attention kernels by name: SDPA's (cuDNN's, FlashAttention's, the memory-efficient one), flex_attention's, and the
 # project's Triton kernels (kernels/: the banded forward and backward, dq, delta, AHA's routed and decode's range
-# kernels) or, on CPU, their custom ops (neox_dar::mswa_forward, its autograd node, ...)
+# kernels) or, on CPU, their autograd functions (MSWAFunction, its backward node) and custom ops (under
+# torch.compile: neox_dar::mswa_forward, ...)
 ATTENTION_KERNEL = re.compile(r"flash|fmha|cudnn|attention|sdpa|flex|_attn|_fwd_kernel|_bwd_kernel|_dq_kernel|"
-                              r"_delta_kernel|_routed_|_range_|(dar|mswa|aha)_(forward|backward)", re.I)
+                              r"_delta_kernel|_routed_|_range_|(dar|mswa|aha)(_forward|_backward|function)", re.I)
 
 
 def attention_kernels(step) -> list[str]:

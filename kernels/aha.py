@@ -5,8 +5,9 @@ positions (a stable sort of the gate, no host synchronization) and attend to eve
 that overwrites their output and LSE. The backward is one key-major launch: the local pairs of every row, then,
 into the same accumulators, the far pairs (``i - j >= w``) of the routed rows only.
 
-Forward and backward are ``torch.library`` custom ops (``aha_forward``, ``aha_backward`` in the
-:data:`~kernels.runtime.OPS` namespace) with shape-only fake implementations: torch.compile traces through them.
+Forward and backward: :class:`AHAFunction`, which calls them as ``torch.library`` custom ops (``aha_forward``,
+``aha_backward`` in the :data:`~kernels.runtime.OPS` namespace, shape-only fakes) under torch.compile and directly
+in eager mode (:func:`~kernels.runtime.eager_or_op`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import torch
 
 from .backward import banded_backward
 from .banded import banded_forward, routed_forward
-from .runtime import OPS, check_device, check_qkv, check_spans, check_window, head_windows, new_heads, unit_last_dim
+from .runtime import (OPS, check_device, check_qkv, check_spans, check_window, eager_or_op, head_windows, new_heads,
+                      unit_last_dim)
 
 
 def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,9 +32,8 @@ def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rows.to(torch.int32).contiguous(), flat.sum(1, dtype=torch.int32)
 
 
-@torch.library.custom_op(f"{OPS}::aha_forward", mutates_args=())
-def aha_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, window: int
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, window: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``o`` (B, H, T, d_h), its base-2 LSE (B*H, T) float32 and the routed rows and counts (:func:`route_rows`);
     inputs validated by :func:`aha_attention`."""
     check_spans("aha_attention", q, k, v)
@@ -43,6 +44,21 @@ def aha_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.T
     return o, lse, rows, counts
 
 
+def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+              rows: torch.Tensor, counts: torch.Tensor, do: torch.Tensor, window: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dq, dk, dv`` of :func:`_forward` for the output gradient ``do`` (none for the gate: the module applies the
+    straight-through rule outside)."""
+    windows = head_windows("aha_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
+    dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), windows, has_far=False,
+                                       routed=(rows, counts))
+    return dq, dk, dv
+
+
+aha_forward = torch.library.custom_op(f"{OPS}::aha_forward", _forward, mutates_args=())
+aha_backward = torch.library.custom_op(f"{OPS}::aha_backward", _backward, mutates_args=())
+
+
 @aha_forward.register_fake
 def _(q, k, v, gate, window):
     B, H, T, _ = q.shape
@@ -50,36 +66,25 @@ def _(q, k, v, gate, window):
             q.new_empty((B * H, T), dtype=torch.int32), q.new_empty((B * H,), dtype=torch.int32))
 
 
-@torch.library.custom_op(f"{OPS}::aha_backward", mutates_args=())
-def aha_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                 rows: torch.Tensor, counts: torch.Tensor, do: torch.Tensor, window: int
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``dq, dk, dv`` of :func:`aha_forward` for the output gradient ``do`` (none for the gate: the module applies
-    the straight-through rule outside)."""
-    windows = head_windows("aha_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
-    dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), windows, has_far=False,
-                                       routed=(rows, counts))
-    return dq, dk, dv
-
-
 @aha_backward.register_fake
 def _(q, k, v, o, lse, rows, counts, do, window):
     return new_heads(q), new_heads(k), new_heads(k)
 
 
-def _setup(ctx, inputs, output):
-    ctx.set_materialize_grads(False)  # the LSE, rows and counts get no gradient: no zeros made for them
-    q, k, v, _, window = inputs
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.window = window
-    ctx.mark_non_differentiable(*output[2:])
+class AHAFunction(torch.autograd.Function):
+    """``o`` of :func:`aha_attention`'s validated inputs; the backward gives ``q``, ``k``, ``v`` their gradients
+    (none to the gate)."""
 
+    @staticmethod
+    def forward(ctx, q, k, v, gate, window: int):
+        o, lse, rows, counts = eager_or_op(aha_forward, _forward, q, k, v, gate, window)
+        ctx.save_for_backward(q, k, v, o, lse, rows, counts)
+        ctx.window = window
+        return o
 
-def _backward(ctx, do, _dlse, _drows, _dcounts):
-    return (*aha_backward(*ctx.saved_tensors, do, ctx.window), None, None)
-
-
-aha_forward.register_autograd(_backward, setup_context=_setup)
+    @staticmethod
+    def backward(ctx, do):
+        return (*eager_or_op(aha_backward, _backward, *ctx.saved_tensors, do, ctx.window), None, None)
 
 
 def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
@@ -98,4 +103,4 @@ def aha_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch
     if gate.device != q.device:
         raise ValueError(f"aha_attention: gate is on {gate.device} but q is on {q.device}")
     window = min(check_window("aha_attention", window), 2**30)
-    return aha_forward(*unit_last_dim(q, k, v), gate.detach(), window)[0]
+    return AHAFunction.apply(*unit_last_dim(q, k, v), gate.detach(), window)

@@ -13,7 +13,8 @@ against a block of keys by broadcast multiply and sum (a single row gains nothin
 block keeps its own running maximum, sum and output, merged once at the end of the chunk.
 
 Inference only (no backward). A ``torch.library`` custom op (``range_attention`` in the :data:`~kernels.runtime.OPS`
-namespace) with a shape-only fake.
+namespace) with a shape-only fake, called under torch.compile and skipped in eager mode
+(:func:`~kernels.runtime.eager_or_op`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import INTERPRET, OPS, block_d, check_device, check_spans, new_heads, qk_scales, unit_last_dim
+from .runtime import (INTERPRET, OPS, block_d, check_device, check_spans, eager_or_op, new_heads, qk_scales,
+                      unit_last_dim)
 
 CHUNK = 32 if INTERPRET else 1024
 """Keys per program of the first launch (the interpreter: small chunks, so tests cover several chunks a row)."""
@@ -97,9 +99,8 @@ def _range_merge_kernel(M, L, ACC, O, so_b, so_h, so_t, H, T, NC, D,
     tl.store(O + b.to(tl.int64) * so_b + h * so_h + t * so_t + d, o.to(O.dtype.element_ty), mask=d < D)
 
 
-@torch.library.custom_op(f"{OPS}::range_attention", mutates_args=())
-def range_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
-                       ) -> torch.Tensor:
+def _range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor
+                     ) -> torch.Tensor:
     """:func:`range_attention` on validated inputs."""
     check_spans("range_attention", q, k, v)
     B, H, T, D = q.shape
@@ -117,6 +118,9 @@ def range_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: to
                                  BLOCK_C=triton.next_power_of_2(chunks), BLOCK_D=bd,
                                  num_warps=1 if INTERPRET else 4)
     return o
+
+
+range_attention_op = torch.library.custom_op(f"{OPS}::range_attention", _range_attention, mutates_args=())
 
 
 @range_attention_op.register_fake
@@ -145,4 +149,4 @@ def range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch
         if r.dtype != torch.int32 or tuple(r.shape) != tuple(q.shape[:3]) or r.device != q.device:
             raise ValueError(f"{fn}: {name} must be int32 {tuple(q.shape[:3])} on {q.device}, got {r.dtype} "
                              f"{tuple(r.shape)} on {r.device}")
-    return range_attention_op(*unit_last_dim(q, k, v), lo.contiguous(), hi.contiguous())
+    return eager_or_op(range_attention_op, _range_attention, *unit_last_dim(q, k, v), lo.contiguous(), hi.contiguous())

@@ -1,8 +1,9 @@
 """Sliding-window attention with one window per head (SWA when all windows are equal, MSWA otherwise).
 
-Forward and backward are ``torch.library`` custom ops (``mswa_forward``, ``mswa_backward`` in the
-:data:`~kernels.runtime.OPS` namespace) with shape-only fake implementations, so torch.compile traces a model
-through them without a graph break; the windows travel as a list of ints.
+:class:`MSWAFunction` is the autograd function; its forward and backward are also ``torch.library`` custom ops
+(``mswa_forward``, ``mswa_backward`` in the :data:`~kernels.runtime.OPS` namespace) with shape-only fake
+implementations, which it calls under torch.compile (one graph node each, no graph break) and skips in eager mode
+(:func:`~kernels.runtime.eager_or_op`); the windows travel as a list of ints.
 """
 
 from __future__ import annotations
@@ -11,17 +12,31 @@ import torch
 
 from .backward import banded_backward
 from .banded import banded_forward
-from .runtime import OPS, check_qkv, check_spans, head_windows, new_heads, unit_last_dim, window_values
+from .runtime import (OPS, check_qkv, check_spans, eager_or_op, head_windows, new_heads, unit_last_dim,
+                      window_values)
 
 
-@torch.library.custom_op(f"{OPS}::mswa_forward", mutates_args=())
-def mswa_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[int],
-                 group_by_window: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[int],
+             group_by_window: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``o`` (B, H, T, d_h) and its base-2 LSE (B*H, T) float32; inputs validated by :func:`mswa_attention`."""
     check_spans("mswa_attention", q, k, v)
     win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window,
                        q.shape[1] // k.shape[1])
     return banded_forward(q, k, v, k, v, win, has_local=True, has_far=False)
+
+
+def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+              do: torch.Tensor, windows: list[int], group_by_window: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``dq, dk, dv`` of :func:`_forward` for the output gradient ``do``."""
+    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window,
+                       q.shape[1] // k.shape[1])
+    dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), win, has_far=False)
+    return dq, dk, dv
+
+
+mswa_forward = torch.library.custom_op(f"{OPS}::mswa_forward", _forward, mutates_args=())
+mswa_backward = torch.library.custom_op(f"{OPS}::mswa_backward", _backward, mutates_args=())
 
 
 @mswa_forward.register_fake
@@ -30,34 +45,25 @@ def _(q, k, v, windows, group_by_window):
     return new_heads(q), q.new_empty((B * H, T), dtype=torch.float32)
 
 
-@torch.library.custom_op(f"{OPS}::mswa_backward", mutates_args=())
-def mswa_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                  do: torch.Tensor, windows: list[int], group_by_window: bool
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``dq, dk, dv`` of :func:`mswa_forward` for the output gradient ``do``."""
-    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window,
-                       q.shape[1] // k.shape[1])
-    dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), win, has_far=False)
-    return dq, dk, dv
-
-
 @mswa_backward.register_fake
 def _(q, k, v, o, lse, do, windows, group_by_window):
     return new_heads(q), new_heads(k), new_heads(k)
 
 
-def _setup(ctx, inputs, output):
-    ctx.set_materialize_grads(False)  # the LSE gets no gradient: autograd makes no zeros for it
-    q, k, v, windows, group_by_window = inputs
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.windows, ctx.group_by_window = windows, group_by_window
+class MSWAFunction(torch.autograd.Function):
+    """``o`` of :func:`mswa_attention`'s validated inputs; the backward gives ``q``, ``k``, ``v`` their gradients."""
 
+    @staticmethod
+    def forward(ctx, q, k, v, windows: list[int], group_by_window: bool):
+        o, lse = eager_or_op(mswa_forward, _forward, q, k, v, windows, group_by_window)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.windows, ctx.group_by_window = windows, group_by_window
+        return o
 
-def _backward(ctx, do, _dlse):
-    return (*mswa_backward(*ctx.saved_tensors, do, ctx.windows, ctx.group_by_window), None, None)
-
-
-mswa_forward.register_autograd(_backward, setup_context=_setup)
+    @staticmethod
+    def backward(ctx, do):
+        grads = eager_or_op(mswa_backward, _backward, *ctx.saved_tensors, do, ctx.windows, ctx.group_by_window)
+        return (*grads, None, None)
 
 
 def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows, group_by_window: bool = True
@@ -74,4 +80,4 @@ def mswa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows, g
     """
     check_qkv("mswa_attention", q, k=k, v=v)
     values = window_values("mswa_attention", windows, q.shape[1])
-    return mswa_forward(*unit_last_dim(q, k, v), values, group_by_window)[0]
+    return MSWAFunction.apply(*unit_last_dim(q, k, v), values, group_by_window)

@@ -213,7 +213,7 @@ def test_step_profiles_put_every_attention_kernel_under_attention():
 
     attention = ["_fwd_kernel", "_bwd_kernel", "_dq_kernel", "_delta_kernel", "_routed_fwd_kernel",
                  "_routed_dq_kernel", "_range_partial_kernel", "neox_dar::mswa_backward",
-                 "GeneratedBackwardFor_neox_dar_aha_forward_default",
+                 "GeneratedBackwardFor_neox_dar_aha_forward_default", "MSWAFunctionBackward", "DARFunction",
                  "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1"
                  "_kernel0_0",
                  "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*)"]
