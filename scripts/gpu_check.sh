@@ -123,13 +123,15 @@ done
 # 15-minute lease leaves after the machine's start (38 s and about 130 s on the two 2026-11-28 leases); --full is
 # split by --steps. From the H200 runs' measured seconds: on 2026-11-27 (bench/results/gpu-h200-2026-11-27*)
 # identities 64, train-smoke 52; on 2026-11-28 (bench/results/gpu-h200-2026-11-28 and -28b) install 14 (7-8 on the
-# warm machine), kernel-tests 118 and then over 140 (8 workers: 112 of 116 tests in 140 s, so 14 workers now),
+# warm machine), kernel-tests 118 and then over 140 (8 workers: 112 of 116 tests in 140 s; 14 workers now, so 140 s
+# should leave room: the tests compile the kernels' specializations, on the CPU's 16 cores),
 # bench-attention 240 with the targets' methods, stopped in its last call, MSWA's flex baseline (inductor's compile;
+# --profile now also replays each profiled call from a CUDA graph: a few seconds more;
 # bench/attention.py saves after each kernel and T, so a cut run keeps those it finished), the seven 160M
 # throughput runs 254 and 231, decode 22 (a 6-layer model) and 27 (the 160M shape; --profile adds a step a point).
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
 # train-profile, not yet run: five 160M runs at the throughput runs' ~33 s each, the compiled one longer.
-declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=150 [identities]=90 [bench-attention]=260
+declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=140 [identities]=90 [bench-attention]=270
                         [train-throughput]=245 [train-profile]=270 [train-smoke]=70 [decode]=45)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
                        [train-throughput]=1500 [train-profile]=400 [train-smoke]=120 [decode]=300)
