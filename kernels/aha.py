@@ -16,7 +16,7 @@ import torch
 
 from .backward import banded_backward
 from .banded import banded_forward, routed_forward
-from .runtime import (OPS, check_device, check_qkv, check_spans, check_window, eager_or_op, head_windows, new_heads,
+from .runtime import (OPS, check_device, check_qkv, check_spans, check_window, eager_or_op, launch_windows, new_heads,
                       unit_last_dim)
 
 
@@ -37,7 +37,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, gate: torch.Tens
     """``o`` (B, H, T, d_h), its base-2 LSE (B*H, T) float32 and the routed rows and counts (:func:`route_rows`);
     inputs validated by :func:`aha_attention`."""
     check_spans("aha_attention", q, k, v)
-    windows = head_windows("aha_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
+    windows = launch_windows([window] * q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
     o, lse = banded_forward(q, k, v, k, v, windows, has_local=True, has_far=False)
     rows, counts = route_rows(gate)
     routed_forward(q, k, v, o, lse, windows, rows, counts)
@@ -49,7 +49,7 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dq, dk, dv`` of :func:`_forward` for the output gradient ``do`` (none for the gate: the module applies the
     straight-through rule outside)."""
-    windows = head_windows("aha_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
+    windows = launch_windows([window] * q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k.shape[1])
     dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), windows, has_far=False,
                                        routed=(rows, counts))
     return dq, dk, dv

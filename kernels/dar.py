@@ -12,14 +12,14 @@ import torch
 
 from .backward import banded_backward
 from .banded import banded_forward
-from .runtime import OPS, check_qkv, check_spans, check_window, eager_or_op, head_windows, new_heads, unit_last_dim
+from .runtime import OPS, check_qkv, check_spans, check_window, eager_or_op, launch_windows, new_heads, unit_last_dim
 
 
 def _forward(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob: torch.Tensor,
              v_glob: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``o`` (B, H, T, d_h) and its base-2 LSE (B*H, T) float32; inputs validated by :func:`dar_attention`."""
     check_spans("dar_attention", q, k_loc, v_loc, k_glob, v_glob)
-    win = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k_loc.shape[1])
+    win = launch_windows([window] * q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k_loc.shape[1])
     return banded_forward(q, k_loc, v_loc, k_glob, v_glob, win, has_local=True, has_far=True)
 
 
@@ -27,7 +27,7 @@ def _backward(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob:
               v_glob: torch.Tensor, o: torch.Tensor, lse: torch.Tensor, do: torch.Tensor, window: int
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The gradients of all five inputs of :func:`_forward` for the output gradient ``do``."""
-    win = head_windows("dar_attention", window, q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k_loc.shape[1])
+    win = launch_windows([window] * q.shape[1], q.shape[2], q.device, kv_group=q.shape[1] // k_loc.shape[1])
     return banded_backward(q, k_loc, v_loc, k_glob, v_glob, o, lse, *unit_last_dim(do), win, has_far=True)
 
 

@@ -12,7 +12,7 @@ import torch
 
 from .backward import banded_backward
 from .banded import banded_forward
-from .runtime import (OPS, check_qkv, check_spans, eager_or_op, head_windows, new_heads, unit_last_dim,
+from .runtime import (OPS, check_qkv, check_spans, eager_or_op, launch_windows, new_heads, unit_last_dim,
                       window_values)
 
 
@@ -20,8 +20,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[in
              group_by_window: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``o`` (B, H, T, d_h) and its base-2 LSE (B*H, T) float32; inputs validated by :func:`mswa_attention`."""
     check_spans("mswa_attention", q, k, v)
-    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window,
-                       q.shape[1] // k.shape[1])
+    win = launch_windows(windows, q.shape[2], q.device, group_by_window, q.shape[1] // k.shape[1])
     return banded_forward(q, k, v, k, v, win, has_local=True, has_far=False)
 
 
@@ -29,8 +28,7 @@ def _backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor
               do: torch.Tensor, windows: list[int], group_by_window: bool
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``dq, dk, dv`` of :func:`_forward` for the output gradient ``do``."""
-    win = head_windows("mswa_attention", windows, q.shape[1], q.shape[2], q.device, group_by_window,
-                       q.shape[1] // k.shape[1])
+    win = launch_windows(windows, q.shape[2], q.device, group_by_window, q.shape[1] // k.shape[1])
     dq, dk, dv, _, _ = banded_backward(q, k, v, k, v, o, lse, *unit_last_dim(do), win, has_far=False)
     return dq, dk, dv
 

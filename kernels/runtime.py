@@ -324,8 +324,14 @@ def head_windows(fn: str, windows, num_heads: int, seq_len: int, device: torch.d
     """Validate per-head windows (:func:`window_values`), place them on ``device`` and group the key/value heads
     (``kv_group`` query heads each) by tune bucket (or, without ``group_by_window``, all in one group tuned for the
     largest window); built once per distinct argument set (cached)."""
-    return _grouped_windows(tuple(window_values(fn, windows, num_heads)), seq_bucket(seq_len), device,
-                            group_by_window, kv_group)
+    return launch_windows(window_values(fn, windows, num_heads), seq_len, device, group_by_window, kv_group)
+
+
+def launch_windows(values: list[int], seq_len: int, device: torch.device, group_by_window: bool = True,
+                   kv_group: int = 1) -> HeadWindows:
+    """:func:`head_windows` of windows already validated by :func:`window_values` (one Python int per query head):
+    what the kernels' custom ops receive from their entry points, so a call validates its windows once."""
+    return _grouped_windows(tuple(values), seq_bucket(seq_len), device, group_by_window, kv_group)
 
 
 def tile_of(config: triton.Config) -> tuple[int, int, int, int]:
