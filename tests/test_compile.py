@@ -12,11 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from neox_dar.config import ConfigError, load_config
 from neox_dar.variants import registry
 from neox_dar.model import build_model
 
+import subprocess
+import sys
+
 from builders import attention_config
-from trainrun import BYTES, losses, train
+from trainrun import BYTES, ROOT, losses, train, train_env
 
 VARIANTS = list(registry.variants())
 # Every variant's reference path, and the sdpa paths that differ from it in the code they trace (training on a GPU
@@ -72,3 +76,36 @@ def test_train_py_torch_compile_trains_mswa_to_the_eager_losses(tmp_path, byte_t
     eager, compiled = losses(tmp_path / "eager"), losses(tmp_path / "compiled")
     assert list(eager) == [1, 2, 3, 4] and compiled.keys() == eager.keys()
     assert compiled == pytest.approx(eager, rel=1e-5)
+
+
+MODE_ENGINE = """
+import sys
+import torch
+from neox_dar.config import load_config
+from neox_dar.training.distributed import init_distributed
+from neox_dar.training.engine import build_engine
+seen = []
+torch.compile = lambda fn, **kwargs: seen.append(kwargs) or fn  # what DeepSpeed's engine.compile asks of torch
+cfg = load_config("configs/tiny.yml", overrides=["seq_length=16", "train_batch_size=1", "torch_compile=true",
+                                                 "train_micro_batch_size_per_gpu=1", *sys.argv[1:]])
+build_engine(cfg, init_distributed())
+print(sorted(seen[-1].items()))
+"""
+
+
+@pytest.mark.parametrize("mode", [None, "max-autotune-no-cudagraphs"])
+def test_torch_compile_mode_reaches_torch_compile_with_inductor(mode):
+    """``torch_compile_mode`` goes to torch.compile with the inductor backend (unset: no mode, torch's default)."""
+    args = [f"torch_compile_mode={mode}"] if mode else []
+    out = subprocess.run([sys.executable, "-c", MODE_ENGINE, *args], cwd=ROOT, env=train_env(LOCAL_RANK="0"),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    expected = [("backend", "inductor")] + ([("mode", mode)] if mode else [])
+    assert out.stdout.strip().splitlines()[-1] == str(expected)
+
+
+def test_torch_compile_mode_needs_inductor_in_one_line():
+    with pytest.raises(ConfigError, match=r"^invalid value for 'torch_compile_mode' in the command line: "
+                                          r"'reduce-overhead' \(needs torch_compile_backend: inductor"):
+        load_config(ROOT / "configs/tiny.yml", overrides=["torch_compile_mode=reduce-overhead",
+                                                          "torch_compile_backend=aot_eager"])

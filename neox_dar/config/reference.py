@@ -17,6 +17,8 @@ _TITLES = {"model": "Model", "attention": "Attention (every variant)", "training
 def _type_text(tp: typing.Any) -> str:
     if typing.get_origin(tp) is Literal:
         return " or ".join(map(str, typing.get_args(tp)))
+    if typing.get_origin(tp) is typing.Union and typing.get_args(tp)[1:] == (type(None),):  # Optional[X]
+        return f"{_type_text(typing.get_args(tp)[0])} or unset"
     text = getattr(tp, "__name__", None) if not typing.get_args(tp) else None
     return text or str(tp).replace("typing.", "").replace("NoneType", "None").replace("|", "or")
 

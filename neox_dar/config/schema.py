@@ -105,6 +105,14 @@ class TrainingConfig:
     torch_compile_backend: Literal["inductor", "aot_eager", "eager"] = setting(
         "inductor", "torch.compile's backend with torch_compile: inductor (fused kernels, the fast one), aot_eager "
         "or eager (trace only, for debugging).")
+    torch_compile_mode: Optional[Literal["default", "reduce-overhead", "max-autotune",
+                                         "max-autotune-no-cudagraphs"]] = setting(
+        None, "torch.compile's mode with the inductor backend (Hugging Face's torch_compile_mode): reduce-overhead "
+        "replays the step's kernels from CUDA graphs (no host cost per launch), max-autotune also tunes inductor's "
+        "kernels (minutes of compilation); unset: torch's default.",
+        rule=lambda value, t: None if t.torch_compile_backend == "inductor" else
+        f"needs torch_compile_backend: inductor (torch.compile takes a mode or a backend, not both), got "
+        f"'{t.torch_compile_backend}'")
 
     @property
     def warmup_iters(self) -> int:

@@ -109,5 +109,6 @@ def build_engine(cfg: Config, info: DistInfo, prepare: Callable[[CausalLM], None
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg, info.world_size))
     if cfg.training.torch_compile:
-        engine.compile(backend=cfg.training.torch_compile_backend)
+        mode = cfg.training.torch_compile_mode
+        engine.compile(backend=cfg.training.torch_compile_backend, compile_kwargs={"mode": mode} if mode else {})
     return engine, model, flops
