@@ -245,4 +245,4 @@ def test_the_inference_docs_paper_preset_command_prints_what_they_say():
     res = run("gpu_check.sh", "--steps", "decode", "--dry-run", GPU_CHECK_LIMIT_decode=limit,
               GPU_CHECK_DECODE_ARGS=command)
     assert res.returncode == 0, res.stderr
-    assert f"decode            (time limit  {limit}s)" in res.stdout and f"python3 {printed} --out" in res.stdout
+    assert f"decode            (time limit  {limit}s)" in res.stdout and f" {printed} --out" in res.stdout
