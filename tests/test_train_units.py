@@ -3,7 +3,11 @@ DeepSpeed config, RNG states, metrics helpers, command-line handling. (Checkpoin
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -127,3 +131,27 @@ def test_command_line_handling():
     with pytest.raises(ConfigError, match="bf16"):
         check_training_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "precision=bf16",
                                        "zero_optimization.stage=0"), 1)
+
+
+EXIT = """
+import atexit, sys
+sys.path.insert(0, sys.argv[1])
+import train
+atexit.register(lambda: open(sys.argv[2], "w").write("exit handlers ran"))
+print("the last line, unflushed", end="")
+train.exit_process(3)
+"""
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_train_py_exits_with_its_code_after_exit_handlers_and_flushed_output(world_size, tmp_path):
+    """train.py's exit: a rank of a multi-process run leaves without the interpreter's teardown (whose C++
+    destructors sometimes aborted a finished two-rank run), a single process normally; either way with the run's
+    exit code, its exit handlers run and its output flushed."""
+    root = Path(__file__).resolve().parents[1]
+    marker = tmp_path / "marker"
+    env = {**os.environ, "WORLD_SIZE": world_size}
+    res = subprocess.run([sys.executable, "-c", EXIT, str(root), str(marker)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 3 and res.stdout == "the last line, unflushed", (res.returncode, res.stderr[-2000:])
+    assert marker.read_text() == "exit handlers ran"
