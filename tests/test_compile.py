@@ -9,15 +9,15 @@ kernels (inductor's C++ build of the CPU graphs takes minutes on two cores; the 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from neox_dar.config import ConfigError, load_config
 from neox_dar.variants import registry
 from neox_dar.model import build_model
-
-import subprocess
-import sys
 
 from builders import attention_config
 from trainrun import BYTES, ROOT, losses, train, train_env
