@@ -322,6 +322,11 @@ def build_cases(name: str, T: int, args, torch, device, dtype):
     return inputs, {m: f for m, f in methods.items() if m in args.methods}
 
 
+def error_line(e: Exception) -> str:
+    """An exception as one line for a result record: its type and its message's first line."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
 # Largest relative (Frobenius) error of a method's output against the reference (float32 math) on batch row 0.
 CHECK_TOL = {"bf16": 3e-2, "fp16": 1e-2, "fp32": 1e-3}
 # Not compared with the variant's reference: the reference itself, and plain causal SDPA (another mask: the speed
@@ -343,7 +348,7 @@ def check_outputs(methods: dict, inputs, args, torch) -> dict:
                 out = fn(*inputs)[:1].double()
                 errs[m] = ((out - ref).norm() / ref.norm()).item()
             except Exception as e:  # noqa: BLE001  (a method that cannot run, e.g. flex past its recompile limit)
-                errs[m] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                errs[m] = error_line(e)
             if torch.cuda.is_available() and not args.interpret:
                 torch.cuda.empty_cache()
     return errs
@@ -397,11 +402,11 @@ def timed(fn, inputs, timer, torch, chunk: int, profile: bool = False) -> dict:
             try:
                 r["graph_fwd_bwd_ms"] = graph_ms(fwd_bwd, timer, torch)
             except Exception as e:  # noqa: BLE001  (the eager timings stand; the record says why this one is missing)
-                r["graph_error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                r["graph_error"] = error_line(e)
         try:
             r["profile"] = timing.launch_profile(fwd_bwd, inputs[0].device)
         except Exception as e:  # noqa: BLE001  (the timings above stand; the record says why the profile is missing)
-            r["profile"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            r["profile"] = {"error": error_line(e)}
     return r
 
 
@@ -488,7 +493,7 @@ def check_and_time(name: str, T: int, method: str, fn, err, inputs, args, timer,
         try:
             r.update(measure(fn, inputs, timer, torch, profile=args.profile and method in PROFILED))
         except Exception as e:  # noqa: BLE001  (recorded, printed, and the exit status says so)
-            r["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            r["error"] = error_line(e)
         finally:
             backward.DQ_PASS = None
     if len(backward.DQ_CHOICES) > chosen_before:
