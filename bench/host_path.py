@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before any import of the kernels (kernels.runtime reads it once)
@@ -34,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from kernels import aha_attention, dar_attention, mswa_attention  # noqa: E402
 from neox_dar.provenance import device_name, provenance, write_result  # noqa: E402
+from neox_dar.timing import host_ms  # noqa: E402
 
 B, H, T, D = 1, 12, 64, 64
 WINDOW = 16
@@ -61,12 +60,7 @@ def step_us(fn, parts: int, repeats: int) -> float:
 
     for _ in range(30):
         step()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(times)
+    return 1e3 * host_ms(step, torch.device("cpu"), calls=repeats)
 
 
 def main(argv: list[str] | None = None) -> int:
