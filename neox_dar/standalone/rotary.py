@@ -15,14 +15,41 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the first ``cos.shape[-1]`` dims of ``x`` (B, H, T, d_h); ``cos``/``sin`` broadcast against
-    ``x[..., :r]``: (T, r) for one set of positions, (B, 1, T, r) for positions per row."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``x`` with its first ``r = cos.shape[-1]`` dims turned: ``x_rot * cos + rotate_half(x_rot) * sin``, the
+    other dims passed through (a new tensor)."""
     r = cos.shape[-1]
-    if r == 0:
-        return x
     x_rot, x_pass = x[..., :r], x[..., r:]
     return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+
+
+class Rotary(torch.autograd.Function):
+    """:func:`rotate` whose backward is the inverse turn, ``rotate(g, cos, -sin)``: the gradient of a rotation
+    by the angles ``theta`` is the rotation of the output gradient by ``-theta`` (``cos``, ``sin`` have equal halves,
+    ``[c, c]`` and ``[s, s]``, as :func:`rotary_table` makes them; no gradient for them). The same values as
+    autograd through :func:`rotate` bit for bit, without its backward's zero-filled full-width gradients of the two
+    slices and their sum."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(cos, sin)
+        return rotate(x, cos, sin)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        cos, sin = ctx.saved_tensors
+        return rotate(grad, cos, -sin), None, None
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of ``x`` (B, H, T, d_h); ``cos``/``sin`` broadcast against
+    ``x[..., :r]``: (T, r) for one set of positions, (B, 1, T, r) for positions per row. With a gradient to
+    compute, through :class:`Rotary`."""
+    if cos.shape[-1] == 0:
+        return x
+    if torch.is_grad_enabled() and x.requires_grad:
+        return Rotary.apply(x, cos, sin)
+    return rotate(x, cos, sin)
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling) -> torch.Tensor:
