@@ -337,6 +337,28 @@ def test_aha_router_gradient_is_the_ste_formula(impl, ste):
     assert not torch.allclose(other.router.weight.grad, aha.router.weight.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_aha_selected_path_is_the_straight_through_product_bit_for_bit(dtype):
+    """SelectedPath gives the value and the gradients of ``o * (1 + (2g - 1) (s - stop_grad(s)))`` exactly, and
+    passes ``o``'s gradient through untouched (no gradient to ``s`` when the router is frozen)."""
+    from neox_dar.attention.aha import SelectedPath
+
+    gen = torch.Generator().manual_seed(3)
+    B, H, T, D = 2, 4, 7, 8
+    o = torch.randn(B, H, T, D, generator=gen).to(dtype).requires_grad_()
+    s = torch.rand(B, T, H, generator=gen, requires_grad=True)
+    g = s > 0.5
+    dout = torch.randn(B, H, T, D, generator=gen).to(dtype)
+    product = o * (1.0 + ((2.0 * g.float() - 1.0) * (s - s.detach())).transpose(1, 2)[..., None]).to(dtype)
+    mine = SelectedPath.apply(o, s, g)
+    assert torch.equal(mine, product)
+    assert all(torch.equal(x, y) for x, y in zip(torch.autograd.grad(mine, (o, s), dout),
+                                                  torch.autograd.grad(product, (o, s), dout)))
+    frozen = SelectedPath.apply(o, s.detach(), g)
+    (d_o,) = torch.autograd.grad(frozen, o, dout)
+    assert torch.equal(d_o, dout)
+
+
 def test_aha_aux_loss_is_lambda_times_mean_score_over_layers_tokens_heads():
     cfg = model_config(num_layers=3, hidden_size=32, num_attention_heads=4, attention_type="aha", window_size=4,
                  vocab_size=256, aha_l1_coef=3e-4)

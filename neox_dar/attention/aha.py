@@ -5,8 +5,9 @@ when ``g = 1``, sliding-window attention (window ``w``) when ``g = 0``; only the
 and receives gradients. Straight-through rule (``aha_ste``), both with value ``o`` (the selected path's output):
 
 * ``selected`` (default; "Learning When Not to Attend Globally" (AHA), Eq. 3-4 read literally):
-  ``dL/ds = (2g - 1) <dL/do, o>``, realised as
-  ``o * (1 + (2g - 1) (s - stop_grad(s)))``. Only the selected path is ever computed.
+  ``dL/ds = (2g - 1) <dL/do, o>``, by :class:`SelectedPath` (the value of
+  ``o * (1 + (2g - 1) (s - stop_grad(s)))`` and its gradients, without the product). Only the selected path is ever
+  computed.
 * ``difference`` (the usual STE through ``o = g Full + (1 - g) Local``): ``dL/ds = <dL/do, Full - Local>``,
   realised as ``o + (2g - 1) (s - stop_grad(s)) (o - other)`` with ``other`` the non-selected path, computed
   under ``no_grad`` by the same path function with the gate inverted (one extra attention forward per layer,
@@ -74,6 +75,27 @@ def aha_key_ranges(layout: Layout, count: int, gate: torch.Tensor, window: int) 
     return lo.to(torch.int32), cols.to(torch.int32).expand_as(lo)
 
 
+class SelectedPath(torch.autograd.Function):
+    """The straight-through rule ``selected``: the heads' output ``o`` (B, H, T, d_h) unchanged; backward, ``o``'s
+    gradient passed through and the router probabilities ``s`` (B, T, H) given ``(2g - 1) <dL/do, o>`` (``g``
+    (B, T, H) bool, the gates), summed over d_h in ``o``'s dtype. Bit for bit the gradients of
+    ``o * (1 + (2g - 1) (s - stop_grad(s)))`` (whose value is ``o``), without that product in the forward or the
+    backward."""
+
+    @staticmethod
+    def forward(ctx, o: torch.Tensor, s: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(o, g)
+        return o.view_as(o)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if not ctx.needs_input_grad[1]:  # a frozen router
+            return grad, None, None
+        o, g = ctx.saved_tensors
+        dot = (grad * o).sum(-1).transpose(1, 2).float()  # (B, T, H)
+        return grad, torch.where(g, dot, -dot), None
+
+
 class AHAAttention(AHALayer, Attention):
     """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``), its cache and decode
     step from :class:`~neox_dar.standalone.aha.AHALayer`.
@@ -115,12 +137,12 @@ class AHAAttention(AHALayer, Attention):
         g = s > self.threshold
         gate = g.transpose(1, 2)  # (B, H, T)
         o = self.routed(q, k, v, gate)
-        straight_through = ((2.0 * g.float() - 1.0) * (s - s.detach())).transpose(1, 2)[..., None]  # value 0
         if self.ste == "selected":
-            o = o * (1.0 + straight_through).to(o.dtype)  # d/ds = (2g - 1) <dL/do, o>
+            o = SelectedPath.apply(o, s, g)  # d/ds = (2g - 1) <dL/do, o>
         elif s.requires_grad:  # "difference": d/ds = (2g - 1) <dL/do, o - other> = <dL/do, Full - Local>
             with torch.no_grad():
                 other = self.routed(q, k, v, ~gate)
+            straight_through = ((2.0 * g.float() - 1.0) * (s - s.detach())).transpose(1, 2)[..., None]  # value 0
             o = o + (straight_through * (o.detach() - other)).to(o.dtype)
         self.aux_loss = self.l1_coef * s.mean() / self.num_layers
         self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
