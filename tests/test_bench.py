@@ -62,6 +62,18 @@ def check_host_path(r: dict) -> None:
     assert row["beyond_glue_us"] == pytest.approx(row["host_us"] - r["glue_us"], abs=0.11)
 
 
+def check_layer_traffic(r: dict) -> None:
+    rows = {x["variant"]: x for x in r["results"]}
+    assert set(rows) == {"vanilla", "aha"} and r["shape"]["seq_len"] == 16
+    for x in rows.values():
+        assert x["ops"] > 0 and x["bytes"] > 0 and x["hidden_state_units"] > 0
+        units = [t["hidden_state_units"] for t in x["top"]]
+        assert units == sorted(units, reverse=True) and sum(units) <= x["hidden_state_units"] + 0.1
+    # every operator listed (--top 50): rotary's backward makes no full-width slice gradients
+    assert "slice_backward" not in {t["op"] for t in rows["vanilla"]["top"]}
+    assert "sort" in {t["op"] for t in rows["aha"]["top"]}  # the routed rows' compaction
+
+
 def check_dimpo_memory(r: dict) -> None:
     (run,) = r["runs"]
     assert run["docs_per_split"] == 1 and run["layers"] == 1 and run["peak_mb"] >= run["peak_before_fit_mb"] > 0
@@ -162,6 +174,8 @@ SMALLEST = {
     "decode.py": (["--contexts", "64", "--batches", "1", "--steps", "1", "--warmup", "0", "--profile"], check_decode),
     "eval_vs_lmeval.py": (["--quick"], check_eval_vs_lmeval),
     "host_path.py": (["--kernels", "swa", "--calls", "3"], check_host_path),
+    "layer_traffic.py": (["configs/tiny.yml", "--variants", "vanilla", "aha", "--seq-len", "16", "--top", "50"],
+                         check_layer_traffic),
     "generate_vs_hf.py": (["--quick"], check_generate_vs_hf),
     "gpu_targets.py": (gpu_targets_args, check_gpu_targets),
     "dimpo_memory.py": (["--docs", "1", "--layers", "1", "--seq-len", "16", "--max-steps", "1"], check_dimpo_memory),
