@@ -1054,6 +1054,45 @@ def test_range_attention_reads_each_rows_key_range(H, Hkv, T, S, D, dtype):
     assert out.dtype == dtype and rel_err(out.cpu(), ref) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("H,Hkv,T,S,DC,W", [(4, 2, 1, 70, 24, 4), (3, 3, 2, 33, 16, 0), (2, 1, 1, 9, 0, 16)])
+def test_dar_far_attention_sums_up_each_rows_far_columns(H, Hkv, T, S, DC, W, dtype):
+    """The far summaries (maximum, sum and c-weighted sum of exp(scale * score - maximum)) against float64 over each
+    row's columns: absorbed and rotated dims together, absorbed only (W = 0), rotated only (DC = 0: c still carries
+    the values), grouped heads, empty ranges, ranges across the kernel's chunks, a strided cache."""
+    from kernels import dar_far_attention
+
+    torch.manual_seed(12)
+    B, scale = 2, 0.3
+    c = torch.randn(B, S + 5, max(DC, 8), device=DEVICE, dtype=dtype)[:, :S]
+    qc = torch.randn(B, T, H, DC, device=DEVICE, dtype=dtype) if DC else None
+    qr = torch.randn(B, T, H, W, device=DEVICE, dtype=dtype) if W else None
+    kr = torch.randn(B, Hkv, S, W, device=DEVICE, dtype=dtype) if W else None
+    qb = torch.randn(B, T, H, device=DEVICE)
+    hi = torch.randint(0, S + 1, (B, T), device=DEVICE)
+    lo = (hi - torch.randint(0, S + 1, (B, T), device=DEVICE)).clamp(min=0)
+    lo[0, 0], hi[0, 0] = 0, S
+    lo[-1, -1] = hi[-1, -1]  # no far column
+    m, l_, acc = dar_far_attention(qc, qr, qb, c, kr, lo.int(), hi.int(), scale)
+    for b, t, h in [(b, t, h) for b in range(B) for t in range(T) for h in range(H)]:
+        cols = slice(int(lo[b, t]), int(hi[b, t]))
+        cc = c[b, cols].double().cpu()
+        s = torch.full((cc.shape[0],), float(qb[b, t, h]), dtype=torch.float64)
+        if DC:
+            s += cc[:, :DC] @ qc[b, t, h].double().cpu()
+        if W:
+            s += kr[b, h // (H // Hkv), cols].double().cpu() @ qr[b, t, h].double().cpu()
+        if cc.shape[0] == 0:
+            assert m[b, t, h] == float("-inf") and l_[b, t, h] == 0 and not acc[b, t, h].any()
+            continue
+        top = (s * scale).max()
+        p = torch.exp(s * scale - top)
+        assert abs(m[b, t, h].item() - top.item()) < 50 * TOL[dtype]
+        shift = math.exp(top.item() - m[b, t, h].item())  # the kernel's maximum, rounded in its dtype's products
+        assert rel_err(l_[b, t, h].cpu().double(), p.sum() * shift) < TOL[dtype]
+        assert rel_err(acc[b, t, h].cpu().double(), p @ cc * shift) < TOL[dtype]
+
+
 class HostSyncs:
     """The PyTorch operators a call runs that make the host wait for the device (a value read back, or an output
     whose shape depends on the values); Triton launches (whose interpreter moves tensors with PyTorch) left out."""
@@ -1067,6 +1106,61 @@ class HostSyncs:
     def __call__(self, fn) -> list[str]:
         _, _, ops = self.count(fn)
         return [op for op in ops if op in self.SYNCING]
+
+
+def decode_on_the_kernel(models: dict, lengths: list[int], N: int, launches: list[str], monkeypatch,
+                         after_step=lambda: None) -> None:
+    """Prefill prompts of ``lengths`` into ``models["triton"]``'s cache, decode ``N - 1`` steps and check: the first
+    step launches exactly ``launches`` (Triton kernels, in order), no step runs a host-synchronising PyTorch operator
+    (on a GPU also under CUDA's sync debug mode), and the logits equal ``models["reference"]``'s full forward.
+    ``after_step`` runs after each counted step."""
+    model = models["triton"]
+    seqs = [torch.randint(0, model.cfg.vocab_size, (n + N,), device=DEVICE) for n in lengths]
+    syncs, count = HostSyncs(monkeypatch), Launches(monkeypatch)
+    steps = []
+    with torch.inference_mode():
+        cache = model.new_cache(lengths, N)
+        steps.append(model.prefill([s[:n] for s, n in zip(seqs, lengths)], cache)[:, None])
+        for t in range(N - 1):
+            ids = torch.stack([s[n + t] for s, n in zip(seqs, lengths)])[:, None]
+            if t == 0:
+                _, triton_ops, _ = count(lambda: model.decode(ids, cache))
+                assert triton_ops == launches
+                cache.layout.length -= 1  # the step again, counted for host syncs
+            if ON_GPU:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                found = syncs(lambda: steps.append(model.decode(ids, cache)))
+            finally:
+                if ON_GPU:
+                    torch.cuda.set_sync_debug_mode("default")
+            assert found == [], f"step {t}: host-synchronising operators {found}"
+            after_step()
+        got = torch.cat(steps, 1)
+        for b, (s, n) in enumerate(zip(seqs, lengths)):
+            full = models["reference"](s[None])[0, n - 1:n + N - 1]
+            torch.testing.assert_close(got[b], full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+
+
+@pytest.mark.parametrize("family,attention_type,cache", [("gpt_neox", "dar", "keys"), ("gpt_neox", "uniform", "keys"),
+                                                         ("gpt_neox", "dar", "latent"), ("llama", "dar", "keys")])
+def test_dar_decode_on_the_kernel_equals_the_full_forward(family, attention_type, cache, monkeypatch):
+    """DAR's decode step on ``attention_impl: triton`` (the far columns through ``dar_far_attention``): logits equal
+    the full forward's for prompts of different lengths in one batch (padding columns), contexts longer than the
+    window and the kernel's chunks; the cache of c and rotated key dims or ``latent``; the uniform baseline (w = 0:
+    a query's own column is far); GPT-NeoX's partial rotary (absorbed and rotated dims) and Llama's full rotary
+    with grouped heads (rotated dims only). Each layer launches the far kernel once a step, nothing else of Triton,
+    and no PyTorch operator waits for the device."""
+    from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
+
+    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "attention_type": attention_type, "window_size": 4,
+            "precision": "fp32", "dar_inference_cache": cache, **({"num_kv_heads": 4} if family == "gpt_neox" else {})}
+    torch.manual_seed(5)
+    models = {impl: build_model(config(FAMILY_PRESETS[family], **keys, attention_impl=impl).model).to(DEVICE).eval()
+              for impl in ("triton", "reference")}
+    models["reference"].load_state_dict(models["triton"].state_dict())
+    # the longest row's context (35) spans two of the interpreter's chunks (32)
+    decode_on_the_kernel(models, [5, 2, 30], 6, ["_far_kernel"] * models["triton"].cfg.num_layers, monkeypatch)
 
 
 @pytest.mark.parametrize("family", ["llama"])
@@ -1088,31 +1182,10 @@ def test_aha_decode_on_the_kernel_equals_the_full_forward_without_host_syncs(fam
             m.router.weight.normal_(0.0, 1.0)  # gates open and closed (the router starts at 0: s = 0.5, closed)
     models["reference"].load_state_dict(models["triton"].state_dict())
     model = models["triton"]
-    lengths, N = [5, 2, 24], 10  # the longest row's context (34) spans two of the interpreter's chunks (32)
-    seqs = [torch.randint(0, model.cfg.vocab_size, (n + N,), device=DEVICE) for n in lengths]
-    syncs, count = HostSyncs(monkeypatch), Launches(monkeypatch)
-    steps, gates = [], []
-    with torch.inference_mode():
-        cache = model.new_cache(lengths, N)
-        steps.append(model.prefill([s[:n] for s, n in zip(seqs, lengths)], cache)[:, None])
-        for t in range(N - 1):
-            ids = torch.stack([s[n + t] for s, n in zip(seqs, lengths)])[:, None]
-            if t == 0:
-                _, triton_ops, _ = count(lambda: model.decode(ids, cache))
-                assert triton_ops == ["_range_partial_kernel", "_range_merge_kernel"] * model.cfg.num_layers
-                cache.layout.length -= 1  # the step again, counted for host syncs
-            if ON_GPU:
-                torch.cuda.set_sync_debug_mode("error")
-            try:
-                found = syncs(lambda: steps.append(model.decode(ids, cache)))
-            finally:
-                if ON_GPU:
-                    torch.cuda.set_sync_debug_mode("default")
-            assert found == [], f"step {t}: host-synchronising operators {found}"
-            gates += [m.token_stats["mu_f"] for m in model.attention_modules()]
-        got = torch.cat(steps, 1)
-        for b, (s, n) in enumerate(zip(seqs, lengths)):
-            full = models["reference"](s[None])[0, n - 1:n + N - 1]
-            torch.testing.assert_close(got[b], full, rtol=1e-4, atol=1e-4 * full.abs().max().item())
+    gates = []
+    # the longest row's context (34) spans two of the interpreter's chunks (32)
+    launches = ["_range_partial_kernel", "_range_merge_kernel"] * model.cfg.num_layers
+    decode_on_the_kernel(models, [5, 2, 24], 10, launches, monkeypatch,
+                         lambda: gates.extend(m.token_stats["mu_f"] for m in model.attention_modules()))
     opened = torch.cat([g.flatten() for g in gates]).float().mean().item()
     assert 0.1 < opened < 0.9, opened  # both paths are exercised

@@ -124,6 +124,14 @@ class DARAttention(DARLayer, Attention):
     def remember(self, cache: DARCache, rows, k, v, a) -> None:
         cache.write(k, v, self.dar_down(a), cache.layout.starts[int(rows[0])], rows)
 
+    def far_attention(self, device: torch.device):
+        """A decode step's far columns: on the ``triton`` path the kernels' ``dar_far_attention`` (each far column's
+        ``c`` and rotated key dims read once for all heads, no score materialised); elsewhere None, the standalone
+        layer's softmax over every score."""
+        if self.resolved_impl(device) != "triton":
+            return None
+        return triton_kernels(device).dar_far_attention
+
     def head_windows(self) -> list[int | None]:
         return [self.window] * self.num_heads
 

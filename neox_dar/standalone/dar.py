@@ -108,9 +108,12 @@ class DARCache:
                 scores = scores + q_pass @ self.q_b
         return scores
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, scale: float,
+               far_attention: Callable | None = None) -> torch.Tensor:
         """The ``T`` new columns: rotated ``q`` (B, H, T, d_h), their rotated ``k_loc``, ``v_loc`` (B, H_kv, T, d_h)
-        and ``c`` (B, T, d_down) -> (B, H, T, d_h) (stores them). Near and far scores share one softmax (float32)."""
+        and ``c`` (B, T, d_down) -> (B, H, T, d_h) (stores them). Near and far scores share one softmax (float32).
+        ``far_attention``: a function with the signature of neox-dar's ``kernels.dar_far_attention`` that sums up
+        the far columns (:meth:`attend_summaries`); None: every score materialised, one softmax."""
         layout = self.layout
         n, T = layout.length, q.shape[2]
         B, H, _, D = q.shape
@@ -127,6 +130,9 @@ class DARCache:
         self.far.write(self._far(c, n, None), n)
         far = n + T - self.window  # columns beyond the window of the last new query
         cached = {name: t[:, :, :far] for name, t in self.far.data.items()} if far > 0 else None
+        if far_attention is not None and cached is not None:
+            return self.attend_summaries(qg, qcols, scores[0] if scores else None, near_v, cached, scale,
+                                         far_attention).reshape(B, H, T, D)
         cf = cached["c"][:, 0] if cached is not None else None
         if cached is not None:
             kcols = layout.columns(0, far)
@@ -145,6 +151,55 @@ class DARCache:
             o = torch.bmm(p.reshape(B, -1, far), cf).view(B, Hk, -1, cf.shape[-1]) @ self.a_v  # -> (B, Hk, R, D)
             out = out + (o if self.b_v is None else o + p.sum(-1, keepdim=True) * self.b_v)
         return out.reshape(B, H, T, D)
+
+    def attend_summaries(self, qg: torch.Tensor, qcols: torch.Tensor, near: torch.Tensor | None,
+                         near_v: torch.Tensor | None, cached: dict[str, torch.Tensor], scale: float,
+                         far_attention: Callable) -> torch.Tensor:
+        """:meth:`attend`'s softmax with the far columns summed up by ``far_attention`` (the kernels'
+        ``dar_far_attention``: per query row the maximum ``m`` of its scaled far scores, ``l = sum exp(s - m)`` and
+        ``acc = sum exp(s - m) c``, reading each far column's ``c`` and rotated key dims once for all heads), merged
+        with the near scores ``near`` (B, H_kv, R T, w) (unscaled, masked) and values ``near_v``; ``qg`` (B, H_kv,
+        R T, d_h) the grouped queries of the columns ``qcols``; ``cached`` the far ring's tensors of the columns
+        ``0 ..``. A query (a new column: never left of its row's start) reads the far columns from its row's start
+        up to its distance ``w``. -> (B, H_kv, R T, d_h)."""
+        layout, width, w = self.layout, self.width, self.window
+        B, Hk, RT, D = qg.shape
+        T = qcols.shape[0]
+        R = RT // T
+        c = cached["c"][:, 0]
+
+        def per_token(x: torch.Tensor) -> torch.Tensor:  # (B, H_kv, R T, ...) -> (B, T, H, ...)
+            return x.reshape(B, Hk, R, T, *x.shape[3:]).movedim(3, 1).reshape(B, T, Hk * R, *x.shape[3:])
+
+        def per_group(x: torch.Tensor) -> torch.Tensor:  # (B, T, H, ...) -> (B, H_kv, R T, ...)
+            return x.reshape(B, T, Hk, R, *x.shape[3:]).movedim(1, 3).reshape(B, Hk, RT, *x.shape[3:])
+
+        kr = cached.get("k")
+        if kr is None and width:  # latent: rebuild the rotated dims of every far column
+            kr = self.far_keys(c, *layout.rotary(0, c.shape[1]))
+        q_pass = qg[..., width:]
+        qc = per_token(q_pass @ self.q_w) if width < D else None
+        qb = (per_token((q_pass @ self.q_b)[..., 0]) if self.q_b is not None and width < D
+              else qg.new_zeros(B, T, Hk * R)).float()
+        lo = layout.start[:, None].expand(B, T)
+        hi = torch.maximum(qcols[None, :] - w + 1, lo)  # (B, T), exclusive
+        m, l_, acc = (per_group(x) for x in far_attention(
+            qc, per_token(qg[..., :width]) if width else None, qb, c, kr, lo.to(torch.int32), hi.to(torch.int32),
+            scale))
+        top = m if near is None else torch.maximum(m, near.amax(-1) * scale)
+        far_w = torch.exp(m - top)  # 0 for a row without far columns
+        total = l_ * far_w
+        p_near = None
+        if near is not None:
+            p_near = torch.exp(near * scale - top[..., None])
+            total = total + p_near.sum(-1)
+        dtype = qg.dtype
+        out = (acc * (far_w / total)[..., None]).to(dtype) @ self.a_v
+        if self.b_v is not None:
+            out = out + (l_ * far_w / total)[..., None].to(dtype) * self.b_v
+        if p_near is not None:
+            out = out + (p_near / total[..., None]).to(dtype) @ near_v
+        return out
 
 
 class DARLayer(AttentionLayer):
@@ -169,6 +224,12 @@ class DARLayer(AttentionLayer):
                         w_k, b_k, w_v, b_v, self.dar_up.weight, self.normalize_keys if self.qk_norm != "none" else None,
                         device, dtype, far_keys=self.cache_mode == "keys")
 
+    def far_attention(self, device: torch.device) -> Callable | None:
+        """What sums up a step's far columns (:meth:`DARCache.attend`'s ``far_attention``): None here, every score
+        materialised; neox-dar's DAR module gives the Triton kernel on its ``triton`` path."""
+        return None
+
     def decode(self, a: torch.Tensor, cache: DARCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos, sin)
-        return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5))
+        return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5,
+                                             self.far_attention(a.device)))
