@@ -550,13 +550,13 @@ def compile_report(args) -> dict:
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from kernels import backward, banded, decode
+    from kernels import backward, banded, dar_decode, decode
     from kernels.runtime import is_wide_key_tile
 
     pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
     int_ptrs = {"WIN", "KV_HEADS", "ROWS", "COUNTS", "LO", "HI"}
-    fp32_ptrs = {"LSE", "DELTA", "DQ", "M", "L", "ACC"}
-    scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D", "NC"}
+    fp32_ptrs = {"LSE", "DELTA", "DQ", "M", "L", "ACC", "QB"}
+    scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D", "NC", "DC", "WIDTH"}
     specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
              ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False, ATOMIC_DQ=True)),
              ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False, ATOMIC_DQ=True)),
@@ -566,21 +566,28 @@ def compile_report(args) -> dict:
              ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True, ATOMIC_DQ=False)),
              ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
              ("_routed_fwd_kernel", {}), ("_routed_dq_kernel", {}),
-             ("_range_partial_kernel", {}), ("_range_merge_kernel", {})]
-    # the decode kernels are not autotuned: their one launch configuration (kernels/decode.py)
-    fixed = {"_range_partial_kernel": triton.Config(dict(CHUNK_=decode.CHUNK, BLOCK=decode.BLOCK_N),
-                                                    num_warps=decode.PARTIAL_WARPS, num_stages=3),
-             "_range_merge_kernel": triton.Config(dict(BLOCK_C=32), num_warps=4, num_stages=3)}
+             ("_range_partial_kernel", {}), ("_range_merge_kernel", {}), ("_far_kernel", {})]
+    # the decode kernels are not autotuned: their module and one launch configuration (kernels/decode.py; DAR's far
+    # columns at Pythia-160M's shape: 12 heads, d_down 192 and 12 x 16 rotated dims, kernels/dar_decode.py)
+    fixed = {"_range_partial_kernel": (decode, triton.Config(dict(CHUNK_=decode.CHUNK, BLOCK=decode.BLOCK_N),
+                                                             num_warps=decode.PARTIAL_WARPS, num_stages=3)),
+             "_range_merge_kernel": (decode, triton.Config(dict(BLOCK_C=32), num_warps=4, num_stages=3)),
+             "_far_kernel": (dar_decode, triton.Config(
+                 dict(HAS_QC=True, HAS_KR=True, BLOCK_H=16, BLOCK_DC=256, BLOCK_DK=256, CHUNK_=dar_decode.CHUNK,
+                      BLOCK=dar_decode.BLOCK_N), num_warps=dar_decode.WARPS, num_stages=3))}
     rows = []
     for kname, flags in [(k, f) for k, f in specs if any(sub in k for sub in args.compile_filter)]:
-        kernel = getattr(decode if kname in fixed else backward if hasattr(backward, kname) else banded, kname)
+        module = fixed[kname][0] if kname in fixed else backward if hasattr(backward, kname) else banded
+        kernel = getattr(module, kname)
         jf = kernel if kname in fixed else kernel.fn  # the decode kernels are not autotuned
         # the candidates a launch with these flags is offered (wide key tiles only without atomic dq)
-        configs = [fixed[kname]] if kname in fixed else [
+        configs = [fixed[kname][1]] if kname in fixed else [
             c for c in kernel.configs
             if not (flags.get("ATOMIC_DQ") and is_wide_key_tile(c))][:args.compile_configs]
         for cfg in configs:
-            consts = dict(flags, BLOCK_D=max(16, triton.next_power_of_2(args.head_dim)), **cfg.kwargs)
+            consts = dict(flags, **cfg.kwargs)
+            if "BLOCK_D" in jf.arg_names:
+                consts["BLOCK_D"] = max(16, triton.next_power_of_2(args.head_dim))
             if kname not in fixed:  # the decode kernels take d_h at run time
                 consts.update(D=args.head_dim, PRECISION="tf32" if args.dtype != "fp32" else "ieee")
             sig = {}

@@ -35,6 +35,10 @@ batch of 16 at context 8k makes 256 programs, enough to keep every streaming mul
 occupancy, not yet timed against others)."""
 BLOCK_N = 16 if INTERPRET else 64
 """Columns per block of a program's loop."""
+WARPS = 1 if INTERPRET else 8
+"""Warps per program. ptxas for sm_90a (bf16, Pythia-160M's shape, ``bench/attention.py --compile-only``; Triton
+3.9): 64-column blocks with 8 warps use 178 registers and spill nothing, with 4 warps 255 registers and spill 24
+bytes (32-column blocks: 174 with 4 warps, 168 with 8, no spill). Chosen from the report, not timed."""
 
 
 @triton.jit
@@ -151,6 +155,6 @@ def dar_far_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: torc
         c.stride(0), c.stride(1), kr_.stride(0), kr_.stride(1), kr_.stride(2),
         T, H, H // Hk, DC, width, nc, scale * math.log2(math.e),
         HAS_QC=qc is not None, HAS_KR=kr is not None, BLOCK_H=bh, BLOCK_DC=bdc, BLOCK_DK=bdk, CHUNK_=CHUNK,
-        BLOCK=BLOCK_N, num_warps=1 if INTERPRET else 4)
+        BLOCK=BLOCK_N, num_warps=WARPS)
     top, total, summed = merge_chunks(m.view(B, T, nc, bh), l_.view(B, T, nc, bh), acc.view(B, T, nc, bh, bdc))
     return top[..., :H], total[..., :H], summed[..., :H, :DC]

@@ -965,19 +965,21 @@ def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     """What the interpreter cannot check: every kernel compiles for sm_90a (Triton's bundled ptxas), the matrix
     products become Hopper wgmma, tile loads 16-byte cp.async, and each kernel's first candidate spills at most
     ``SPILL_BYTES_ALLOWED``; the decode kernels spill nothing (registers: 128 for the partial kernel under Triton
-    3.9, 180 under 3.6, whose loop pipelining keeps more loads in flight; both leave 8 warps a program)."""
+    3.9, 180 under 3.6, whose loop pipelining keeps more loads in flight; both leave 8 warps a program), and DAR's
+    far-column kernel, 16 head rows a product, takes mma.sync."""
     out = tmp_path / "compile.json"
     res = run_bench("--compile-only", "--compile-configs", "1", "--out", str(out))
     assert res.returncode == 0, res.stdout + res.stderr
     rows = json.loads(out.read_text())["results"]
     assert [r["kernel"] for r in rows] == (["_fwd_kernel"] * 2 + ["_bwd_kernel"] * 6 + ["_dq_kernel"] * 2
                                            + ["_routed_fwd_kernel", "_routed_dq_kernel", "_range_partial_kernel",
-                                              "_range_merge_kernel"])
-    for r in rows[:-2]:
+                                              "_range_merge_kernel", "_far_kernel"])
+    for r in rows[:-3]:
         assert r["wgmma"] > 0 and r["mma_sync"] == 0 and r["cp_async_16B"] > 0, r
         assert r["spill_store_bytes"] <= SPILL_BYTES_ALLOWED and r["registers"] <= 255, r
-    for r in rows[-2:]:  # the decode step's kernels: one query row against blocks of keys, no matrix product
+    for r in rows[-3:-1]:  # AHA's decode step: one query row against blocks of keys, no matrix product
         assert r["spill_store_bytes"] == 0 and r["registers"] <= 192, r
+    assert rows[-1]["mma_sync"] > 0 and rows[-1]["spill_store_bytes"] == 0 and rows[-1]["registers"] <= 192
 
 
 # ------------------------------------------------------------------------------------------------ the model
