@@ -35,6 +35,9 @@ batch of 16 at context 8k makes 256 programs, enough to keep every streaming mul
 occupancy, not yet timed against others)."""
 BLOCK_N = 16 if INTERPRET else 64
 """Columns per block of a program's loop."""
+MAX_DIMS = 256
+"""The widest ``d_c`` and ``H_kv x width`` a launch takes (each is one register tile of the program): Pythia's
+shapes up to 410M (``d_down = d / 4 <= 256``; ``H x rotary dims = d / 4``)."""
 WARPS = 1 if INTERPRET else 8
 """Warps per program. ptxas for sm_90a (bf16, Pythia-160M's shape, ``bench/attention.py --compile-only``; Triton
 3.9): 64-column blocks with 8 warps use 178 registers and spill nothing, with 4 warps 255 registers and spill 24
@@ -110,6 +113,12 @@ def merge_chunks(m: torch.Tensor, l_: torch.Tensor, acc: torch.Tensor
     return (top.squeeze(-2) * math.log(2.0), (l_ * w).sum(-2), (acc * w[..., None]).sum(-3))
 
 
+def fits(d_c: int, rotated: int) -> bool:
+    """Whether a layer with ``d_c`` absorbed dims and ``rotated`` = ``H_kv x width`` rotated dims per far column fits
+    one launch (:data:`MAX_DIMS`)."""
+    return d_c <= MAX_DIMS and rotated <= MAX_DIMS
+
+
 def dar_far_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: torch.Tensor, c: torch.Tensor,
                       kr: torch.Tensor | None, lo: torch.Tensor, hi: torch.Tensor, scale: float
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -138,6 +147,8 @@ def dar_far_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: torc
             raise ValueError(f"{fn}: {name} must share c's dtype and device with unit stride on its last dim")
     if qc is not None and tuple(qc.shape) != (B, T, H, DC):
         raise ValueError(f"{fn}: qc must be (B, T, H, d_c) = {(B, T, H, DC)}, got {tuple(qc.shape)}")
+    if not fits(DC, Hk * width):
+        raise ValueError(f"{fn}: d_c = {DC} and H_kv x width = {Hk * width} must each be at most {MAX_DIMS}")
     nc = triton.cdiv(S, CHUNK)
     bh = max(16, triton.next_power_of_2(H))
     bdc = max(16, triton.next_power_of_2(DC))

@@ -1165,6 +1165,27 @@ def test_dar_decode_on_the_kernel_equals_the_full_forward(family, attention_type
     decode_on_the_kernel(models, [5, 2, 30], 6, ["_far_kernel"] * models["triton"].cfg.num_layers, monkeypatch)
 
 
+def test_dar_decode_wider_than_the_far_kernel_runs_the_pytorch_path_with_a_warning(monkeypatch):
+    """A layer whose far columns are wider than one launch takes (here Llama's full rotary, 4 key/value heads of 80
+    dims: 320 rotated dims a column) decodes through the standalone PyTorch step, says so once, launches no Triton
+    kernel and still equals the full forward; the kernel itself refuses such widths with a one-line error."""
+    from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
+    from kernels import dar_far_attention
+
+    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "attention_type": "dar", "window_size": 4, "precision": "fp32",
+            "num_kv_heads": 4, "head_dim": 80}
+    torch.manual_seed(6)
+    models = {impl: build_model(config(FAMILY_PRESETS["llama"], **keys, attention_impl=impl).model).to(DEVICE).eval()
+              for impl in ("triton", "reference")}
+    models["reference"].load_state_dict(models["triton"].state_dict())
+    with pytest.warns(UserWarning, match="wider than the far-column kernel's 256; the decode step runs the PyTorch"):
+        decode_on_the_kernel(models, [5, 9], 3, [], monkeypatch)
+    c = torch.zeros(1, 8, 300, device=DEVICE)
+    with pytest.raises(ValueError, match="d_c = 300 and H_kv x width = 0 must each be at most 256"):
+        dar_far_attention(torch.zeros(1, 1, 2, 300, device=DEVICE), None, torch.zeros(1, 1, 2, device=DEVICE), c,
+                          None, *(torch.zeros(1, 1, dtype=torch.int32, device=DEVICE),) * 2, 1.0)
+
+
 @pytest.mark.parametrize("family", ["llama"])
 def test_aha_decode_on_the_kernel_equals_the_full_forward_without_host_syncs(family, monkeypatch):
     """AHA's decode step on ``attention_impl: triton`` (the kernels' ``range_attention`` with each row's key range):

@@ -12,7 +12,9 @@ feeds the ``H_kv`` key/value heads, and query head ``h`` reads key/value head ``
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,6 +64,13 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
     k = torch.cat((k_loc, k_glob), dim=-2)
     v = torch.cat((v_loc, v_glob), dim=-2)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=torch.cat((near, far), dim=-1))
+
+
+@functools.lru_cache(maxsize=None)
+def warn_too_wide(d_down: int, rotated: int) -> None:
+    warnings.warn(f"DAR decode: d_down = {d_down} and {rotated} rotated key dims per far column are wider than the "
+                  "far-column kernel's 256; the decode step runs the PyTorch path (every score materialised)",
+                  stacklevel=3)
 
 
 class DARAttention(DARLayer, Attention):
@@ -126,11 +135,17 @@ class DARAttention(DARLayer, Attention):
 
     def far_attention(self, device: torch.device):
         """A decode step's far columns: on the ``triton`` path the kernels' ``dar_far_attention`` (each far column's
-        ``c`` and rotated key dims read once for all heads, no score materialised); elsewhere None, the standalone
-        layer's softmax over every score."""
+        ``c`` and rotated key dims read once for all heads, no score materialised) where the layer's widths fit one
+        launch (``d_down`` and ``H_kv`` x the far key's cached dims at most 256 each: Pythia's shapes); elsewhere
+        None, the standalone layer's softmax over every score (on the ``triton`` path with a warning, once)."""
         if self.resolved_impl(device) != "triton":
             return None
-        return triton_kernels(device).dar_far_attention
+        kernels = triton_kernels(device)
+        rotated = self.num_kv_heads * (self.head_dim if self.qk_norm != "none" else self.rotary_ndims)
+        if kernels.dar_decode.fits(self.d_down, rotated):
+            return kernels.dar_far_attention
+        warn_too_wide(self.d_down, rotated)
+        return None
 
     def head_windows(self) -> list[int | None]:
         return [self.window] * self.num_heads
