@@ -555,8 +555,8 @@ def compile_report(args) -> dict:
 
     pointer_dtype = {"bf16": "bf16", "fp16": "fp16", "fp32": "fp32"}[args.dtype]
     int_ptrs = {"WIN", "KV_HEADS", "ROWS", "COUNTS", "LO", "HI"}
-    fp32_ptrs = {"LSE", "DELTA", "DQ", "M", "L", "ACC", "QB"}
-    scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D", "NC", "DC", "WIDTH"}
+    fp32_ptrs = {"LSE", "DELTA", "DQ", "M", "L", "ACC", "QB", "NS"}
+    scalars = {"H", "R", "G", "T", "T_TUNE", "W_TUNE", "D", "NC", "DC", "WIDTH", "W"}
     specs = [("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_fwd_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
              ("_bwd_kernel", dict(HAS_FAR=True, ROUTED=False, ATOMIC_DQ=True)),
              ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=False, ATOMIC_DQ=True)),
@@ -566,7 +566,7 @@ def compile_report(args) -> dict:
              ("_bwd_kernel", dict(HAS_FAR=False, ROUTED=True, ATOMIC_DQ=False)),
              ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=True)), ("_dq_kernel", dict(HAS_LOCAL=True, HAS_FAR=False)),
              ("_routed_fwd_kernel", {}), ("_routed_dq_kernel", {}),
-             ("_range_partial_kernel", {}), ("_range_merge_kernel", {}), ("_far_kernel", {})]
+             ("_range_partial_kernel", {}), ("_range_merge_kernel", {}), ("_far_kernel", {}), ("_finish_kernel", {})]
     # the decode kernels are not autotuned: their module and one launch configuration (kernels/decode.py; DAR's far
     # columns at Pythia-160M's shape: 12 heads, d_down 192 and 12 x 16 rotated dims, kernels/dar_decode.py)
     fixed = {"_range_partial_kernel": (decode, triton.Config(dict(CHUNK_=decode.CHUNK, BLOCK=decode.BLOCK_N),
@@ -574,7 +574,10 @@ def compile_report(args) -> dict:
              "_range_merge_kernel": (decode, triton.Config(dict(BLOCK_C=32), num_warps=4, num_stages=3)),
              "_far_kernel": (dar_decode, triton.Config(
                  dict(HAS_QC=True, HAS_KR=True, BLOCK_H=16, BLOCK_DC=256, BLOCK_DK=256, CHUNK_=dar_decode.CHUNK,
-                      BLOCK=dar_decode.BLOCK_N), num_warps=dar_decode.WARPS, num_stages=3))}
+                      BLOCK=dar_decode.BLOCK_N), num_warps=dar_decode.WARPS, num_stages=3)),
+             "_finish_kernel": (dar_decode, triton.Config(  # 64 chunks (32k columns), a window of 128, d_h 64
+                 dict(HAS_NEAR=True, HAS_BV=True, BLOCK_H=16, BLOCK_C=64, BLOCK_W=128, BLOCK_DC=256,
+                      STEP=dar_decode.STEP, BLOCK_D=64), num_warps=dar_decode.FINISH_WARPS, num_stages=3))}
     rows = []
     for kname, flags in [(k, f) for k, f in specs if any(sub in k for sub in args.compile_filter)]:
         module = fixed[kname][0] if kname in fixed else backward if hasattr(backward, kname) else banded

@@ -1,4 +1,4 @@
-"""DAR's decode step over its compressed cache: the far keys' softmax summaries read from ``c`` once per step.
+"""DAR's decode step over its compressed cache: the far columns read once for all heads, then the step's output.
 
 A far key of DAR's cache (:class:`neox_dar.standalone.dar.DARCache`) is ``c = dar_down(h)`` (``d_c`` numbers, shared
 by every head) plus, per key/value head, the ``width`` dims of the key that cannot be absorbed into the query
@@ -7,16 +7,19 @@ by every head) plus, per key/value head, the ``width`` dims of the key that cann
     ``s[h, j] = qc[h] . c[j] + qr[h] . kr[h // G, j] + qb[h]``
 
 with ``qc`` the absorbed query (``d_c``), ``qr`` its rotated dims and ``qb`` its bias term (``G`` query heads per
-key/value head). :func:`dar_far_attention` returns, per query row, the softmax summaries of its far columns
-``lo .. hi - 1``: the maximum ``m`` of ``scale * s``, ``l = sum_j exp(scale * s_j - m)`` and
-``acc = sum_j exp(scale * s_j - m) c_j`` (``d_c``): the caller merges them with the near window's scores under one
-softmax and applies the value side (``A_v acc + b_v l``).
+key/value head); the value side is absorbed too: ``sum_j p_j v_glob_j = A_v (sum_j p_j c_j) + b_v sum_j p_j``.
+:func:`dar_decode_attention` computes a step's output from the window's scores and values and the far columns
+``lo .. hi - 1`` of each query row, under one softmax, in two launches:
 
-One program per (batch row, query token, chunk of :data:`CHUNK` columns) holds every head: each block of columns
-loads ``c`` and ``kr`` once for all heads (a head-major kernel would read ``c`` once per head), the scores are two
-``tl.dot`` products (``qc`` against ``c``; ``qr`` laid out block-diagonally over the key/value heads against the
-columns' ``kr`` of all heads) and ``acc`` a third. The chunks' summaries are merged by the caller
-(:func:`merge_chunks`). Inference only (no backward), eager only (no custom op).
+* ``_far_kernel``: one program per (batch row, query token, chunk of :data:`CHUNK` columns) holds every head: each
+  block of columns loads ``c`` and ``kr`` once for all heads (a head-major kernel would read ``c`` once per head),
+  the scores are two ``tl.dot`` products (``qc`` against ``c``; ``qr`` laid out block-diagonally over the key/value
+  heads against the columns' ``kr`` of all heads) and the chunk's ``sum_j exp(s_j - m) c_j`` a third; it writes
+  the chunk's maximum, sum and that vector per head;
+* ``_finish_kernel``: one program per (batch row, query token, head) merges the chunks with the window's scores
+  (one softmax), weights the window's values and applies ``A_v`` and ``b_v`` to the far part.
+
+Inference only (no backward), eager only (no custom op).
 """
 
 from __future__ import annotations
@@ -35,13 +38,19 @@ batch of 16 at context 8k makes 256 programs, enough to keep every streaming mul
 occupancy, not yet timed against others)."""
 BLOCK_N = 16 if INTERPRET else 64
 """Columns per block of a program's loop."""
-MAX_DIMS = 256
-"""The widest ``d_c`` and ``H_kv x width`` a launch takes (each is one register tile of the program): Pythia's
-shapes up to 410M (``d_down = d / 4 <= 256``; ``H x rotary dims = d / 4``)."""
+STEP = 16 if INTERPRET else 32
+"""Window columns and ``c`` dims per step of ``_finish_kernel``'s loops."""
+FINISH_WARPS = 1 if INTERPRET else 4
+"""Warps per ``_finish_kernel`` program (one head's row: vectors of at most 256, blocks of STEP x d_h)."""
+MAX_DIMS, MAX_HEADS = 256, 16
+"""The widest ``d_c`` and ``H_kv x width``, and the most query heads, a launch takes (a program holds each width
+times the heads as one register tile, compiled spill-free at 16 x 256): Pythia's shapes up to 410M
+(``d_down = d / 4 <= 256``; ``H x rotary dims = d / 4``; 16 heads)."""
 WARPS = 1 if INTERPRET else 8
-"""Warps per program. ptxas for sm_90a (bf16, Pythia-160M's shape, ``bench/attention.py --compile-only``; Triton
-3.9): 64-column blocks with 8 warps use 178 registers and spill nothing, with 4 warps 255 registers and spill 24
-bytes (32-column blocks: 174 with 4 warps, 168 with 8, no spill). Chosen from the report, not timed."""
+"""Warps per ``_far_kernel`` program. ptxas for sm_90a (bf16, Pythia-160M's shape, Triton 3.9,
+``bench/attention.py --compile-only``): 64-column blocks with 8 warps use 178 registers and spill nothing, with 4
+warps 255 registers and spill 24 bytes (32-column blocks: 174 with 4 warps, 168 with 8, no spill). Chosen from the
+report, not timed."""
 
 
 @triton.jit
@@ -103,59 +112,108 @@ def _far_kernel(QC, QR, QB, C, KR, LO, HI, M, L, ACC,
     tl.store(ACC + out[:, None] * BLOCK_DC + dc[None, :], acc)
 
 
-def merge_chunks(m: torch.Tensor, l_: torch.Tensor, acc: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Merge per-chunk summaries ``m``, ``l`` (..., NC, H) and ``acc`` (..., NC, H, d) along the chunks -> (..., H),
-    (..., H), (..., H, d). ``m`` base 2 in, natural log out; a row without columns keeps ``m = -inf``, ``l = 0``,
-    ``acc = 0``."""
-    top = m.amax(-2, keepdim=True)
-    w = torch.exp2(m - torch.where(top == float("-inf"), 0.0, top))  # 0 for an empty chunk
-    return (top.squeeze(-2) * math.log(2.0), (l_ * w).sum(-2), (acc * w[..., None]).sum(-3))
+@triton.jit
+def _finish_kernel(M, L, ACC, NS, V, AV, BV, O,
+                   sns_b, sns_h, sns_r, sv_b, sv_h, sv_s, so_b, so_h, so_t,
+                   T, H, G, NC, W, DC, D, scale,
+                   HAS_NEAR: tl.constexpr, HAS_BV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_C: tl.constexpr,
+                   BLOCK_W: tl.constexpr, BLOCK_DC: tl.constexpr, STEP: tl.constexpr, BLOCK_D: tl.constexpr):
+    pid = tl.program_id(0)  # (b * T + t) * H + h
+    h = pid % H
+    bt = pid // H
+    t = bt % T
+    b = bt // T
+    kv = h // G
+    chunks = tl.arange(0, BLOCK_C)
+    cm = chunks < NC
+    part = (bt.to(tl.int64) * NC + chunks) * BLOCK_H + h  # (BLOCK_C,) rows of the far kernel's partials
+    m_c = tl.load(M + part, mask=cm, other=float("-inf"))  # base 2
+    top = tl.max(m_c, axis=0) * 0.6931471805599453  # natural log
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    out = tl.zeros([BLOCK_D], tl.float32)
+    total = 0.0
+    if HAS_NEAR:  # the window's scores: the maximum first, then the values a block of STEP columns at a time
+        ns_row = NS + b.to(tl.int64) * sns_b + kv * sns_h + ((h % G) * T + t) * sns_r
+        j = tl.arange(0, BLOCK_W)
+        s = tl.load(ns_row + j, mask=j < W, other=float("-inf")) * scale
+        top = tl.maximum(top, tl.max(s, axis=0))
+        total = tl.sum(tl.exp(s - top), axis=0)
+        js = tl.arange(0, STEP)
+        v_row = V + b.to(tl.int64) * sv_b + kv * sv_h
+        for j0 in range(0, W, STEP):
+            jm = j0 + js < W
+            p = tl.exp(tl.load(ns_row + j0 + js, mask=jm, other=float("-inf")) * scale - top)
+            v = tl.load(v_row + (j0 + js)[:, None] * sv_s + d[None, :], mask=jm[:, None] & dm[None, :],
+                        other=0.0).to(tl.float32)
+            out += tl.sum(p[:, None] * v, axis=0)
+    w_c = tl.exp2(m_c - top * 1.4426950408889634)  # 0 for an empty chunk
+    l_far = tl.sum(tl.load(L + part, mask=cm, other=0.0) * w_c, axis=0)
+    total += l_far
+    i = tl.arange(0, STEP)
+    for d0 in range(0, BLOCK_DC, STEP):
+        im = d0 + i < DC
+        acc = tl.load(ACC + part[:, None] * BLOCK_DC + d0 + i[None, :], mask=cm[:, None] & im[None, :], other=0.0)
+        acc = tl.sum(acc * w_c[:, None], axis=0)  # (STEP,): sum_j exp(s_j - top) c_j over these dims
+        av = tl.load(AV + (kv.to(tl.int64) * DC + d0 + i[:, None]) * D + d[None, :], mask=im[:, None] & dm[None, :],
+                     other=0.0).to(tl.float32)
+        out += tl.sum(acc[:, None] * av, axis=0)
+    if HAS_BV:
+        out += l_far * tl.load(BV + kv * D + d, mask=dm, other=0.0).to(tl.float32)
+    tl.store(O + b.to(tl.int64) * so_b + h * so_h + t * so_t + d, (out / total).to(O.dtype.element_ty), mask=dm)
 
 
-def fits(d_c: int, rotated: int) -> bool:
-    """Whether a layer with ``d_c`` absorbed dims and ``rotated`` = ``H_kv x width`` rotated dims per far column fits
-    one launch (:data:`MAX_DIMS`)."""
-    return d_c <= MAX_DIMS and rotated <= MAX_DIMS
+def fits(d_c: int, rotated: int, heads: int) -> bool:
+    """Whether a layer with ``d_c`` absorbed dims and ``rotated`` = ``H_kv x width`` rotated dims per far column and
+    ``heads`` query heads fits one launch (:data:`MAX_DIMS`, :data:`MAX_HEADS`)."""
+    return d_c <= MAX_DIMS and rotated <= MAX_DIMS and heads <= MAX_HEADS
 
 
-def dar_far_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: torch.Tensor, c: torch.Tensor,
-                      kr: torch.Tensor | None, lo: torch.Tensor, hi: torch.Tensor, scale: float
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Softmax summaries of each query row over its far columns ``lo .. hi - 1`` (module docstring).
+def dar_decode_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: torch.Tensor, c: torch.Tensor,
+                         kr: torch.Tensor | None, lo: torch.Tensor, hi: torch.Tensor, near: torch.Tensor | None,
+                         near_v: torch.Tensor | None, a_v: torch.Tensor, b_v: torch.Tensor | None, scale: float
+                         ) -> torch.Tensor:
+    """DAR's decode step for ``T`` new query tokens (module docstring) -> ``o`` (B, H, T, d_h) in ``c``'s dtype.
 
-    ``qc`` (B, T, H, d_c) or None (no absorbed dims); ``qr`` (B, T, H, width) or None (``width = 0``); ``qb``
-    (B, T, H) float32 (the bias term; zeros without a key bias); ``c`` (B, S, d_c) with unit stride on d_c (the
-    cache's storage, any row strides); ``kr`` (B, H_kv, S, width) or None; ``lo``, ``hi`` int32 (B, T) with
-    ``0 <= lo``, ``hi <= S`` (not checked on the device); queries and cache in one dtype (float16, bfloat16,
-    float32). Returns ``m`` (B, T, H) float32 (natural log; ``-inf`` for a row without far columns), ``l`` (B, T, H)
-    and ``acc`` (B, T, H, d_c) float32, for scores times ``scale``."""
-    fn = "dar_far_attention"
+    Far columns: ``qc`` (B, T, H, d_c) or None (no absorbed dims); ``qr`` (B, T, H, width) or None (``width = 0``);
+    ``qb`` (B, T, H) float32 (the key bias's term; zeros without one); ``c`` (B, S, d_c) with unit stride on d_c (the
+    cache's storage, any row strides); ``kr`` (B, H_kv, S, width) or None; ``lo``, ``hi`` int32 (B, T): each query's
+    far columns ``lo .. hi - 1`` (``0 <= lo``, ``hi <= S``, not checked on the device). Window: ``near`` (B, H_kv,
+    G T, W) float32, the unscaled scores of the window's ``W`` columns (``-inf`` where not allowed; row ``r T + t``
+    is query head ``kv G + r`` at token ``t``), ``near_v`` (B, H_kv, W, d_h) their values, both None without a
+    window. Value side: ``a_v`` (H_kv, d_c, d_h) contiguous, ``b_v`` (H_kv, 1, d_h) or None. Every query needs at
+    least one column (far or near). Scores times ``scale``; queries and cache in one dtype (float16, bfloat16,
+    float32)."""
+    fn = "dar_decode_attention"
     check_device(fn, c)
     B, S, DC = c.shape
     T, H = qb.shape[1], qb.shape[2]
-    if (qc is None) == (qr is None) and qc is None:
+    Hk, _, D = a_v.shape
+    if qc is None and qr is None:
         raise ValueError(f"{fn}: need qc or qr (some dims of the far keys)")
     width = 0 if qr is None else qr.shape[-1]
-    Hk = 1 if kr is None else kr.shape[1]
-    if (qr is None) != (kr is None) or (kr is not None and (kr.shape[0], kr.shape[2], kr.shape[3]) != (B, S, width)):
-        raise ValueError(f"{fn}: qr and kr come together, kr (B, H_kv, S, width) = ({B}, H_kv, {S}, {width})")
-    if H % Hk:
-        raise ValueError(f"{fn}: key/value heads ({Hk}) must divide query heads ({H})")
-    for name, t in (("qc", qc), ("qr", qr), ("kr", kr)):
-        if t is not None and (t.dtype != c.dtype or t.device != c.device or t.stride(-1) != 1):
-            raise ValueError(f"{fn}: {name} must share c's dtype and device with unit stride on its last dim")
+    if (qr is None) != (kr is None) or (kr is not None and tuple(kr.shape) != (B, Hk, S, width)):
+        raise ValueError(f"{fn}: qr and kr come together, kr (B, H_kv, S, width) = ({B}, {Hk}, {S}, {width})")
+    if H % Hk or tuple(a_v.shape) != (Hk, DC, D) or not a_v.is_contiguous():
+        raise ValueError(f"{fn}: a_v must be contiguous (H_kv, d_c, d_h) with H_kv dividing the {H} query heads")
+    if (near is None) != (near_v is None) or (near is not None and (
+            near.dtype != torch.float32 or near.shape[:3] != (B, Hk, H // Hk * T)
+            or tuple(near_v.shape) != (B, Hk, near.shape[3], D))):
+        raise ValueError(f"{fn}: near (B, H_kv, G T, W) float32 and near_v (B, H_kv, W, d_h) come together")
+    for name, t in (("qc", qc), ("qr", qr), ("kr", kr), ("near", near), ("near_v", near_v), ("b_v", b_v)):
+        if t is not None and (t.device != c.device or t.stride(-1) != 1 or (name != "near" and t.dtype != c.dtype)):
+            raise ValueError(f"{fn}: {name} must be on c's device, in its dtype (near: float32), with unit stride "
+                             "on its last dim")
     if qc is not None and tuple(qc.shape) != (B, T, H, DC):
         raise ValueError(f"{fn}: qc must be (B, T, H, d_c) = {(B, T, H, DC)}, got {tuple(qc.shape)}")
-    if not fits(DC, Hk * width):
-        raise ValueError(f"{fn}: d_c = {DC} and H_kv x width = {Hk * width} must each be at most {MAX_DIMS}")
+    if not fits(DC, Hk * width, H):
+        raise ValueError(f"{fn}: d_c = {DC} and H_kv x width = {Hk * width} must each be at most {MAX_DIMS}, the "
+                         f"query heads ({H}) at most {MAX_HEADS}")
     nc = triton.cdiv(S, CHUNK)
-    bh = max(16, triton.next_power_of_2(H))
     bdc = max(16, triton.next_power_of_2(DC))
-    bdk = max(16, triton.next_power_of_2(max(1, Hk * width)))
-    m = torch.empty(B * T * nc * bh, dtype=torch.float32, device=c.device)
+    m = torch.empty(B * T * nc * MAX_HEADS, dtype=torch.float32, device=c.device)
     l_ = torch.empty_like(m)
-    acc = torch.empty(B * T * nc * bh, bdc, dtype=torch.float32, device=c.device)
+    acc = torch.empty(B * T * nc * MAX_HEADS, bdc, dtype=torch.float32, device=c.device)
     qc_ = c if qc is None else qc.reshape(B * T, H, DC)
     qr_ = c if qr is None else qr.reshape(B * T, H, width)
     kr_ = c.unsqueeze(1) if kr is None else kr
@@ -165,7 +223,17 @@ def dar_far_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: torc
         qr_.stride(0) if qr is not None else 0, qr_.stride(1) if qr is not None else 0,
         c.stride(0), c.stride(1), kr_.stride(0), kr_.stride(1), kr_.stride(2),
         T, H, H // Hk, DC, width, nc, scale * math.log2(math.e),
-        HAS_QC=qc is not None, HAS_KR=kr is not None, BLOCK_H=bh, BLOCK_DC=bdc, BLOCK_DK=bdk, CHUNK_=CHUNK,
-        BLOCK=BLOCK_N, num_warps=WARPS)
-    top, total, summed = merge_chunks(m.view(B, T, nc, bh), l_.view(B, T, nc, bh), acc.view(B, T, nc, bh, bdc))
-    return top[..., :H], total[..., :H], summed[..., :H, :DC]
+        HAS_QC=qc is not None, HAS_KR=kr is not None, BLOCK_H=MAX_HEADS, BLOCK_DC=bdc,
+        BLOCK_DK=max(16, triton.next_power_of_2(max(1, Hk * width))), CHUNK_=CHUNK, BLOCK=BLOCK_N, num_warps=WARPS)
+    o = torch.empty((B, T, H, D), dtype=c.dtype, device=c.device).transpose(1, 2)  # the model's merged layout
+    W = 0 if near is None else near.shape[3]
+    ns, nv = (m, c.unsqueeze(1)) if near is None else (near, near_v)
+    _finish_kernel[(B * T * H,)](
+        m, l_, acc, ns, nv, a_v, a_v if b_v is None else b_v, o,
+        *(ns.stride(i) if near is not None else 0 for i in range(3)), nv.stride(0), nv.stride(1), nv.stride(2),
+        o.stride(0), o.stride(1), o.stride(2), T, H, H // Hk, nc, W, DC, D, scale,
+        HAS_NEAR=near is not None, HAS_BV=b_v is not None, BLOCK_H=MAX_HEADS,
+        BLOCK_C=max(16, triton.next_power_of_2(nc)), BLOCK_W=max(16, triton.next_power_of_2(W)), BLOCK_DC=bdc,
+        STEP=min(STEP, bdc),
+        BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=FINISH_WARPS)
+    return o

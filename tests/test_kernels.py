@@ -966,20 +966,20 @@ def test_kernels_compile_for_hopper_without_a_gpu(tmp_path):
     products become Hopper wgmma, tile loads 16-byte cp.async, and each kernel's first candidate spills at most
     ``SPILL_BYTES_ALLOWED``; the decode kernels spill nothing (registers: 128 for the partial kernel under Triton
     3.9, 180 under 3.6, whose loop pipelining keeps more loads in flight; both leave 8 warps a program), and DAR's
-    far-column kernel, 16 head rows a product, takes mma.sync."""
+    far-column kernel, 16 head rows a product, takes mma.sync; its finishing kernel spills nothing either."""
     out = tmp_path / "compile.json"
     res = run_bench("--compile-only", "--compile-configs", "1", "--out", str(out))
     assert res.returncode == 0, res.stdout + res.stderr
     rows = json.loads(out.read_text())["results"]
     assert [r["kernel"] for r in rows] == (["_fwd_kernel"] * 2 + ["_bwd_kernel"] * 6 + ["_dq_kernel"] * 2
                                            + ["_routed_fwd_kernel", "_routed_dq_kernel", "_range_partial_kernel",
-                                              "_range_merge_kernel", "_far_kernel"])
-    for r in rows[:-3]:
+                                              "_range_merge_kernel", "_far_kernel", "_finish_kernel"])
+    for r in rows[:-4]:
         assert r["wgmma"] > 0 and r["mma_sync"] == 0 and r["cp_async_16B"] > 0, r
         assert r["spill_store_bytes"] <= SPILL_BYTES_ALLOWED and r["registers"] <= 255, r
-    for r in rows[-3:-1]:  # AHA's decode step: one query row against blocks of keys, no matrix product
+    for r in rows[-4:]:  # the decode steps' kernels (AHA's: one query row against blocks of keys)
         assert r["spill_store_bytes"] == 0 and r["registers"] <= 192, r
-    assert rows[-1]["mma_sync"] > 0 and rows[-1]["spill_store_bytes"] == 0 and rows[-1]["registers"] <= 192
+    assert rows[-2]["mma_sync"] > 0  # DAR's far columns: 16 head rows a product
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -1057,42 +1057,57 @@ def test_range_attention_reads_each_rows_key_range(H, Hkv, T, S, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
-@pytest.mark.parametrize("H,Hkv,T,S,DC,W", [(4, 2, 1, 70, 24, 4), (3, 3, 2, 33, 16, 0), (2, 1, 1, 9, 0, 16)])
-def test_dar_far_attention_sums_up_each_rows_far_columns(H, Hkv, T, S, DC, W, dtype):
-    """The far summaries (maximum, sum and c-weighted sum of exp(scale * score - maximum)) against float64 over each
-    row's columns: absorbed and rotated dims together, absorbed only (W = 0), rotated only (DC = 0: c still carries
-    the values), grouped heads, empty ranges, ranges across the kernel's chunks, a strided cache."""
-    from kernels import dar_far_attention
+@pytest.mark.parametrize("H,Hkv,T,S,DC,W,NW", [(4, 2, 1, 70, 24, 4, 5), (3, 3, 2, 33, 16, 0, 0), (2, 1, 1, 9, 0, 16, 20)])
+def test_dar_decode_attention_is_one_softmax_over_window_and_far_columns(H, Hkv, T, S, DC, W, NW, dtype):
+    """DAR's decode kernels against float64: one softmax over each query row's window scores (NW columns, some
+    masked) and far columns ``lo .. hi - 1`` (absorbed and rotated dims together, absorbed only (W = 0), rotated only
+    (DC = 0: c still carries the values), grouped heads, ranges across the kernel's chunks, a row with no far column,
+    a strided cache), the values through ``A_v``, ``b_v``; without a window (NW = 0, every row with far columns)."""
+    from kernels import dar_decode_attention
 
     torch.manual_seed(12)
-    B, scale = 2, 0.3
-    c = torch.randn(B, S + 5, max(DC, 8), device=DEVICE, dtype=dtype)[:, :S]
+    B, scale, R, D = 2, 0.3, H // Hkv, 8
+    dc = max(DC, 8)
+    c = torch.randn(B, S + 5, dc, device=DEVICE, dtype=dtype)[:, :S]
     qc = torch.randn(B, T, H, DC, device=DEVICE, dtype=dtype) if DC else None
     qr = torch.randn(B, T, H, W, device=DEVICE, dtype=dtype) if W else None
     kr = torch.randn(B, Hkv, S, W, device=DEVICE, dtype=dtype) if W else None
     qb = torch.randn(B, T, H, device=DEVICE)
-    hi = torch.randint(0, S + 1, (B, T), device=DEVICE)
-    lo = (hi - torch.randint(0, S + 1, (B, T), device=DEVICE)).clamp(min=0)
+    a_v = torch.randn(Hkv, dc, D, device=DEVICE, dtype=dtype) / dc ** 0.5
+    b_v = torch.randn(Hkv, 1, D, device=DEVICE, dtype=dtype)
+    near = near_v = None
+    if NW:
+        near = torch.randn(B, Hkv, R * T, NW, device=DEVICE) * 3
+        near[..., 1::3] = float("-inf")  # columns outside a query's window
+        near_v = torch.randn(B, Hkv, NW, D, device=DEVICE, dtype=dtype)
+    hi = torch.randint(1, S + 1, (B, T), device=DEVICE)
+    lo = (hi - torch.randint(1, S + 1, (B, T), device=DEVICE)).clamp(min=0)
     lo[0, 0], hi[0, 0] = 0, S
-    lo[-1, -1] = hi[-1, -1]  # no far column
-    m, l_, acc = dar_far_attention(qc, qr, qb, c, kr, lo.int(), hi.int(), scale)
+    if NW:
+        lo[-1, -1] = hi[-1, -1]  # no far column
+    out = dar_decode_attention(qc, qr, qb, c, kr, lo.int(), hi.int(), near, near_v, a_v, b_v, scale)
+    assert out.shape == (B, H, T, D) and out.dtype == dtype
+    ref = torch.empty(B, H, T, D, dtype=torch.float64)
+    f64 = lambda x: x.double().cpu()  # noqa: E731
     for b, t, h in [(b, t, h) for b in range(B) for t in range(T) for h in range(H)]:
+        kv, r = h // R, h % R
         cols = slice(int(lo[b, t]), int(hi[b, t]))
-        cc = c[b, cols].double().cpu()
+        cc = f64(c[b, cols])
         s = torch.full((cc.shape[0],), float(qb[b, t, h]), dtype=torch.float64)
         if DC:
-            s += cc[:, :DC] @ qc[b, t, h].double().cpu()
+            s += cc[:, :DC] @ f64(qc[b, t, h])
         if W:
-            s += kr[b, h // (H // Hkv), cols].double().cpu() @ qr[b, t, h].double().cpu()
-        if cc.shape[0] == 0:
-            assert m[b, t, h] == float("-inf") and l_[b, t, h] == 0 and not acc[b, t, h].any()
-            continue
-        top = (s * scale).max()
-        p = torch.exp(s * scale - top)
-        assert abs(m[b, t, h].item() - top.item()) < 50 * TOL[dtype]
-        shift = math.exp(top.item() - m[b, t, h].item())  # the kernel's maximum, rounded in its dtype's products
-        assert rel_err(l_[b, t, h].cpu().double(), p.sum() * shift) < TOL[dtype]
-        assert rel_err(acc[b, t, h].cpu().double(), p @ cc * shift) < TOL[dtype]
+            s += f64(kr[b, kv, cols]) @ f64(qr[b, t, h])
+        logits = s * scale
+        if NW:
+            logits = torch.cat([f64(near[b, kv, r * T + t]) * scale, logits])
+        p = torch.softmax(logits, 0)
+        p_far = p[p.shape[0] - cc.shape[0]:]
+        o = (p_far @ cc) @ f64(a_v[kv]) + p_far.sum() * f64(b_v[kv, 0])
+        if NW:
+            o += p[:NW] @ f64(near_v[b, kv])
+        ref[b, h, t] = o
+    assert rel_err(out.cpu(), ref) < TOL[dtype]
 
 
 class HostSyncs:
@@ -1147,7 +1162,7 @@ def decode_on_the_kernel(models: dict, lengths: list[int], N: int, launches: lis
 @pytest.mark.parametrize("family,attention_type,cache", [("gpt_neox", "dar", "keys"), ("gpt_neox", "uniform", "keys"),
                                                          ("gpt_neox", "dar", "latent"), ("llama", "dar", "keys")])
 def test_dar_decode_on_the_kernel_equals_the_full_forward(family, attention_type, cache, monkeypatch):
-    """DAR's decode step on ``attention_impl: triton`` (the far columns through ``dar_far_attention``): logits equal
+    """DAR's decode step on ``attention_impl: triton`` (``dar_decode_attention``'s two kernels): logits equal
     the full forward's for prompts of different lengths in one batch (padding columns), contexts longer than the
     window and the kernel's chunks; the cache of c and rotated key dims or ``latent``; the uniform baseline (w = 0:
     a query's own column is far); GPT-NeoX's partial rotary (absorbed and rotated dims) and Llama's full rotary
@@ -1162,7 +1177,8 @@ def test_dar_decode_on_the_kernel_equals_the_full_forward(family, attention_type
               for impl in ("triton", "reference")}
     models["reference"].load_state_dict(models["triton"].state_dict())
     # the longest row's context (35) spans two of the interpreter's chunks (32)
-    decode_on_the_kernel(models, [5, 2, 30], 6, ["_far_kernel"] * models["triton"].cfg.num_layers, monkeypatch)
+    launches = ["_far_kernel", "_finish_kernel"] * models["triton"].cfg.num_layers
+    decode_on_the_kernel(models, [5, 2, 30], 6, launches, monkeypatch)
 
 
 def test_dar_decode_wider_than_the_far_kernel_runs_the_pytorch_path_with_a_warning(monkeypatch):
@@ -1170,7 +1186,7 @@ def test_dar_decode_wider_than_the_far_kernel_runs_the_pytorch_path_with_a_warni
     dims: 320 rotated dims a column) decodes through the standalone PyTorch step, says so once, launches no Triton
     kernel and still equals the full forward; the kernel itself refuses such widths with a one-line error."""
     from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
-    from kernels import dar_far_attention
+    from kernels import dar_decode_attention
 
     keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "attention_type": "dar", "window_size": 4, "precision": "fp32",
             "num_kv_heads": 4, "head_dim": 80}
@@ -1178,12 +1194,13 @@ def test_dar_decode_wider_than_the_far_kernel_runs_the_pytorch_path_with_a_warni
     models = {impl: build_model(config(FAMILY_PRESETS["llama"], **keys, attention_impl=impl).model).to(DEVICE).eval()
               for impl in ("triton", "reference")}
     models["reference"].load_state_dict(models["triton"].state_dict())
-    with pytest.warns(UserWarning, match="wider than the far-column kernel's 256; the decode step runs the PyTorch"):
+    with pytest.warns(UserWarning, match="more than the far-column kernel's 256 dims or 16 heads; the decode step"):
         decode_on_the_kernel(models, [5, 9], 3, [], monkeypatch)
     c = torch.zeros(1, 8, 300, device=DEVICE)
-    with pytest.raises(ValueError, match="d_c = 300 and H_kv x width = 0 must each be at most 256"):
-        dar_far_attention(torch.zeros(1, 1, 2, 300, device=DEVICE), None, torch.zeros(1, 1, 2, device=DEVICE), c,
-                          None, *(torch.zeros(1, 1, dtype=torch.int32, device=DEVICE),) * 2, 1.0)
+    with pytest.raises(ValueError, match="d_c = 300 and H_kv x width = 0 must each be at most 256, the query"):
+        dar_decode_attention(torch.zeros(1, 1, 2, 300, device=DEVICE), None, torch.zeros(1, 1, 2, device=DEVICE), c,
+                             None, *(torch.zeros(1, 1, dtype=torch.int32, device=DEVICE),) * 2, None, None,
+                             torch.zeros(1, 300, 4, device=DEVICE), None, 1.0)
 
 
 @pytest.mark.parametrize("family", ["llama"])

@@ -67,10 +67,10 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def warn_too_wide(d_down: int, rotated: int) -> None:
-    warnings.warn(f"DAR decode: d_down = {d_down} and {rotated} rotated key dims per far column are wider than the "
-                  "far-column kernel's 256; the decode step runs the PyTorch path (every score materialised)",
-                  stacklevel=3)
+def warn_too_wide(d_down: int, rotated: int, heads: int) -> None:
+    warnings.warn(f"DAR decode: d_down = {d_down}, {rotated} rotated key dims per far column or {heads} heads are "
+                  "more than the far-column kernel's 256 dims or 16 heads; the decode step runs the PyTorch path "
+                  "(every score materialised)", stacklevel=3)
 
 
 class DARAttention(DARLayer, Attention):
@@ -133,18 +133,19 @@ class DARAttention(DARLayer, Attention):
     def remember(self, cache: DARCache, rows, k, v, a) -> None:
         cache.write(k, v, self.dar_down(a), cache.layout.starts[int(rows[0])], rows)
 
-    def far_attention(self, device: torch.device):
-        """A decode step's far columns: on the ``triton`` path the kernels' ``dar_far_attention`` (each far column's
-        ``c`` and rotated key dims read once for all heads, no score materialised) where the layer's widths fit one
-        launch (``d_down`` and ``H_kv`` x the far key's cached dims at most 256 each: Pythia's shapes); elsewhere
-        None, the standalone layer's softmax over every score (on the ``triton`` path with a warning, once)."""
+    def decode_kernel(self, device: torch.device):
+        """A decode step with far columns: on the ``triton`` path the kernels' ``dar_decode_attention`` (each far
+        column's ``c`` and rotated key dims read once for all heads, no far score materialised) where the layer fits
+        a launch (``d_down`` and ``H_kv`` x the far key's cached dims at most 256 each, 16 heads: Pythia's shapes);
+        elsewhere None, the standalone layer's softmax over every score (on the ``triton`` path with a warning,
+        once)."""
         if self.resolved_impl(device) != "triton":
             return None
         kernels = triton_kernels(device)
         rotated = self.num_kv_heads * (self.head_dim if self.qk_norm != "none" else self.rotary_ndims)
-        if kernels.dar_decode.fits(self.d_down, rotated):
-            return kernels.dar_far_attention
-        warn_too_wide(self.d_down, rotated)
+        if kernels.dar_decode.fits(self.d_down, rotated, self.num_heads):
+            return kernels.dar_decode_attention
+        warn_too_wide(self.d_down, rotated, self.num_heads)
         return None
 
     def head_windows(self) -> list[int | None]:

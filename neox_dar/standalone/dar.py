@@ -109,11 +109,11 @@ class DARCache:
         return scores
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, c: torch.Tensor, scale: float,
-               far_attention: Callable | None = None) -> torch.Tensor:
+               kernel: Callable | None = None) -> torch.Tensor:
         """The ``T`` new columns: rotated ``q`` (B, H, T, d_h), their rotated ``k_loc``, ``v_loc`` (B, H_kv, T, d_h)
         and ``c`` (B, T, d_down) -> (B, H, T, d_h) (stores them). Near and far scores share one softmax (float32).
-        ``far_attention``: a function with the signature of neox-dar's ``kernels.dar_far_attention`` that sums up
-        the far columns (:meth:`attend_summaries`); None: every score materialised, one softmax."""
+        ``kernel``: a function with the signature of neox-dar's ``kernels.dar_decode_attention``, which computes the
+        step once there are far columns (:meth:`attend_kernel`); None: every score materialised here."""
         layout = self.layout
         n, T = layout.length, q.shape[2]
         B, H, _, D = q.shape
@@ -130,9 +130,8 @@ class DARCache:
         self.far.write(self._far(c, n, None), n)
         far = n + T - self.window  # columns beyond the window of the last new query
         cached = {name: t[:, :, :far] for name, t in self.far.data.items()} if far > 0 else None
-        if far_attention is not None and cached is not None:
-            return self.attend_summaries(qg, qcols, scores[0] if scores else None, near_v, cached, scale,
-                                         far_attention).reshape(B, H, T, D)
+        if kernel is not None and cached is not None:
+            return self.attend_kernel(kernel, qg, qcols, scores[0] if scores else None, near_v, cached, scale)
         cf = cached["c"][:, 0] if cached is not None else None
         if cached is not None:
             kcols = layout.columns(0, far)
@@ -152,28 +151,23 @@ class DARCache:
             out = out + (o if self.b_v is None else o + p.sum(-1, keepdim=True) * self.b_v)
         return out.reshape(B, H, T, D)
 
-    def attend_summaries(self, qg: torch.Tensor, qcols: torch.Tensor, near: torch.Tensor | None,
-                         near_v: torch.Tensor | None, cached: dict[str, torch.Tensor], scale: float,
-                         far_attention: Callable) -> torch.Tensor:
-        """:meth:`attend`'s softmax with the far columns summed up by ``far_attention`` (the kernels'
-        ``dar_far_attention``: per query row the maximum ``m`` of its scaled far scores, ``l = sum exp(s - m)`` and
-        ``acc = sum exp(s - m) c``, reading each far column's ``c`` and rotated key dims once for all heads), merged
-        with the near scores ``near`` (B, H_kv, R T, w) (unscaled, masked) and values ``near_v``; ``qg`` (B, H_kv,
-        R T, d_h) the grouped queries of the columns ``qcols``; ``cached`` the far ring's tensors of the columns
-        ``0 ..``. A query (a new column: never left of its row's start) reads the far columns from its row's start
-        up to its distance ``w``. -> (B, H_kv, R T, d_h)."""
+    def attend_kernel(self, kernel: Callable, qg: torch.Tensor, qcols: torch.Tensor, near: torch.Tensor | None,
+                      near_v: torch.Tensor | None, cached: dict[str, torch.Tensor], scale: float) -> torch.Tensor:
+        """:meth:`attend` through ``kernel`` (neox-dar's ``kernels.dar_decode_attention``: the far columns' ``c`` and
+        rotated key dims read once for all heads, merged with the window under one softmax, the value side applied)
+        -> (B, H, T, d_h). ``qg`` (B, H_kv, R T, d_h): the grouped queries of the columns ``qcols``; ``near`` (B,
+        H_kv, R T, w) the window's scores (unscaled, masked), ``near_v`` its values (None without a window);
+        ``cached``: the far ring's tensors of the columns ``0 ..``. A query (a new column: never left of its row's
+        start) reads the far columns from its row's start up to its distance ``w``."""
         layout, width, w = self.layout, self.width, self.window
         B, Hk, RT, D = qg.shape
         T = qcols.shape[0]
         R = RT // T
-        c = cached["c"][:, 0]
 
         def per_token(x: torch.Tensor) -> torch.Tensor:  # (B, H_kv, R T, ...) -> (B, T, H, ...)
             return x.reshape(B, Hk, R, T, *x.shape[3:]).movedim(3, 1).reshape(B, T, Hk * R, *x.shape[3:])
 
-        def per_group(x: torch.Tensor) -> torch.Tensor:  # (B, T, H, ...) -> (B, H_kv, R T, ...)
-            return x.reshape(B, T, Hk, R, *x.shape[3:]).movedim(1, 3).reshape(B, Hk, RT, *x.shape[3:])
-
+        c = cached["c"][:, 0]
         kr = cached.get("k")
         if kr is None and width:  # latent: rebuild the rotated dims of every far column
             kr = self.far_keys(c, *layout.rotary(0, c.shape[1]))
@@ -183,23 +177,8 @@ class DARCache:
               else qg.new_zeros(B, T, Hk * R)).float()
         lo = layout.start[:, None].expand(B, T)
         hi = torch.maximum(qcols[None, :] - w + 1, lo)  # (B, T), exclusive
-        m, l_, acc = (per_group(x) for x in far_attention(
-            qc, per_token(qg[..., :width]) if width else None, qb, c, kr, lo.to(torch.int32), hi.to(torch.int32),
-            scale))
-        top = m if near is None else torch.maximum(m, near.amax(-1) * scale)
-        far_w = torch.exp(m - top)  # 0 for a row without far columns
-        total = l_ * far_w
-        p_near = None
-        if near is not None:
-            p_near = torch.exp(near * scale - top[..., None])
-            total = total + p_near.sum(-1)
-        dtype = qg.dtype
-        out = (acc * (far_w / total)[..., None]).to(dtype) @ self.a_v
-        if self.b_v is not None:
-            out = out + (l_ * far_w / total)[..., None].to(dtype) * self.b_v
-        if p_near is not None:
-            out = out + (p_near / total[..., None]).to(dtype) @ near_v
-        return out
+        return kernel(qc, per_token(qg[..., :width]) if width else None, qb, c, kr, lo.to(torch.int32),
+                      hi.to(torch.int32), near, near_v, self.a_v, self.b_v, scale)
 
 
 class DARLayer(AttentionLayer):
@@ -224,12 +203,12 @@ class DARLayer(AttentionLayer):
                         w_k, b_k, w_v, b_v, self.dar_up.weight, self.normalize_keys if self.qk_norm != "none" else None,
                         device, dtype, far_keys=self.cache_mode == "keys")
 
-    def far_attention(self, device: torch.device) -> Callable | None:
-        """What sums up a step's far columns (:meth:`DARCache.attend`'s ``far_attention``): None here, every score
-        materialised; neox-dar's DAR module gives the Triton kernel on its ``triton`` path."""
+    def decode_kernel(self, device: torch.device) -> Callable | None:
+        """What computes a step with far columns (:meth:`DARCache.attend`'s ``kernel``): None here, every score
+        materialised in PyTorch; neox-dar's DAR module gives the Triton kernels on its ``triton`` path."""
         return None
 
     def decode(self, a: torch.Tensor, cache: DARCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos, sin)
         return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5,
-                                             self.far_attention(a.device)))
+                                             self.decode_kernel(a.device)))
