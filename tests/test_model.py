@@ -159,3 +159,7 @@ def test_rotary_backward_is_autograd_through_the_formula_bit_for_bit(dtype, per_
     with torch.no_grad():
         assert apply_rotary(x, cos, sin).grad_fn is None
     assert Rotary.apply(x, cos, sin).shape == x.shape
+    learned = sin.clone().requires_grad_()  # tables with a gradient of their own: autograd through the formula
+    (d_sin,) = torch.autograd.grad(apply_rotary(x, cos, learned), learned, g)
+    (want,) = torch.autograd.grad(rotate(x, cos, learned), learned, g)
+    assert torch.equal(d_sin, want)

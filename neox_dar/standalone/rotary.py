@@ -44,10 +44,10 @@ class Rotary(torch.autograd.Function):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate the first ``cos.shape[-1]`` dims of ``x`` (B, H, T, d_h); ``cos``/``sin`` broadcast against
     ``x[..., :r]``: (T, r) for one set of positions, (B, 1, T, r) for positions per row. With a gradient to
-    compute, through :class:`Rotary`."""
+    compute for ``x`` only, through :class:`Rotary` (tables that want one themselves go through autograd)."""
     if cos.shape[-1] == 0:
         return x
-    if torch.is_grad_enabled() and x.requires_grad:
+    if torch.is_grad_enabled() and x.requires_grad and not (cos.requires_grad or sin.requires_grad):
         return Rotary.apply(x, cos, sin)
     return rotate(x, cos, sin)
 
