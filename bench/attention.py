@@ -574,7 +574,8 @@ def compile_report(args) -> dict:
              "_range_merge_kernel": (decode, triton.Config(dict(BLOCK_C=32), num_warps=4, num_stages=3)),
              "_far_kernel": (dar_decode, triton.Config(
                  dict(HAS_QC=True, HAS_KR=True, BLOCK_H=16, BLOCK_DC=256, BLOCK_DK=256, CHUNK_=dar_decode.CHUNK,
-                      BLOCK=dar_decode.BLOCK_N), num_warps=dar_decode.WARPS, num_stages=3)),
+                      BLOCK=dar_decode.BLOCK_N, PRECISION="tf32" if args.dtype != "fp32" else "ieee"),
+                 num_warps=dar_decode.WARPS, num_stages=3)),
              "_finish_kernel": (dar_decode, triton.Config(  # 64 chunks (32k columns), a window of 128, d_h 64
                  dict(HAS_NEAR=True, HAS_BV=True, BLOCK_H=16, BLOCK_C=64, BLOCK_W=128, BLOCK_DC=256,
                       STEP=dar_decode.STEP, BLOCK_D=64), num_warps=dar_decode.FINISH_WARPS, num_stages=3))}

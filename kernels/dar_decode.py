@@ -19,6 +19,7 @@ key/value head); the value side is absorbed too: ``sum_j p_j v_glob_j = A_v (sum
 * ``_finish_kernel``: one program per (batch row, query token, head) merges the chunks with the window's scores
   (one softmax), weights the window's values and applies ``A_v`` and ``b_v`` to the far part.
 
+Float32 products follow PyTorch's float32 matmul precision as the other kernels do (``runtime.dot_precision``).
 Inference only (no backward), eager only (no custom op).
 """
 
@@ -30,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import INTERPRET, check_device
+from .runtime import INTERPRET, check_device, dot_precision
 
 CHUNK = 32 if INTERPRET else 512
 """Columns per program (the interpreter: small chunks, so tests cover several chunks a row). On a GPU, 512: a
@@ -58,7 +59,7 @@ def _far_kernel(QC, QR, QB, C, KR, LO, HI, M, L, ACC,
                 sqc_r, sqc_h, sqr_r, sqr_h, sc_b, sc_s, skr_b, skr_h, skr_s,
                 T, H, G, DC, WIDTH, NC, qk_scale,
                 HAS_QC: tl.constexpr, HAS_KR: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_DC: tl.constexpr,
-                BLOCK_DK: tl.constexpr, CHUNK_: tl.constexpr, BLOCK: tl.constexpr):
+                BLOCK_DK: tl.constexpr, CHUNK_: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr):
     row = tl.program_id(0)  # b * T + t
     chunk = tl.program_id(1)
     b = row // T
@@ -94,17 +95,17 @@ def _far_kernel(QC, QR, QB, C, KR, LO, HI, M, L, ACC,
         c = tl.load(c_base + cols[:, None] * sc_s + dc[None, :], mask=cm[:, None] & dcm[None, :], other=0.0)
         x = tl.zeros([BLOCK_H, BLOCK], tl.float32)
         if HAS_QC:
-            x += tl.dot(qc, tl.trans(c))
+            x += tl.dot(qc, tl.trans(c), input_precision=PRECISION)
         if HAS_KR:
             kr = tl.load(kr_base[None, :] + cols[:, None] * skr_s, mask=cm[:, None] & dkm[None, :], other=0.0)
-            x += tl.dot(qr, tl.trans(kr))
+            x += tl.dot(qr, tl.trans(kr), input_precision=PRECISION)
         x = tl.where(cm[None, :], x * qk_scale + qb[:, None], float("-inf"))
         m_new = tl.maximum(m, tl.max(x, axis=1))
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp2(m - shift)
         p = tl.exp2(x - shift[:, None])
         s = s * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c)
+        acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=PRECISION)
         m = m_new
     out = (row64 * NC + chunk) * BLOCK_H + heads
     tl.store(M + out, m)
@@ -224,7 +225,8 @@ def dar_decode_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: t
         c.stride(0), c.stride(1), kr_.stride(0), kr_.stride(1), kr_.stride(2),
         T, H, H // Hk, DC, width, nc, scale * math.log2(math.e),
         HAS_QC=qc is not None, HAS_KR=kr is not None, BLOCK_H=MAX_HEADS, BLOCK_DC=bdc,
-        BLOCK_DK=max(16, triton.next_power_of_2(max(1, Hk * width))), CHUNK_=CHUNK, BLOCK=BLOCK_N, num_warps=WARPS)
+        BLOCK_DK=max(16, triton.next_power_of_2(max(1, Hk * width))), CHUNK_=CHUNK, BLOCK=BLOCK_N,
+        PRECISION=dot_precision(c.dtype, c.device), num_warps=WARPS)
     o = torch.empty((B, T, H, D), dtype=c.dtype, device=c.device).transpose(1, 2)  # the model's merged layout
     W = 0 if near is None else near.shape[3]
     ns, nv = (m, c.unsqueeze(1)) if near is None else (near, near_v)
