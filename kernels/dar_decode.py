@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import INTERPRET, check_device, dot_precision
+from .runtime import INTERPRET, block_d, check_device, dot_precision
 
 CHUNK = 32 if INTERPRET else 512
 """Columns per program (the interpreter: small chunks, so tests cover several chunks a row). On a GPU, 512: a
@@ -211,7 +211,7 @@ def dar_decode_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: t
         raise ValueError(f"{fn}: d_c = {DC} and H_kv x width = {Hk * width} must each be at most {MAX_DIMS}, the "
                          f"query heads ({H}) at most {MAX_HEADS}")
     nc = triton.cdiv(S, CHUNK)
-    bdc = max(16, triton.next_power_of_2(DC))
+    bdc = block_d(DC)
     m = torch.empty(B * T * nc * MAX_HEADS, dtype=torch.float32, device=c.device)
     l_ = torch.empty_like(m)
     acc = torch.empty(B * T * nc * MAX_HEADS, bdc, dtype=torch.float32, device=c.device)
@@ -225,7 +225,7 @@ def dar_decode_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: t
         c.stride(0), c.stride(1), kr_.stride(0), kr_.stride(1), kr_.stride(2),
         T, H, H // Hk, DC, width, nc, scale * math.log2(math.e),
         HAS_QC=qc is not None, HAS_KR=kr is not None, BLOCK_H=MAX_HEADS, BLOCK_DC=bdc,
-        BLOCK_DK=max(16, triton.next_power_of_2(max(1, Hk * width))), CHUNK_=CHUNK, BLOCK=BLOCK_N,
+        BLOCK_DK=block_d(Hk * width), CHUNK_=CHUNK, BLOCK=BLOCK_N,
         PRECISION=dot_precision(c.dtype, c.device), num_warps=WARPS)
     o = torch.empty((B, T, H, D), dtype=c.dtype, device=c.device).transpose(1, 2)  # the model's merged layout
     W = 0 if near is None else near.shape[3]
@@ -236,6 +236,5 @@ def dar_decode_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: t
         o.stride(0), o.stride(1), o.stride(2), T, H, H // Hk, nc, W, DC, D, scale,
         HAS_NEAR=near is not None, HAS_BV=b_v is not None, BLOCK_H=MAX_HEADS,
         BLOCK_C=max(16, triton.next_power_of_2(nc)), BLOCK_W=max(16, triton.next_power_of_2(W)), BLOCK_DC=bdc,
-        STEP=min(STEP, bdc),
-        BLOCK_D=max(16, triton.next_power_of_2(D)), num_warps=FINISH_WARPS)
+        STEP=min(STEP, bdc), BLOCK_D=block_d(D), num_warps=FINISH_WARPS)
     return o
