@@ -394,7 +394,7 @@ run_forked() {  # run_forked PRELOAD CMD...: python command lines ("$PY SCRIPT A
   # each; the rehearsal's (on the CPU a torch + DeepSpeed + dynamo start is ~5 s a run; on the GPU each command runs
   # as a process of its own). FORKED_MERGE=1: merge_throughput after each; FORKED_RCS=FILE: the runs' exit codes
   # written there, on one line. Exit status 1 when a run's is not 0.
-  MERGE_ARGS="$WORK/throughput $LOG_DIR/train_throughput.json $(throughput_runs | wc -l)" \
+  MERGE_RUNS="$WORK/throughput" MERGE_OUT="$LOG_DIR/train_throughput.json" MERGE_COUNT=$(throughput_runs | wc -l) \
     MERGE_THROUGHPUT=$MERGE_THROUGHPUT "$PY" -c "$RUN_FORKED" "$@"
 }
 IFS= read -r -d '' RUN_FORKED <<'EOF'
@@ -434,7 +434,8 @@ for cmd in cmds:
     if rcs[-1] != 0 and not os.environ.get("FORKED_RCS"):  # (FORKED_RCS: the caller judges the codes)
         print(f"FAILED: {name} (exit {rcs[-1]})", flush=True)
     if os.environ.get("FORKED_MERGE") == "1":
-        subprocess.run([sys.executable, "-c", os.environ["MERGE_THROUGHPUT"], *os.environ["MERGE_ARGS"].split()])
+        subprocess.run([sys.executable, "-c", os.environ["MERGE_THROUGHPUT"],
+                        *(os.environ[k] for k in ("MERGE_RUNS", "MERGE_OUT", "MERGE_COUNT"))])
 if os.environ.get("FORKED_RCS"):
     with open(os.environ["FORKED_RCS"], "w") as f:
         f.write(" ".join(map(str, rcs)) + "\n")
@@ -571,6 +572,11 @@ summary() {
   cat "$LOG_DIR/summary.md"
 }
 
+# The step commands are command lines (printed in the plan, then run): a path with a space would split in them
+for v in ROOT PY WHEELS SAMPLE WORK LOG_DIR; do
+  [[ "${!v}" =~ [[:space:]] ]] && die "the kit's paths must not contain spaces; $v is '${!v}'" \
+    "(set OUT and TMPDIR, or move the checkout)"
+done
 if [ "$DRY" = 1 ]; then
   print_plan
   exit 0

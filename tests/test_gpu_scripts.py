@@ -173,6 +173,16 @@ def test_bad_arguments_are_one_line_errors(args, message):
     assert lines[0].startswith(f"gpu_check.sh: error: {message}")
 
 
+@pytest.mark.parametrize("var", ["OUT", "TMPDIR"])
+def test_a_path_with_a_space_is_refused_before_any_step(tmp_path, var):
+    spaced = tmp_path / "my runs"
+    res = run("gpu_check.sh", "--rehearse", **{var: str(spaced)})
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and res.stdout == "" and len(lines) == 1, res.stderr
+    assert lines[0].startswith("gpu_check.sh: error: the kit's paths must not contain spaces;") and "my runs" in lines[0]
+    assert not spaced.exists()
+
+
 def test_a_copy_without_git_goes_past_a_failure_and_a_time_limit_and_records_its_commit(tmp_path):
     """The GPU machine gets the tree without .git: NEOX_DAR_GIT_COMMIT names the commit, and the summary and every
     result file record it (not None, not a git repository above the copy). No wheels (the install fails), a
