@@ -10,6 +10,11 @@ Default model: ``configs/pythia-14m.yml`` with 4 layers (d 128, 4 heads of 32: M
 paper's), ``window_size: 128``, DAR/uniform ``d_down = d/4`` (``dar-latent``: DAR with ``dar_inference_cache: latent``),
 linear ``d_f = 16``, ``dimpo``: the last half of the layers DimPO-projected (keys at ``d' = d_h / 4``); random weights.
 
+First each variant's decode step is checked (:func:`check_decode`): prompts prefilled, three tokens decoded on the
+path that is timed, their logits against a float32 full forward on the plain PyTorch path, within three times the
+distance of the model's own dtype's forward (``checks`` in the JSON, ``check_ok`` in each row; a failed check is
+printed, its times are still recorded, and the exit status is 1).
+
 Per variant, context ``C`` and batch ``B``: the model's caches are made for ``C`` tokens per row
 (``CausalLM.new_cache``) and their first ``C - warmup - steps`` columns are taken as written (zeros: the decode cost
 does not depend on the values, and the prefill is not timed), then ``warmup`` + ``steps`` decode steps run
@@ -58,6 +63,8 @@ bfloat16``). On the CPU it uses one thread unless ``--threads`` says otherwise.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
 import os
 import statistics
 import sys
@@ -152,12 +159,86 @@ def build(args, variant: str, device: torch.device, dtype: torch.dtype):
     return model
 
 
+CHECK_STEPS = 3
+CHECK_SLACK = 3.0
+"""A decode step passes :func:`check_decode` when its logits are within ``CHECK_SLACK`` times the model-dtype full
+forward's distance from the float32 reference, or within :data:`CHECK_FLOOR` of it."""
+CHECK_FLOOR = 1e-4
+
+
+@contextlib.contextmanager
+def plain_path(model):
+    """``model``'s attention modules on the plain PyTorch path (``attention_impl: sdpa``) inside the block."""
+    modules = model.attention_modules()
+    impls = [m.impl for m in modules]
+    for m in modules:
+        m.impl = "sdpa"
+    try:
+        yield model
+    finally:
+        for m, impl in zip(modules, impls):
+            m.impl = impl
+
+
+def check_decode(model, device: torch.device, dtype: torch.dtype) -> dict:
+    """Whether ``model``'s decode step is right before it is timed. Two prompts of random tokens, one just beyond
+    the window and one of ``max(4 w, 1,100)`` tokens (several of DAR's 512-column far chunks on a GPU), in one
+    batch, prefilled, then :data:`CHECK_STEPS` tokens decoded on the model's own path (``attention_impl``, its
+    dtype: what is timed). The prefill and a full forward over the same sequences run on the plain PyTorch path
+    (``sdpa``, in the model's dtype: no training kernel is compiled for the check), and a float32 copy of the
+    model's full forward on that path is the reference. The decode passes when its logits' distance from the
+    reference (``max |x - ref| / max |ref|``) is at most ``CHECK_SLACK`` times the model-dtype forward's, or
+    :data:`CHECK_FLOOR`: in bfloat16 the bar is that dtype's own rounding, and a decode step off by much less than
+    its logits fails (an attention output 10% off fails at the Pythia-160M shape). AHA's routers are replaced for
+    the check by a fixed gate pattern, every fourth head open in every row (gates computed in two precisions
+    differ near the threshold). -> ``{decode_rel_err, forward_rel_err, max_abs_logit, ok}``."""
+    w = model.cfg.attention.window_size or 1
+    lengths = [w + 37, max(4 * w, 1100)]
+    generator = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, model.cfg.vocab_size, (n + CHECK_STEPS,), generator=generator).to(device)
+            for n in lengths]
+    routers = [(m, m.router) for m in model.attention_modules() if m.name == "aha"]
+    for i, (m, _) in enumerate(routers):
+        m.router = FixedGate(torch.arange(m.num_heads, device=device)[None].add(i).remainder(4).eq(0))  # any batch
+
+    def forward(m) -> torch.Tensor:  # (rows, CHECK_STEPS + 1, V): the positions the decode's logits are for
+        return torch.stack([m.head(m.decoder(s[None])[0, n - 1:n + CHECK_STEPS]).float()
+                            for s, n in zip(seqs, lengths)])
+
+    try:
+        with torch.inference_mode():
+            with plain_path(copy.deepcopy(model).float()) as reference:
+                ref = forward(reference)
+            del reference
+            cache = model.new_cache(lengths, CHECK_STEPS, device=device, dtype=dtype)
+            with plain_path(model):
+                forward_own = forward(model)
+                steps = [model.prefill([s[:n] for s, n in zip(seqs, lengths)], cache)[:, None]]
+            for t in range(CHECK_STEPS):
+                steps.append(model.decode(torch.stack([s[n + t] for s, n in zip(seqs, lengths)])[:, None], cache))
+            decoded = torch.cat(steps, 1).float()
+    finally:
+        for m, router in routers:
+            m.router = router
+    top = ref.abs().max().item()
+    decode_err, forward_err = ((x - ref).abs().max().item() / top for x in (decoded, forward_own))
+    return {"decode_rel_err": decode_err, "forward_rel_err": forward_err, "max_abs_logit": top,
+            "ok": bool(decode_err <= max(CHECK_SLACK * forward_err, CHECK_FLOOR))}
+
+
 def run(args) -> dict:
     load_before = os.getloadavg()
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]
     rows = []
     models = {v: build(args, v, device, dtype) for v in args.variants}
+    checks = {}
+    for v, model in models.items():
+        checks[v] = check_decode(model, device, dtype)
+        c = checks[v]
+        print(f"{v:>8} decode check against float32 (sdpa): decode {c['decode_rel_err']:.2g}, full forward "
+              f"{c['forward_rel_err']:.2g} of logits up to {c['max_abs_logit']:.3g}: {'ok' if c['ok'] else 'FAILED'}",
+              flush=True)
     for C in args.contexts:
         for B in args.batches:
             states = {}
@@ -193,7 +274,7 @@ def run(args) -> dict:
                            * torch.finfo(dtype).bits / 8)
                 step_s = statistics.median(times)
                 q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s] * 3
-                rows.append({"variant": v, "context": C, "batch": B,
+                rows.append({"variant": v, "context": C, "batch": B, "check_ok": checks[v]["ok"],
                              "cache_bytes_per_sequence": cache.nbytes() / B,
                              "describe_bytes_per_sequence": formula,
                              "kv_bytes_read_per_token": kv_bytes_read(model, cache, gates, C),
@@ -230,7 +311,7 @@ def run(args) -> dict:
                                           if v.startswith("dar")), None)},
             "load_average": {"before": load_before, "after": os.getloadavg()},
             "preset": args.preset, "steps": args.steps, "warmup": args.warmup, "aha_mu_f_target": args.aha_mu_f,
-            "results": rows, "over_contexts": over_contexts}
+            "checks": checks, "results": rows, "over_contexts": over_contexts}
 
 
 def _line(r: dict) -> str:
@@ -308,6 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     write_result(report, out)
     if args.markdown:
         print(markdown(report))
+    failed = [v for v, c in report["checks"].items() if not c["ok"]]
+    if failed:
+        print(f"error: the decode step of {', '.join(failed)} does not give the full forward's logits (the "
+              f"'checks' in {out}): their times are recorded, not to be trusted", file=sys.stderr)
+        return 1
     return 0
 
 

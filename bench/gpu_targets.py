@@ -19,7 +19,8 @@ runs follow each other on the same GPU; bench/decode.py alternates variants step
 - decode, the Pythia-160M shape (d 768, 12 layers; another shape is reported, not judged), the longest context
   and batch 16 (else the largest batch): tokens/s against vanilla's, DAR ``>= 3`` (each
   DAR cache: ``dar``, ``dar-latent``) and AHA ``>= 2``; at context 8,192, every windowed variant's step time no
-  longer than vanilla's (tokens/s ``/ vanilla >= 1``).
+  longer than vanilla's (tokens/s ``/ vanilla >= 1``). A variant whose decode step failed bench/decode.py's check
+  against a float32 forward (or vanilla's did) is reported, not judged.
 
 A target is judged (met: yes or no) only when its numbers come from an NVIDIA GPU; off a GPU (``gpu_check.sh
 --rehearse``) the ratios are computed and printed, marked "not judged": they are CPU or interpreter times.
@@ -146,15 +147,25 @@ def decode_targets(report: dict) -> list[dict]:
     judged = on_gpu(report.get("device")) and shape == DECODE_SHAPE
     note = "" if shape == DECODE_SHAPE else "the targets are for the Pythia-160M shape: reported only"
     name = f"d {shape[0]} x {shape[1]} layers"
+    failed = {v for v, c in report.get("checks", {}).items() if not c["ok"]}  # bench/decode.py's check_decode
+
+    def trusted(variant: str) -> tuple[bool, str]:
+        wrong = sorted({variant, "vanilla"} & failed)
+        return not wrong, f"decode check failed for {', '.join(wrong)}: reported only" if wrong else ""
+
     out = []
     for r in results:
         if r["variant"] in DECODE_TARGETS and r["context"] == context and r["batch"] == batch:
+            ok, why = trusted(r["variant"])
             out.append(row("decode", f"{name}, context {context}, batch {batch}: {r['variant']} tokens/s / vanilla",
-                           r.get("speed_vs_vanilla"), *DECODE_TARGETS[r["variant"]], judged, note))
+                           r.get("speed_vs_vanilla"), *DECODE_TARGETS[r["variant"]], judged and ok,
+                           "; ".join(filter(None, [note, why]))))
     for r in results:
         if r["variant"] in WINDOWED and r["context"] == DECODE_8K and r["batch"] == batch:
+            ok, why = trusted(r["variant"])
             out.append(row("decode", f"{name}, context {DECODE_8K}, batch {batch}: {r['variant']} tokens/s / "
-                           "vanilla (step time no longer)", r.get("speed_vs_vanilla"), ">=", 1.0, judged, note))
+                           "vanilla (step time no longer)", r.get("speed_vs_vanilla"), ">=", 1.0, judged and ok,
+                           "; ".join(filter(None, [note, why]))))
     return out
 
 

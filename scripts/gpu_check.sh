@@ -61,7 +61,9 @@
 #                     at step 100 and resumed; the loss must fall and the resumed run continue from step 101 (the
 #                     kernels train in the throughput step)
 #   decode            bench/decode.py in bfloat16, the Pythia-160M shape (--quick: contexts 8k and 32k, batch 16),
-#                     one more step of each variant under the profiler (--profile: device time against wall time)
+#                     each variant's decode step first checked against a float32 forward (a failed check: the
+#                     step fails, its times are kept, its targets not judged), one more step of each variant
+#                     under the profiler (--profile: device time against wall time)
 # --rehearse sizes: kernel tests one grouped-query case per kernel (fla's is CUDA only, skipped); identities at
 # T = 32 (two 16-row tiles, w = 8) in fp16; bench/attention.py --interpret (B=1, H=4, d_h=16, T=32, w=8, fp32; the
 # --quick methods); throughput, profiles and smoke fp32, 2 layers x 64 wide at T = 32 (without the torch_compile

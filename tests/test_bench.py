@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted(p.name for p in (ROOT / "bench").glob("*.py"))
@@ -49,6 +50,9 @@ def check_decode(r: dict) -> None:
     assert all(x["context"] == 64 and x["decode_tokens_per_s"] > 0 and x["cache_bytes_per_sequence"] > 0
                for x in rows)
     assert all(x["speed_vs_vanilla"] > 0 for x in rows)
+    # every variant's decode was checked against a float32 forward before it was timed (float32 here: rounding only)
+    assert r["checks"].keys() == {x["variant"] for x in rows} and all(x["check_ok"] for x in rows)
+    assert all(c["ok"] and c["decode_rel_err"] < 1e-5 and c["max_abs_logit"] > 0 for c in r["checks"].values())
     # --profile: one more step at context 64 (the cache one column larger, so it holds what describe says)
     assert all(x["cache_bytes_per_sequence"] == x["describe_bytes_per_sequence"] for x in rows)
     for x in rows:
@@ -217,6 +221,31 @@ def test_bench_script_runs_one_tiny_step_on_cpu(script, tmp_path):
     if script != "gpu_targets.py":  # it judges other results' numbers and measures none itself
         assert report.get("device"), f"bench/{script}'s result records no device"
     check(report)
+
+
+def test_a_decode_step_off_by_a_tenth_fails_the_decode_benchmarks_check(tmp_path, monkeypatch, capsys):
+    """bench/decode.py checks each variant's decode step against a float32 full forward before timing it: a DAR
+    step whose attention output is 0.9x the right one is caught (its times still written, the exit status 1, the
+    row marked); in bfloat16 too, against the forward's own rounding, at the Pythia-160M width (2 layers here)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import decode
+    from neox_dar.standalone.dar import DARCache
+
+    attend = DARCache.attend
+    monkeypatch.setattr(DARCache, "attend", lambda self, *a, **k: 0.9 * attend(self, *a, **k))
+    out = tmp_path / "decode.json"
+    assert decode.main(["--variants", "vanilla,dar", "--contexts", "64", "--batches", "1", "--steps", "1",
+                        "--warmup", "0", "--out", str(out)]) == 1
+    assert "error: the decode step of dar does not give the full forward's logits" in capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["checks"]["vanilla"]["ok"] and not report["checks"]["dar"]["ok"]
+    assert {x["variant"]: x["check_ok"] for x in report["results"]} == {"vanilla": True, "dar": False}
+    args = type("Args", (), {"config": ["configs/pythia-160m.yml", "num_layers=2", "window_size=128"]})
+    model = decode.build(args, "dar", torch.device("cpu"), torch.bfloat16)
+    broken = decode.check_decode(model, torch.device("cpu"), torch.bfloat16)
+    assert not broken["ok"] and broken["decode_rel_err"] > decode.CHECK_SLACK * broken["forward_rel_err"] > 0
+    monkeypatch.setattr(DARCache, "attend", attend)
+    assert decode.check_decode(model, torch.device("cpu"), torch.bfloat16)["ok"]
 
 
 def test_step_profiles_put_every_attention_kernel_under_attention():

@@ -145,6 +145,26 @@ def test_decode_targets_at_the_longest_context_and_at_8k(tmp_path):
     assert t[f"{p} 8192, batch 16: aha tokens/s / vanilla (step time no longer) >= 1"]["met"] is False
 
 
+def test_a_decode_whose_check_failed_is_reported_not_judged(tmp_path):
+    # bench/decode.py checks each variant's decode against a float32 forward before timing it: a variant that
+    # failed (or vanilla, the denominator) is not judged on its speed
+    rows = [("vanilla", 32768, 16, 1.0), ("dar", 32768, 16, 3.4), ("aha", 32768, 16, 2.5), ("swa", 8192, 16, 6.0),
+            ("vanilla", 8192, 16, 1.0)]
+    report = decode_file(rows) | {"checks": {"vanilla": {"ok": True}, "dar": {"ok": False}, "aha": {"ok": True},
+                                             "swa": {"ok": True}}}
+    t = by_target(judge(write(tmp_path / "run", decode=report)))
+    p = "d 768 x 12 layers, context"
+    dar = t[f"{p} 32768, batch 16: dar tokens/s / vanilla >= 3"]
+    assert dar["value"] == 3.4 and dar["met"] is None and not dar["judged"]
+    assert dar["note"] == "decode check failed for dar: reported only"
+    assert t[f"{p} 32768, batch 16: aha tokens/s / vanilla >= 2"]["met"] is True
+    report["checks"]["vanilla"]["ok"] = False
+    t = by_target(judge(write(tmp_path / "run", decode=report)))
+    assert t[f"{p} 32768, batch 16: dar tokens/s / vanilla >= 3"]["note"] == \
+        "decode check failed for dar, vanilla: reported only"
+    assert {r["met"] for r in t.values()} == {None}
+
+
 def test_decode_on_another_shape_than_pythia_160m_is_reported_not_judged(tmp_path):
     # a GPU run measured a 6-layer 512-wide model under the name of the 160M preset: its ratios are not the targets'
     rows = [("vanilla", 32768, 16, 1.0), ("dar", 32768, 16, 3.6)]
