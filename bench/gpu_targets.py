@@ -3,8 +3,10 @@
     python bench/gpu_targets.py DIR [--out DIR/targets.json]
 
 ``DIR`` holds ``attention.json`` (bench/attention.py), ``train_throughput.json`` (the kit's throughput runs) and
-``decode.json`` (bench/decode.py); a missing file leaves its targets "not measured" (an ``attention.json`` left by a
-run stopped at its time limit holds the cases it finished, and is named as incomplete). Each target is a ratio of two
+``decode.json`` (bench/decode.py), and ``train_compiled.json`` when the kit's train-compiled step ran (its runs join
+the throughput runs; a run in both files counts once, the later step's); a missing file leaves its targets "not
+measured" (an ``attention.json`` left by a run stopped at its time limit holds the cases it finished, and is named
+as incomplete). Each target is a ratio of two
 numbers measured in the same run (side by side: bench/attention.py alternates methods on one input; the throughput
 runs follow each other on the same GPU; bench/decode.py alternates variants step by step):
 
@@ -176,14 +178,20 @@ def judge(folder: Path) -> dict:
         return json.loads(path.read_text()) if path.is_file() else None
 
     attention, throughput, decode = load("attention.json"), load("train_throughput.json"), load("decode.json")
+    compiled = load("train_compiled.json")  # gpu_check.sh's train-compiled step (--part 4), when it ran
     rows = []
     if attention is not None:
         rows += attention_targets(attention["results"], on_gpu(attention.get("device")))
-    if throughput is not None:
-        rows += training_targets(throughput["runs"])
+    if throughput is not None or compiled is not None:
+        runs = {}  # a run of the same model, attention, impl and compile in both files: train-compiled's, the later
+        for r in (throughput or {"runs": []})["runs"] + (compiled or {"runs": []})["runs"]:
+            c = r["config"]
+            runs[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"),
+                  bool(c.get("torch_compile", False)))] = r
+        rows += training_targets(list(runs.values()))
     if decode is not None:
         rows += decode_targets(decode)
-    missing = [n for n, d in [("attention.json", attention), ("train_throughput.json", throughput),
+    missing = [n for n, d in [("attention.json", attention), ("train_throughput.json", throughput or compiled),
                               ("decode.json", decode)] if d is None]
     # bench/attention.py saves after each (kernel, T): a run stopped by its time limit leaves "complete": false
     incomplete = ["attention.json"] if attention is not None and attention.get("complete") is False else []
@@ -210,7 +218,7 @@ def markdown(report: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", type=Path, help="the kit's output folder (attention.json, train_throughput.json, "
-                                             "decode.json)")
+                                             "train_compiled.json, decode.json)")
     p.add_argument("--out", type=Path, help="also write the targets as JSON here")
     args = p.parse_args(argv)
     if not args.folder.is_dir():

@@ -5,19 +5,21 @@
 # limit, a failed one does not stop the next) and ends with a summary table. Logs and results go to $OUT when it
 # is set (the device tool's output folder), else runs/gpu_check/ (--rehearse: runs/gpu_check_rehearse/):
 # gpu_check.log (every step's output), summary.md (the steps, then the issue's targets judged by
-# bench/gpu_targets.py), targets.json, attention.json, train_throughput.json, decode.json (copy the JSON of a GPU
-# run into bench/results/ to keep them). No .git travels to the GPU machine: name the commit the copy is of,
-# NEOX_DAR_GIT_COMMIT=<hash> bash scripts/gpu_check.sh (the hash written out: it is read there), and every result
-# file and the summary record it.
+# bench/gpu_targets.py), targets.json, attention.json, train_throughput.json, train_compiled.json, decode.json
+# (copy the JSON of a GPU run into bench/results/ to keep them). No .git travels to the GPU machine: name the
+# commit the copy is of, NEOX_DAR_GIT_COMMIT=<hash> bash scripts/gpu_check.sh (the hash written out: it is read
+# there), and every result file and the summary record it.
 #
 #   bash scripts/gpu_check.sh --part 1       # --quick, the kernels: kernel-tests, bench-attention (< 7.5 min)
 #   bash scripts/gpu_check.sh --part 2       # --quick, training and decoding: train-throughput, decode (< 5.5 min)
 #   bash scripts/gpu_check.sh --part 3       # --quick, the long checks: identities, train-profile, train-smoke
 #                                            #   (< 8 min)
+#   bash scripts/gpu_check.sh --part 4       # --quick, training with torch_compile: train-compiled (< 6 min)
 #                                            #   (a session's device lease is 15 minutes, the machine's start
 #                                            #   included, and one command at most 10: parts 1 and 2 fit one lease,
-#                                            #   which is what the issue's targets are judged on; part 3 in a
-#                                            #   later one. A later part on a warm machine reuses the install)
+#                                            #   which is what the issue's targets are judged on; parts 3 and
+#                                            #   4 in later ones, or 2 and 4 in one. A later part on a warm
+#                                            #   machine reuses the install)
 #   bash scripts/gpu_check.sh                # --quick, every step in one command (over 10 minutes in all)
 #   bash scripts/gpu_check.sh --full         # the whole grid and longer timings: ~30 minutes, so split it:
 #                                            #   --full --steps kernel-tests,identities   (then bench-attention,
@@ -52,6 +54,9 @@
 #                     the rest; --full: 70M and 160M, torch_compile
 #                     off and on, attention_impl triton and sdpa); each result records the attention kernels
 #                     one step ran (SDPA's backend)
+#   train-compiled    the same with torch_compile on, for the targets the step above leaves open: 160M vanilla
+#                     (the ratios' denominator), DAR, AHA (10% routed), then Pythia-410M vanilla (its MFU target),
+#                     in that order; train_compiled.json (left out of the rehearsal, like every compiled run)
 #   train-profile     bench/profile_step.py: where a training step's time goes (160M, bf16, ZeRO-1, T = 2048,
 #                     2 profiled steps after 3): GPU kernel time per category (matrix products, attention, loss,
 #                     optimizer, element-wise) against the step's wall time, for the targets still open first: AHA
@@ -78,7 +83,7 @@ PY=${PYTHON:-python3}
 WHEELS=${GPU_WHEELS:-.whl}
 SAMPLE=${GPU_SAMPLE:-runs/gpu_sample}
 LOG_DIR=${OUT:-runs/gpu_check}
-ALL_STEPS="kernel-tests identities bench-attention train-throughput train-profile train-smoke decode"
+ALL_STEPS="kernel-tests identities bench-attention train-throughput train-compiled train-profile train-smoke decode"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 die() { echo "gpu_check.sh: error: $*" >&2; exit 2; }
@@ -100,8 +105,9 @@ while [ $# -gt 0 ]; do
         1) wanted="kernel-tests bench-attention" ;;
         2) wanted="train-throughput decode" ;;
         3) wanted="identities train-profile train-smoke" ;;
-        *) die "--part needs 1 (kernel-tests, bench-attention), 2 (train-throughput, decode) or 3 (identities," \
-               "train-profile, train-smoke)" ;;
+        4) wanted="train-compiled" ;;
+        *) die "--part needs 1 (kernel-tests, bench-attention), 2 (train-throughput, decode), 3 (identities," \
+               "train-profile, train-smoke) or 4 (train-compiled)" ;;
       esac
       STEPS=$wanted
       shift ;;
@@ -133,13 +139,18 @@ done
 # throughput runs 254 and 231, decode 22 (a 6-layer model) and 27 (the 160M shape; --profile adds a step a point).
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
 # train-profile, not yet run: five 160M runs at the throughput runs' ~33 s each, the compiled one longer.
+# train-compiled, not yet run: from the runs above, 160M vanilla compiled 40-48 s and MSWA compiled 65-72 s (its
+# kernels' autotuning included), so ~45 + 70 (DAR) + 70 (AHA) + ~80 (410M: twice the layers to compile) s.
 declare -A LIMIT_QUICK=([install]=25 [kernel-tests]=140 [identities]=90 [bench-attention]=270
-                        [train-throughput]=245 [train-profile]=270 [train-smoke]=70 [decode]=45)
+                        [train-throughput]=245 [train-compiled]=330 [train-profile]=270 [train-smoke]=70
+                        [decode]=45)
 declare -A LIMIT_FULL=([install]=45 [kernel-tests]=540 [identities]=300 [bench-attention]=540
-                       [train-throughput]=1500 [train-profile]=400 [train-smoke]=120 [decode]=300)
+                       [train-throughput]=1500 [train-compiled]=540 [train-profile]=400 [train-smoke]=120
+                       [decode]=300)
 # --rehearse: the CPU's times (a shared 2-core machine: each step takes 10-60 s), limits that only catch a hang
 declare -A LIMIT_REHEARSE=([install]=120 [kernel-tests]=300 [identities]=300 [bench-attention]=300
-                           [train-throughput]=600 [train-profile]=300 [train-smoke]=300 [decode]=120)
+                           [train-throughput]=600 [train-compiled]=60 [train-profile]=300 [train-smoke]=300
+                           [decode]=120)
 limit() {  # GPU_CHECK_LIMIT_<step> (dashes as underscores) overrides a step's limit
   local override="GPU_CHECK_LIMIT_${1//-/_}"
   if [ -n "${!override:-}" ]; then echo "${!override}"
@@ -193,7 +204,12 @@ fi
 
 # ------------------------------------------------------------------------------------------------ the commands
 throughput_runs() {
-  # one line per run: "<model> <attention> <attention_impl> <torch_compile>"
+  # throughput_runs STEP: one line per run of STEP (train-throughput, train-compiled):
+  # "<model> <attention> <attention_impl> <torch_compile>"
+  if [ "$1" = train-compiled ]; then  # none in the rehearsal (see the header)
+    [ "$REHEARSE" = 1 ] || printf '160m vanilla sdpa true\n160m dar triton true\n160m aha triton true\n410m vanilla sdpa true\n'
+    return
+  fi
   if [ "$MODE" = quick ]; then
     for a in vanilla mswa swa dar aha; do  # the order of the targets' weight: a time limit cuts the last ones
       if [ "$a" = vanilla ]; then echo "160m vanilla sdpa false"; else echo "160m $a triton false"; fi
@@ -241,15 +257,15 @@ step_commands() {
     bench-attention)
       # shellcheck disable=SC2086
       echo "$PY bench/attention.py" $ATTENTION_SIZE "--out $LOG_DIR/attention.json" ;;
-    train-throughput)
-      throughput_runs | while read -r m a i c; do
+    train-throughput|train-compiled)
+      throughput_runs "$1" | while read -r m a i c; do
         local micro  # two micro-batches of the config per step: a short step, the config's per-GPU shapes
         micro=$(micro_batch "$m")
         local routed=""  # AHA as its target has it: about 10% of the rows routed (a zero router routes none)
         [ "$a" = aha ] && routed="--aha-mu-f 0.1"
         echo "$PY bench/train_throughput.py configs/pythia-$m.yml configs/attention/$a.yml precision=$PRECISION" \
              "zero_optimization.stage=1 attention_impl=$i torch_compile=$c" $MODEL_SIZE \
-             "train_batch_size=$((2 * micro)) $THROUGHPUT_STEPS $routed --no-compare-hf --out $WORK/throughput/$m-$a-$i-compile_$c.json"
+             "train_batch_size=$((2 * micro)) $THROUGHPUT_STEPS $routed --no-compare-hf --out $WORK/$1/$m-$a-$i-compile_$c.json"
       done ;;
     train-profile)
       profile_runs | while read -r a i c; do
@@ -290,7 +306,7 @@ print_plan() {
   if [ "$REHEARSE" = 1 ]; then echo "time limit in all: ${total}s (rehearsal limits: they only catch a hang)"
   elif [ "$total" -gt 570 ]; then
     echo "time limit in all: ${total}s, over the device tool's 600s command limit: run --part 1, then --part 2" \
-         "(one 15-minute lease), and --part 3 in a later lease"
+         "(one 15-minute lease), and --part 3 and --part 4 in later leases"
   else echo "time limit in all: ${total}s (the device tool's command limit is 600s)"; fi
 }
 
@@ -370,8 +386,9 @@ do_kernel_tests() { eval "$(step_commands kernel-tests)"; }
 do_identities() { eval "$(step_commands identities)"; }
 do_bench_attention() { eval "$(step_commands bench-attention)"; }
 
-merge_throughput() {  # merge_throughput [--table]: the runs so far into train_throughput.json (--table: and print them)
-  "$PY" -c "$MERGE_THROUGHPUT" "$WORK/throughput" "$LOG_DIR/train_throughput.json" "$(throughput_runs | wc -l)" "$@"
+merge_throughput() {  # merge_throughput STEP [--table]: STEP's runs so far into STEP's JSON, train_throughput.json
+  # or train_compiled.json (--table: and print them)
+  "$PY" -c "$MERGE_THROUGHPUT" "$WORK/$1" "$LOG_DIR/${1//-/_}.json" "$(throughput_runs "$1" | wc -l)" "${@:2}"
 }
 IFS= read -r -d '' MERGE_THROUGHPUT <<'EOF'
 import json, sys
@@ -394,9 +411,11 @@ EOF
 run_forked() {  # run_forked PRELOAD CMD...: python command lines ("$PY SCRIPT ARGS"), each in a child forked from
   # one process that imported PRELOAD (comma-separated modules) and SCRIPT's own imports first, "--- NAME" before
   # each; the rehearsal's (on the CPU a torch + DeepSpeed + dynamo start is ~5 s a run; on the GPU each command runs
-  # as a process of its own). FORKED_MERGE=1: merge_throughput after each; FORKED_RCS=FILE: the runs' exit codes
-  # written there, on one line. Exit status 1 when a run's is not 0.
-  MERGE_RUNS="$WORK/throughput" MERGE_OUT="$LOG_DIR/train_throughput.json" MERGE_COUNT=$(throughput_runs | wc -l) \
+  # as a process of its own). FORKED_MERGE=STEP: merge_throughput STEP after each; FORKED_RCS=FILE: the runs'
+  # exit codes written there, on one line. Exit status 1 when a run's is not 0.
+  local step=${FORKED_MERGE:-} count=0
+  [ -z "$step" ] || count=$(throughput_runs "$step" | wc -l)
+  MERGE_RUNS="$WORK/$step" MERGE_OUT="$LOG_DIR/${step//-/_}.json" MERGE_COUNT=$count \
     MERGE_THROUGHPUT=$MERGE_THROUGHPUT "$PY" -c "$RUN_FORKED" "$@"
 }
 IFS= read -r -d '' RUN_FORKED <<'EOF'
@@ -435,7 +454,7 @@ for cmd in cmds:
     rcs.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
     if rcs[-1] != 0 and not os.environ.get("FORKED_RCS"):  # (FORKED_RCS: the caller judges the codes)
         print(f"FAILED: {name} (exit {rcs[-1]})", flush=True)
-    if os.environ.get("FORKED_MERGE") == "1":
+    if os.environ.get("FORKED_MERGE"):
         subprocess.run([sys.executable, "-c", os.environ["MERGE_THROUGHPUT"],
                         *(os.environ[k] for k in ("MERGE_RUNS", "MERGE_OUT", "MERGE_COUNT"))])
 if os.environ.get("FORKED_RCS"):
@@ -450,27 +469,29 @@ run_engine_commands() {  # run_engine_commands STEP [MERGE]: STEP's training-eng
   local failed=0 cmd cmds
   if [ "$REHEARSE" = 1 ]; then
     mapfile -t cmds < <(step_commands "$1")
-    FORKED_MERGE=$([ "${2:-}" = merge ] && echo 1) \
+    FORKED_MERGE=$([ "${2:-}" = merge ] && echo "$1") \
       run_forked torch,torch._dynamo,deepspeed,neox_dar.training.engine,neox_dar.training.batches "${cmds[@]}" \
       || failed=1
   else
     while read -r cmd; do
       echo "--- ${cmd##*/}"
       eval "$cmd" || { failed=1; echo "FAILED: ${cmd##*/}"; }
-      [ "${2:-}" = merge ] && merge_throughput
+      [ "${2:-}" = merge ] && merge_throughput "$1"
     done < <(step_commands "$1")
   fi
   return $failed
 }
 
-do_train_throughput() {
-  rm -rf "$WORK/throughput" "$LOG_DIR/train_throughput.json"
-  mkdir -p "$WORK/throughput"
+engine_step() {  # engine_step STEP: STEP's throughput runs (train-throughput, train-compiled), merged after each
+  rm -rf "${WORK:?}/$1" "$LOG_DIR/${1//-/_}.json"
+  mkdir -p "$WORK/$1"
   local failed=0
-  run_engine_commands train-throughput merge || failed=1
-  merge_throughput --table || failed=1
+  [ -z "$(throughput_runs "$1")" ] || run_engine_commands "$1" merge || failed=1
+  merge_throughput "$1" --table || failed=1
   return $failed
 }
+do_train_throughput() { engine_step train-throughput; }
+do_train_compiled() { engine_step train-compiled; }
 
 do_train_profile() {
   rm -rf "$LOG_DIR/profile"
@@ -588,7 +609,7 @@ mkdir -p "$LOG_DIR" "$WORK"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 LOG=$LOG_DIR/gpu_check.log
 : > "$LOG"
-rm -rf "$LOG_DIR"/{attention,train_throughput,decode,targets}.json "$LOG_DIR/profile"  # a step that fails leaves
+rm -rf "$LOG_DIR"/{attention,train_throughput,train_compiled,decode,targets}.json "$LOG_DIR/profile"  # a step that fails leaves
 # none of an earlier run's
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline
 if [ "$REHEARSE" = 1 ]; then  # the CPU, the kernels interpreted; DeepSpeed's CPU op from this machine's cache

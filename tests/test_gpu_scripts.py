@@ -50,23 +50,25 @@ LEASE_S = 900  # a session's device time, the machine's start included
 START_S = 150  # what a machine's start and the transfers may take of it (38 s and ~130 s on 2026-11-28's H200s)
 
 
-def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two_inside_one_lease():
+def test_the_quick_plan_is_four_parts_each_inside_one_command_and_the_first_two_inside_one_lease():
     res = run("gpu_check.sh", "--dry-run")
     assert res.returncode == 0, res.stderr
     assert plan_steps(res.stdout) == ["install", "kernel-tests", "identities", "bench-attention", "train-throughput",
-                                      "train-profile", "train-smoke", "decode"]
+                                      "train-compiled", "train-profile", "train-smoke", "decode"]
     assert "over the device tool's 600s command limit: run --part 1, then --part 2 (one 15-minute lease)" in res.stdout
     parts, totals = {}, {}
-    for part in ("1", "2", "3"):
+    for part in ("1", "2", "3", "4"):
         out = run("gpu_check.sh", "--part", part, "--dry-run").stdout
         totals[part] = int(re.search(r"time limit in all: (\d+)s", out).group(1))
         assert totals[part] <= COMMAND_LIMIT_S - 30, f"part {part} must end (summary included) inside one command"
         parts[part] = plan_steps(out)
     assert parts == {"1": ["install", "kernel-tests", "bench-attention"],
                      "2": ["install", "train-throughput", "decode"],
-                     "3": ["install", "identities", "train-profile", "train-smoke"]}
+                     "3": ["install", "identities", "train-profile", "train-smoke"],
+                     "4": ["install", "train-compiled"]}
     assert totals["1"] + totals["2"] <= LEASE_S - START_S, "the targets' measurements must fit one lease"
-    throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
+    assert totals["2"] + totals["4"] - 25 <= LEASE_S - START_S, "parts 2 and 4 fit one lease (one install)"
+    throughput = plan_commands(res.stdout)["train-throughput"]
     # the MFU target's model, Pythia-160M: the five variants without compile, vanilla and MSWA with it, the runs
     # a time limit may cut last
     assert len(throughput) == 7 and all("pythia-160m" in t for t in throughput)
@@ -75,6 +77,15 @@ def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two
         ("vanilla", "true"), ("mswa", "true")]
     assert "train_batch_size=32" in throughput[0]  # two of the config's 16-sample micro-batches
     assert [("--aha-mu-f 0.1" in t) for t in throughput] == [False] * 4 + [True] + [False] * 2  # AHA at 10% routed
+    # with torch_compile, the targets the throughput step leaves open: compiled vanilla first (the denominator),
+    # DAR, AHA at 10% routed, then Pythia-410M's MFU (two of its 8-sample micro-batches)
+    compiled = plan_commands(res.stdout)["train-compiled"]
+    assert [re.search(r"pythia-(\w+)\.yml configs/attention/(\w+)\.yml .*attention_impl=(\w+) torch_compile=true",
+                      c).groups() for c in compiled] == [("160m", "vanilla", "sdpa"), ("160m", "dar", "triton"),
+                                                         ("160m", "aha", "triton"), ("410m", "vanilla", "sdpa")]
+    assert [("--aha-mu-f 0.1" in c) for c in compiled] == [False, False, True, False]
+    assert "train_batch_size=16" in compiled[3] and all(re.search(r"--out \S+/train-compiled/[\w-]+\.json$", c)
+                                                        for c in compiled)
     # the step profiles at the same shape: the open targets' variants first, the compiled run last
     profiles = plan_commands(res.stdout)["train-profile"]
     assert [re.search(r"attention/(\w+)\.yml .*attention_impl=(\w+) torch_compile=(\w+)", c).groups()
@@ -86,14 +97,14 @@ def test_the_quick_plan_is_three_parts_each_inside_one_command_and_the_first_two
     assert "-k long_sequence" in res.stdout and "-k 'not long_sequence and not float32]'" in res.stdout
     assert res.stdout.count("exit_interval=100") == 1  # one command, run twice: stop with a checkpoint, resume
     assert "bench/decode.py --dtype bfloat16 --profile --preset pythia-160m" in res.stdout
-    bad = run("gpu_check.sh", "--part", "4", "--dry-run")
+    bad = run("gpu_check.sh", "--part", "5", "--dry-run")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--part needs 1" in bad.stderr
 
 
 def test_full_plan_covers_the_throughput_grid_and_steps_run_in_plan_order():
     res = run("gpu_check.sh", "--full", "--dry-run")
     assert res.returncode == 0, res.stderr
-    throughput = [line for line in res.stdout.splitlines() if "bench/train_throughput.py" in line]
+    throughput = plan_commands(res.stdout)["train-throughput"]
     # 70M and 160M x torch_compile off/on x (vanilla on sdpa + DAR, SWA, MSWA, AHA on triton and on sdpa)
     assert len(throughput) == 2 * 2 * 9
     assert "-k 'not long_sequence'" in res.stdout  # every kernel test, float32 included
@@ -111,7 +122,7 @@ def test_rehearsal_plan_is_the_gpu_plan_at_toy_sizes():
     rehearsal = plan_commands(run("gpu_check.sh", "--rehearse", "--dry-run").stdout)
     assert list(rehearsal) == list(gpu)
     # the torch_compile runs stay on the GPU (inductor's CPU build takes minutes; tests/test_compile.py covers it)
-    for step in ("train-throughput", "train-profile"):
+    for step in ("train-throughput", "train-compiled", "train-profile"):
         gpu[step] = [c for c in gpu[step] if "torch_compile=true" not in c]
     files = re.compile(r"(?:tests|bench|configs(?:/attention)?)/[\w.-]+|train\.py|[\w-]+\.json|-k long_sequence")
     for step in list(gpu)[1:]:
@@ -130,7 +141,9 @@ def test_rehearsal_runs_every_step_on_the_cpu(tmp_path):
     assert res.returncode == 0, res.stdout[-5000:] + res.stderr[-3000:]
     assert summary_rows(out / "summary.md") == {s: "ok" for s in ["install", "kernel-tests", "identities",
                                                                   "bench-attention", "train-throughput",
-                                                                  "train-profile", "train-smoke", "decode"]}
+                                                                  "train-compiled", "train-profile", "train-smoke",
+                                                                  "decode"]}
+    assert json.loads((out / "train_compiled.json").read_text()) == {"runs": []}  # compiled runs: the GPU's only
     assert "rehearsal on this CPU at toy sizes" in (out / "summary.md").read_text()
     assert re.search(r"\b8 passed\b", log) and "train-smoke: loss falls, resume continued to step 12" in log
     attention = json.loads((out / "attention.json").read_text())
@@ -256,3 +269,13 @@ def test_the_inference_docs_paper_preset_command_prints_what_they_say():
               GPU_CHECK_DECODE_ARGS=command)
     assert res.returncode == 0, res.stderr
     assert f"decode            (time limit  {limit}s)" in res.stdout and f" {printed} --out" in res.stdout
+
+
+def test_the_parts_time_limits_in_the_kernels_doc_are_the_plans():
+    """docs/kernels.md gives each --part's summed time limits: they are what --dry-run prints."""
+    doc = (ROOT / "docs" / "kernels.md").read_text()
+    said = dict(re.findall(r"^bash scripts/gpu_check\.sh --part (\d) .*?\((\d+) s of limits", doc, flags=re.M))
+    assert sorted(said) == ["1", "2", "3", "4"]
+    for part, seconds in said.items():
+        out = run("gpu_check.sh", "--part", part, "--dry-run").stdout
+        assert re.search(r"time limit in all: (\d+)s", out).group(1) == seconds, part

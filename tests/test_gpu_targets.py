@@ -116,6 +116,31 @@ def test_training_targets_mfu_with_and_without_compile_and_every_variant_against
     assert t["d 512 x 6 layers, torch_compile false: DAR (triton) tokens/s / vanilla >= 0.95"]["met"] is False
 
 
+def test_the_compiled_step_joins_the_throughput_runs_and_its_repeat_of_a_run_replaces_it(tmp_path):
+    """gpu_check.sh's train-compiled step (--part 4) writes train_compiled.json: compiled vanilla again, DAR, AHA
+    and Pythia-410M. Alone it judges its own targets; beside train_throughput.json its vanilla replaces the
+    throughput step's (the later run), and MSWA's compiled ratio uses it."""
+    compiled = [throughput_run("vanilla", 125_000, 0.37, impl="sdpa", compiled=True),
+                throughput_run("dar", 120_000, 0.36, compiled=True),
+                throughput_run("aha", 126_000, 0.35, compiled=True),
+                throughput_run("vanilla", 60_000, 0.46, hidden=1024, layers=24, impl="sdpa", compiled=True)]
+    report = judge(write(tmp_path / "alone", train_compiled={"runs": compiled}))
+    assert report["missing"] == ["attention.json", "decode.json"]
+    t = by_target(report)
+    shape = "d 768 x 12 layers, torch_compile true"
+    assert t[f"{shape}: DAR (triton) tokens/s / vanilla >= 0.95"]["value"] == pytest.approx(120 / 125)
+    assert t[f"{shape}: DAR (triton) tokens/s / vanilla >= 0.95"]["met"] is True
+    assert t[f"{shape}: AHA (triton) tokens/s / vanilla >= 1"]["met"] is True
+    assert t["d 1024 x 24 layers, torch_compile true: vanilla MFU >= 0.45"]["met"] is True
+    eager = [throughput_run("vanilla", 100_000, 0.30, impl="sdpa"),
+             throughput_run("vanilla", 120_000, 0.36, impl="sdpa", compiled=True),
+             throughput_run("mswa", 130_000, 0.33, compiled=True)]
+    t = by_target(judge(write(tmp_path / "both", train_throughput={"runs": eager}, train_compiled={"runs": compiled})))
+    assert t[f"{shape}: vanilla MFU >= 0.4"]["value"] == 0.37
+    assert t[f"{shape}: MSWA (triton) tokens/s / vanilla >= 1.05"]["value"] == pytest.approx(130 / 125)
+    assert t["d 768 x 12 layers, torch_compile false: vanilla MFU >= 0.28"]["met"] is True
+
+
 def test_aha_is_judged_only_at_about_a_tenth_of_its_rows_routed(tmp_path):
     """A zero-initialised router routes no row (the H200 runs before --aha-mu-f): AHA is then SWA plus a router."""
     for mu_f, judged, note in [(0.098, True, "mu_f 0.098"), (None, False, "routed share not set"),
