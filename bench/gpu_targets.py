@@ -17,7 +17,9 @@ runs follow each other on the same GPU; bench/decode.py alternates variants step
 - training, for the Pythia-160M shape (d 768, 12 layers): vanilla MFU ``>= 28%`` without torch_compile and ``>= 40%``
   with it (Pythia-410M, d 1024 x 24 layers: ``>= 45%`` with it); for every shape and torch_compile setting, tokens/s
   against vanilla's: MSWA and SWA ``>= 1.05``, AHA ``>= 1.0`` (judged when its run routed 5-15% of the rows,
-  ``--aha-mu-f 0.1``), DAR ``>= 0.95`` (each attention_impl).
+  ``--aha-mu-f 0.1``), DAR ``>= 0.95`` (each attention_impl). A run is judged only when its recorded losses are
+  finite and, with torch_compile, its first-step loss is the same run's without compile (when that ran) to
+  ``LOSS_AGREEMENT``.
 - decode, the Pythia-160M shape (d 768, 12 layers; another shape is reported, not judged), the longest context
   and batch 16 (else the largest batch): tokens/s against vanilla's, DAR ``>= 3`` (each
   DAR cache: ``dar``, ``dar-latent``) and AHA ``>= 2``; at context 8,192, every windowed variant's step time no
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import operator
 import sys
 from pathlib import Path
@@ -58,6 +61,7 @@ MFU_TARGETS = {(768, 12, False): (">=", 0.28), (768, 12, True): (">=", 0.40), (1
 # tokens/s against vanilla's of the same shape and torch_compile setting
 TRAIN_RATIO_TARGETS = {"mswa": (">=", 1.05), "swa": (">=", 1.05), "aha": (">=", 1.0), "dar": (">=", 0.95)}
 AHA_MU_F = 0.1  # AHA's share of routed rows in its training target (bench/train_throughput.py --aha-mu-f)
+LOSS_AGREEMENT = 0.02  # |first-step loss with torch_compile - without| (the same seed and tokens; ~10.8 at init)
 # decode tokens/s against vanilla's at the longest context and batch 16
 DECODE_TARGETS = {"dar": (">=", 3.0), "dar-latent": (">=", 3.0), "aha": (">=", 2.0)}
 DECODE_SHAPE = (768, 12)  # (hidden_size, num_layers) the decode targets are for: Pythia-160M
@@ -100,33 +104,60 @@ def attention_targets(results: list[dict], judged: bool) -> list[dict]:
     return out
 
 
+def loss_check(run: dict, eager_loss: dict) -> tuple[bool, str]:
+    """Whether a throughput run's numbers can be judged: its losses finite (bench/train_throughput.py records the
+    first and last step's; older files have none) and, with torch_compile, its first-step loss within
+    :data:`LOSS_AGREEMENT` of the same run's without compile when that ran too. -> (ok, note)."""
+    e, c = run["engine"], run["config"]
+    losses = [e[k] for k in ("loss_first_step", "loss_last_step") if k in e]
+    if not all(math.isfinite(x) for x in losses):
+        return False, f"loss not finite ({', '.join(map(str, losses))}): reported only"
+    eager = eager_loss.get((c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl")))
+    if not c.get("torch_compile") or not losses or eager is None:
+        return True, ""
+    if abs(losses[0] - eager) > LOSS_AGREEMENT:
+        return False, f"first-step loss {losses[0]:.4f} against {eager:.4f} without compile: reported only"
+    return True, f"first-step loss {losses[0]:.4f} ({eager:.4f} without compile)"
+
+
 def training_targets(runs: list[dict]) -> list[dict]:
     """Vanilla MFU (:data:`MFU_TARGETS`) and each variant's tokens/s against vanilla's
-    (:data:`TRAIN_RATIO_TARGETS`) per (model shape, torch_compile) over the kit's throughput runs."""
+    (:data:`TRAIN_RATIO_TARGETS`) per (model shape, torch_compile) over the kit's throughput runs; a run that fails
+    :func:`loss_check` (or whose vanilla does) is reported, not judged."""
     groups: dict[tuple, list[dict]] = {}
+    eager_loss = {}
     for r in runs:
         c = r["config"]
         groups.setdefault((c["hidden_size"], c["num_layers"], bool(c.get("torch_compile", False))), []).append(r)
+        if not c.get("torch_compile") and "loss_first_step" in r["engine"]:
+            eager_loss[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"))] = \
+                r["engine"]["loss_first_step"]
     out = []
     for key, members in sorted(groups.items()):
         hidden, layers, compiled = key
         shape = f"d {hidden} x {layers} layers, torch_compile {str(compiled).lower()}"
         judged = all(on_gpu(r["device"]) for r in members)
         vanilla = next((r for r in members if r["config"]["attention_type"] == "vanilla"), None)
+        vanilla_ok, vanilla_note = loss_check(vanilla, eager_loss) if vanilla else (True, "")
         if vanilla is not None:
             target = MFU_TARGETS.get(key)
             out.append(row("training", f"{shape}: vanilla MFU", vanilla["engine"].get("mfu"),
-                           *(target or (">=", MFU_TARGETS[(768, 12, compiled)][1])), judged and target is not None,
-                           "" if target else "no MFU target for this shape: reported only"))
+                           *(target or (">=", MFU_TARGETS[(768, 12, compiled)][1])),
+                           judged and target is not None and vanilla_ok,
+                           "; ".join(filter(None, [vanilla_note,
+                                                   "" if target else "no MFU target for this shape: reported only"]))))
         for r in members:
             variant = r["config"]["attention_type"]
             if variant not in TRAIN_RATIO_TARGETS:
                 continue
             ratio = r["engine"]["tokens_per_sec"] / vanilla["engine"]["tokens_per_sec"] if vanilla else None
-            notes, ok = ["" if vanilla else "no vanilla run"], True
+            ok, note = loss_check(r, eager_loss)
+            notes = ["" if vanilla else "no vanilla run", note,
+                     "" if vanilla_ok else "vanilla's loss check failed: reported only"]
+            ok = ok and vanilla_ok
             if variant == "aha":  # the target is AHA with about AHA_MU_F of its rows routed (--aha-mu-f)
                 mu_f = (r["engine"].get("aha_mu_f") or {}).get("measured")
-                ok = mu_f is not None and abs(mu_f - AHA_MU_F) <= AHA_MU_F / 2
+                ok = ok and mu_f is not None and abs(mu_f - AHA_MU_F) <= AHA_MU_F / 2
                 if mu_f is None:
                     notes.append("routed share not set (a zero router routes no row): reported only")
                 else:

@@ -24,6 +24,7 @@ Writes JSON (device, driver, CUDA/torch/Triton versions, git commit, command, UT
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import sys
@@ -98,7 +99,8 @@ def bench_config(args: argparse.Namespace) -> Config:
 def engine_step(cfg: Config, aha_mu_f: float | None = None):
     """train.py's DeepSpeed engine (1 rank) and one optimizer step of it on fixed random tokens: returns
     ``(info, step, grad_accum, micro, flops, model)``, ``step()`` running ``grad_accum`` micro-batches of ``micro``
-    (``aha_mu_f``: :func:`route_fraction` on the first micro-batch)."""
+    and returning the first one's loss (a detached device tensor: no synchronisation) (``aha_mu_f``:
+    :func:`route_fraction` on the first micro-batch)."""
     from neox_dar.training.batches import micro_batch_loss
     from neox_dar.training.distributed import init_distributed
     from neox_dar.training.engine import build_engine
@@ -112,33 +114,39 @@ def engine_step(cfg: Config, aha_mu_f: float | None = None):
     if aha_mu_f is not None:
         route_fraction(model, tokens[0, :, :-1], aha_mu_f)
 
-    def step() -> None:
+    def step() -> torch.Tensor:
+        first = None
         for m in range(grad_accum):
             x, y = tokens[m, :, :-1], tokens[m, :, 1:]
-            engine.backward(micro_batch_loss(engine, x, y) + model.aux_loss().float())
+            loss = micro_batch_loss(engine, x, y)
+            first = loss.detach() if first is None else first
+            engine.backward(loss + model.aux_loss().float())
             engine.step()
+        return first
 
     return info, step, grad_accum, micro, flops, model
 
 
 def engine_throughput(cfg: Config, steps: int, warmup: int, aha_mu_f: float | None = None) -> dict:
     """tokens/s, TFLOP/s and MFU of ``steps`` optimizer steps of train.py's DeepSpeed engine (1 rank); with
-    ``aha_mu_f``, AHA's share of open gates over the timed steps (``aha_mu_f_measured``)."""
+    ``aha_mu_f``, AHA's share of open gates over the timed steps (``aha_mu_f_measured``). ``loss_first_step`` and
+    ``loss_last_step``: the first micro-batch's loss at the first step (warm-up included) and at the last; the same
+    model, seed and tokens give the same first loss with and without torch_compile, to its precision."""
     info, step, grad_accum, micro, flops, model = engine_step(cfg, aha_mu_f)
 
-    for _ in range(warmup):
-        step()
+    losses = [step() for _ in range(warmup)]
     synchronize(info.device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        step()
+        losses.append(step())
     synchronize(info.device)
     seconds = (time.perf_counter() - t0) / steps
     tokens_per_sec = grad_accum * micro * cfg.model.seq_length / seconds
     peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
     out = {"step_time_s": seconds, "tokens_per_sec": tokens_per_sec, "global_batch": grad_accum * micro,
            "flops_per_token": flops, "tflops_per_device": flops * tokens_per_sec / 1e12, "peak_flops": peak,
-           "mfu": flops * tokens_per_sec / peak if peak else None}
+           "mfu": flops * tokens_per_sec / peak if peak else None,
+           "loss_first_step": losses[0].item(), "loss_last_step": losses[-1].item()}
     if aha_mu_f is not None:
         out["aha_mu_f"] = aha_share(model, aha_mu_f)
     if info.device.type == "cuda":
@@ -245,14 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     e = result["engine"]
     mfu = f"{100 * e['mfu']:.1f}%" if e["mfu"] is not None else "n/a (no peak FLOP/s for this device; set peak_flops)"
     print(f"{result['device']}: {e['tokens_per_sec']:,.0f} tokens/s, {e['tflops_per_device']:.3g} TFLOP/s, MFU {mfu}, "
-          f"{e['step_time_s'] * 1e3:.1f} ms per step of {e['global_batch']} x {cfg.model.seq_length} tokens")
+          f"{e['step_time_s'] * 1e3:.1f} ms per step of {e['global_batch']} x {cfg.model.seq_length} tokens, loss "
+          f"{e['loss_first_step']:.4f} at the first step, {e['loss_last_step']:.4f} at the last")
     if compare:
         result["vs_hf"] = c = compare_with_hf(cfg, device, args.steps, args.warmup)
         print(f"training step, batch {c['batch']} x {c['seq_length']}: ours {c['ours_step_s'] * 1e3:.1f} ms "
               f"({c['ours_attention_impl']}), transformers GPTNeoXForCausalLM {c['hf_step_s'] * 1e3:.1f} ms "
               f"(sdpa): HF/ours = {c['hf_over_ours']:.3f} ({c['clock']}, median)")
     tag = "cuda" if device.type == "cuda" else "cpu"
-    write_result(result, args.out or ROOT / "bench" / "results" / f"train_throughput_{tag}.json")
+    out = args.out or ROOT / "bench" / "results" / f"train_throughput_{tag}.json"
+    write_result(result, out)
+    if not all(math.isfinite(e[k]) for k in ("loss_first_step", "loss_last_step")):
+        print(f"error: the loss is not finite ({e['loss_first_step']}, {e['loss_last_step']}; {out}): the "
+              "throughput of a step that computes nothing useful", file=sys.stderr)
+        return 1
     return 0
 
 

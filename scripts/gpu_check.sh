@@ -399,12 +399,14 @@ if "--table" not in sys.argv:
     sys.exit(0)
 if len(runs) != int(sys.argv[3]):
     print(f"{len(runs)} of {sys.argv[3]} runs wrote a result")
-print(f"{'model':28s} {'attention':9s} {'impl':6s} {'compile':7s} {'tokens/s':>12s} {'TFLOP/s':>8s} {'MFU':>6s}")
+print(f"{'model':28s} {'attention':9s} {'impl':6s} {'compile':7s} {'tokens/s':>12s} {'TFLOP/s':>8s} {'MFU':>6s} "
+      f"{'loss, first step':>16s}")
 for r in runs:
     c, e = r["config"], r["engine"]
     mfu = f"{100 * e['mfu']:.1f}%" if e.get("mfu") else "n/a"
     print(f"{c['hidden_size']}x{c['num_layers']:<24} {c['attention_type']:9s} {c.get('attention_impl', ''):6s} "
-          f"{str(c.get('torch_compile', '')):7s} {e['tokens_per_sec']:12,.0f} {e['tflops_per_device']:8.1f} {mfu:>6s}")
+          f"{str(c.get('torch_compile', '')):7s} {e['tokens_per_sec']:12,.0f} {e['tflops_per_device']:8.1f} {mfu:>6s} "
+          f"{e['loss_first_step']:16.4f}")
 sys.exit(len(runs) != int(sys.argv[3]))
 EOF
 

@@ -141,6 +141,33 @@ def test_the_compiled_step_joins_the_throughput_runs_and_its_repeat_of_a_run_rep
     assert t["d 768 x 12 layers, torch_compile false: vanilla MFU >= 0.28"]["met"] is True
 
 
+def test_a_run_whose_loss_is_not_finite_or_differs_under_compile_is_reported_not_judged(tmp_path):
+    """bench/train_throughput.py records the first and last step's loss: a run whose loss is not finite is not
+    judged (nor are the ratios over a vanilla that is not), and a compiled run's first-step loss must match the
+    same run's without compile (the same seed and tokens) within LOSS_AGREEMENT."""
+    def run(attention, tokens, first, last=10.0, compiled=False, impl="triton"):
+        r = throughput_run(attention, tokens, 0.41 if compiled else 0.3, impl=impl, compiled=compiled)
+        r["engine"] |= {"loss_first_step": first, "loss_last_step": last}
+        return r
+
+    runs = [run("vanilla", 100_000, 10.83, impl="sdpa"), run("dar", 96_000, 10.84),
+            run("swa", 106_000, 10.82, last=float("nan")),
+            run("vanilla", 120_000, 10.835, compiled=True, impl="sdpa"), run("dar", 118_000, 10.95, compiled=True)]
+    t = by_target(judge(write(tmp_path / "run", train_throughput={"runs": runs})))
+    shape = "d 768 x 12 layers, torch_compile"
+    assert t[f"{shape} false: DAR (triton) tokens/s / vanilla >= 0.95"]["met"] is True
+    swa = t[f"{shape} false: SWA (triton) tokens/s / vanilla >= 1.05"]
+    assert swa["met"] is None and swa["value"] == 1.06 and swa["note"].startswith("loss not finite (10.82, nan)")
+    compiled_vanilla = t[f"{shape} true: vanilla MFU >= 0.4"]
+    assert compiled_vanilla["met"] is True and compiled_vanilla["note"] == "first-step loss 10.8350 (10.8300 without compile)"
+    dar = t[f"{shape} true: DAR (triton) tokens/s / vanilla >= 0.95"]
+    assert dar["met"] is None and dar["note"] == "first-step loss 10.9500 against 10.8400 without compile: reported only"
+    runs[0]["engine"]["loss_first_step"] = float("inf")
+    t = by_target(judge(write(tmp_path / "run", train_throughput={"runs": runs})))
+    assert t[f"{shape} false: DAR (triton) tokens/s / vanilla >= 0.95"]["met"] is None
+    assert "vanilla's loss check failed" in t[f"{shape} false: DAR (triton) tokens/s / vanilla >= 0.95"]["note"]
+
+
 def test_aha_is_judged_only_at_about_a_tenth_of_its_rows_routed(tmp_path):
     """A zero-initialised router routes no row (the H200 runs before --aha-mu-f): AHA is then SWA plus a router."""
     for mu_f, judged, note in [(0.098, True, "mu_f 0.098"), (None, False, "routed share not set"),
