@@ -182,7 +182,8 @@ def plain_path(model):
 
 def check_decode(model, device: torch.device, dtype: torch.dtype) -> dict:
     """Whether ``model``'s decode step is right before it is timed. Two prompts of random tokens, one just beyond
-    the window and one of ``max(4 w, 1,100)`` tokens (several of DAR's 512-column far chunks on a GPU), in one
+    the window and one of ``max(4 w, 1,100)`` tokens (several of DAR's 512-column far chunks on a GPU; both within
+    ``max_position_embeddings``), in one
     batch, prefilled, then :data:`CHECK_STEPS` tokens decoded on the model's own path (``attention_impl``, its
     dtype: what is timed). The prefill and a full forward over the same sequences run on the plain PyTorch path
     (``sdpa``, in the model's dtype: no training kernel is compiled for the check), and a float32 copy of the
@@ -192,8 +193,8 @@ def check_decode(model, device: torch.device, dtype: torch.dtype) -> dict:
     its logits fails (an attention output 10% off fails at the Pythia-160M shape). AHA's routers are replaced for
     the check by a fixed gate pattern, every fourth head open in every row (gates computed in two precisions
     differ near the threshold). -> ``{decode_rel_err, forward_rel_err, max_abs_logit, ok}``."""
-    w = model.cfg.attention.window_size or 1
-    lengths = [w + 37, max(4 * w, 1100)]
+    w, most = model.cfg.attention.window_size or 1, model.cfg.max_position_embeddings - CHECK_STEPS
+    lengths = [min(w + 37, most), min(max(4 * w, 1100), most)]
     generator = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, model.cfg.vocab_size, (n + CHECK_STEPS,), generator=generator).to(device)
             for n in lengths]
