@@ -207,7 +207,8 @@ throughput_runs() {
   # throughput_runs STEP: one line per run of STEP (train-throughput, train-compiled):
   # "<model> <attention> <attention_impl> <torch_compile>"
   if [ "$1" = train-compiled ]; then  # none in the rehearsal (see the header)
-    [ "$REHEARSE" = 1 ] || printf '160m vanilla sdpa true\n160m dar triton true\n160m aha triton true\n410m vanilla sdpa true\n'
+    [ "$REHEARSE" = 1 ] || printf '%s\n' "160m vanilla sdpa true" "160m dar triton true" "160m aha triton true" \
+                                        "410m vanilla sdpa true"
     return
   fi
   if [ "$MODE" = quick ]; then
@@ -611,8 +612,8 @@ mkdir -p "$LOG_DIR" "$WORK"
 LOG_DIR=$(cd "$LOG_DIR" && pwd)
 LOG=$LOG_DIR/gpu_check.log
 : > "$LOG"
-rm -rf "$LOG_DIR"/{attention,train_throughput,train_compiled,decode,targets}.json "$LOG_DIR/profile"  # a step that fails leaves
-# none of an earlier run's
+# a step that fails leaves none of an earlier run's
+rm -rf "$LOG_DIR"/{attention,train_throughput,train_compiled,decode,targets}.json "$LOG_DIR/profile"
 export PYTHONPATH="$SITE:$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=offline
 if [ "$REHEARSE" = 1 ]; then  # the CPU, the kernels interpreted; DeepSpeed's CPU op from this machine's cache
   export TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES=""
