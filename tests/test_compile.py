@@ -104,6 +104,16 @@ def test_torch_compile_mode_reaches_torch_compile_with_inductor(mode):
     assert out.stdout.strip().splitlines()[-1] == str(expected)
 
 
+def test_torch_compile_with_zero_stage_3_is_refused_in_one_line():
+    """DeepSpeed's ZeRO-3 under engine.compile stops in dynamo (it traces the partitioned parameters as empty
+    tensors: found by training configs/tiny.yml so, one and two processes): refused when the config loads."""
+    with pytest.raises(ConfigError, match=r"^invalid value for 'torch_compile' in the command line: True \(is not "
+                                          r"supported with zero_optimization.stage 3 .*use stage 1 or 2"):
+        load_config(ROOT / "configs/tiny.yml", overrides=["torch_compile=true", "zero_optimization.stage=3"])
+    load_config(ROOT / "configs/tiny.yml", overrides=["torch_compile=true", "zero_optimization.stage=2"])
+    load_config(ROOT / "configs/tiny.yml", overrides=["torch_compile=false", "zero_optimization.stage=3"])
+
+
 def test_torch_compile_mode_needs_inductor_in_one_line():
     with pytest.raises(ConfigError, match=r"^invalid value for 'torch_compile_mode' in the command line: "
                                           r"'reduce-overhead' \(needs torch_compile_backend: inductor"):

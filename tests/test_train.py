@@ -118,6 +118,15 @@ def test_two_process_zero_matches_one_process(stage, reference, zero2, data, tmp
             assert torch.equal(ours[k], theirs[k].float()), k
 
 
+def test_two_process_zero2_with_torch_compile_trains_to_the_eager_losses(zero2, data, tmp_path):
+    """``torch_compile=true`` (DeepSpeed's engine.compile; aot_eager here: inductor's C++ build takes minutes on
+    this CPU) on 2 ranks with ZeRO-2 and the in-training perplexity evaluation: the eager run's losses, exactly."""
+    save = tmp_path / "zero2-compiled"
+    train(save, data, *BYTES, "zero_optimization.stage=2", *CORPUS_EVAL, "torch_compile=true",
+          "torch_compile_backend=aot_eager", nproc=2)
+    assert losses(save) == losses(zero2)
+
+
 def test_exact_resume_one_process(reference, data, tmp_path):
     """Stop after step 3 (exit code 3), run the same command again: losses equal the reference bit for bit."""
     save = tmp_path / "resumed"

@@ -101,7 +101,10 @@ class TrainingConfig:
         "(trainable_params adds more), checkpoints' model.safetensors hold the merged weights.")
     torch_compile: bool = setting(
         False, "Compile the model with torch.compile (DeepSpeed's engine.compile); the Triton attention kernels "
-        "and the loss are traced without a graph break.")
+        "and the loss are traced without a graph break. Not with zero_optimization.stage 3.",
+        rule=lambda value, t: None if not value or t.zero_optimization.stage < 3 else
+        "is not supported with zero_optimization.stage 3 (dynamo traces ZeRO-3's partitioned parameters as empty "
+        "tensors and stops; the eager step runs): use stage 1 or 2, or torch_compile: false")
     torch_compile_backend: Literal["inductor", "aot_eager", "eager"] = setting(
         "inductor", "torch.compile's backend with torch_compile: inductor (fused kernels, the fast one), aot_eager "
         "or eager (trace only, for debugging).")
