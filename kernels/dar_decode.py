@@ -37,8 +37,8 @@ CHUNK = 32 if INTERPRET else 512
 """Columns per program (the interpreter: small chunks, so tests cover several chunks a row). On a GPU, 512: a
 batch of 16 at context 8k makes 256 programs, enough to keep every streaming multiprocessor reading (a choice by
 occupancy, not yet timed against others)."""
-BLOCK_N = 16 if INTERPRET else 64
-"""Columns per block of a program's loop."""
+BLOCK_N = 16 if INTERPRET else 32
+"""Columns per block of a program's loop (see :data:`WARPS`)."""
 STEP = 16 if INTERPRET else 32
 """Window columns and ``c`` dims per step of ``_finish_kernel``'s loops."""
 FINISH_WARPS = 1 if INTERPRET else 4
@@ -48,10 +48,11 @@ MAX_DIMS, MAX_HEADS = 256, 16
 times the heads as one register tile, compiled spill-free at 16 x 256): Pythia's shapes up to 410M
 (``d_down = d / 4 <= 256``; ``H x rotary dims = d / 4``; 16 heads)."""
 WARPS = 1 if INTERPRET else 8
-"""Warps per ``_far_kernel`` program. ptxas for sm_90a (bf16, Pythia-160M's shape, Triton 3.9,
-``bench/attention.py --compile-only``): 64-column blocks with 8 warps use 178 registers and spill nothing, with 4
-warps 255 registers and spill 24 bytes (32-column blocks: 174 with 4 warps, 168 with 8, no spill). Chosen from the
-report, not timed."""
+"""Warps per ``_far_kernel`` program. ptxas for sm_90a (bf16, Pythia-160M's shape, ``bench/attention.py
+--compile-only``): 32-column blocks with 8 warps spill nothing under Triton 3.6 (the GPU machine's; 208 registers)
+and 3.9 (168), where 64-column blocks with 8 warps spill 44 bytes under 3.6 (255 registers; none under 3.9) and
+with 4 warps spill under both (32-column blocks with 4 warps: 256 bytes under 3.6). Chosen from the reports, not
+timed."""
 
 
 @triton.jit
