@@ -1,12 +1,14 @@
 """The GPU issue's performance targets, judged from the result files of one run of ``scripts/gpu_check.sh``.
 
-    python bench/gpu_targets.py DIR [--out DIR/targets.json]
+    python bench/gpu_targets.py DIR [DIR ...] [--out DIR/targets.json]
 
 ``DIR`` holds ``attention.json`` (bench/attention.py), ``train_throughput.json`` (the kit's throughput runs) and
 ``decode.json`` (bench/decode.py), and ``train_compiled.json`` when the kit's train-compiled step ran (its runs join
 the throughput runs; a run in both files counts once, the later step's); a missing file leaves its targets "not
 measured" (an ``attention.json`` left by a run stopped at its time limit holds the cases it finished, and is named
-as incomplete). Each target is a ratio of two
+as incomplete). Several folders (the parts of one kit run on one warm machine, e.g. ``--part 2`` and ``--part 4``)
+are judged as one: each file from the last folder that has it, the throughput runs of all (a repeated run counts
+once, the later folder's). Each target is a ratio of two
 numbers measured in the same run (side by side: bench/attention.py alternates methods on one input; the throughput
 runs follow each other on the same GPU; bench/decode.py alternates variants step by step):
 
@@ -202,11 +204,12 @@ def decode_targets(report: dict) -> list[dict]:
     return out
 
 
-def judge(folder: Path) -> dict:
-    """Every target from ``folder``'s result files; files that are missing are named in ``missing``."""
+def judge(*folders: Path) -> dict:
+    """Every target from the result files of ``folders`` (one, or the parts of one kit run, in the order they ran);
+    files that are missing are named in ``missing``."""
     def load(name: str):
-        path = folder / name
-        return json.loads(path.read_text()) if path.is_file() else None
+        paths = [f / name for f in folders if (f / name).is_file()]
+        return json.loads(paths[-1].read_text()) if paths else None
 
     attention, throughput, decode = load("attention.json"), load("train_throughput.json"), load("decode.json")
     compiled = load("train_compiled.json")  # gpu_check.sh's train-compiled step (--part 4), when it ran
@@ -214,11 +217,13 @@ def judge(folder: Path) -> dict:
     if attention is not None:
         rows += attention_targets(attention["results"], on_gpu(attention.get("device")))
     if throughput is not None or compiled is not None:
-        runs = {}  # a run of the same model, attention, impl and compile in both files: train-compiled's, the later
-        for r in (throughput or {"runs": []})["runs"] + (compiled or {"runs": []})["runs"]:
-            c = r["config"]
-            runs[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"),
-                  bool(c.get("torch_compile", False)))] = r
+        runs = {}  # a run of the same model, attention, impl and compile twice: the later step's (folder's)
+        for f in folders:
+            for name in ("train_throughput.json", "train_compiled.json"):
+                for r in json.loads((f / name).read_text())["runs"] if (f / name).is_file() else []:
+                    c = r["config"]
+                    runs[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"),
+                          bool(c.get("torch_compile", False)))] = r
         rows += training_targets(list(runs.values()))
     if decode is not None:
         rows += decode_targets(decode)
@@ -226,7 +231,8 @@ def judge(folder: Path) -> dict:
                               ("decode.json", decode)] if d is None]
     # bench/attention.py saves after each (kernel, T): a run stopped by its time limit leaves "complete": false
     incomplete = ["attention.json"] if attention is not None and attention.get("complete") is False else []
-    return {"folder": str(folder), "targets": rows, "missing": missing, "incomplete": incomplete}
+    return {"folder": str(folders[-1]), "folders": [str(f) for f in folders], "targets": rows, "missing": missing,
+            "incomplete": incomplete}
 
 
 def markdown(report: dict) -> str:
@@ -248,17 +254,19 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("folder", type=Path, help="the kit's output folder (attention.json, train_throughput.json, "
-                                             "train_compiled.json, decode.json)")
+    p.add_argument("folder", type=Path, nargs="+",
+                   help="the kit's output folder (attention.json, train_throughput.json, train_compiled.json, "
+                        "decode.json), or the folders of the parts of one run on one machine, in the order they ran")
     p.add_argument("--out", type=Path, help="also write the targets as JSON here")
     args = p.parse_args(argv)
-    if not args.folder.is_dir():
-        p.error(f"{args.folder} is not a folder")
+    for folder in args.folder:
+        if not folder.is_dir():
+            p.error(f"{folder} is not a folder")
     try:
-        report = judge(args.folder)
+        report = judge(*args.folder)
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        print(f"gpu_targets.py: error: a result file in {args.folder} is not one the kit writes "
-              f"({type(e).__name__}: {e})", file=sys.stderr)
+        print(f"gpu_targets.py: error: a result file in {' or '.join(map(str, args.folder))} is not one the kit "
+              f"writes ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     print(markdown(report), end="")
     if args.out:

@@ -254,6 +254,35 @@ def test_command_line(tmp_path):
     assert "is not one the kit writes" in res.stderr
 
 
+def test_the_parts_of_one_run_are_judged_together(tmp_path):
+    """`gpu_targets.py PART2 PART4`: parts 2 and 4 of one lease, two commands and two output folders. The
+    throughput runs of both count (part 4's compiled vanilla replacing part 2's), so the compiled runs' first-step
+    losses meet their eager runs' from part 2; decode comes from the folder that has it; a folder that is not one
+    is refused in one line."""
+    def run(attention, tokens, first, compiled=False, impl="triton"):
+        r = throughput_run(attention, tokens, 0.41 if compiled else 0.3, impl=impl, compiled=compiled)
+        r["engine"] |= {"loss_first_step": first, "loss_last_step": 7.0}
+        return r
+
+    part2 = write(tmp_path / "part2", decode=decode_file([("vanilla", 32768, 16, 1.0), ("dar", 32768, 16, 3.2)]),
+                  train_throughput={"runs": [run("vanilla", 100_000, 10.83, impl="sdpa"), run("dar", 82_000, 10.84),
+                                             run("vanilla", 110_000, 10.83, compiled=True, impl="sdpa")]})
+    part4 = write(tmp_path / "part4", train_compiled={"runs": [run("vanilla", 120_000, 10.831, True, "sdpa"),
+                                                               run("dar", 116_000, 10.9, compiled=True)]})
+    report = judge(part2, part4)
+    assert report["folders"] == [str(part2), str(part4)] and report["missing"] == ["attention.json"]
+    t = by_target(report)
+    shape = "d 768 x 12 layers, torch_compile"
+    assert t[f"{shape} true: vanilla MFU >= 0.4"]["note"] == "first-step loss 10.8310 (10.8300 without compile)"
+    dar = t[f"{shape} true: DAR (triton) tokens/s / vanilla >= 0.95"]
+    assert dar["value"] == pytest.approx(116 / 120) and dar["met"] is None  # its loss is not the eager run's
+    assert t[f"{shape} false: DAR (triton) tokens/s / vanilla >= 0.95"]["value"] == pytest.approx(0.82)
+    assert t["d 768 x 12 layers, context 32768, batch 16: dar tokens/s / vanilla >= 3"]["met"] is True
+    res = subprocess.run([sys.executable, "bench/gpu_targets.py", str(part2), str(tmp_path / "nope")], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.strip().endswith("nope is not a folder")
+
+
 def test_a_stopped_attention_run_is_named_incomplete(tmp_path):
     """bench/attention.py rewrites its JSON after each (kernel, T) with "complete": false until it ends."""
     partial = attention_file({("dar", 2048, "triton"): 1.0, ("dar", 2048, "sdpa_causal"): 1.0}) | {"complete": False}
