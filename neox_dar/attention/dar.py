@@ -133,16 +133,16 @@ class DARAttention(DARLayer, Attention):
     def remember(self, cache: DARCache, rows, k, v, a) -> None:
         cache.write(k, v, self.dar_down(a), cache.layout.starts[int(rows[0])], rows)
 
-    def decode_kernel(self, device: torch.device):
+    def decode_kernel(self, cache: DARCache, device: torch.device):
         """A decode step with far columns: on the ``triton`` path the kernels' ``dar_decode_attention`` (each far
         column's ``c`` and rotated key dims read once for all heads, no far score materialised) where the layer fits
-        a launch (``d_down`` and ``H_kv`` x the far key's cached dims at most 256 each, 16 heads: Pythia's shapes);
-        elsewhere None, the standalone layer's softmax over every score (on the ``triton`` path with a warning,
-        once)."""
+        a launch (``d_down`` and ``H_kv`` x the far key's not-absorbed dims, ``cache.width``, at most 256 each, 16
+        heads: Pythia's shapes); elsewhere None, the standalone layer's softmax over every score (on the ``triton``
+        path with a warning, once)."""
         if self.resolved_impl(device) != "triton":
             return None
         kernels = triton_kernels(device)
-        rotated = self.num_kv_heads * (self.head_dim if self.qk_norm != "none" else self.rotary_ndims)
+        rotated = self.num_kv_heads * cache.width
         if kernels.dar_decode.fits(self.d_down, rotated, self.num_heads):
             return kernels.dar_decode_attention
         warn_too_wide(self.d_down, rotated, self.num_heads)

@@ -203,7 +203,7 @@ class DARLayer(AttentionLayer):
                         w_k, b_k, w_v, b_v, self.dar_up.weight, self.normalize_keys if self.qk_norm != "none" else None,
                         device, dtype, far_keys=self.cache_mode == "keys")
 
-    def decode_kernel(self, device: torch.device) -> Callable | None:
+    def decode_kernel(self, cache: DARCache, device: torch.device) -> Callable | None:
         """What computes a step with far columns (:meth:`DARCache.attend`'s ``kernel``): None here, every score
         materialised in PyTorch; neox-dar's DAR module gives the Triton kernels on its ``triton`` path."""
         return None
@@ -211,4 +211,4 @@ class DARLayer(AttentionLayer):
     def decode(self, a: torch.Tensor, cache: DARCache, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos, sin)
         return self.merge_heads(cache.attend(q, k, v, self.dar_down(a), self.head_dim ** -0.5,
-                                             self.decode_kernel(a.device)))
+                                             self.decode_kernel(cache, a.device)))
