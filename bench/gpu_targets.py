@@ -211,23 +211,24 @@ def judge(*folders: Path) -> dict:
         paths = [f / name for f in folders if (f / name).is_file()]
         return json.loads(paths[-1].read_text()) if paths else None
 
-    attention, throughput, decode = load("attention.json"), load("train_throughput.json"), load("decode.json")
-    compiled = load("train_compiled.json")  # gpu_check.sh's train-compiled step (--part 4), when it ran
+    attention, decode = load("attention.json"), load("decode.json")
     rows = []
     if attention is not None:
         rows += attention_targets(attention["results"], on_gpu(attention.get("device")))
-    if throughput is not None or compiled is not None:
-        runs = {}  # a run of the same model, attention, impl and compile twice: the later step's (folder's)
-        for f in folders:
-            for name in ("train_throughput.json", "train_compiled.json"):
-                for r in json.loads((f / name).read_text())["runs"] if (f / name).is_file() else []:
-                    c = r["config"]
-                    runs[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"),
-                          bool(c.get("torch_compile", False)))] = r
-        rows += training_targets(list(runs.values()))
+    # the throughput runs of every folder, and of gpu_check.sh's train-compiled step (--part 4) when it ran; a run
+    # of the same model, attention, impl and compile twice: the later step's (folder's)
+    training = [f / name for f in folders for name in ("train_throughput.json", "train_compiled.json")
+                if (f / name).is_file()]
+    runs = {}
+    for path in training:
+        for r in json.loads(path.read_text())["runs"]:
+            c = r["config"]
+            runs[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"),
+                  bool(c.get("torch_compile", False)))] = r
+    rows += training_targets(list(runs.values()))
     if decode is not None:
         rows += decode_targets(decode)
-    missing = [n for n, d in [("attention.json", attention), ("train_throughput.json", throughput or compiled),
+    missing = [n for n, d in [("attention.json", attention), ("train_throughput.json", training or None),
                               ("decode.json", decode)] if d is None]
     # bench/attention.py saves after each (kernel, T): a run stopped by its time limit leaves "complete": false
     incomplete = ["attention.json"] if attention is not None and attention.get("complete") is False else []
