@@ -74,7 +74,7 @@ def layer_traffic(config: str, variant: str, seq_len: int) -> tuple[list[tuple[s
     torch.manual_seed(0)
     model = build_model(cfg).half()
     attention = model.attention_modules()[0]
-    cos, sin = model.gpt_neox.rotary_emb(seq_len, torch.float16, torch.device("cpu"))
+    cos, sin = model.decoder.rotary_emb(seq_len, torch.float16, torch.device("cpu"))
     a = torch.randn(1, seq_len, cfg.hidden_size, dtype=torch.float16, requires_grad=True)
     for _ in range(2):
         counter = Traffic()
