@@ -1125,6 +1125,22 @@ class HostSyncs:
         return [op for op in ops if op in self.SYNCING]
 
 
+def kernel_and_reference_models(family: str, seed: int, prepare=lambda model: None, **keys) -> dict:
+    """A tiny ``family`` model (tests/builders.py's preset; seq_length 64, window 4, fp32, then ``keys``) on
+    ``attention_impl: triton`` and the same weights on ``reference``, by impl, in eval mode; ``prepare(model)``
+    edits the triton one's weights (no grad) before they are copied."""
+    from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
+
+    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "window_size": 4, "precision": "fp32", **keys}
+    torch.manual_seed(seed)
+    models = {impl: build_model(config(FAMILY_PRESETS[family], **keys, attention_impl=impl).model).to(DEVICE).eval()
+              for impl in ("triton", "reference")}
+    with torch.no_grad():
+        prepare(models["triton"])
+    models["reference"].load_state_dict(models["triton"].state_dict())
+    return models
+
+
 def decode_on_the_kernel(models: dict, lengths: list[int], N: int, launches: list[str], monkeypatch,
                          after_step=lambda: None) -> None:
     """Prefill prompts of ``lengths`` into ``models["triton"]``'s cache, decode ``N - 1`` steps and check: the first
@@ -1168,14 +1184,8 @@ def test_dar_decode_on_the_kernel_equals_the_full_forward(family, attention_type
     a query's own column is far); GPT-NeoX's partial rotary (absorbed and rotated dims) and Llama's full rotary
     with grouped heads (rotated dims only). Each layer launches the far kernel once a step, nothing else of Triton,
     and no PyTorch operator waits for the device."""
-    from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
-
-    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "attention_type": attention_type, "window_size": 4,
-            "precision": "fp32", "dar_inference_cache": cache, **({"num_kv_heads": 4} if family == "gpt_neox" else {})}
-    torch.manual_seed(5)
-    models = {impl: build_model(config(FAMILY_PRESETS[family], **keys, attention_impl=impl).model).to(DEVICE).eval()
-              for impl in ("triton", "reference")}
-    models["reference"].load_state_dict(models["triton"].state_dict())
+    models = kernel_and_reference_models(family, 5, attention_type=attention_type, dar_inference_cache=cache,
+                                         **({"num_kv_heads": 4} if family == "gpt_neox" else {}))
     # the longest row's context (35) spans two of the interpreter's chunks (32)
     launches = ["_far_kernel", "_finish_kernel"] * models["triton"].cfg.num_layers
     decode_on_the_kernel(models, [5, 2, 30], 6, launches, monkeypatch)
@@ -1185,15 +1195,9 @@ def test_dar_decode_wider_than_the_far_kernel_runs_the_pytorch_path_with_a_warni
     """A layer whose far columns are wider than one launch takes (here Llama's full rotary, 4 key/value heads of 80
     dims: 320 rotated dims a column) decodes through the standalone PyTorch step, says so once, launches no Triton
     kernel and still equals the full forward; the kernel itself refuses such widths with a one-line error."""
-    from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
     from kernels import dar_decode_attention
 
-    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "attention_type": "dar", "window_size": 4, "precision": "fp32",
-            "num_kv_heads": 4, "head_dim": 80}
-    torch.manual_seed(6)
-    models = {impl: build_model(config(FAMILY_PRESETS["llama"], **keys, attention_impl=impl).model).to(DEVICE).eval()
-              for impl in ("triton", "reference")}
-    models["reference"].load_state_dict(models["triton"].state_dict())
+    models = kernel_and_reference_models("llama", 6, attention_type="dar", num_kv_heads=4, head_dim=80)
     with pytest.warns(UserWarning, match="more than the far-column kernel's 256 dims or 16 heads; the decode step"):
         decode_on_the_kernel(models, [5, 9], 3, [], monkeypatch)
     c = torch.zeros(1, 8, 300, device=DEVICE)
@@ -1210,17 +1214,13 @@ def test_aha_decode_on_the_kernel_equals_the_full_forward_without_host_syncs(fam
     and closed, contexts longer than the window and the kernel's chunks; no PyTorch operator of a step waits for
     the device (on a GPU also checked by CUDA's sync debug mode), and each layer launches the range kernel's two
     passes, nothing else of Triton."""
-    from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config
+    def open_some_gates(model):  # gates open and closed (the router starts at 0: s = 0.5, closed)
+        for m in model.attention_modules():
+            m.router.weight.normal_(0.0, 1.0)
 
-    keys = {**TINY_FAMILY_KEYS, "seq_length": 64, "attention_type": "aha", "window_size": 4, "precision": "fp32",
-            **({"num_kv_heads": 4} if family == "gpt_neox" else {})}  # GPT-NeoX: one key/value head per query head
-    torch.manual_seed(3)
-    models = {impl: build_model(config(FAMILY_PRESETS[family], **keys, attention_impl=impl).model).to(DEVICE).eval()
-              for impl in ("triton", "reference")}
-    with torch.no_grad():
-        for m in models["triton"].attention_modules():
-            m.router.weight.normal_(0.0, 1.0)  # gates open and closed (the router starts at 0: s = 0.5, closed)
-    models["reference"].load_state_dict(models["triton"].state_dict())
+    models = kernel_and_reference_models(family, 3, open_some_gates, attention_type="aha",
+                                         # GPT-NeoX: one key/value head per query head
+                                         **({"num_kv_heads": 4} if family == "gpt_neox" else {}))
     model = models["triton"]
     gates = []
     # the longest row's context (34) spans two of the interpreter's chunks (32)
