@@ -53,7 +53,8 @@ Presets (:data:`PRESETS`; options given on the command line replace a preset's):
 ``--profile`` runs one more step per variant and point (the cache made one column larger, so that step is at
 context ``C``) under torch's profiler (:func:`neox_dar.timing.launch_profile`): its CUDA kernels' launches and
 device microseconds against the step's wall microseconds, in each row's ``profile``: a wall time well above the
-kernels' is the host's (Python, launches, a new shape's planning).
+kernels' is the host's (Python, launches, a new shape's planning), and the host's own longest events
+(``profile.host``: aten ops and the CUDA runtime's calls) say where it went.
 
 Writes JSON (device, versions, git commit, command, UTC date, the model, every number) to ``--out`` and prints a
 table (``--markdown``: the Markdown table of docs/inference.md). Runs on a GPU as is (``--device cuda --dtype

@@ -90,7 +90,8 @@ def launch_profile(fn, device, top: int = 12) -> dict:
     the end of its last kernel; a wall time well above the kernels' sum is time the device waits for the host
     (launch path, allocations, synchronizations; the profiler's own per-op cost is in the wall time too). On CPU
     the same for the aten ops (the interpreter's kernels are Python), which checks the plumbing only. ``kernels``:
-    the ``top`` longest."""
+    the ``top`` longest. ``host``: the ``top`` host events by their own CPU microseconds (aten ops and, on a GPU, the
+    CUDA runtime's calls: a ``cudaStreamSynchronize`` or a library's planning shows there)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -103,11 +104,14 @@ def launch_profile(fn, device, top: int = 12) -> dict:
         fn()
         synchronize(device)
         wall_us = (time.perf_counter() - start) * 1e6
-    want = DeviceType.CUDA if gpu else DeviceType.CPU
-    rows = [{"name": e.key, "launches": e.count,
-             "us": round(e.self_device_time_total if gpu else e.self_cpu_time_total, 1)}
-            for e in prof.key_averages() if e.device_type == want]
-    rows.sort(key=lambda x: -x["us"])
+
+    def longest(device_type, key: str, field: str) -> list[dict]:
+        return sorted(({"name": e.key, key: e.count, "us": round(getattr(e, field), 1)}
+                       for e in prof.key_averages() if e.device_type == device_type), key=lambda x: -x["us"])
+
+    host = longest(DeviceType.CPU, "calls", "self_cpu_time_total")
+    rows = (longest(DeviceType.CUDA, "launches", "self_device_time_total") if gpu
+            else longest(DeviceType.CPU, "launches", "self_cpu_time_total"))
     return {"what": "CUDA kernels" if gpu else "aten ops (CPU)", "wall_us": round(wall_us, 1),
             "launches": sum(x["launches"] for x in rows), "kernel_us": round(sum(x["us"] for x in rows), 1),
-            "kernels": rows[:top]}
+            "kernels": rows[:top], "host": host[:top]}

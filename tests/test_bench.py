@@ -58,6 +58,9 @@ def check_decode(r: dict) -> None:
     for x in rows:
         prof = x["profile"]
         assert prof["what"] == "aten ops (CPU)" and prof["wall_us"] > 0 and prof["launches"] >= len(prof["kernels"]) > 0
+        # the host's own longest events: on a GPU the CUDA runtime's calls among them (a sync, a library's plan)
+        assert prof["host"] and all(h["calls"] > 0 and h["us"] >= 0 for h in prof["host"])
+        assert [h["us"] for h in prof["host"]] == sorted((h["us"] for h in prof["host"]), reverse=True)
 
 
 def check_host_path(r: dict) -> None:
