@@ -72,7 +72,6 @@ E2E = {
     "tests/test_eval_lm_eval.py",
     "tests/test_generate_lm_eval.py",
     "tests/test_bench.py",
-    "tests/test_compile.py::test_train_py_torch_compile_trains_mswa_to_the_eager_losses",
     # README walkthroughs and the replication's scripts
     "tests/test_sweep.py::test_readme_experiments_walkthrough",
     "tests/test_finetune_demo.py::test_readme_walkthrough_runs",

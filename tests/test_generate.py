@@ -129,28 +129,28 @@ def test_dar_cache_with_key_norms_and_partial_rotary(keys, mode):
     check_decoding(model, lengths, N, seed=3)
 
 
-def greedy_by_full_forward(model, prompt: torch.Tensor, n: int) -> list[int]:
-    """``n`` greedy tokens, each from a full forward over everything so far (padding ids excluded)."""
-    seq = prompt.clone()
+def full_forward_argmax(model, prompt: torch.Tensor, tokens: list[int]) -> list[int]:
+    """The greedy choice after the prompt and each of ``tokens`` but the last, by one full forward over them all (a
+    causal model: position ``t``'s logits are those of a forward over the first ``t + 1`` tokens; padding ids
+    excluded). Greedy generation gave ``tokens`` exactly when this returns them."""
+    seq = torch.cat([prompt, torch.tensor(tokens[:-1], dtype=prompt.dtype)])
     with torch.inference_mode():
-        for _ in range(n):
-            logits = model(seq[None])[0, -1]
-            logits[model.cfg.vocab_size:] = float("-inf")
-            seq = torch.cat([seq, logits.argmax()[None]])
-    return seq[prompt.numel():].tolist()
+        logits = model(seq[None])[0, prompt.numel() - 1:]
+        logits[:, model.cfg.vocab_size:] = float("-inf")
+        return logits.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("family", ["gpt_neox", "qwen3"])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_greedy_generation_equals_rerunning_the_full_forward(family, variant):
-    """64 greedy tokens through the caches are the tokens of 64 full forwards; the batch of unequal prompts gives
-    each prompt's one-by-one result."""
+    """64 greedy tokens through the caches are the full forward's choices at every position; the batch of unequal
+    prompts gives each prompt's one-by-one result."""
     model = family_model(family, variant, seed=4)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(0, model.cfg.vocab_size, (n,), generator=g) for n in (6, 13, 3)]
     batched = generate(model, prompts, 64)
     assert [c.finish_reason for c in batched] == ["length"] * 3
-    assert batched[0].token_ids == greedy_by_full_forward(model, prompts[0], 64)
+    assert batched[0].token_ids == full_forward_argmax(model, prompts[0], batched[0].token_ids)
     for p, c in zip(prompts, batched):
         assert generate(model, [p], 64)[0].token_ids == c.token_ids
 
