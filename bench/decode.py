@@ -5,6 +5,7 @@ read per generated token, and decode tokens/s, at several contexts and batch siz
         [--contexts 2048,8192,32768] [--batches 1,16] [--steps 4] [--warmup 1] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--aha-mu-f 0.1] [--threads N] [--out bench/results/decode_<device>.json]
         [--markdown] [--profile] [--preset pythia-160m|mswa-fig3|mswa-fig3-cpu|dimpo-table4|dimpo-table4-cpu]
+        [--sdpa-backends flash,efficient,math,cudnn]
 
 Default model: ``configs/pythia-14m.yml`` with 4 layers (d 128, 4 heads of 32: MSWA's 4 x 4 window table is the
 paper's), ``window_size: 128``, DAR/uniform ``d_down = d/4`` (``dar-latent``: DAR with ``dar_inference_cache: latent``),
@@ -55,6 +56,11 @@ context ``C``) under torch's profiler (:func:`neox_dar.timing.launch_profile`): 
 device microseconds against the step's wall microseconds, in each row's ``profile``: a wall time well above the
 kernels' is the host's (Python, launches, a new shape's planning), and the host's own longest events
 (``profile.host``: aten ops and the CUDA runtime's calls) say where it went.
+
+``--sdpa-backends`` limits ``scaled_dot_product_attention`` in the decode steps (the check's and the timed ones)
+to the named backends, to compare them on one machine (e.g. ``--variants vanilla --sdpa-backends efficient`` against
+torch's choice, cuDNN's on the H200 with torch 2.11); the variants whose decode step has its own kernel on the
+``triton`` path (DAR's, AHA's) are not affected there.
 
 Writes JSON (device, versions, git commit, command, UTC date, the model, every number) to ``--out`` and prints a
 table (``--markdown``: the Markdown table of docs/inference.md). Runs on a GPU as is (``--device cuda --dtype
@@ -181,7 +187,22 @@ def plain_path(model):
             m.impl = impl
 
 
-def check_decode(model, device: torch.device, dtype: torch.dtype) -> dict:
+SDPA_BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "math": "MATH",
+                 "cudnn": "CUDNN_ATTENTION"}
+"""``--sdpa-backends`` names: torch's ``SDPBackend`` members."""
+
+
+def sdpa_backends(names: list[str] | None):
+    """A context factory: ``scaled_dot_product_attention`` limited to the backends ``names`` (keys of
+    :data:`SDPA_BACKENDS`) inside it, or torch's own choice (None)."""
+    if not names:
+        return contextlib.nullcontext
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return lambda: sdpa_kernel([getattr(SDPBackend, SDPA_BACKENDS[n]) for n in names])
+
+
+def check_decode(model, device: torch.device, dtype: torch.dtype, backends=contextlib.nullcontext) -> dict:
     """Whether ``model``'s decode step is right before it is timed. Two prompts of random tokens, one just beyond
     the window and one of ``max(4 w, 1,100)`` tokens (several of DAR's 512-column far chunks on a GPU; both within
     ``max_position_embeddings``), in one
@@ -193,7 +214,8 @@ def check_decode(model, device: torch.device, dtype: torch.dtype) -> dict:
     :data:`CHECK_FLOOR`: in bfloat16 the bar is that dtype's own rounding, and a decode step off by much less than
     its logits fails (an attention output 10% off fails at the Pythia-160M shape). AHA's routers are replaced for
     the check by a fixed gate pattern, every fourth head open in every row (gates computed in two precisions
-    differ near the threshold). -> ``{decode_rel_err, forward_rel_err, max_abs_logit, ok}``."""
+    differ near the threshold). ``backends()``: the context the decode steps run in (:func:`sdpa_backends`, as
+    they are timed). -> ``{decode_rel_err, forward_rel_err, max_abs_logit, ok}``."""
     w, most = model.cfg.attention.window_size or 1, model.cfg.max_position_embeddings - CHECK_STEPS
     lengths = [min(w + 37, most), min(max(4 * w, 1100), most)]
     generator = torch.Generator().manual_seed(1)
@@ -216,8 +238,10 @@ def check_decode(model, device: torch.device, dtype: torch.dtype) -> dict:
             with plain_path(model):
                 forward_own = forward(model)
                 steps = [model.prefill([s[:n] for s, n in zip(seqs, lengths)], cache)[:, None]]
-            for t in range(CHECK_STEPS):
-                steps.append(model.decode(torch.stack([s[n + t] for s, n in zip(seqs, lengths)])[:, None], cache))
+            with backends():
+                for t in range(CHECK_STEPS):
+                    steps.append(model.decode(torch.stack([s[n + t] for s, n in zip(seqs, lengths)])[:, None],
+                                              cache))
             decoded = torch.cat(steps, 1).float()
     finally:
         for m, router in routers:
@@ -234,9 +258,10 @@ def run(args) -> dict:
     dtype = DTYPES[args.dtype]
     rows = []
     models = {v: build(args, v, device, dtype) for v in args.variants}
+    backends = sdpa_backends(args.sdpa_backends)
     checks = {}
     for v, model in models.items():
-        checks[v] = check_decode(model, device, dtype)
+        checks[v] = check_decode(model, device, dtype, backends)
         c = checks[v]
         print(f"{v:>8} decode check against float32 (sdpa): decode {c['decode_rel_err']:.2g}, full forward "
               f"{c['forward_rel_err']:.2g} of logits up to {c['max_abs_logit']:.3g}: {'ok' if c['ok'] else 'FAILED'}",
@@ -257,7 +282,7 @@ def run(args) -> dict:
                 states[v] = (cache, gates, [])
             tokens = torch.zeros(B, 1, dtype=torch.long, device=device)
             profiles = {}
-            with torch.inference_mode():
+            with torch.inference_mode(), backends():
                 for step in range(args.warmup + args.steps):
                     for v, model in models.items():
                         cache, _, times = states[v]
@@ -312,7 +337,8 @@ def run(args) -> dict:
                       "dar_d_down": next((m.cfg.attention.dar_d_down for v, m in models.items()
                                           if v.startswith("dar")), None)},
             "load_average": {"before": load_before, "after": os.getloadavg()},
-            "preset": args.preset, "steps": args.steps, "warmup": args.warmup, "aha_mu_f_target": args.aha_mu_f,
+            "preset": args.preset, "sdpa_backends": args.sdpa_backends, "steps": args.steps, "warmup": args.warmup,
+            "aha_mu_f_target": args.aha_mu_f,
             "checks": checks, "results": rows, "over_contexts": over_contexts}
 
 
@@ -365,9 +391,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="one more step per variant and point under torch's profiler: its kernels' launches and "
                          "device microseconds against its wall microseconds (on the CPU: aten ops), in 'profile'")
+    ap.add_argument("--sdpa-backends", type=lambda x: x.split(","), default=None, metavar="NAMES",
+                    help=f"comma-separated, from {','.join(SDPA_BACKENDS)}: the decode steps' "
+                         "scaled_dot_product_attention limited to these backends (default: torch's choice); "
+                         "recorded as 'sdpa_backends'")
     ap.add_argument("--out", default=None)
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
+    if args.sdpa_backends and not set(args.sdpa_backends) <= set(SDPA_BACKENDS):
+        print(f"error: --sdpa-backends takes names from {', '.join(SDPA_BACKENDS)}, got "
+              f"{','.join(args.sdpa_backends)}", file=sys.stderr)
+        return 2
     for key, value in {**DEFAULTS, **PRESETS.get(args.preset, {})}.items():
         if getattr(args, key) in (None, []):  # not given (no config file or override on the command line: [])
             setattr(args, key, value)

@@ -252,6 +252,40 @@ def test_a_decode_step_off_by_a_tenth_fails_the_decode_benchmarks_check(tmp_path
     assert decode.check_decode(model, torch.device("cpu"), torch.bfloat16)["ok"]
 
 
+def test_decode_sdpa_backends_limit_the_decode_steps_attention(tmp_path, monkeypatch, capsys):
+    """bench/decode.py --sdpa-backends: the checked and timed decode steps call scaled_dot_product_attention only
+    under the named backends (math here: no CPU flash kernel runs), the report records them; a name torch does not
+    have is a one-line error before any work."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import decode
+    from torch.profiler import profile
+
+    with profile() as prof, torch.inference_mode():
+        q = torch.randn(1, 2, 1, 8)
+        with decode.sdpa_backends(["math"])():
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(1, 1, 1, 1, dtype=bool))
+    names = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_attention_math" in names
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" not in names
+    seen = []
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, *args, **kwargs):  # a decode step's query: one token (the prefill's and the forwards' have more)
+        if q.shape[2] == 1:
+            seen.append(torch._C._get_math_sdp_enabled() and not torch._C._get_flash_sdp_enabled())
+        return attention(q, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    out = tmp_path / "decode.json"
+    assert decode.main(["--variants", "vanilla", "--contexts", "64", "--batches", "1", "--steps", "1", "--warmup",
+                        "0", "--sdpa-backends", "math", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["sdpa_backends"] == ["math"]
+    assert len(seen) >= 4 and all(seen)  # the check's 3 steps and the timed one, in each layer
+    assert decode.main(["--sdpa-backends", "flash,fa9", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("error: --sdpa-backends takes names from flash, efficient, "
+                                                        "math, cudnn, got flash,fa9")
+
+
 def test_step_profiles_put_every_attention_kernel_under_attention():
     """profile_step's categories by kernel name: the project's Triton kernels (names of the H200 runs) and SDPA's
     are attention, the fused loss's kernel and custom op the loss, cuBLAS's products matmul."""

@@ -271,6 +271,17 @@ def test_the_inference_docs_paper_preset_command_prints_what_they_say():
     assert f"decode            (time limit  {limit}s)" in res.stdout and f" {printed} --out" in res.stdout
 
 
+def test_the_inference_docs_sdpa_backends_command_reaches_the_decode_step():
+    """docs/inference.md's --sdpa-backends example through the kit's decode step: its dry run's bench/decode.py line
+    carries the option (bench/decode.py's own handling of it: tests/test_bench.py)."""
+    text = " ".join((ROOT / "docs" / "inference.md").read_text().split())
+    (command,) = re.findall(r"`GPU_CHECK_DECODE_ARGS=\"([^\"]*--sdpa-backends[^\"]*)\" bash scripts/gpu_check.sh "
+                            r"--steps decode`", text)
+    res = run("gpu_check.sh", "--steps", "decode", "--dry-run", GPU_CHECK_DECODE_ARGS=command)
+    assert res.returncode == 0, res.stderr
+    assert f" --preset pythia-160m {command} --out" in res.stdout
+
+
 def test_the_parts_time_limits_in_the_kernels_doc_are_the_plans():
     """docs/kernels.md gives each --part's summed time limits: they are what --dry-run prints."""
     doc = (ROOT / "docs" / "kernels.md").read_text()
