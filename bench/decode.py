@@ -421,6 +421,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        if not (args.sdpa_backends and "No viable backend for scaled_dot_product_attention" in str(e)):
+            raise
+        print(f"error: --sdpa-backends {','.join(args.sdpa_backends)}: none of these runs the decode step's "
+              f"attention on {args.device} in {args.dtype}", file=sys.stderr)
+        return 2
     out = args.out or ROOT / "bench" / "results" / f"decode_{torch.device(args.device).type}.json"
     write_result(report, out)
     if args.markdown:

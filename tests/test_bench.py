@@ -284,6 +284,10 @@ def test_decode_sdpa_backends_limit_the_decode_steps_attention(tmp_path, monkeyp
     assert decode.main(["--sdpa-backends", "flash,fa9", "--out", str(out)]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == ("error: --sdpa-backends takes names from flash, efficient, "
                                                         "math, cudnn, got flash,fa9")
+    assert decode.main(["--variants", "vanilla", "--contexts", "64", "--batches", "1", "--steps", "1",
+                        "--sdpa-backends", "cudnn", "--out", str(out)]) == 2  # no cuDNN on a CPU
+    assert capsys.readouterr().err.splitlines()[-1] == ("error: --sdpa-backends cudnn: none of these runs the decode "
+                                                        "step's attention on cpu in float32")
 
 
 def test_step_profiles_put_every_attention_kernel_under_attention():
