@@ -106,6 +106,12 @@ def attention_targets(results: list[dict], judged: bool) -> list[dict]:
     return out
 
 
+def run_key(config: dict) -> tuple:
+    """A throughput run's identity without its torch_compile setting: (hidden_size, num_layers, attention_type,
+    attention_impl)."""
+    return config["hidden_size"], config["num_layers"], config["attention_type"], config.get("attention_impl")
+
+
 def loss_check(run: dict, eager_loss: dict) -> tuple[bool, str]:
     """Whether a throughput run's numbers can be judged: its losses finite (bench/train_throughput.py records the
     first and last step's; older files have none) and, with torch_compile, its first-step loss within
@@ -114,7 +120,7 @@ def loss_check(run: dict, eager_loss: dict) -> tuple[bool, str]:
     losses = [e[k] for k in ("loss_first_step", "loss_last_step") if k in e]
     if not all(math.isfinite(x) for x in losses):
         return False, f"loss not finite ({', '.join(map(str, losses))}): reported only"
-    eager = eager_loss.get((c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl")))
+    eager = eager_loss.get(run_key(c))
     if not c.get("torch_compile") or not losses or eager is None:
         return True, ""
     if abs(losses[0] - eager) > LOSS_AGREEMENT:
@@ -132,8 +138,7 @@ def training_targets(runs: list[dict]) -> list[dict]:
         c = r["config"]
         groups.setdefault((c["hidden_size"], c["num_layers"], bool(c.get("torch_compile", False))), []).append(r)
         if not c.get("torch_compile") and "loss_first_step" in r["engine"]:
-            eager_loss[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"))] = \
-                r["engine"]["loss_first_step"]
+            eager_loss[run_key(c)] = r["engine"]["loss_first_step"]
     out = []
     for key, members in sorted(groups.items()):
         hidden, layers, compiled = key
@@ -222,9 +227,7 @@ def judge(*folders: Path) -> dict:
     runs = {}
     for path in training:
         for r in json.loads(path.read_text())["runs"]:
-            c = r["config"]
-            runs[(c["hidden_size"], c["num_layers"], c["attention_type"], c.get("attention_impl"),
-                  bool(c.get("torch_compile", False)))] = r
+            runs[(*run_key(r["config"]), bool(r["config"].get("torch_compile", False)))] = r
     rows += training_targets(list(runs.values()))
     if decode is not None:
         rows += decode_targets(decode)
