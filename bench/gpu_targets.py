@@ -190,22 +190,21 @@ def decode_targets(report: dict) -> list[dict]:
     failed = {v for v, c in report.get("checks", {}).items() if not c["ok"]}  # bench/decode.py's check_decode
 
     def trusted(variant: str) -> tuple[bool, str]:
+        """Whether ``variant``'s ratio may be judged (its check and vanilla's passed), and the row's note."""
         wrong = sorted({variant, "vanilla"} & failed)
-        return not wrong, f"decode check failed for {', '.join(wrong)}: reported only" if wrong else ""
+        why = f"decode check failed for {', '.join(wrong)}: reported only" if wrong else ""
+        return judged and not wrong, "; ".join(filter(None, [note, why]))
 
     out = []
     for r in results:
         if r["variant"] in DECODE_TARGETS and r["context"] == context and r["batch"] == batch:
-            ok, why = trusted(r["variant"])
             out.append(row("decode", f"{name}, context {context}, batch {batch}: {r['variant']} tokens/s / vanilla",
-                           r.get("speed_vs_vanilla"), *DECODE_TARGETS[r["variant"]], judged and ok,
-                           "; ".join(filter(None, [note, why]))))
+                           r.get("speed_vs_vanilla"), *DECODE_TARGETS[r["variant"]], *trusted(r["variant"])))
     for r in results:
         if r["variant"] in WINDOWED and r["context"] == DECODE_8K and r["batch"] == batch:
-            ok, why = trusted(r["variant"])
             out.append(row("decode", f"{name}, context {DECODE_8K}, batch {batch}: {r['variant']} tokens/s / "
-                           "vanilla (step time no longer)", r.get("speed_vs_vanilla"), ">=", 1.0, judged and ok,
-                           "; ".join(filter(None, [note, why]))))
+                           "vanilla (step time no longer)", r.get("speed_vs_vanilla"), ">=", 1.0,
+                           *trusted(r["variant"])))
     return out
 
 
