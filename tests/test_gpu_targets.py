@@ -34,6 +34,14 @@ def throughput_run(attention: str, tokens_per_sec: float, mfu: float | None, hid
             "engine": engine}
 
 
+def run_with_losses(attention: str, tokens: float, first: float, last: float = 10.0, compiled: bool = False,
+                    impl: str = "triton") -> dict:
+    """A throughput run that records its first- and last-step losses (MFU 0.41 compiled, 0.3 eager)."""
+    r = throughput_run(attention, tokens, 0.41 if compiled else 0.3, impl=impl, compiled=compiled)
+    r["engine"] |= {"loss_first_step": first, "loss_last_step": last}
+    return r
+
+
 def decode_file(rows: list[tuple[str, int, int, float]], device: str = H100, shape=(768, 12)) -> dict:
     return {"device": device, "model": {"hidden_size": shape[0], "num_layers": shape[1]},
             "results": [{"variant": v, "context": c, "batch": b, "speed_vs_vanilla": s} for v, c, b, s in rows]}
@@ -145,11 +153,7 @@ def test_a_run_whose_loss_is_not_finite_or_differs_under_compile_is_reported_not
     """bench/train_throughput.py records the first and last step's loss: a run whose loss is not finite is not
     judged (nor are the ratios over a vanilla that is not), and a compiled run's first-step loss must match the
     same run's without compile (the same seed and tokens) within LOSS_AGREEMENT."""
-    def run(attention, tokens, first, last=10.0, compiled=False, impl="triton"):
-        r = throughput_run(attention, tokens, 0.41 if compiled else 0.3, impl=impl, compiled=compiled)
-        r["engine"] |= {"loss_first_step": first, "loss_last_step": last}
-        return r
-
+    run = run_with_losses
     runs = [run("vanilla", 100_000, 10.83, impl="sdpa"), run("dar", 96_000, 10.84),
             run("swa", 106_000, 10.82, last=float("nan")),
             run("vanilla", 120_000, 10.835, compiled=True, impl="sdpa"), run("dar", 118_000, 10.95, compiled=True)]
@@ -259,15 +263,12 @@ def test_the_parts_of_one_run_are_judged_together(tmp_path):
     throughput runs of both count (part 4's compiled vanilla replacing part 2's), so the compiled runs' first-step
     losses meet their eager runs' from part 2; decode comes from the folder that has it; a folder that is not one
     is refused in one line."""
-    def run(attention, tokens, first, compiled=False, impl="triton"):
-        r = throughput_run(attention, tokens, 0.41 if compiled else 0.3, impl=impl, compiled=compiled)
-        r["engine"] |= {"loss_first_step": first, "loss_last_step": 7.0}
-        return r
-
+    run = run_with_losses
     part2 = write(tmp_path / "part2", decode=decode_file([("vanilla", 32768, 16, 1.0), ("dar", 32768, 16, 3.2)]),
                   train_throughput={"runs": [run("vanilla", 100_000, 10.83, impl="sdpa"), run("dar", 82_000, 10.84),
                                              run("vanilla", 110_000, 10.83, compiled=True, impl="sdpa")]})
-    part4 = write(tmp_path / "part4", train_compiled={"runs": [run("vanilla", 120_000, 10.831, True, "sdpa"),
+    part4 = write(tmp_path / "part4", train_compiled={"runs": [run("vanilla", 120_000, 10.831, compiled=True,
+                                                                   impl="sdpa"),
                                                                run("dar", 116_000, 10.9, compiled=True)]})
     report = judge(part2, part4)
     assert report["folders"] == [str(part2), str(part4)] and report["missing"] == ["attention.json"]
