@@ -105,13 +105,15 @@ def launch_profile(fn, device, top: int = 12) -> dict:
         synchronize(device)
         wall_us = (time.perf_counter() - start) * 1e6
 
-    def longest(device_type, key: str, field: str) -> list[dict]:
-        return sorted(({"name": e.key, key: e.count, "us": round(getattr(e, field), 1)}
-                       for e in prof.key_averages() if e.device_type == device_type), key=lambda x: -x["us"])
+    events = prof.key_averages()
 
-    host = longest(DeviceType.CPU, "calls", "self_cpu_time_total")
-    rows = (longest(DeviceType.CUDA, "launches", "self_device_time_total") if gpu
-            else longest(DeviceType.CPU, "launches", "self_cpu_time_total"))
+    def longest(device_type, field: str) -> list[tuple[str, int, float]]:  # (name, count, us), longest first
+        return sorted(((e.key, e.count, round(getattr(e, field), 1)) for e in events if e.device_type == device_type),
+                      key=lambda x: -x[2])
+
+    host = longest(DeviceType.CPU, "self_cpu_time_total")
+    kernels = longest(DeviceType.CUDA, "self_device_time_total") if gpu else host
     return {"what": "CUDA kernels" if gpu else "aten ops (CPU)", "wall_us": round(wall_us, 1),
-            "launches": sum(x["launches"] for x in rows), "kernel_us": round(sum(x["us"] for x in rows), 1),
-            "kernels": rows[:top], "host": host[:top]}
+            "launches": sum(n for _, n, _ in kernels), "kernel_us": round(sum(us for _, _, us in kernels), 1),
+            "kernels": [{"name": k, "launches": n, "us": us} for k, n, us in kernels[:top]],
+            "host": [{"name": k, "calls": n, "us": us} for k, n, us in host[:top]]}
