@@ -8,7 +8,8 @@ the throughput runs; a run in both files counts once, the later step's); a missi
 measured" (an ``attention.json`` left by a run stopped at its time limit holds the cases it finished, and is named
 as incomplete). Several folders (the parts of one kit run on one warm machine, e.g. ``--part 2`` and ``--part 4``)
 are judged as one: each file from the last folder that has it, the throughput runs of all (a repeated run counts
-once, the later folder's). Each target is a ratio of two
+once, the later folder's); a variant's training run whose recorded machine (the machine's boot id and the GPU's
+UUID) is not its vanilla run's is reported, not judged. Each target is a ratio of two
 numbers measured in the same run (side by side: bench/attention.py alternates methods on one input; the throughput
 runs follow each other on the same GPU; bench/decode.py alternates variants step by step):
 
@@ -106,6 +107,12 @@ def attention_targets(results: list[dict], judged: bool) -> list[dict]:
     return out
 
 
+def same_machine(a: dict, b: dict) -> bool:
+    """Whether two results may be compared: their recorded machine ids (``kernels.runtime.machine_id``: boot id
+    and GPU UUID) are equal, or one of them records none (files written before the kit recorded it)."""
+    return not (a.get("machine") and b.get("machine")) or a["machine"] == b["machine"]
+
+
 def run_key(config: dict) -> tuple:
     """A throughput run's identity without its torch_compile setting: (hidden_size, num_layers, attention_type,
     attention_impl)."""
@@ -162,6 +169,9 @@ def training_targets(runs: list[dict]) -> list[dict]:
             notes = ["" if vanilla else "no vanilla run", note,
                      "" if vanilla_ok else "vanilla's loss check failed: reported only"]
             ok = ok and vanilla_ok
+            if vanilla and not same_machine(r, vanilla):
+                ok = False
+                notes.append("measured on another machine than vanilla's run: reported only")
             if variant == "aha":  # the target is AHA with about AHA_MU_F of its rows routed (--aha-mu-f)
                 mu_f = (r["engine"].get("aha_mu_f") or {}).get("measured")
                 ok = ok and mu_f is not None and abs(mu_f - AHA_MU_F) <= AHA_MU_F / 2

@@ -284,6 +284,33 @@ def test_the_parts_of_one_run_are_judged_together(tmp_path):
     assert res.returncode == 2 and res.stderr.strip().endswith("nope is not a folder")
 
 
+def test_a_variant_measured_on_another_machine_than_vanillas_run_is_reported_not_judged(tmp_path):
+    """Folders from two leases given together: a ratio whose two runs record different machines (boot id, GPU
+    UUID) is computed but not judged; runs of one machine, or a file that records none, are judged."""
+    run = run_with_losses
+    one, other = {"machine": "boot-a/GPU-1"}, {"machine": "boot-b/GPU-1"}
+    first = write(tmp_path / "first", train_throughput={"runs": [run("vanilla", 100_000, 10.83, impl="sdpa") | one,
+                                                                 run("mswa", 110_000, 10.83) | one]})
+    second = write(tmp_path / "second", train_compiled={"runs": [run("dar", 99_000, 10.83) | other,
+                                                                 run("swa", 120_000, 10.83)]})
+    t = by_target(judge(first, second))
+    shape = "d 768 x 12 layers, torch_compile false"
+    dar = t[f"{shape}: DAR (triton) tokens/s / vanilla >= 0.95"]
+    assert dar["value"] == pytest.approx(0.99) and dar["met"] is None
+    assert dar["note"] == "measured on another machine than vanilla's run: reported only"
+    assert t[f"{shape}: MSWA (triton) tokens/s / vanilla >= 1.05"]["met"] is True
+    assert t[f"{shape}: SWA (triton) tokens/s / vanilla >= 1.05"]["met"] is True  # no machine recorded
+
+
+def test_device_report_names_the_machine_and_its_start():
+    """The benchmarks' device_report() records the machine id gpu_targets compares: the boot id (a CPU here)."""
+    from kernels.runtime import device_report
+
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    expected = boot.read_text().strip() if boot.exists() else None
+    assert device_report()["machine"] == expected
+
+
 def test_a_stopped_attention_run_is_named_incomplete(tmp_path):
     """bench/attention.py rewrites its JSON after each (kernel, T) with "complete": false until it ends."""
     partial = attention_file({("dar", 2048, "triton"): 1.0, ("dar", 2048, "sdpa_causal"): 1.0}) | {"complete": False}
