@@ -101,8 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 # ---------------------------------------------------------------------------------------------- environment
 def environment(args, torch, triton) -> dict:
-    from kernels.runtime import device_report
-    from neox_dar.provenance import provenance
+    from neox_dar.provenance import device_report, provenance
 
     gpu = torch.cuda.is_available() and not args.interpret
     return {

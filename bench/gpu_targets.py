@@ -108,7 +108,7 @@ def attention_targets(results: list[dict], judged: bool) -> list[dict]:
 
 
 def same_machine(a: dict, b: dict) -> bool:
-    """Whether two results may be compared: their recorded machine ids (``kernels.runtime.machine_id``: boot id
+    """Whether two results may be compared: their recorded machine ids (``neox_dar.provenance.machine_id``: boot id
     and GPU UUID) are equal, or one of them records none (files written before the kit recorded it)."""
     return not (a.get("machine") and b.get("machine")) or a["machine"] == b["machine"]
 

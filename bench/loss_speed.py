@@ -26,9 +26,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kernels.runtime import device_report  # noqa: E402
 from neox_dar.loss import chunk_rows, linear_cross_entropy_sum  # noqa: E402
-from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
+from neox_dar.provenance import device_name, device_report, provenance, synchronize, write_result  # noqa: E402
 
 
 def plain(h: torch.Tensor, w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.train_throughput import ATTENTION_KERNEL, add_aha_mu_f, aha_share, bench_config, engine_step  # noqa: E402
-from kernels.runtime import device_report  # noqa: E402
-from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
+from neox_dar.provenance import device_name, device_report, provenance, synchronize, write_result  # noqa: E402
 
 # (category, regular expression on the kernel's or operator's name); the first match wins
 CATEGORIES = (

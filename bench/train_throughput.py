@@ -38,10 +38,9 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kernels.runtime import device_report  # noqa: E402
 from neox_dar.config import Config, ConfigError, load_config, split_args  # noqa: E402
 from neox_dar.model import build_model  # noqa: E402
-from neox_dar.provenance import device_name, provenance, synchronize, write_result  # noqa: E402
+from neox_dar.provenance import device_name, device_report, provenance, synchronize, write_result  # noqa: E402
 from neox_dar.training.metrics import peak_flops  # noqa: E402
 from neox_dar.variants.layers import layer_types  # noqa: E402
 

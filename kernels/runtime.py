@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-import subprocess
 import warnings
 from typing import NamedTuple
 
@@ -373,38 +372,3 @@ def _merge_groups(members: list[dict]) -> dict:
         return members[0]
     heads = torch.cat([m["KV_HEADS"] for m in members])
     return {**members[0], "KV_HEADS": heads, "G": heads.numel(), "W_TUNE": max(m["W_TUNE"] for m in members)}
-
-
-def machine_id() -> str | None:
-    """Which machine, in which of its starts, a benchmark ran on: the kernel's boot id (new at every start) and,
-    where CUDA runs, the GPU's UUID, as ``"<boot id>/<GPU UUID>"`` (``"<boot id>"`` without a GPU); None where
-    neither can be read. Results with different ids come from two machines (or two starts of one), whose timings
-    bench/gpu_targets.py does not compare."""
-    parts = []
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            parts.append(f.read().strip())
-    except OSError:
-        pass
-    if torch.cuda.is_available():
-        uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
-        if uuid is not None:
-            parts.append(str(uuid))
-    return "/".join(p for p in parts if p) or None
-
-
-def device_report() -> dict:
-    """The GPU, its driver, the CUDA/torch/Triton versions and :func:`machine_id`, for benchmark records (None where
-    unknown)."""
-    driver = None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
-        driver = out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    gpu = torch.cuda.is_available()
-    return {"device": torch.cuda.get_device_name() if gpu else None,
-            "capability": ".".join(map(str, torch.cuda.get_device_capability())) if gpu else None,
-            "driver": driver, "cuda": torch.version.cuda, "torch": torch.__version__, "triton": triton.__version__,
-            "machine": machine_id()}

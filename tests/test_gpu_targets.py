@@ -304,7 +304,7 @@ def test_a_variant_measured_on_another_machine_than_vanillas_run_is_reported_not
 
 def test_device_report_names_the_machine_and_its_start():
     """The benchmarks' device_report() records the machine id gpu_targets compares: the boot id (a CPU here)."""
-    from kernels.runtime import device_report
+    from neox_dar.provenance import device_report
 
     boot = Path("/proc/sys/kernel/random/boot_id")
     expected = boot.read_text().strip() if boot.exists() else None
