@@ -359,20 +359,27 @@ def test_aha_selected_path_is_the_straight_through_product_bit_for_bit(dtype):
     assert torch.equal(d_o, dout)
 
 
-def test_aha_aux_loss_is_lambda_times_mean_score_over_layers_tokens_heads():
+@pytest.mark.parametrize("layers", [None, [[["aha", "vanilla", "aha"], 1]], [[["vanilla", "vanilla", "aha"], 1]]],
+                         ids=["all-aha", "aha-vanilla-aha", "one-aha"])
+def test_aha_aux_loss_is_lambda_times_mean_score_over_layers_tokens_heads(layers):
+    """The mean is over the AHA layers only: mixed with other layer types (attention_config), the term is
+    lambda times the mean of s over the layers that have one. (Before: divided by every layer, so two AHA layers
+    of three gave 2/3 of lambda.)"""
     cfg = model_config(num_layers=3, hidden_size=32, num_attention_heads=4, attention_type="aha", window_size=4,
-                 vocab_size=256, aha_l1_coef=3e-4)
+                       vocab_size=256, aha_l1_coef=3e-4, attention_config=layers)
     torch.manual_seed(0)
     model = build_model(cfg)
-    seen = []
-    for layer in model.gpt_neox.layers:
-        layer.attention.register_forward_pre_hook(lambda m, args: seen.append(torch.sigmoid(m.router(args[0]))))
+    seen, aha = [], []
+    for l, layer in enumerate(model.gpt_neox.layers):
+        if layer.attention.name == "aha":
+            aha.append(l)
+            layer.attention.register_forward_pre_hook(lambda m, args: seen.append(torch.sigmoid(m.router(args[0]))))
     model(torch.randint(0, 256, (2, 19)))
-    expect = 3e-4 * torch.stack(seen).mean()  # (L, B, T, H) -> one mean
+    expect = 3e-4 * torch.stack(seen).mean()  # (AHA layers, B, T, H) -> one mean
     torch.testing.assert_close(model.aux_loss(), expect, atol=1e-10, rtol=1e-6)
     stats = model.attention_stats()
-    assert sorted(stats) == ["layer0/mu_f", "layer1/mu_f", "layer2/mu_f"]
-    for l, s in enumerate(seen):
+    assert sorted(stats) == [f"layer{l}/mu_f" for l in aha]
+    for l, s in zip(aha, seen):
         torch.testing.assert_close(stats[f"layer{l}/mu_f"], (s > 0.5).float().mean(dim=(0, 1)))
 
 

@@ -1,5 +1,6 @@
 """Config system: layering, overrides, derived values and every error path."""
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -104,6 +105,20 @@ def test_impossible_values_name_key_and_rule(override, pattern):
 ])
 def test_type_mismatch(tmp_path, text, pattern):
     with pytest.raises(ConfigError, match=pattern):
+        load_config(write(tmp_path, "t.yml", text))
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("aha_l1_coef: .inf\n", "inf"), ("attention_dropout: .nan\n", "nan"), ("weight_decay: -.inf\n", "-inf"),
+    ("checkpoint_minutes: 1e400\n", "inf"), (f"gradient_clipping: {2 ** 1100}\n", "inf"),
+    ("train_data_weights: [1, .nan]\n", "nan"),
+])
+def test_floats_must_be_finite(tmp_path, text, shown):
+    """No key takes an infinite or NaN number: each is a one-line error naming the key and the file. (Before: a key
+    whose rule only compared, such as ``aha_l1_coef >= 0``, took ``.inf``, and the loss was inf from step 1.)"""
+    key = text.split(":")[0] + ("[1]" if text.startswith("train_data") else "")
+    with pytest.raises(ConfigError, match=rf"invalid value for '{re.escape(key)}' in .*t\.yml: {shown} "
+                                          r"\(must be a finite number\)$"):
         load_config(write(tmp_path, "t.yml", text))
 
 

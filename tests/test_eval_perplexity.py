@@ -124,6 +124,10 @@ def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
     assert str(tmp_path / "missing.json.gz") in capsys.readouterr().err
     assert main([str(root), "--corpora", "c5"]) == 2
     assert main([str(tmp_path / "no_run"), "--corpora", "c4"]) == 2
+    capsys.readouterr()
+    for flag in ("--max-length", "--stride", "--batch-size"):  # (before: --max-length 0 scored at seq_length)
+        assert main([str(root), "--corpora", "c4", flag, "0"]) == 2
+        assert capsys.readouterr().err == f"error: {flag} must be >= 1, got 0\n"
 
 
 @pytest.mark.parametrize("attention", ["dar", "uniform", "swa", "mswa", "aha"])

@@ -214,7 +214,7 @@ def test_bad_paths_and_values_are_one_line(data, tmp_path):
     out = train_in_process(tmp_path / "file", data, *SHORT)
     assert out.returncode == 2 and error_line(out) == (
         f"config error: save={tmp_path / 'file'} is a file, not a directory: name a directory for the run")
-    for value, why in (("optimizer.params.lr=.inf", "must be > 0 and finite"),
+    for value, why in (("optimizer.params.lr=.inf", "inf (must be a finite number)"),
                        ("trainable_params=[]", "must name at least one pattern")):
         out = train_in_process(tmp_path / "run", data, *SHORT, value)
         assert out.returncode == 2 and why in error_line(out)

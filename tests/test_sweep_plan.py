@@ -113,6 +113,10 @@ def test_a_budget_above_one_epoch_is_warned_unless_intended(tmp_path, capsys, to
     assert sweep_main([str(_budget_sweep(tmp_path, tokenized_sample, 10)), "plan", "--out", str(tmp_path / "x"),
                        "--max-epochs", "0"]) == 2
     assert capsys.readouterr().err.strip() == "sweep error: --max-epochs must be > 0, got 0"
+    for command, flag in (("plan", "--world-size"), ("run", "--nproc")):  # (before: 0 planned for one rank)
+        assert sweep_main([str(_budget_sweep(tmp_path, tokenized_sample, 10)), command, "--out", str(tmp_path / "x"),
+                           *(["--local"] if command == "run" else []), flag, "0"]) == 2
+        assert capsys.readouterr().err.strip() == f"sweep error: {flag} must be >= 1, got 0"
     assert not (tmp_path / "x").exists()
 
 

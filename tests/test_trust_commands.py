@@ -156,11 +156,11 @@ def test_a_long_save_name_infinite_blend_weights_and_a_yaml_tag_are_one_line(tmp
     line = _one_line(capsys.readouterr().err, "config error:")
     assert line.startswith(f"config error: save={tmp_path}/xxx") and line.endswith(
         "cannot be a directory here: File name too long")
-    for weights in ("[1, .inf]", "[1e308, 1e308]"):
+    for weights, why in (("[1, .inf]", "'train_data_weights[1]' in the command line: inf (must be a finite number)"),
+                         ("[1e308, 1e308]", "(must be non-negative, with a positive and finite sum)")):
         blend = ["data_path=null", f"train_data_paths=[{tmp_path / 'a'}, {tmp_path / 'b'}]"]
         assert train.main([*base, *blend, f"train_data_weights={weights}", f"save={tmp_path / 'run'}"]) == 2
-        assert _one_line(capsys.readouterr().err, "config error:").endswith(
-            "(must be non-negative and finite, with a positive and finite sum)")
+        assert _one_line(capsys.readouterr().err, "config error:").endswith(why)
     hf_folder(tmp_path / "hf", "llama")
     assert convert_main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "imported"),
                          "attention_type=!!python/object/apply:os.system [echo planted]"]) == 2

@@ -13,8 +13,9 @@ and receives gradients. Straight-through rule (``aha_ste``), both with value ``o
   under ``no_grad`` by the same path function with the gate inverted (one extra attention forward per layer,
   only when the router needs a gradient). q, k, v still get gradients through the selected path only.
 
-Auxiliary loss per layer ``lambda * mean(s) / L``, so the model's sum over layers is ``lambda`` times the mean of
-``s`` over layers, tokens and heads.
+Auxiliary loss per layer ``lambda * mean(s) / L`` with ``L`` the number of AHA layers (with ``attention_config``
+mixing AHA with other layer types, only those have an ``s``), so the model's sum over layers is ``lambda`` times the
+mean of ``s`` over the AHA layers, tokens and heads.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from ..standalone.aha import AHALayer
 from ..standalone.cache import Layout, step_keys
 from ..variants.aha import AHASpec
+from ..variants.layers import layer_position
 from .base import Attention
 from .masks import masked_attention, window_mask
 from .triton_bridge import triton_kernels
@@ -100,7 +102,7 @@ class AHAAttention(AHALayer, Attention):
     """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``), its cache and decode
     step from :class:`~neox_dar.standalone.aha.AHALayer`.
 
-    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / num_layers``; ``self.stats["mu_f"]`` = mean
+    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / aha_layers`` (the model's AHA layers); ``self.stats["mu_f"]`` = mean
     gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` = the gate itself, (B, T, H)
     bool, which the evaluation averages over real (non-padding) positions only.
     """
@@ -113,7 +115,7 @@ class AHAAttention(AHALayer, Attention):
         self.l1_coef = a.aha_l1_coef
         self.ste = a.aha_ste
         self.router_init = a.aha_router_init
-        self.num_layers = cfg.num_layers
+        _, self.aha_layers = layer_position(cfg, layer_idx)
         self.build_variant(a.window_size, a.aha_threshold)
 
     def init_new_parameters(self, inputs: torch.Tensor | None) -> None:
@@ -144,7 +146,7 @@ class AHAAttention(AHALayer, Attention):
                 other = self.routed(q, k, v, ~gate)
             straight_through = ((2.0 * g.float() - 1.0) * (s - s.detach())).transpose(1, 2)[..., None]  # value 0
             o = o + (straight_through * (o.detach() - other)).to(o.dtype)
-        self.aux_loss = self.l1_coef * s.mean() / self.num_layers
+        self.aux_loss = self.l1_coef * s.mean() / self.aha_layers
         self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
         self.token_stats = {"mu_f": g.detach()}
         return o

@@ -1,12 +1,14 @@
 """Typed dataclasses from plain data: every value checked against its field's annotation (``Optional``,
 ``Literal``, nested dataclasses, lists, tuples, bool, int, float, str) and converted where the file's spelling
-differs (ints to floats, lists to tuples, YAML 1.1's ``3e-4`` string to a float); an unknown key or a value of the
-wrong type is a one-line ConfigError naming the key and its file."""
+differs (ints to floats, lists to tuples, YAML 1.1's ``3e-4`` string to a float); an unknown key, a value of the
+wrong type or a float that is not finite (YAML's ``.inf``, ``.nan``: no key takes one) is a one-line ConfigError
+naming the key and its file."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import types
 import typing
@@ -67,9 +69,13 @@ def _coerce(tp: Any, value: Any, key: str, source: str, origins: dict) -> Any:
         return value
     if tp is float:
         if isinstance(value, str) and _FLOAT_RE.fullmatch(value.strip()):
-            return float(value)  # YAML 1.1 reads "3e-4" (no dot) as a string
+            value = float(value)  # YAML 1.1 reads "3e-4" (no dot) as a string
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
+        if isinstance(value, int):  # float() of an int of 2**1024 or more overflows
+            value = float(value) if abs(value) < 2**1024 else (math.inf if value > 0 else -math.inf)
+        if not math.isfinite(value):
+            raise ConfigError(f"invalid value for '{key}' in {source}: {value!r} (must be a finite number)")
         return float(value)
     if tp is str:
         if not isinstance(value, str):

@@ -21,10 +21,10 @@ from .model_schema import ModelConfig, attention_config_class
 
 @dataclass
 class OptimizerParams:
-    lr: float = setting(1e-3, "Peak learning rate.", rule=when(lambda v: 0 < v < math.inf, "must be > 0 and finite"))
+    lr: float = setting(1e-3, "Peak learning rate.", rule=when(lambda v: v > 0, "must be > 0"))
     betas: tuple[float, float] = setting((0.9, 0.95), "Adam beta1, beta2 (Pythia: 0.9, 0.95).",
                                          rule=when(lambda v: all(0.0 <= b < 1.0 for b in v), "each must be in [0, 1)"))
-    eps: float = setting(1e-8, "Adam epsilon.", rule=when(lambda v: 0 < v < math.inf, "must be > 0 and finite"))
+    eps: float = setting(1e-8, "Adam epsilon.", rule=when(lambda v: v > 0, "must be > 0"))
 
 
 @dataclass
@@ -81,9 +81,9 @@ class TrainingConfig:
     min_lr: Optional[float] = setting(None, "Final LR (default optimizer.params.lr / 10, the Pythia recipe).")
     optimizer: OptimizerConfig = setting(OptimizerConfig(), "Optimizer type and params.")
     weight_decay: float = setting(0.1, "Weight decay (not applied to biases and norm weights).",
-                                  rule=when(lambda v: 0 <= v < math.inf, "must be >= 0 and finite"))
+                                  rule=when(lambda v: v >= 0, "must be >= 0"))
     gradient_clipping: float = setting(1.0, "Clip the global gradient norm to this (0 disables).",
-                                       rule=when(lambda v: 0 <= v < math.inf, "must be >= 0 and finite"))
+                                       rule=when(lambda v: v >= 0, "must be >= 0"))
     zero_optimization: ZeroConfig = setting(ZeroConfig(), "DeepSpeed ZeRO settings.")
     precision: Literal["auto", "fp32", "fp16", "bf16", "bfloat16"] = setting("auto", "auto: bf16 on GPU, fp32 on "
                                                                                      "CPU.")
@@ -240,7 +240,7 @@ class RunConfig:
     checkpoint_minutes: Optional[float] = setting(
         None, "Also save a checkpoint once this many minutes of wall time have passed since the last save (or the "
         "start), so a lost node costs at most that much training; the ranks agree on the step (unset: by steps "
-        "only).", rule=when(lambda v: v > 0 and v != float("inf"), "must be a positive number of minutes"))
+        "only).", rule=when(lambda v: v > 0, "must be a positive number of minutes"))
     keep_last_n: int = setting(2, "Keep this many newest checkpoints.", rule=at_least(1))
     exit_interval: Optional[int] = setting(None, "Checkpoint and stop (exit code 3) after every step divisible by "
                                                  "this; rerun to continue.", rule=at_least(1))

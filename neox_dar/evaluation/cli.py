@@ -162,10 +162,14 @@ def main(argv: list[str] | None = None, group: EvalGroup | None = None, load=Non
 
 
 def _documents(args: argparse.Namespace) -> tuple[list[str], dict[str, list[Document]], dict[str, dict]]:
-    """The corpora's names, documents and manifest entries (the arguments checked first)."""
+    """The corpora's names, documents and manifest entries (the arguments checked first: the window's sizes, the
+    output paths, the corpora)."""
     for flag, path in (("--out", args.out), ("--write-manifest", args.write_manifest)):
         if path:
             check_writable(path, flag)
+    for flag in ("max_length", "stride", "batch_size"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     names = [c.strip() for c in args.corpora.split(",") if c.strip()]
     unknown = [c for c in names if c not in ALL_CORPORA]
     if unknown or not names:
@@ -184,7 +188,7 @@ def _evaluate(args: argparse.Namespace, group: EvalGroup, load) -> int:
     device = group.device(args.device)
     names, docs, entries = on_main(group, lambda: _documents(args))  # rank 0 reads them (and pins a sweep's)
     loaded, tokenizer, prefix = load(args, group, device)
-    max_length = args.max_length or loaded.cfg.seq_length
+    max_length = loaded.cfg.seq_length if args.max_length is None else args.max_length
     if max_length > loaded.cfg.max_position_embeddings:
         raise AgreedError(f"--max-length {max_length} exceeds max_position_embeddings "
                           f"{loaded.cfg.max_position_embeddings}")

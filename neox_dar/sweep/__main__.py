@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if getattr(args, "max_epochs", None) is not None and not args.max_epochs > 0:
             raise SweepError(f"--max-epochs must be > 0, got {args.max_epochs:g}")
+        for flag in ("world_size", "nproc"):
+            if getattr(args, flag, None) is not None and getattr(args, flag) < 1:
+                raise SweepError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
         sweep = load_sweep(args.sweep)
         root = Path(args.out or (args.sweep if Path(args.sweep, SWEEP_COPY).is_file() else sweep.default_out()))
         root = root.resolve()
@@ -150,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
             return _cancel(planned)
         settings = None
         if args.command == "plan":
-            world = args.world_size or (SlurmSettings.from_dict(sweep.slurm).world_size if sweep.slurm else 1)
+            world = args.world_size
+            if world is None:
+                world = SlurmSettings.from_dict(sweep.slurm).world_size if sweep.slurm else 1
         elif args.command == "run":
             world = args.nproc
         else:
