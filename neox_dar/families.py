@@ -78,7 +78,7 @@ def register_family(family: Family) -> Family:
 _SWIGLU = dict(norm="rmsnorm", norm_position="pre", qk_norm="none", activation="swiglu", fused_qkv=False,
                gpt_j_residual=False, rotary_pct=1.0)
 _ATTENTION_BIAS = HFKey("attention_bias", ("qkv_bias", "attention_out_bias"), False)
-_RMS_EPS = HFKey("rms_norm_eps", ("rms_norm_epsilon",), 1e-6)
+_RMS_EPS = HFKey("rms_norm_eps", ("rms_norm_epsilon",), 1e-6)  # the default of Llama's and Qwen's config classes
 _NORMAL_INIT = dict(init_method="normal", output_layer_init_method="normal")
 _NO_SLIDING = dict(use_sliding_window=False, sliding_window=None)
 _TINY_GQA = dict(intermediate_size=96, num_key_value_heads=2, rms_norm_eps=1e-6)
@@ -104,7 +104,8 @@ register_family(Family(
 register_family(Family(
     "olmo2", "Olmo2ForCausalLM", "silu",
     fixed=dict(_SWIGLU, norm_position="post", qk_norm="projection", mlp_bias=False),
-    hf_keys=(_ATTENTION_BIAS, _RMS_EPS), rms_weight_in_float32=True, import_keys=_NORMAL_INIT, tiny=_TINY_GQA,
+    hf_keys=(_ATTENTION_BIAS, HFKey("rms_norm_eps", ("rms_norm_epsilon",), 1e-5)), rms_weight_in_float32=True,
+    import_keys=_NORMAL_INIT, tiny=_TINY_GQA,
     preset="configs/olmo-2-0425-1b.yml"))
 register_family(Family(
     "qwen2", "Qwen2ForCausalLM", "silu", fixed=dict(_SWIGLU, qkv_bias=True, attention_out_bias=False, mlp_bias=False),

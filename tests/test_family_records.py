@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from builders import FAMILY_PRESETS, ROOT, config
+import transformers
+from builders import FAMILY_PRESETS, ROOT, config, hf_tiny
 
 from neox_dar.hf import export_problems
 from neox_dar.families import FAMILIES, table
@@ -27,6 +28,35 @@ def test_docs_table_is_the_records():
 def test_preset_is_what_the_class_expresses(family):
     cfg = config(FAMILY_PRESETS[family]).model
     assert cfg.model_family == family and export_problems(cfg) == []
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_config_json_key_left_out_takes_the_class_default(family):
+    """What ``from-hf`` assumes for a key its folder's config.json lacks is what transformers' config class assumes
+    (so both build the same model). (Before: OLMo-2 took Llama's rms_norm_eps of 1e-6; Olmo2Config's is 1e-5.)"""
+    import transformers
+
+    record = FAMILIES[family]
+    defaults = getattr(transformers, record.hf_class.replace("ForCausalLM", "Config"))()
+    for key in (k for k in record.hf_keys if k.read):
+        theirs = getattr(defaults, key.hf, None)
+        if theirs is None and key.hf == "rotary_pct":  # transformers 5 keeps it in rope_parameters
+            theirs = defaults.rope_parameters["partial_rotary_factor"]
+        assert key.default == theirs, (family, key.hf)
+
+
+def test_rope_parameters_come_before_rotary_pct_as_in_transformers(tmp_path):
+    """A GPT-NeoX config.json with both: transformers 5 reads ``rope_parameters``' factor (and theta), so do we.
+    (Before: rotary_pct won, logits off by 0.8.)"""
+    from neox_dar.hf import config_from_hf
+
+    hf = hf_tiny("gpt_neox").config.to_dict()
+    hf.update(rotary_pct=0.5, rotary_emb_base=500, rope_parameters={"rope_type": "default", "rope_theta": 100.0,
+                                                                     "partial_rotary_factor": 0.25})
+    cfg = config_from_hf(hf)
+    theirs = transformers.GPTNeoXConfig(**hf).rope_parameters
+    assert (cfg.rotary_pct, cfg.rotary_emb_base) == (theirs["partial_rotary_factor"], theirs["rope_theta"]) == (
+        0.25, 100)
 
 
 NEW_FAMILY = r"""

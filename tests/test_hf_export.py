@@ -236,3 +236,36 @@ def test_vanilla_exports_the_family_class_and_variants_read_back(tmp_path, capsy
         "type": "dar", "window": 4, "d_down": 16, "cache": "keys"}
     assert json.loads((tmp_path / "run_hf" / "generation_config.json").read_text())["suppress_tokens"] == list(
         range(50277, 50304))
+
+
+def test_an_export_changed_by_transformers_imports_as_transformers_runs_it(tmp_path):
+    """transformers keeps ``neox_dar_config`` when it saves a folder it loaded, and runs its own keys: those win on
+    import, each with a warning. (Before: after ``resize_token_embeddings`` the import failed on the head's shape,
+    and an edited ``rms_norm_eps`` was ignored: logits off by 2.6.)"""
+    _, folder = export(tmp_path, "llama", "vanilla", vocab_size=261)
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    hf.resize_token_embeddings(264, mean_resizing=False)
+    hf.config.rms_norm_eps = 0.1
+    hf.save_pretrained(tmp_path / "changed")
+    assert "neox_dar_config" in json.loads((tmp_path / "changed" / "config.json").read_text())
+    with pytest.warns(UserWarning) as seen:
+        back, cfg = from_hf(tmp_path / "changed")
+    said = sorted(str(w.message).split(": ", 1)[1].split(" but")[0] for w in seen)
+    assert said == ["rms_norm_eps is 0.1", "vocab_size is 264"]
+    assert (cfg.padded_vocab_size, cfg.rms_norm_epsilon) == (264, 0.1)
+    ids = torch.arange(30)[None] * 8
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "changed")  # its modules built with the new eps
+    with torch.inference_mode():
+        torch.testing.assert_close(back.eval()(ids), reloaded(ids).logits)
+
+
+def test_from_hf_takes_a_layer_layout_alone(tmp_path):
+    """``attention_config`` on the command line replaces the import's layout: it is not refused for conflicting
+    with the ``attention_type`` of the folder (a vanilla class's, or an export's ``neox_dar_config``)."""
+    from builders import hf_folder
+
+    hf_folder(tmp_path / "hf", "llama")
+    _, folder = export(tmp_path, "qwen3", "vanilla")
+    for source in (tmp_path / "hf", folder):
+        _, cfg = from_hf(source, overrides={"attention_config": [[["dar", "swa"], 1]]})
+        assert cfg.attention.attention_type == "dar+swa"

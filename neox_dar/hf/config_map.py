@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 from ..config import ConfigError, model_config_from_flat, model_flat, ModelConfig
 from ..config.schema import key_sections
@@ -71,12 +72,21 @@ def _check_size(keys: dict, weight_bytes: int | None, where: str) -> None:
 
 
 
+LAYOUT_KEYS = ("attention_type", "attention_config", "hybrid")  # which variant each layer computes
+
+
 def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None = None,
                    weight_bytes: int | None = None) -> ModelConfig:
-    """Our model config for a Hugging Face ``config.json`` (``overrides``: flat keys on top, e.g. a variant).
-    Exports of this project carry their own model config (``neox_dar_config``); exports of older versions carried
-    the whole run config there, whose non-model keys are dropped. ``weight_bytes``: the size of the folder's weight
-    files, which must be able to hold the model (:func:`_check_size`, before the config is validated)."""
+    """Our model config for a Hugging Face ``config.json`` (``overrides``: flat keys on top, e.g. a variant; one
+    that sets any of :data:`LAYOUT_KEYS` replaces the import's layer layout whole, so ``attention_config`` alone
+    is not refused for conflicting with the import's ``attention_type``).
+
+    Exports of this project carry their own model config (``neox_dar_config``; exports of older versions carried
+    the whole run config there, whose non-model keys are dropped); where the folder's own ``config.json`` keys say
+    otherwise (it was changed by transformers after the export: ``resize_token_embeddings``, an edited epsilon),
+    those win, as transformers runs them, each with a warning (:func:`_edited_after_export`). ``weight_bytes``: the
+    size of the folder's weight files, which must be able to hold the model (:func:`_check_size`, before the config
+    is validated)."""
     overrides = overrides or {}
     if not isinstance(hf, dict):
         raise ConfigError(f"{where} must hold a JSON object, not a {type(hf).__name__}")
@@ -85,9 +95,20 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
             raise ConfigError(f"{where}: 'neox_dar_config' must be a mapping of model config keys, got "
                               f"{hf['neox_dar_config']!r}")
         sections = key_sections()
-        keys = {k: v for k, v in hf["neox_dar_config"].items() if sections.get(k) in ("model", "attention")}
+        keys = _under(overrides, {k: v for k, v in hf["neox_dar_config"].items()
+                                  if sections.get(k) in ("model", "attention")})
+        source = f"{where}:neox_dar_config"
         _check_size({**keys, **overrides}, weight_bytes, where)
-        return model_config_from_flat({**keys, **overrides}, source=f"{where}:neox_dar_config")
+        with warnings.catch_warnings(record=True) as caught:  # the config's own warnings: from the config imported
+            warnings.simplefilter("always")
+            cfg = model_config_from_flat({**keys, **overrides}, source=source)
+        edits = {k: v for k, v in _edited_after_export(hf, cfg, where).items() if k not in overrides}
+        if not edits:
+            for w in caught:
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+            return cfg
+        _check_size({**keys, **edits, **overrides}, weight_bytes, where)
+        return model_config_from_flat({**keys, **edits, **overrides}, source=source)
     # a config.json without architectures (older Pythia ones) is the family its model_type names
     typed = FAMILIES.get(hf["model_type"]) if isinstance(hf.get("model_type"), str) else None
     archs = hf.get("architectures") or [typed.hf_class if typed else "?"]
@@ -116,7 +137,6 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         "make_vocab_size_divisible_by": 128 if vocab % 128 == 0 else 1,
         "no_weight_tying": not hf.get("tie_word_embeddings", False),
         "init_method_std": hf.get("initializer_range", 0.02),
-        "attention_type": "vanilla",
     }
     if hf.get("head_dim"):
         keys["head_dim"] = hf["head_dim"]
@@ -131,12 +151,59 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         raise ConfigError(f"{where}: sliding_window (use_sliding_window) / sliding_attention layers are not "
                           "supported; use our attention_type: swa on a full-attention import instead")
     keys.update(family.fixed, **family.import_keys)
-    if partial is not None:  # transformers 5's partial_rotary_factor; GPT-NeoX's own rotary_pct comes first
-        keys["rotary_pct"] = partial
     for key in family.hf_keys:
         for ours in key.ours if key.read else ():
             keys[ours] = hf[key.hf] if key.hf in hf else keys.get(ours, key.default)
+    if partial is not None:  # rope_parameters' partial_rotary_factor before GPT-NeoX's rotary_pct, as transformers 5
+        keys["rotary_pct"] = partial
     return model_config_from_flat({**keys, **overrides}, source=where)
+
+
+def _under(overrides: dict, keys: dict) -> dict:
+    """``keys`` without its :data:`LAYOUT_KEYS` when ``overrides`` set any of them (the override's layout replaces
+    the import's)."""
+    if not any(k in overrides for k in LAYOUT_KEYS):
+        return keys
+    return {k: v for k, v in keys.items() if k not in LAYOUT_KEYS}
+
+
+def _edited_after_export(hf: dict, cfg: ModelConfig, where: str) -> dict:
+    """Flat keys for what ``config.json``'s own keys say differently from its ``neox_dar_config`` (``cfg``): the
+    sizes every export writes (:func:`shape_keys`) and, for the family's class, its ``config.json`` keys
+    (:attr:`~neox_dar.families.Family.hf_keys`) and rotary settings. transformers keeps ``neox_dar_config`` when it
+    saves a folder it loaded, and runs its own keys; each difference is warned."""
+    family = FAMILIES.get(cfg.model_family)
+    sizes = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
+             "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_kv_heads",
+             "head_dim": "head_dim", "intermediate_size": "intermediate_size",
+             "max_position_embeddings": "max_position_embeddings"}
+    found: list[tuple[str, object, object, dict]] = []  # (config.json key, its value, ours, the keys that follow it)
+    for hf_key, ours in sizes.items():
+        if hf.get(hf_key) is not None and hf[hf_key] != getattr(cfg, ours):
+            found.append((hf_key, hf[hf_key], getattr(cfg, ours), {ours: hf[hf_key]}))
+    if hf.get("vocab_size") is not None and hf["vocab_size"] != cfg.padded_vocab_size:
+        found.append(("vocab_size", hf["vocab_size"], cfg.padded_vocab_size,
+                      {"vocab_size": hf["vocab_size"], "make_vocab_size_divisible_by": 1}))
+    if isinstance(hf.get("tie_word_embeddings"), bool) and hf["tie_word_embeddings"] == cfg.no_weight_tying:
+        found.append(("tie_word_embeddings", hf["tie_word_embeddings"], not cfg.no_weight_tying,
+                      {"no_weight_tying": not hf["tie_word_embeddings"]}))
+    if family is not None and (hf.get("architectures") or [None])[0] == family.hf_class:
+        for key in family.hf_keys:
+            ours = [o for o in key.ours if getattr(cfg, o) != hf.get(key.hf, getattr(cfg, o))] if key.read else []
+            if ours:
+                found.append((key.hf, hf[key.hf], getattr(cfg, ours[0]), {o: hf[key.hf] for o in key.ours}))
+        theta, llama3, partial = _rope(hf, where)
+        scaling = None if cfg.rope_scaling is None else {k: getattr(cfg.rope_scaling, k) for k in LLAMA3_KEYS}
+        for name, value, current, ours in (("rope_theta", theta, cfg.rotary_emb_base, "rotary_emb_base"),
+                                           ("rope_scaling", llama3, scaling, "rope_scaling"),
+                                           ("partial_rotary_factor", partial, cfg.rotary_pct, "rotary_pct")):
+            if value != current and (value is not None or name == "rope_scaling"):
+                found.append((name, value, current, {ours: value}))
+    for hf_key, value, current, _ in found:
+        warnings.warn(f"{where}: {hf_key} is {value!r} but its neox_dar_config says {current!r} (the folder was "
+                      "changed after its export, e.g. by transformers): importing config.json's value, as "
+                      "transformers runs it", stacklevel=3)
+    return {k: v for *_, keys in found for k, v in keys.items()}
 
 
 
