@@ -95,13 +95,13 @@ def run(args) -> dict:
             raise SystemExit("export failed")
         ours = load(ckpt, device="cpu").model  # as python -m neox_dar.generate CKPT does
         hf = GPTNeoXForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
-        hf.generation_config.eos_token_id = None  # exactly N new tokens, as ours with eos_id=None
+        hf.generation_config.eos_token_id = None  # exactly N new tokens, as ours with no eos_ids
         hf.generation_config.pad_token_id = 0
     variants = {v: build(args, VARIANTS[v])[0] for v in args.variants}
     all_prompts = prompts(args)
 
     def run_ours(m, batch, stats=None):
-        out = generate(m, batch, N, eos_id=None, stats=stats)
+        out = generate(m, batch, N, stats=stats)
         return [c.token_ids for c in out]
 
     def run_hf(batch):

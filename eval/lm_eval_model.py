@@ -177,7 +177,7 @@ class NeoxDarLM(HFLM):
             tokens = torch.cat([prompts[row], torch.tensor(ids, device=prompts[row].device)])[None]
             return bool(criteria[row](tokens, None).all())
 
-        done = generate(self._lm, prompts, max_length - context.shape[1], eos_id=self.eot_token_id,
+        done = generate(self._lm, prompts, max_length - context.shape[1], eos_ids=(self.eot_token_id,),
                         sampling=sampling, stop=stopped if stop else None, stats=self._stats,
                         prompt_stats=_LastPromptPosition(self._stats))
         rows = [torch.cat([context[b], torch.tensor(c.token_ids, dtype=context.dtype, device=context.device)])

@@ -38,9 +38,11 @@ PREFIX_TOKEN = "<|endoftext|>"
 # the special tokens of the Pythia tokenizer as the models use them (Hugging Face names)
 SPECIAL_TOKENS = {"bos_token": PREFIX_TOKEN, "eos_token": PREFIX_TOKEN, "unk_token": PREFIX_TOKEN}
 RENDER_SECONDS = 10.0  # the longest a chat template may take to render one conversation
-# A Hugging Face folder's tokenizer files (fast and slow formats): what an import, a run and a checkpoint carry.
+GENERATION_CONFIG = "generation_config.json"  # transformers' generation settings: the ids that end a generation
+# A Hugging Face folder's tokenizer files (fast and slow formats) and its generation settings (the stop ids of
+# :func:`stop_token_ids`): what an import, a run and a checkpoint carry.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja", GENERATION_CONFIG)
 RUN_TOKENIZER_DIR = "tokenizer"  # {save}/tokenizer/: the files a run trains with
 
 
@@ -218,6 +220,29 @@ def special_token_ids(path: str | Path) -> dict[str, int | None]:
     return ids
 
 
+def stop_token_ids(path: str | Path) -> tuple[int, ...]:
+    """The ids that end a generation with the tokenizer file ``path``: its eos (:func:`special_token_ids`), then
+    those of the ``generation_config.json`` beside it in a Hugging Face folder (``eos_token_id``: one id or a list,
+    as instruct models publish it: Llama-3's ``<|eot_id|>`` and ``<|end_of_text|>``, Qwen's ``<|im_end|>`` and
+    ``<|endoftext|>``), each once; what transformers' ``generate`` stops at. A list that is not of ids in the
+    vocabulary is a :class:`TokenizerError`."""
+    eos = special_token_ids(path)["eos"]
+    ids = [] if eos is None else [eos]
+    folder = Path(path).parent
+    if (folder / "tokenizer_config.json").is_file() and (folder / GENERATION_CONFIG).is_file():
+        try:
+            listed = json.loads((folder / GENERATION_CONFIG).read_text()).get("eos_token_id")
+        except (ValueError, AttributeError) as e:
+            raise TokenizerError(f"{folder / GENERATION_CONFIG} is not a JSON object ({e})") from None
+        listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+        size = read_tokenizer(path).get_vocab_size(with_added_tokens=True)
+        if not all(type(i) is int and 0 <= i < size for i in listed):
+            raise TokenizerError(f"{folder / GENERATION_CONFIG}: eos_token_id must be ids of the tokenizer's "
+                                 f"{size} tokens, got {listed!r}")
+        ids += listed
+    return tuple(dict.fromkeys(ids))
+
+
 def chat_template(path: str | Path) -> str | None:
     """The chat template that travels with the tokenizer file ``path`` (None: it has none): ``chat_template.jinja``
     beside it (transformers 5 writes it there), else ``tokenizer_config.json``'s ``chat_template`` (a string, or
@@ -329,8 +354,8 @@ def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> 
     """Copy ``tokenizer_json`` to ``out/tokenizer.json`` with the files that travel with it
     (:func:`copy_tokenizer`: an imported or recorded model's ``tokenizer_config.json`` with its
     special tokens and chat template, ``chat_template.jinja``, ``special_tokens_map.json``), else Pythia's special
-    tokens (bos = eos = unk = ``<|endoftext|>``); write ``generation_config.json`` (bos, eos, the padding ids
-    suppressed); returns the ``{"bos", "eos"}`` ids for ``config.json``.
+    tokens (bos = eos = unk = ``<|endoftext|>``); write ``generation_config.json`` (bos, eos or every stop id of
+    :func:`stop_token_ids`, the padding ids suppressed); returns the ``{"bos", "eos"}`` ids for ``config.json``.
 
     The tokenizer files are the run's own, unchanged, so every ``tokenizers`` version that read them reads them;
     a ``tokenizer_config.json`` we write names ``PreTrainedTokenizerFast``, the class transformers 4 and 5 both load
@@ -346,7 +371,8 @@ def write_tokenizer(tokenizer_json: str | Path, cfg: ModelConfig, out: Path) -> 
         (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
         (out / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS, indent=2) + "\n")
     padding = list(range(cfg.vocab_size, cfg.padded_vocab_size))  # embedding rows no token uses
-    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=ids["eos"],
+    stops = stop_token_ids(source)
+    GenerationConfig(bos_token_id=ids["bos"], eos_token_id=list(stops) if len(stops) > 1 else ids["eos"],
                      suppress_tokens=padding or None).save_pretrained(out)
     return ids
 

@@ -174,7 +174,7 @@ def test_generation_stops_at_eos_and_at_a_stop_rule():
     free = generate(model, [prompt], 10)[0].token_ids
     eos = free[3]
     first = free.index(eos)
-    at_eos = generate(model, [prompt, prompt], 10, eos_id=eos)
+    at_eos = generate(model, [prompt, prompt], 10, eos_ids=(eos,))
     assert [c.token_ids for c in at_eos] == [free[:first + 1]] * 2 and at_eos[0].finish_reason == "eos"
     stopped = generate(model, [prompt], 10, stop=lambda row, ids: len(ids) == 2)[0]
     assert stopped.token_ids == free[:2] and stopped.finish_reason == "stop"
@@ -288,7 +288,7 @@ def test_cli_writes_one_line_per_prompt_equal_to_the_library(dar_run, tmp_path, 
     assert lines[0]["id"] == "a" and all(x["finish_reason"] == "length" for x in lines)
     gen = load(dar_run, "cpu")
     for x in lines:
-        ids = generate(gen.model, [gen.encode(x["prompt"])], 7, gen.eos_id)[0].token_ids
+        ids = generate(gen.model, [gen.encode(x["prompt"])], 7, gen.eos_ids)[0].token_ids
         assert x["token_ids"] == ids and x["completion"] == gen.decode(ids)
     code, streamed, _ = _cli(capsys, dar_run, "--prompt", "The capital of France is", "--max-new-tokens", 7)
     assert code == 0 and streamed.strip() == lines[0]["completion"].strip()
@@ -370,3 +370,36 @@ def test_sampling_refuses_non_finite_settings():
             Sampling(bad)
     with pytest.raises(GenerationError, match="top_p must be in"):
         Sampling(1.0, top_p=float("nan"))
+
+
+def test_generation_stops_at_every_eos_of_the_folders_generation_config(tmp_path):
+    """Instruct models list several eos ids in generation_config.json (Llama-3's ``<|eot_id|>`` and
+    ``<|end_of_text|>``, Qwen's ``<|im_end|>`` and ``<|endoftext|>``): a row ends at any of them, as transformers'
+    ``generate`` ends it; ``from-hf`` keeps the file and ``to-hf`` writes the list again. (Before: only the
+    tokenizer's eos ended a row, and the export wrote it alone.)"""
+    from builders import ROOT, hf_folder
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from neox_dar.convert import main as convert_main
+    from neox_dar.generate import load
+    from neox_dar.tiny_hf_model import write_tokenizer_files
+
+    folder, eos = tmp_path / "hf", 256  # the byte tokenizer's <|endoftext|>
+    hf = hf_folder(folder, "qwen2", vocab=264)
+    write_tokenizer_files(folder, chat_template=None, tokenizer=ROOT / "data" / "byte_tokenizer.json")
+    prompt = [84, 104, 101, 32, 99]
+    free = hf.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, 5:].tolist()
+    k = next(i for i in range(2, len(free)) if free[i] not in free[:i])  # a token the row reaches, not at once
+    assert eos not in free[:k + 1]
+    GenerationConfig(bos_token_id=eos, eos_token_id=[eos, free[k]]).save_pretrained(folder)
+    theirs = AutoModelForCausalLM.from_pretrained(folder).generate(torch.tensor([prompt]), max_new_tokens=8,
+                                                                   do_sample=False, pad_token_id=0)[0, 5:].tolist()
+    gen = load(folder, "cpu")
+    done = generate(gen.model, [prompt], 8, gen.eos_ids)[0]
+    assert gen.eos_ids == (eos, free[k]) and done.finish_reason == "eos"
+    assert done.token_ids == theirs == free[:k + 1]
+    assert convert_main(["from-hf", str(folder), str(tmp_path / "imported")]) == 0
+    assert load(tmp_path / "imported", "cpu").eos_ids == (eos, free[k])
+    assert convert_main(["to-hf", str(tmp_path / "imported"), str(tmp_path / "export")]) == 0
+    assert json.loads((tmp_path / "export" / "generation_config.json").read_text())["eos_token_id"] == [eos, free[k]]

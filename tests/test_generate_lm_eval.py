@@ -40,7 +40,7 @@ def test_generate_until_decodes_through_the_caches(tmp_path, variant, monkeypatc
     samples = sorted(out["samples"][task], key=lambda x: x["doc_id"])
     gen = load(run, "cpu")
     for sample, question in zip(samples, QUESTIONS):
-        ids = generate(gen.model, [gen.encode(question)], 12, gen.eos_id)[0].token_ids
+        ids = generate(gen.model, [gen.encode(question)], 12, gen.eos_ids)[0].token_ids
         expected = gen.tokenizer.decode(ids)
         for stop in ("\n", "."):
             expected = expected.split(stop)[0]

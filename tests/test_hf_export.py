@@ -188,7 +188,7 @@ def test_fresh_process_without_neox_dar_generates_our_tokens(tmp_path):
     code, with ``trust_remote_code=False`` or unset (no terminal: transformers' question defaults to no)."""
     model, folder = export(tmp_path, "gpt_neox", "dar", seed=3)
     prompt = list(range(100, 113))
-    ours = generate(model, [prompt], 32, eos_id=0)[0].token_ids
+    ours = generate(model, [prompt], 32, eos_ids=(0,))[0].token_ids
     expected_ids = Tokenizer.from_file(str(DEFAULT_TOKENIZER)).encode("The cat").ids
     script = textwrap.dedent(f"""
         import json, sys

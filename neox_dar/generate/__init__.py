@@ -14,7 +14,7 @@ import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import torch
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
@@ -24,7 +24,7 @@ from ..evaluation.loading import is_hf_folder, load_for_eval
 from ..evaluation.scoring import AttentionStatsMean
 from ..model import CausalLM
 from ..rundir import held_checkpoint
-from ..tokenizer import hf_tokenizer, render_chat, special_token_ids, tokenizer_file
+from ..tokenizer import hf_tokenizer, render_chat, stop_token_ids, tokenizer_file
 
 
 class GenerationError(ValueError):
@@ -86,12 +86,12 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_positions: int) -> None:
 
 @torch.inference_mode()
 def generate(model: CausalLM, prompts: Sequence[Sequence[int] | torch.Tensor], max_new_tokens: int,
-             eos_id: int | None = None, sampling: Sampling | None = None, seeds: Sequence[int] | None = None,
+             eos_ids: Collection[int] = (), sampling: Sampling | None = None, seeds: Sequence[int] | None = None,
              on_token: Callable[[int, int], None] | None = None,
              stop: Callable[[int, list[int]], bool] | None = None,
              stats: AttentionStatsMean | None = None,
              prompt_stats: AttentionStatsMean | None = None) -> list[Completion]:
-    """Continue each prompt (token ids) by up to ``max_new_tokens`` tokens, stopping a row at ``eos_id``, when
+    """Continue each prompt (token ids) by up to ``max_new_tokens`` tokens, stopping a row at any of ``eos_ids``, when
     ``stop(row, generated ids)`` is true, or at ``max_position_embeddings``.
 
     The prompts are prefilled with the training forward, then all rows decode together through the caches, one
@@ -133,7 +133,7 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int] | torch.Tensor], m
             out[b].token_ids.append(token)
             if on_token is not None:
                 on_token(b, token)
-            if eos_id is not None and token == eos_id:
+            if token in eos_ids:
                 out[b].finish_reason, active[b] = "eos", False
             elif stop is not None and stop(b, out[b].token_ids):
                 out[b].finish_reason, active[b] = "stop", False
@@ -153,11 +153,12 @@ def generate(model: CausalLM, prompts: Sequence[Sequence[int] | torch.Tensor], m
 
 @dataclass
 class Generator:
-    """A model in eval mode with its tokenizer (a transformers fast tokenizer) and eos id."""
+    """A model in eval mode with its tokenizer (a transformers fast tokenizer) and the ids that end a generation
+    (:func:`~neox_dar.tokenizer.stop_token_ids`)."""
 
     model: CausalLM
     tokenizer: object
-    eos_id: int | None
+    eos_ids: tuple[int, ...]
     info: dict
 
     def encode(self, text: str) -> list[int]:
@@ -186,11 +187,12 @@ def load(path: str | Path, device: str | None = None, dtype: str = "float32", at
     """The model at ``path`` (as :func:`neox_dar.evaluation.loading.load_for_eval` loads it: a verified checkpoint or
     a Hugging Face folder) with its tokenizer (:func:`neox_dar.tokenizer.tokenizer_file`: the one the checkpoint
     records, else its config's ``vocab_file``; ``tokenizer`` only when it is that same file, or the checkpoint
-    records none). Its eos is the ``tokenizer_config.json``'s beside it, else Pythia's ``<|endoftext|>``."""
+    records none). It stops at the ``tokenizer_config.json``'s eos beside it, else Pythia's ``<|endoftext|>``, and at
+    the ids of the ``generation_config.json`` there (:func:`~neox_dar.tokenizer.stop_token_ids`)."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     with ExitStack() as held:  # a run's checkpoint is held while its weights and tokenizer are read
         where = path if is_hf_folder(path) else held.enter_context(held_checkpoint(path))
         loaded = load_for_eval(where, device, dtype, attention_impl)
         file = tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir)
         tok = hf_tokenizer(file)
-    return Generator(loaded.model, tok, special_token_ids(file)["eos"], {**loaded.info, "tokenizer": str(file)})
+    return Generator(loaded.model, tok, stop_token_ids(file), {**loaded.info, "tokenizer": str(file)})

@@ -182,7 +182,7 @@ def run(args) -> None:
                           disable=len(records) == 1 or not args.out) as bar:
             for lo in range(0, len(records), args.batch_size):
                 batch = range(lo, min(lo + args.batch_size, len(records)))
-                done = generate(gen.model, [prompts[i] for i in batch], args.max_new_tokens, gen.eos_id, sampling,
+                done = generate(gen.model, [prompts[i] for i in batch], args.max_new_tokens, gen.eos_ids, sampling,
                                 seeds=[args.seed + i for i in batch],
                                 on_token=None if streamer is None else
                                 (lambda b, t: streamer.put(torch.tensor([t]))), stats=stats)
