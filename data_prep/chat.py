@@ -40,12 +40,13 @@ from multiprocessing import get_context
 
 import numpy as np
 
+from neox_dar.chat_render import ChatTemplateError, ChatTemplateTimeout, render_chat
 from neox_dar.data.conversations import IGNORE, label_prefix
 from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
 from neox_dar.progress import progress_bar
 from neox_dar.rundir import flock_held, write_text_atomic
-from neox_dar.tokenizer import ChatTemplateError, ChatTemplateTimeout, hf_tokenizer, render_chat
+from neox_dar.tokenizer import hf_tokenizer
 
 from .encode import BadRecord, check_unicode, load_json, tokenizer_path
 from .sources import expand_inputs, iter_records
@@ -110,8 +111,8 @@ def render(tok, messages: list[dict]) -> tuple[list[int], list[int]]:
     Turn ``i``'s text is the span between the template's rendering of ``messages[:i]`` with the generation prompt
     and of ``messages[:i + 1]``; each rendering must be a prefix of the whole (a BadRecord otherwise: e.g. two
     assistant turns in a row), and a template that refuses the conversation (``raise_exception``, or the sandbox) is
-    a BadRecord. A template still rendering after :data:`~neox_dar.tokenizer.RENDER_SECONDS` stops the run
-    (:class:`~neox_dar.tokenizer.ChatTemplateTimeout`, one line): it would take as long on every conversation."""
+    a BadRecord. A template still rendering after :data:`~neox_dar.chat_render.RENDER_SECONDS` stops the run
+    (:class:`~neox_dar.chat_render.ChatTemplateTimeout`, one line): it would take as long on every conversation."""
     try:
         text = render_chat(tok, messages, tokenize=False)
         spans = []

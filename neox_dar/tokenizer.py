@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +36,6 @@ DEFAULT_TOKENIZER = REPO_ROOT / "data" / "20B_tokenizer.json"
 PREFIX_TOKEN = "<|endoftext|>"
 # the special tokens of the Pythia tokenizer as the models use them (Hugging Face names)
 SPECIAL_TOKENS = {"bos_token": PREFIX_TOKEN, "eos_token": PREFIX_TOKEN, "unk_token": PREFIX_TOKEN}
-RENDER_SECONDS = 10.0  # the longest a chat template may take to render one conversation
 GENERATION_CONFIG = "generation_config.json"  # transformers' generation settings: the ids that end a generation
 # A Hugging Face folder's tokenizer files (fast and slow formats) and its generation settings (the stop ids of
 # :func:`stop_token_ids`): what an import, a run and a checkpoint carry.
@@ -272,43 +270,6 @@ def hf_tokenizer(path: str | Path):
     tok = PreTrainedTokenizerFast(tokenizer_file=str(path), clean_up_tokenization_spaces=False, **tokens)
     tok.chat_template = chat_template(path)
     return tok
-
-
-class ChatTemplateError(TokenizerError):
-    """A chat template that cannot render a conversation: it raises, or the sandbox refuses what it does."""
-
-
-class ChatTemplateTimeout(ChatTemplateError):
-    """A chat template still rendering after :data:`RENDER_SECONDS` (a loop no conversation needs)."""
-
-
-class _RenderTimeout(BaseException):  # a BaseException: no ``except Exception`` inside the renderer stops it
-    pass
-
-
-def render_chat(tok, messages: list[dict], **kwargs):
-    """``tok.apply_chat_template(messages, **kwargs)`` in at most :data:`RENDER_SECONDS` of wall time (a SIGALRM
-    timer: call it from a process's main thread). ChatTemplateTimeout when the template is still rendering then,
-    ChatTemplateError (one line) when it raises or the sandbox refuses it."""
-    from jinja2 import TemplateError
-
-    def stop(signum, frame):
-        raise _RenderTimeout
-
-    seconds = RENDER_SECONDS
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        return tok.apply_chat_template(messages, **kwargs)
-    except _RenderTimeout:
-        raise ChatTemplateTimeout(f"the chat template was still rendering after {seconds:g} s (a loop longer than any "
-                                  "conversation needs): use another template") from None
-    except TemplateError as e:
-        raise ChatTemplateError(f"the chat template cannot render this conversation ({type(e).__name__}: "
-                                f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def prefix_token_id(path: str | Path, token: str | None = None) -> int:

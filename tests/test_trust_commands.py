@@ -176,11 +176,11 @@ def test_hostile_chat_templates_are_one_line_in_generate_and_data_prep_chat(tmp_
     """generate --chat and data_prep.chat with a template of nested range(100000) loops (10^10 iterations), and
     generate --chat with one the sandbox refuses: one line each, exit 2, within the render bound (0.5 s here).
     (Before: generate hung at 100% CPU, and the refused template was a SecurityError traceback.)"""
-    import neox_dar.tokenizer as tokenizer
+    import neox_dar.chat_render as chat_render
     from data_prep.chat import main as chat_main
     from neox_dar.generate.__main__ import main as generate_main
 
-    monkeypatch.setattr(tokenizer, "RENDER_SECONDS", 0.5)
+    monkeypatch.setattr(chat_render, "RENDER_SECONDS", 0.5)
     tok = tmp_path / "tok"
     tok.mkdir()
     shutil.copy(ROOT / "data" / "20B_tokenizer.json", tok / "tokenizer.json")

@@ -20,11 +20,12 @@ import torch
 from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper,
                                                     TopPLogitsWarper)
 
+from ..chat_render import render_chat
 from ..evaluation.loading import is_hf_folder, load_for_eval
 from ..evaluation.scoring import AttentionStatsMean
 from ..model import CausalLM
 from ..rundir import held_checkpoint
-from ..tokenizer import hf_tokenizer, render_chat, stop_token_ids, tokenizer_file
+from ..tokenizer import hf_tokenizer, stop_token_ids, tokenizer_file
 
 
 class GenerationError(ValueError):
@@ -169,8 +170,8 @@ class Generator:
     def chat(self, text: str) -> tuple[str, list[int]]:
         """``text`` as one user turn rendered by the checkpoint's chat template with the generation prompt, and its
         ids (the template places any special tokens itself, as ``data_prep.chat`` renders conversations); a template
-        that fails, or renders longer than :data:`~neox_dar.tokenizer.RENDER_SECONDS`, is a one-line
-        :class:`~neox_dar.tokenizer.ChatTemplateError`."""
+        that fails, or renders longer than :data:`~neox_dar.chat_render.RENDER_SECONDS`, is a one-line
+        :class:`~neox_dar.chat_render.ChatTemplateError`."""
         if not self.tokenizer.chat_template:
             raise GenerationError(f"--chat: the tokenizer {self.info['tokenizer']} has no chat template (none in "
                                   "its tokenizer_config.json or chat_template.jinja)")
