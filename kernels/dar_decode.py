@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import INTERPRET, block_d, check_device, dot_precision
+from .runtime import INTERPRET, block_d, check_device, check_dtype, dot_precision
 
 CHUNK = 32 if INTERPRET else 512
 """Columns per program (the interpreter: small chunks, so tests cover several chunks a row). On a GPU, 512: a
@@ -188,11 +188,28 @@ def dar_decode_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: t
     float32)."""
     fn = "dar_decode_attention"
     check_device(fn, c)
+    check_dtype(fn, c.dtype)
+    if c.dim() != 3 or c.stride(-1) != 1:
+        raise ValueError(f"{fn}: c must be (B, S, d_c) with unit stride on d_c, got shape {tuple(c.shape)}, strides "
+                         f"{c.stride()}")
     B, S, DC = c.shape
+    if qb.dtype != torch.float32 or qb.dim() != 3 or qb.shape[0] != B or qb.device != c.device:
+        raise ValueError(f"{fn}: qb must be float32 (B, T, H) with B = {B} on {c.device}, got {qb.dtype} "
+                         f"{tuple(qb.shape)} on {qb.device}")
     T, H = qb.shape[1], qb.shape[2]
+    if a_v.dim() != 3:
+        raise ValueError(f"{fn}: a_v must be (H_kv, d_c, d_h), got shape {tuple(a_v.shape)}")
     Hk, _, D = a_v.shape
     if qc is None and qr is None:
         raise ValueError(f"{fn}: need qc or qr (some dims of the far keys)")
+    if qr is not None and (qr.dim() != 4 or tuple(qr.shape[:3]) != (B, T, H)):
+        raise ValueError(f"{fn}: qr must be (B, T, H, width) with (B, T, H) = {(B, T, H)}, got {tuple(qr.shape)}")
+    for name, r in (("lo", lo), ("hi", hi)):
+        if r.dtype != torch.int32 or tuple(r.shape) != (B, T) or r.device != c.device:
+            raise ValueError(f"{fn}: {name} must be int32 {(B, T)} on {c.device}, got {r.dtype} {tuple(r.shape)} on "
+                             f"{r.device}")
+    if b_v is not None and tuple(b_v.shape) != (Hk, 1, D):
+        raise ValueError(f"{fn}: b_v must be (H_kv, 1, d_h) = {(Hk, 1, D)}, got {tuple(b_v.shape)}")
     width = 0 if qr is None else qr.shape[-1]
     if (qr is None) != (kr is None) or (kr is not None and tuple(kr.shape) != (B, Hk, S, width)):
         raise ValueError(f"{fn}: qr and kr come together, kr (B, H_kv, S, width) = ({B}, {Hk}, {S}, {width})")

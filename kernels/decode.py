@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import (INTERPRET, OPS, block_d, check_device, check_spans, eager_or_op, new_heads, qk_scales,
-                      unit_last_dim)
+from .runtime import (INTERPRET, OPS, block_d, check_device, check_dtype, check_spans, eager_or_op, new_heads,
+                      qk_scales, unit_last_dim)
 
 CHUNK = 32 if INTERPRET else 1024
 """Keys per program of the first launch (the interpreter: small chunks, so tests cover several chunks a row)."""
@@ -142,9 +142,9 @@ def range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch
     if q.shape[1] % k.shape[1] or k.shape[2] == 0 or q.shape[3] > 256:
         raise ValueError(f"{fn}: need H_kv dividing H, S >= 1 and d_h <= 256, got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise TypeError(f"{fn}: q, k, v must share one of float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
-                        f"{v.dtype}")
+    check_dtype(fn, q.dtype)
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"{fn}: q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     for name, r in (("lo", lo), ("hi", hi)):
         if r.dtype != torch.int32 or tuple(r.shape) != tuple(q.shape[:3]) or r.device != q.device:
             raise ValueError(f"{fn}: {name} must be int32 {tuple(q.shape[:3])} on {q.device}, got {r.dtype} "

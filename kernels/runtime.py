@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import warnings
 from typing import NamedTuple
 
@@ -171,17 +172,23 @@ def check_device(name: str, t: torch.Tensor) -> None:
     raise RuntimeError(f"{name}: Triton kernels run on CUDA (or CPU under TRITON_INTERPRET=1), got device {t.device}")
 
 
+def check_dtype(fn: str, dtype: torch.dtype) -> None:
+    """TypeError unless ``dtype`` is one the kernels compute in (:data:`SUPPORTED_DTYPES`; not bfloat16 under the
+    interpreter, whose bfloat16 ``tl.dot`` is wrong)."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"{fn}: dtype {dtype} unsupported; use float16, bfloat16 or float32")
+    if INTERPRET and dtype == torch.bfloat16:
+        raise TypeError(f"{fn}: the Triton CPU interpreter computes bfloat16 tl.dot incorrectly; "
+                        "use float32 or float16 under TRITON_INTERPRET=1")
+
+
 def check_qkv(fn: str, q: torch.Tensor, **kv: torch.Tensor) -> int:
     """Validate ``q`` (B, H, T, d_h) and the key/value tensors ``kv``, each (B, H_kv, T, d_h) with one H_kv that
     divides H (grouped-query attention: query head ``h`` reads key/value head ``h // (H // H_kv)``), same dtype
     and device. Returns the group size ``H // H_kv``."""
     if q.dim() != 4:
         raise ValueError(f"{fn}: q must be (B, H, T, d_h), got shape {tuple(q.shape)}")
-    if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"{fn}: dtype {q.dtype} unsupported; use float16, bfloat16 or float32")
-    if INTERPRET and q.dtype == torch.bfloat16:
-        raise TypeError(f"{fn}: the Triton CPU interpreter computes bfloat16 tl.dot incorrectly; "
-                        "use float32 or float16 under TRITON_INTERPRET=1")
+    check_dtype(fn, q.dtype)
     B, H, T, D = q.shape
     if D > 256 or T == 0:
         raise ValueError(f"{fn}: need 1 <= T and d_h <= 256, got shape {tuple(q.shape)}")
@@ -220,7 +227,9 @@ def check_window(fn: str, window) -> int:
         if window.numel() != 1:
             raise ValueError(f"{fn}: window must be a single integer, got a tensor of shape {tuple(window.shape)}")
         window = int(window.item())
-    if isinstance(window, bool) or int(window) != window or window < 0:
+    whole = (isinstance(window, numbers.Integral) and not isinstance(window, bool)
+             or isinstance(window, float) and window.is_integer())
+    if not whole or window < 0:
         raise ValueError(f"{fn}: window must be an integer >= 0, got {window!r}")
     return int(window)
 

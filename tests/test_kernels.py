@@ -632,11 +632,53 @@ def test_bad_inputs_raise_clear_errors():
         range_attention(q, q, q, r.long(), r)
     with pytest.raises(ValueError, match=r"k, v \(B, H_kv, S, d_h\) expected"):
         range_attention(q, q, small(shape=(1, 2, 9, 16)), r, r)
-    with pytest.raises(TypeError, match="share one of"):
+    with pytest.raises(TypeError, match="share one dtype"):
         range_attention(q, q, q.double(), r, r)
+    with pytest.raises(TypeError, match="unsupported"):
+        range_attention(q.double(), q.double(), q.double(), r, r)
+    with pytest.raises(ValueError, match="window must be an integer >= 0, got None"):
+        dar_attention(q, q, q, q, q, None)
     if not ON_GPU:
         with pytest.raises(TypeError, match="interpreter computes bfloat16"):
             mswa_attention(*(small(torch.bfloat16),) * 3, torch.tensor([1, 2]))
+        with pytest.raises(TypeError, match="interpreter computes bfloat16"):
+            range_attention(*(small(torch.bfloat16),) * 3, r, r)
+
+
+def test_dar_decode_attention_refuses_what_it_would_read_wrong():
+    """Each argument of the DAR decode kernels checked before a launch: a ``c`` without unit stride on d_c, ``lo``
+    or ``hi`` not int32 (B, T), a ``b_v`` not (H_kv, 1, d_h), a ``qr`` or ``qb`` of other heads or batch, a dtype
+    the kernels do not compute in (bfloat16 under the interpreter). (Before: the first three read out of bounds or
+    gave wrong values, the others a reshape error.)"""
+    from kernels import dar_decode_attention
+
+    B, T, H, Hk, S, DC, D, W = 1, 2, 4, 2, 8, 16, 8, 4
+
+    def args(**change):
+        a = dict(qc=torch.zeros(B, T, H, DC, device=DEVICE), qr=torch.zeros(B, T, H, W, device=DEVICE),
+                 qb=torch.zeros(B, T, H, device=DEVICE), c=torch.zeros(B, S, DC, device=DEVICE),
+                 kr=torch.zeros(B, Hk, S, W, device=DEVICE), lo=torch.zeros(B, T, dtype=torch.int32, device=DEVICE),
+                 hi=torch.full((B, T), S, dtype=torch.int32, device=DEVICE), near=None, near_v=None,
+                 a_v=torch.zeros(Hk, DC, D, device=DEVICE), b_v=torch.zeros(Hk, 1, D, device=DEVICE), scale=1.0)
+        return {**a, **change}
+
+    assert dar_decode_attention(**args()).shape == (B, H, T, D)
+    cases = [
+        (dict(c=torch.zeros(B, DC, S, device=DEVICE).transpose(1, 2)), r"c must be \(B, S, d_c\) with unit stride"),
+        (dict(lo=torch.zeros(B, dtype=torch.int32, device=DEVICE)), r"lo must be int32 \(1, 2\)"),
+        (dict(hi=torch.full((B, T), S, device=DEVICE)), r"hi must be int32 \(1, 2\)"),
+        (dict(b_v=torch.zeros(1, 1, D, device=DEVICE)), r"b_v must be \(H_kv, 1, d_h\) = \(2, 1, 8\)"),
+        (dict(qr=torch.zeros(B, T, 2, W, device=DEVICE)), r"qr must be \(B, T, H, width\)"),
+        (dict(qb=torch.zeros(2, T, H, device=DEVICE)), "qb must be float32"),
+        (dict(qb=torch.zeros(B, T, H, device=DEVICE).half()), "qb must be float32"),
+        (dict(c=torch.zeros(B, S, DC, device=DEVICE).double()), "unsupported"),
+    ]
+    if not ON_GPU:
+        bf16 = {k: v.bfloat16() for k, v in args().items() if k in ("qc", "qr", "c", "kr", "a_v", "b_v")}
+        cases.append((bf16, "interpreter computes bfloat16"))
+    for change, message in cases:
+        with pytest.raises((ValueError, TypeError), match=message):
+            dar_decode_attention(**args(**change))
 
 
 def test_row_deltas_kernel_matches_float64_rowsum_and_zeroes_the_dq_accumulator():
