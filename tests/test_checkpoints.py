@@ -193,3 +193,23 @@ def test_resuming_with_another_model_is_one_line(reference, data, tmp_path):
     out = train(save, data, *EVERY_STEP, "train_iters=8", "hidden_size=128", expect=2)
     line = error_line(out)
     assert "another model" in line and "hidden_size (64 in the checkpoint, 128 now)" in line
+
+
+def test_a_resume_keeps_its_log_interval_and_refuses_another_optimizer_state(reference, data, tmp_path):
+    """Stopped at step 3 inside a log interval of 4 and resumed: the rows at steps 4 and 6 average the same steps'
+    losses as the uninterrupted reference's (the checkpoint keeps the interval's losses; before, the row at 4
+    averaged step 4 alone). Resuming under another ZeRO stage (0 after 1) or precision is one line naming the
+    checkpoint's (before: an AssertionError or FileNotFoundError from DeepSpeed)."""
+    per_step = losses(reference)
+    save = tmp_path / "run"
+    args = (*EVERY_STEP, "log_interval=4")
+    train(save, data, *args, "exit_interval=3", expect=3)
+    for extra, why in (("zero_optimization.stage=0", "was written under ZeRO-1, this run has zero_optimization.stage=0"),
+                       ("precision=bf16", "was written in fp32, this run trains in bf16")):
+        out = train(save, data, *args, extra, expect=2)
+        assert why in error_line(out) and "save=NEW load=" in error_line(out)
+    train(save, data, *args)
+    got = losses(save)
+    assert sorted(got) == [4, 6]
+    for step, steps in ((4, [1, 2, 3, 4]), (6, [5, 6])):
+        assert got[step] == pytest.approx(sum(per_step[s] for s in steps) / len(steps), rel=1e-6, abs=0)

@@ -207,15 +207,23 @@ def test_torchs_full_disk_message_reads_no_space_left(tmp_path):
 
 
 def test_bad_paths_and_values_are_one_line(data, tmp_path):
-    """save that is an existing file, lr=.inf and trainable_params=[]: one line each, exit 2. (Before: a
-    FileExistsError traceback, and two silent accepts.) train.py's main in this process: all three are config
-    checks, made before the process group and the engine."""
+    """save that is an existing file, lr=.inf, trainable_params=[], LoRA's r 0, dropout 1.5, alpha 0 and no
+    target, fp16 without CUDA and finetune without load: one line each, exit 2. (Before: a FileExistsError
+    traceback, silent accepts (alpha 0 trained adapters that change nothing; finetune without load trained from
+    scratch), and peft's and DeepSpeed's tracebacks.) train.py's main in this process: all are config checks,
+    made before the process group and the engine."""
     (tmp_path / "file").write_text("x")
     out = train_in_process(tmp_path / "file", data, *SHORT)
     assert out.returncode == 2 and error_line(out) == (
         f"config error: save={tmp_path / 'file'} is a file, not a directory: name a directory for the run")
     for value, why in (("optimizer.params.lr=.inf", "inf (must be a finite number)"),
-                       ("trainable_params=[]", "must name at least one pattern")):
+                       ("trainable_params=[]", "must name at least one pattern"),
+                       ('lora={"r": 0}', "'lora.r' in the command line: 0 (must be >= 1)"),
+                       ('lora={"dropout": 1.5}', "'lora.dropout' in the command line: 1.5 (must be in [0, 1))"),
+                       ('lora={"alpha": 0}', "'lora.alpha' in the command line: 0.0 (must be > 0"),
+                       ('lora={"target_modules": []}', "(must name at least one linear layer)"),
+                       ("precision=fp16", "precision fp16 needs a CUDA GPU"),
+                       ("finetune=true", "finetune=true starts from load='s weights, but load is not set")):
         out = train_in_process(tmp_path / "run", data, *SHORT, value)
         assert out.returncode == 2 and why in error_line(out)
 

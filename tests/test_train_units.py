@@ -23,6 +23,7 @@ from neox_dar.training.optim import (
     build_scheduler,
     lr_at,
     param_groups,
+    resume_schedule,
 )
 
 TINY = "configs/tiny.yml"
@@ -56,12 +57,42 @@ def test_scheduler_follows_lr_at_and_ignores_old_config_on_load():
         opt.step()
         sched.step()
     assert seen == pytest.approx([lr_at(cfg, it) for it in range(20)])
-    # a resumed run with a longer schedule keeps its own schedule: only the step count is in the state
-    state = sched.state_dict()
-    longer = cfg_with("train_iters=40", "warmup=0.2")
-    sched2 = build_scheduler(build_optimizer(model, longer, torch.device("cpu")), longer)
-    sched2.load_state_dict(state)
-    assert sched2.last_epoch == 20 and sched2.lr_lambdas[0](20) == pytest.approx(lr_at(longer, 20) / 3e-3)
+    # a resumed run follows its own config's schedule (longer, another peak) from its first step, once
+    # resume_schedule replaced the peak the scheduler's state holds and the last lr the optimizer's state holds
+    # (before: the saved peak for the rest of the run, and the saved schedule's lr for the first step)
+    for changed in (("train_iters=40", "warmup=0.2"), ("train_iters=40", "warmup=0.2", "optimizer.params.lr=1e-3")):
+        new = cfg_with(*changed)
+        opt2 = build_optimizer(model, new, torch.device("cpu"))
+        sched2 = build_scheduler(opt2, new)
+        opt2.load_state_dict(opt.state_dict())
+        sched2.load_state_dict(sched.state_dict())
+        resume_schedule(sched2, new)
+        after = []
+        for _ in range(20):
+            after.append(opt2.param_groups[0]["lr"])
+            opt2.step()
+            sched2.step()
+        assert after == pytest.approx([lr_at(new, it) for it in range(20, 40)], rel=1e-12)
+    # unchanged, the lr of every step after a resume is the uninterrupted run's, bit for bit
+    opt3 = build_optimizer(model, cfg, torch.device("cpu"))
+    sched3 = build_scheduler(opt3, cfg)
+    for _ in range(7):
+        opt3.step()
+        sched3.step()
+    opt4 = build_optimizer(model, cfg, torch.device("cpu"))
+    sched4 = build_scheduler(opt4, cfg)
+    opt4.load_state_dict(opt3.state_dict())
+    sched4.load_state_dict(sched3.state_dict())
+    resume_schedule(sched4, cfg)
+    assert opt4.param_groups[0]["lr"] == opt3.param_groups[0]["lr"] == seen[7]
+
+
+def test_warmup_is_not_rounded_to_whole_steps():
+    """GPT-NeoX's warmup_iter = warmup * lr_decay_iters, unrounded: warmup 0.25 of 6 steps is 1.5 steps, so step 1
+    runs at 2/3 of the peak. (Before: rounded down to 1 step, step 1 at the peak.)"""
+    cfg = cfg_with("train_iters=6", "warmup=0.25", "optimizer.params.lr=3e-3")
+    assert cfg.training.warmup_iters == 1.5
+    assert lr_at(cfg, 0) == pytest.approx(2e-3)
 
 
 def test_param_groups_exclude_biases_and_norms_from_weight_decay():

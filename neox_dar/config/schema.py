@@ -55,12 +55,15 @@ class ZeroConfig:
 
 @dataclass
 class LoraConfig:
-    r: int = setting(8, "LoRA rank.")
-    alpha: float = setting(16.0, "LoRA alpha (the update is scaled by alpha / r).")
-    dropout: float = setting(0.0, "Dropout on the LoRA path's input.")
+    r: int = setting(8, "LoRA rank.", rule=at_least(1))
+    alpha: float = setting(16.0, "LoRA alpha (the update is scaled by alpha / r).",
+                           rule=when(lambda v: v > 0, "must be > 0 (0 scales the adapters' update to nothing)"))
+    dropout: float = setting(0.0, "Dropout on the LoRA path's input.",
+                             rule=when(lambda v: 0 <= v < 1, "must be in [0, 1)"))
     target_modules: list[str] = setting(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "Names of the linear layers that get adapters (peft's "
-        "target_modules: a suffix of the module name; GPT-NeoX: query_key_value, dense).")
+        "target_modules: a suffix of the module name; GPT-NeoX: query_key_value, dense).",
+        rule=when(lambda v: len(v) > 0, "must name at least one linear layer"))
 
 
 @dataclass
@@ -118,8 +121,10 @@ class TrainingConfig:
         f"'{t.torch_compile_backend}'")
 
     @property
-    def warmup_iters(self) -> int:
-        return int(self.warmup * self.lr_decay_iters)
+    def warmup_iters(self) -> float:
+        """``warmup * lr_decay_iters`` steps, not rounded (GPT-NeoX's ``warmup_iter``): step ``s`` of the warmup
+        runs at ``lr * s / warmup_iters``."""
+        return self.warmup * self.lr_decay_iters
 
     @property
     def dtype(self) -> str:

@@ -20,7 +20,7 @@ import random
 import re
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,16 +35,20 @@ from ..rundir import (CONFIG, MODEL_CONFIG, STATE, TMP_PREFIX, WEIGHTS, Checkpoi
 from ..tokenizer import RUN_TOKENIZER_DIR, copy_tokenizer, tokenizer_sha256
 from .distributed import DistInfo, any_rank, barrier
 from .finetune import merge_lora
+from .optim import resume_schedule
 
 
 @dataclass
 class TrainState:
-    """Where training stands: optimizer steps taken, GLOBAL samples consumed (the data position) and the step of
-    the newest checkpoint written or resumed (0: none)."""
+    """Where training stands: optimizer steps taken, GLOBAL samples consumed (the data position), the step of
+    the newest checkpoint written or resumed (0: none), and this rank's ``(lm, aux)`` losses (each a (2,) float32
+    tensor) of the steps since the last log row, which the next row averages (a checkpoint keeps them, so a resumed
+    run logs the rows of an uninterrupted one)."""
 
     step: int = 0
     consumed_samples: int = 0
     checkpoint: int = 0
+    interval_losses: list[torch.Tensor] = field(default_factory=list)
 
 
 def rng_file(rank: int) -> str:
@@ -185,7 +189,8 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
         barrier()
         use_file_saving(engine)
         engine.save_checkpoint(str(root), tag=tag, save_latest=False)
-        torch_save(capture_rng(), tmp / rng_file(info.rank))
+        losses = torch.stack(state.interval_losses).cpu() if state.interval_losses else torch.zeros(0, 2)
+        torch_save({**capture_rng(), "interval_losses": losses}, tmp / rng_file(info.rank))
     except Exception as e:  # OSError from a full disk, or torch's RuntimeError wrapping one
         error = e
     lora = cfg.training.lora
@@ -276,18 +281,35 @@ def model_mismatch(step_dir: Path, cfg: Config) -> str | None:
     return f"{step_dir} is a checkpoint of another model: {shown}"
 
 
-def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> TrainState:
-    """Restore DeepSpeed state, this rank's RNG and the data position from a verified ``step_dir`` (collective)."""
+def check_resumable(step_dir: Path, cfg: Config, info: DistInfo) -> None:
+    """CheckpointError (one line) unless this run can resume the verified ``step_dir`` (whose model the start point
+    has checked): the world size (under ZeRO), ZeRO stage (1 and 2 store their optimizer state alike) and precision
+    its optimizer state was written for. Checked before the engine is built."""
     meta = read_state(step_dir)
+    fresh = f"or continue from its weights in a new run: save=NEW load={step_dir} finetune=true (a fresh optimizer " \
+            "state and schedule)"
     if meta["world_size"] != info.world_size and meta["zero_stage"] > 0:
         raise CheckpointError(
             f"{step_dir} was written by {meta['world_size']} ranks under ZeRO-{meta['zero_stage']}, whose optimizer "
             f"state is split {meta['world_size']} ways; resume it with {meta['world_size']} ranks (this run has "
-            f"{info.world_size}), or continue from its weights in a new run: save=NEW load={step_dir} "
-            "finetune=true (a fresh optimizer state and schedule)")
-    mismatch = model_mismatch(step_dir, cfg)
-    if mismatch:
-        raise CheckpointError(mismatch)
+            f"{info.world_size}), {fresh}")
+    stages = {meta["zero_stage"], cfg.training.zero_optimization.stage}
+    if len(stages) > 1 and stages != {1, 2}:
+        raise CheckpointError(
+            f"{step_dir} was written under ZeRO-{meta['zero_stage']}, this run has zero_optimization.stage="
+            f"{cfg.training.zero_optimization.stage}, which stores the optimizer state otherwise; resume it with "
+            f"zero_optimization.stage={meta['zero_stage']}, {fresh}")
+    if meta["precision"] != cfg.training.dtype:
+        raise CheckpointError(
+            f"{step_dir} was written in {meta['precision']}, this run trains in {cfg.training.dtype}, whose optimizer "
+            f"state differs; resume it with precision={meta['precision']}, {fresh}")
+
+
+def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> TrainState:
+    """Restore DeepSpeed state, this rank's RNG, the data position and the losses of the log interval it was in
+    from a verified ``step_dir`` that :func:`check_resumable` accepted (collective); the learning-rate schedule is
+    the current config's (:func:`~neox_dar.training.optim.resume_schedule`)."""
+    meta = read_state(step_dir)
     use_safe_loading(engine)
     loaded, _ = engine.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
                                        load_optimizer_states=True, load_lr_scheduler_states=True)
@@ -296,7 +318,11 @@ def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> Trai
     if engine.global_steps != meta["step"]:
         raise CheckpointError(f"{step_dir}: its {STATE} says step {meta['step']} but DeepSpeed's files say step "
                               f"{engine.global_steps}")
+    resume_schedule(engine.lr_scheduler, cfg)
+    state = TrainState(step=int(meta["step"]), consumed_samples=int(meta["consumed_samples"]))
     rng = step_dir / rng_file(info.rank)
     if rng.is_file():
-        restore_rng(safe_torch_load(rng))
-    return TrainState(step=int(meta["step"]), consumed_samples=int(meta["consumed_samples"]))
+        saved = safe_torch_load(rng)
+        restore_rng(saved)
+        state.interval_losses = list(saved.get("interval_losses", torch.zeros(0, 2)).to(info.device))
+    return state

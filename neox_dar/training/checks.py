@@ -48,7 +48,7 @@ def load_checked(paths: list[str], overrides: list[str]) -> Config | None:
 def check_training_config(cfg: Config, world_size: int) -> None:
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
     (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data,
-    bf16 without ZeRO, or a damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
+    fp16 without CUDA, finetune without load, bf16 without ZeRO, or a damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
     :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
@@ -61,6 +61,12 @@ def check_training_config(cfg: Config, world_size: int) -> None:
     cfg.training.gradient_accumulation_for(world_size)
     if not (cfg.data.data_path or cfg.data.train_data_paths):
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
+    if cfg.training.dtype == "fp16" and not _cuda():
+        raise ConfigError("precision fp16 needs a CUDA GPU (DeepSpeed's fp16 optimizer runs on none other): use "
+                          "precision=fp32 or bf16 here")
+    if cfg.run.finetune and not cfg.run.load:
+        raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
+                          "import to start from (load=...), or drop finetune to train from scratch")
     if cfg.training.dtype == "bf16" and cfg.training.zero_optimization.stage == 0:
         raise ConfigError("precision bf16 (the default on GPUs) needs zero_optimization.stage >= 1: DeepSpeed keeps "
                           "fp32 master weights for bf16 only under ZeRO (stage 1 on one GPU costs nothing)")
@@ -135,3 +141,9 @@ def epochs_line(cfg: Config, world_size: int, max_epochs: float | None = None) -
     if warning:
         return f"warning: {warning}"
     return f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data"
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

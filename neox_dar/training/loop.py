@@ -27,7 +27,7 @@ from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, Check
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from . import startup
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches
-from .checkpointing import TrainState, load_checkpoint, model_mismatch, save_checkpoint
+from .checkpointing import TrainState, check_resumable, load_checkpoint, model_mismatch, save_checkpoint
 from .corpus_eval import CorpusEvaluator
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
 from .engine import build_engine
@@ -233,6 +233,8 @@ def train(cfg: Config, info: DistInfo) -> int:
         startup.mark("run directory")
         # finetune: a new run from load='s weights (its own checkpoints, once it has some, are resumed as usual)
         pretrained = start_dir if cfg.run.finetune and start_dir is not None and not _is_own(start_dir, save) else None
+        if start_dir is not None and pretrained is None:
+            check_resumable(start_dir, cfg, info)  # before the data index and the engine
         world = info.world_size
         global_batch = cfg.training.global_batch_for(world)
         train_samples = cfg.training.train_iters * global_batch
@@ -267,11 +269,13 @@ def train(cfg: Config, info: DistInfo) -> int:
             logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
         if start_dir is not None and pretrained is None:
             logger.message(f"resumed from {start_dir} at step {state.step} ({state.consumed_samples} samples)")
+            if state.step > cfg.training.train_iters:
+                logger.message(f"step {state.step} is past train_iters={cfg.training.train_iters}: nothing to "
+                               "train (raise train_iters to continue the run)")
         corpus_eval = CorpusEvaluator(cfg, info) if cfg.run.eval_perplexity.interval else None
         if info.is_main:
             write_status(save, "running", state.step, cfg.training.train_iters, checkpoint=state.checkpoint)
         peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
-        interval_loss: list[torch.Tensor] = []
         interval_t0, interval_steps = time.time(), 0
         intervals: list[tuple[int, float]] = []  # (steps, seconds) of each log interval: the run's summary line
         last_save = interval_t0  # checkpoint_minutes counts from the start, then from each save
@@ -297,7 +301,7 @@ def train(cfg: Config, info: DistInfo) -> int:
                 aux_sum += aux.detach()
             state.step += 1
             state.consumed_samples += global_batch
-            interval_loss.append(torch.stack([lm_sum, aux_sum]) / grad_accum)
+            state.interval_losses.append(torch.stack([lm_sum, aux_sum]) / grad_accum)
             interval_steps += 1
             logger.advance(state.step)
             if first_step:
@@ -308,7 +312,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             if state.step % cfg.run.log_interval == 0 or state.step == cfg.training.train_iters:
                 if info.device.type == "cuda":
                     torch.cuda.synchronize(info.device)
-                lm_mean, aux_mean = all_reduce_mean(torch.stack(interval_loss).mean(0).tolist(), info.device)
+                lm_mean, aux_mean = all_reduce_mean(torch.stack(state.interval_losses).mean(0).tolist(), info.device)
                 if not own_grad_norm:
                     grad_norm = engine.get_global_grad_norm()
                 intervals.append((interval_steps, time.time() - interval_t0))
@@ -321,7 +325,7 @@ def train(cfg: Config, info: DistInfo) -> int:
                 if scale is not None:
                     row["loss_scale"] = float(scale)
                 logger.log(row)
-                interval_loss, interval_t0, interval_steps = [], time.time(), 0
+                state.interval_losses, interval_t0, interval_steps = [], time.time(), 0
 
             if valid_ds is not None and cfg.run.eval_interval and (state.step % cfg.run.eval_interval == 0
                                                                or state.step == cfg.training.train_iters):

@@ -61,11 +61,24 @@ def lr_at(cfg: Config, it: int) -> float:
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> LambdaLR:
     """A :class:`LambdaLR` stepping once per optimizer step (DeepSpeed steps it after each update).
 
-    The multiplier is a plain function, so checkpoints hold only the step count: a resumed run follows
-    the schedule of its current config (e.g. a longer ``train_iters``)."""
+    The multiplier is a plain function, so checkpoints hold the step count and the peak (``base_lrs``): a resumed
+    run follows the schedule of its current config (e.g. a longer ``train_iters``, another ``lr``) once
+    :func:`resume_schedule` has replaced the saved peak and learning rate."""
     peak = cfg.training.optimizer.params.lr
 
     def multiplier(it: int) -> float:
         return lr_at(cfg, it) / peak
 
     return LambdaLR(optimizer, multiplier)
+
+
+def resume_schedule(scheduler: LambdaLR, cfg: Config) -> None:
+    """After a checkpoint's scheduler and optimizer states are loaded: the current config's peak as the scheduler's
+    ``base_lrs`` (the state holds the saved run's) and the learning rate of the next step in every parameter group
+    (the optimizer state holds the saved run's last one), computed as the scheduler's own step computes it."""
+    peak = cfg.training.optimizer.params.lr
+    scheduler.base_lrs = [peak] * len(scheduler.optimizer.param_groups)
+    values = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(scheduler.optimizer.param_groups, values):
+        group["initial_lr"], group["lr"] = peak, lr
+    scheduler._last_lr = values
