@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     startup.mark("config")
     from neox_dar.training.distributed import init_distributed
-    from neox_dar.training.loop import train
+    from neox_dar.training.loop import DivergedError, train
 
     startup.mark("imports")
     info = init_distributed()
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     try:
         return train(cfg, info)  # records its own failures in status.json
-    except explained as e:
+    except (*explained, DivergedError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

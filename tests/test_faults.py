@@ -238,3 +238,13 @@ def test_sweep_plan_prints_the_epochs_a_budget_reads(tokenized_sample, tmp_path,
     out, err = capsys.readouterr()
     assert out.splitlines()[1].split()[-1] == "epochs" and "5.16e+05" in out.splitlines()[2]
     assert "warning: vanilla: token budget: 9,999,745,024 tokens = 5.16e+05 epochs" in err
+
+
+def test_a_diverged_run_stops_failed_in_one_line(data, tmp_path):
+    """A loss that is not finite at a log row stops the run: the row is written, status failed with the reason,
+    one line, exit 2. (Before: it trained on NaN to the end and its status said done, so sweeps reported it.)"""
+    save = tmp_path / "run"
+    out = train(save, data, *SHORT, "train_iters=4", "optimizer.params.lr=1e6", expect=2)
+    assert error_line(out).startswith("error: the loss is nan at step ") and "training diverged" in error_line(out)
+    assert status(save)["state"] == "failed" and "DivergedError" in status(save)["reason"]
+    assert rows(save)[-1]["loss"] != rows(save)[-1]["loss"]  # the NaN row is logged

@@ -417,3 +417,20 @@ def test_submit_announces_the_overrides_an_earlier_run_local_recorded(tmp_path, 
     assert (f"submit: reusing the overrides recorded in {out / 'sweep.yml'} by an earlier command: "
             f"data_path={tokenized_sample} train_iters=7 (key=value replaces one)") in err
     assert yaml.safe_load((out / "one" / "config.yml").read_text())["train_iters"] == 7
+
+
+def test_slurm_settings_sbatch_would_refuse_are_plan_errors(tmp_path):
+    """A --time sbatch cannot read and a --signal time past its range are refused when the settings are read (at
+    plan), not at submit; concurrency with mode per-run is said to be unused. (Before: rendered into the script;
+    sbatch refused it at submit; concurrency was dropped without a word.)"""
+    from neox_dar.sweep.slurm import submit_runs
+
+    for bad, message in ((dict(time="ten minutes"), "slurm time must be one of sbatch's --time forms"),
+                         (dict(signal_seconds=100000), r"signal_seconds must be in 0\.\.65535")):
+        with pytest.raises(SweepError, match=message):
+            SlurmSettings.from_dict(bad)
+    for good in ("90", "30:00", "2:30:00", "1-12", "1-12:00", "1-12:00:00", "UNLIMITED"):
+        SlurmSettings.from_dict({"time": good})
+    per_run = _settings(concurrency=2, mode="per-run")
+    with pytest.warns(UserWarning, match="concurrency 2 is not applied with mode per-run"):
+        submit_runs(per_run, "tiny", [tmp_path / "a"], tmp_path, None, dry_run=True, workdir=tmp_path)

@@ -106,6 +106,17 @@ def test_spec_rules(tmp_path):
     assert [r.name for r in sw.runs] == ["x4"]
     with pytest.raises(SweepError, match="duplicate run names"):
         parse_sweep({**base, "grid": {"window_size": [4]}, "runs": [{"name": "w4"}]})
+    # a name the sweep writes beside its runs, or too long for a directory (before: a traceback after sweep.yml
+    # was written, or a run sharing slurm/ or report/ with the sweep's own files)
+    for name in ("sweep.yml", "slurm", "report", "eval_manifest.json"):
+        with pytest.raises(SweepError, match="is what the sweep writes beside its runs"):
+            parse_sweep({**base, "runs": [{"name": name}]})
+    with pytest.raises(SweepError, match="has 300 characters, more than 100"):
+        parse_sweep({**base, "runs": [{"name": "x" * 300}]})
+    from neox_dar.evaluation.perplexity import SWEEP_MANIFEST
+    from neox_dar.sweep.spec import RESERVED_NAMES
+
+    assert SWEEP_MANIFEST in RESERVED_NAMES
     with pytest.raises(SweepError, match="unknown key"):
         parse_sweep({**base, "grids": {}})
     with pytest.raises(SweepError, match="no runs"):

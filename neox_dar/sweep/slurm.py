@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
@@ -27,6 +28,7 @@ DEFAULT_TEMPLATE = REPO / "slurm" / "sweep.sbatch"
 LAUNCHER = REPO / "slurm" / "launch_node.sh"
 TRAIN_SCRIPT = REPO / "train.py"
 _FIELD = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+_SLURM_TIME = re.compile(r"\d+(:\d+){0,2}|\d+-\d+(:\d+){0,2}|(?i:unlimited|infinite)")  # sbatch --time's forms
 QUEUED_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "COMPLETING",
                  "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
 
@@ -98,6 +100,13 @@ class SlurmSettings:
             raise SweepError(f"slurm max_requeues must be >= 1, got {self.max_requeues}")
         if self.concurrency is not None and self.concurrency < 1:
             raise SweepError(f"slurm concurrency must be >= 1, got {self.concurrency}")
+        if not isinstance(self.time, str) or not _SLURM_TIME.fullmatch(self.time.strip()):
+            raise SweepError(f"slurm time must be one of sbatch's --time forms (minutes, minutes:seconds, "
+                             f"hours:minutes:seconds, days-hours, days-hours:minutes, days-hours:minutes:seconds, "
+                             f"UNLIMITED), got {self.time!r}")
+        if not 0 <= self.signal_seconds <= 65535:
+            raise SweepError(f"slurm signal_seconds must be in 0..65535 (sbatch --signal's range), got "
+                             f"{self.signal_seconds}")
         if self.mem is not None and self.mem_per_gpu is not None:
             raise SweepError("slurm mem and mem_per_gpu exclude each other (sbatch takes one): set one")
         if not 1024 <= self.master_port_base <= 65535 - 20000:
@@ -292,6 +301,9 @@ def submit_runs(settings: SlurmSettings, sweep_name: str, run_dirs: list[Path], 
     """Write the job script(s) under ``root/slurm`` and submit; returns (script, job id or 'dry-run')."""
     log_dir = root / "slurm" / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
+    if settings.concurrency is not None and settings.mode != "array":
+        warnings.warn(f"slurm concurrency {settings.concurrency} is not applied with mode per-run (one job per run, "
+                      "which only SLURM's own limits bound): it limits the tasks of a job array", stacklevel=2)
     batches = [run_dirs] if settings.mode == "array" else [[d] for d in run_dirs]
     submitted = []
     for batch in batches:

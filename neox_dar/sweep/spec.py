@@ -52,6 +52,10 @@ SWEEP_COPY = "sweep.yml"
 _TOP_KEYS = {"name", "description", "configs", "set", "grid", "exclude", "runs", "name_template", "eval", "slurm",
              "report", "out", "overrides", "max_epochs"}
 _NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+NAME_MAX = 100  # characters of a run name: a directory name, with room for the temporary names made beside it
+# what a sweep writes beside its runs' directories: the sweep's copy, its SLURM scripts and logs, the report, the
+# evaluation manifest (neox_dar.evaluation.perplexity.SWEEP_MANIFEST)
+RESERVED_NAMES = (SWEEP_COPY, "slurm", "report", "eval_manifest.json")
 
 
 @dataclass
@@ -231,6 +235,10 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
     for r in runs:
         if not _NAME_OK.match(r.name):
             raise SweepError(f"{where}: run name {r.name!r} must be letters, digits, '.', '_', '+', '-'")
+        if len(r.name) > NAME_MAX or r.name in RESERVED_NAMES:
+            raise SweepError(f"{where}: run name {r.name[:40]!r}{'...' if len(r.name) > 40 else ''} "
+                             + (f"has {len(r.name)} characters, more than {NAME_MAX}" if len(r.name) > NAME_MAX else
+                                f"is what the sweep writes beside its runs ({', '.join(RESERVED_NAMES)})"))
         seen[r.name] = seen.get(r.name, 0) + 1
     dups = [n for n, c in seen.items() if c > 1]
     if dups:

@@ -7,6 +7,7 @@ same command again to continue.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import shutil
@@ -216,6 +217,10 @@ def _mark_failed(save: Path, state: TrainState, train_iters: int, error: BaseExc
         log.error("could not record the failure in %s: %s", save / STATUS, e)
 
 
+class DivergedError(RuntimeError):
+    """The logged loss is not finite: the run stops (status failed) instead of training on, one line."""
+
+
 def train(cfg: Config, info: DistInfo) -> int:
     """Run (or continue) training; return the process exit code. Every exit writes a final status.json:
     done, interrupted (stopped at a checkpoint: run again to continue) or failed (with the reason)."""
@@ -325,6 +330,12 @@ def train(cfg: Config, info: DistInfo) -> int:
                 if scale is not None:
                     row["loss_scale"] = float(scale)
                 logger.log(row)
+                if not math.isfinite(lm_mean + aux_mean):
+                    raise DivergedError(
+                        f"the loss is {lm_mean + aux_mean} at step {state.step}: training diverged (lower "
+                        f"optimizer.params.lr, raise warmup or gradient_clipping, or check the data); "
+                        + (f"its last checkpoint is step {state.checkpoint}" if state.checkpoint else
+                           "no checkpoint was written"))
                 state.interval_losses, interval_t0, interval_steps = [], time.time(), 0
 
             if valid_ds is not None and cfg.run.eval_interval and (state.step % cfg.run.eval_interval == 0
