@@ -128,6 +128,30 @@ def test_missing_evaluation_is_shown_missing(sweep_dir):
     assert tex_line.count("--") >= 4
 
 
+def test_a_run_of_another_budget_or_a_nan_is_flagged_not_compared(sweep_dir):
+    """A run evaluated after another training budget than its baseline (here extended: step 50, 800 samples of 128
+    tokens) gets a warning under the table; a NaN perplexity (a diverged run) is missing, in its cell and in Rel.
+    (Before: Rel. compared step 50 with step 40 without a word, and printed nan.)"""
+    root, _ = sweep_dir
+    path = root / "dar-d32" / "eval" / "perplexity.json"
+    data = json.loads(path.read_text())
+    data["step"] = 50
+    path.write_text(json.dumps(data))
+    with (root / "dar-d32" / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 50, "loss": 5.0, "consumed_samples": 800}) + "\n")
+    nan = json.loads((root / "dar-d16" / "eval" / "perplexity.json").read_text())
+    nan["corpora"]["c4"]["token_perplexity"] = float("nan")
+    (root / "dar-d16" / "eval" / "perplexity.json").write_text(json.dumps(nan))
+    runs, sweep, _ = collect(root)
+    table = build_table(runs, sweep.report)
+    seq = next(r for r in runs if r.name == "vanilla").cfg.model.seq_length
+    assert (f"warning: dar-d32: evaluated at step 50 ({800 * seq:,} tokens), its baseline vanilla at step 40 "
+            f"({640 * seq:,} tokens): its Rel. compares models trained for different budgets") in table.notes
+    assert not any(n.startswith("warning: dar-d16") for n in table.notes)
+    row = _row(table, "dar-d16")
+    assert row[table.columns.index("C4")] is None and row[table.columns.index("Rel. (%)")] is None
+
+
 def test_missing_baseline_makes_rel_missing(sweep_dir):
     root, _ = sweep_dir
     (root / "vanilla" / "eval" / "perplexity.json").unlink()

@@ -8,6 +8,8 @@ result is printed as ``--``, never as a number.
 
 from __future__ import annotations
 
+import math
+
 from .corpora import CORPORA
 
 TITLES = {"fineweb_edu": "FineWeb-Edu", "c4": "C4", "wikitext103": "WikiText-103"}
@@ -18,13 +20,16 @@ MISSING = "--"
 def relative_percent(run: dict, baseline: dict, metric: str = "token_perplexity",
                      corpora: tuple[str, ...] | list[str] = CORPORA) -> float | None:
     """Mean over ``corpora`` (default: the papers' three) of ``run / baseline * 100`` for ``metric``; ``None`` if a
-    corpus is missing."""
+    corpus is missing or a value is not a finite number (a diverged run's NaN is missing, not a ratio)."""
     ratios = []
     for corpus in corpora:
         mine, base = run["corpora"].get(corpus), baseline["corpora"].get(corpus)
         if mine is None or base is None:
             return None
-        ratios.append(mine[metric] / base[metric] * 100.0)
+        ratio = mine[metric] / base[metric] * 100.0
+        if not math.isfinite(ratio):
+            return None
+        ratios.append(ratio)
     return sum(ratios) / len(ratios)
 
 

@@ -115,6 +115,7 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
         rel = relative_percent(r.eval, b.eval, rel_metric, rel_corpora) if (b and b.eval and r.eval) else None
         if b and b is not r and b.eval and r.eval:
             flags += flag_other_documents([(r.name, r.eval)], b.eval)
+            flags += flag_other_budget(r, b)
         row = [r.name, *(r.axes.get(a, "") for a in axes), *(r.perplexity(c, metric) for c in corpora), rel]
         for ref in refs.values():  # "" for the reference itself or a group without one; None when not evaluated
             c = ref.get(group_key(r, group_by))
@@ -166,6 +167,29 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
         notes.append(f"{stat}: {meanings[stat]}; from the final evaluation (real tokens only), mean over the corpora, "
                      f"layers and heads; '{MISSING}' = not evaluated.")
     return Table(report.get("title") or "Perplexity", columns, rows, notes + flags)
+
+
+def trained_budget(r: RunRecord) -> tuple[int | None, int | None]:
+    """``(step, tokens)`` at the run's final evaluation: its step, and the tokens trained by then (that step's
+    ``consumed_samples`` in metrics.jsonl times ``seq_length``; None when no row records it)."""
+    step = r.eval.get("step") if r.eval else None
+    samples = next((m["consumed_samples"] for m in r.metrics if m.get("step") == step and "consumed_samples" in m),
+                   None)
+    return step, None if samples is None else samples * r.cfg.model.seq_length
+
+
+def flag_other_budget(r: RunRecord, b: RunRecord) -> list[str]:
+    """A warning when ``r`` was evaluated after another training budget (step or tokens) than its baseline ``b``:
+    its Rel. then compares models trained for different lengths (e.g. a run extended, or stopped early)."""
+    mine, theirs = trained_budget(r), trained_budget(b)
+    if mine == theirs:
+        return []
+
+    def said(budget: tuple[int | None, int | None]) -> str:
+        return f"step {budget[0]}" + (f" ({budget[1]:,} tokens)" if budget[1] is not None else "")
+
+    return [f"warning: {r.name}: evaluated at {said(mine)}, its baseline {b.name} at {said(theirs)}: its Rel. compares "
+            "models trained for different budgets"]
 
 
 def _baseline_names(base: dict[tuple, RunRecord]) -> str:
