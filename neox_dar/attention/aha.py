@@ -102,9 +102,9 @@ class AHAAttention(AHALayer, Attention):
     """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``), its cache and decode
     step from :class:`~neox_dar.standalone.aha.AHALayer`.
 
-    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / aha_layers`` (the model's AHA layers); ``self.stats["mu_f"]`` = mean
-    gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` = the gate itself, (B, T, H)
-    bool, which the evaluation averages over real (non-padding) positions only.
+    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / aha_layers`` (the model's AHA layers);
+    ``self.stats["mu_f"]`` = mean gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` =
+    the gate itself, (B, T, H) bool, which the evaluation averages over real (non-padding) positions only.
     """
 
     spec = AHASpec

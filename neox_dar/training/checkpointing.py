@@ -299,7 +299,7 @@ def check_resumable(step_dir: Path, cfg: Config, info: DistInfo) -> None:
             f"{step_dir} was written under ZeRO-{meta['zero_stage']}, this run has zero_optimization.stage="
             f"{cfg.training.zero_optimization.stage}, which stores the optimizer state otherwise; resume it with "
             f"zero_optimization.stage={meta['zero_stage']}, {fresh}")
-    if meta["precision"] != cfg.training.dtype:
+    if meta.get("precision", cfg.training.dtype) != cfg.training.dtype:  # older checkpoints lack it
         raise CheckpointError(
             f"{step_dir} was written in {meta['precision']}, this run trains in {cfg.training.dtype}, whose optimizer "
             f"state differs; resume it with precision={meta['precision']}, {fresh}")

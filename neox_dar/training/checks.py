@@ -48,8 +48,8 @@ def load_checked(paths: list[str], overrides: list[str]) -> Config | None:
 def check_training_config(cfg: Config, world_size: int) -> None:
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
     (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data,
-    fp16 without CUDA, finetune without load, bf16 without ZeRO, or a damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
-    :func:`neox_dar.data.check_data_files`)."""
+    fp16 without CUDA, finetune without load, bf16 without ZeRO, or a damaged data file (header, sizes, dtype and
+    token ids against ``vocab_size``: :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
     try:
