@@ -123,6 +123,10 @@ def test_spec_rules(tmp_path):
         parse_sweep(base)
     with pytest.raises(SweepError, match="window_sizes"):
         plan(parse_sweep({**base, "grid": {"window_sizes": [4]}}), tmp_path)
+    # a bad value of the sweep file's grid names the file, not the command line
+    with pytest.raises(SweepError, match=r"run 'i0': invalid value for 'train_iters' in .*s\.yml \(set/grid\): 0"):
+        plan(parse_sweep({**base, "grid": {"train_iters": [0]}, "name_template": "i{train_iters}"},
+                         tmp_path / "s.yml"), tmp_path)
     with pytest.raises(SweepError, match="not found"):
         plan(parse_sweep({**base, "runs": [{"name": "a", "configs": ["configs/attention/nope.yml"]}]}), tmp_path)
 

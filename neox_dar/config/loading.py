@@ -16,16 +16,19 @@ from .schema import key_sections, section_fields
 from .typed import Config, finish_model, load_layers, model_sections
 
 
-def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = ()) -> Config:
+def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = (),
+                sources: typing.Sequence[str] = ()) -> Config:
     """Layer YAML files (later wins; nested mappings merge key by key) and ``key=value`` overrides into a
-    validated :class:`Config`. GPT-NeoX config files load as they are (:data:`.neox.NEOX_IGNORED_KEYS`)."""
+    validated :class:`Config`. GPT-NeoX config files load as they are (:data:`.neox.NEOX_IGNORED_KEYS`).
+    ``sources[i]`` names where ``overrides[i]`` was written, for the errors (default: "the command line")."""
     layers = [(str(p), normalize_keys(read_yaml(p), str(p))) for p in yaml_paths]
-    for item in overrides:
+    for i, item in enumerate(overrides):
+        source = sources[i] if i < len(sources) else "the command line"
         parts, value = parse_override(item)
         nested: dict = {parts[-1]: value}
         for part in reversed(parts[:-1]):
             nested = {part: nested}
-        layers.append(("the command line", normalize_keys(nested, "the command line")))
+        layers.append((source, normalize_keys(nested, source)))
     return load_layers(layers)
 
 

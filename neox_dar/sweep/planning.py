@@ -27,13 +27,15 @@ from .spec import SWEEP_COPY, RunSpec, Sweep
 
 def resolve_run(sweep: Sweep, run: RunSpec, run_dir: Path) -> tuple[Config, list[str]]:
     """The run's validated config (save = run_dir, W&B group/name set) and the config warnings it raised."""
-    overrides = run.override_args() + list(sweep.overrides) + [
+    own = run.override_args()  # the sweep file's set and grid for this run
+    overrides = own + list(sweep.overrides) + [
         f"save={json.dumps(str(run_dir))}", f"wandb_group={json.dumps(sweep.name)}",
         f"wandb_run_name={json.dumps(run.name)}"]
+    sources = [f"{sweep.path or 'the sweep'} (set/grid)"] * len(own)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            cfg = load_config(*run.configs, overrides=overrides)
+            cfg = load_config(*run.configs, overrides=overrides, sources=sources)
             check_what_trains(cfg)
             if cfg.run.tensorboard_dir:  # one TensorBoard run per sweep run (a shared one purges the others' steps)
                 cfg = cfg.replace(tensorboard_dir=str(Path(cfg.run.tensorboard_dir) / run.name))
