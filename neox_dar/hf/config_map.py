@@ -73,6 +73,12 @@ def _check_size(keys: dict, weight_bytes: int | None, where: str) -> None:
 
 
 LAYOUT_KEYS = ("attention_type", "attention_config", "hybrid")  # which variant each layer computes
+# the sizes every export writes to config.json (shape_keys) and an import checks again (_edited_after_export):
+# config.json's key -> ours
+SIZE_KEYS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
+             "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_kv_heads",
+             "head_dim": "head_dim", "intermediate_size": "intermediate_size",
+             "max_position_embeddings": "max_position_embeddings"}
 
 
 def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None = None,
@@ -173,12 +179,8 @@ def _edited_after_export(hf: dict, cfg: ModelConfig, where: str) -> dict:
     (:attr:`~neox_dar.families.Family.hf_keys`) and rotary settings. transformers keeps ``neox_dar_config`` when it
     saves a folder it loaded, and runs its own keys; each difference is warned."""
     family = FAMILIES.get(cfg.model_family)
-    sizes = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size",
-             "num_attention_heads": "num_attention_heads", "num_key_value_heads": "num_kv_heads",
-             "head_dim": "head_dim", "intermediate_size": "intermediate_size",
-             "max_position_embeddings": "max_position_embeddings"}
     found: list[tuple[str, object, object, dict]] = []  # (config.json key, its value, ours, the keys that follow it)
-    for hf_key, ours in sizes.items():
+    for hf_key, ours in SIZE_KEYS.items():
         if hf.get(hf_key) is not None and hf[hf_key] != getattr(cfg, ours):
             found.append((hf_key, hf[hf_key], getattr(cfg, ours), {ours: hf[hf_key]}))
     if hf.get("vocab_size") is not None and hf["vocab_size"] != cfg.padded_vocab_size:
@@ -224,13 +226,7 @@ def shape_keys(cfg: ModelConfig, special_ids: dict[str, int | None]) -> dict:
     config (``neox_dar_config``, which ``from-hf`` reads back)."""
     return {
         "vocab_size": cfg.padded_vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "intermediate_size": cfg.intermediate_size,
-        "max_position_embeddings": cfg.max_position_embeddings,
+        **{hf_key: getattr(cfg, ours) for hf_key, ours in SIZE_KEYS.items()},
         "tie_word_embeddings": not cfg.no_weight_tying,
         "initializer_range": cfg.init_method_std,
         "bos_token_id": special_ids["bos"],
