@@ -96,6 +96,7 @@ def test_same_size_corruption_is_skipped_by_checksum(reference, data, tmp_path):
     out = train(save, data, *EVERY_STEP)
     assert "mp_rank_00_model_states.pt is corrupt" in out.stderr
     assert f"resumed from {save / 'checkpoints' / step_dir_name(STEPS - 1)}" in out.stdout
+    assert "other sampling settings" not in out.stdout  # the same config: no note
     assert losses(save) == losses(reference) and verify(newest) is None
 
 

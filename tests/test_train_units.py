@@ -186,3 +186,25 @@ def test_train_py_exits_with_its_code_after_exit_handlers_and_flushed_output(wor
                          text=True, timeout=120)
     assert res.returncode == 3 and res.stdout == "the last line, unflushed", (res.returncode, res.stderr[-2000:])
     assert marker.read_text() == "exit handlers ran"
+
+
+def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
+    """A resume under another seq_length, seed, split or global batch reads on at the checkpoint's sample count in
+    another sample order: allowed, and said in one line that names each change (before: nothing was said)."""
+    from neox_dar.rundir import CONFIG, write_manifest
+    from neox_dar.training.checkpointing import sampling_changes
+    from neox_dar.training.distributed import DistInfo
+
+    step_dir = tmp_path / "step_3"
+    step_dir.mkdir()
+    (step_dir / CONFIG).write_text(cfg_with().to_yaml())
+    write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1})
+    one, two = (DistInfo(rank=0, world_size=n, local_rank=0, device=torch.device("cpu")) for n in (1, 2))
+    assert sampling_changes(step_dir, cfg_with(), one) is None
+    line = sampling_changes(step_dir, cfg_with("seed=7", "seq_length=64", "split=90,10,0"), one)
+    assert "seed 1234 -> 7" in line and "seq_length 128 -> 64" in line and "split '949,50,1' -> '90,10,0'" in line
+    assert "from sample 24" in line and "\n" not in line
+    assert sampling_changes(step_dir, cfg_with(), two) is None  # train_batch_size holds: more ranks, same batch
+    assert "global batch 16 -> 32 samples a step" in sampling_changes(step_dir, cfg_with("train_batch_size=32"), two)
+    (step_dir / CONFIG).write_text("no_such_key: 1\n")
+    assert "are not compared" in sampling_changes(step_dir, cfg_with(), one)

@@ -28,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..saved_model import model_yaml, read_model_config
-from ..config import Config, model_config_diff
+from ..config import Config, ConfigError, load_config, model_config_diff
 from ..provenance import code_version
 from ..rundir import (CONFIG, MODEL_CONFIG, STATE, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune,
                       publish, read_state, step_dir_name, write_manifest)
@@ -304,6 +304,37 @@ def check_resumable(step_dir: Path, cfg: Config, info: DistInfo) -> None:
             f"{step_dir} was written in {meta['precision']}, this run trains in {cfg.training.dtype}, whose optimizer "
             f"state differs; resume it with precision={meta['precision']}, {fresh}")
 
+
+SAMPLING_KEYS = ("model.seq_length", "training.seed", "data.split", "data.train_data_weights", "data.data_shuffle",
+                 "data.data_fixed_length")
+
+
+def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
+    """What a resume of ``step_dir`` changes in the samples the run reads (None: nothing), for one line in the log:
+    the keys of :data:`SAMPLING_KEYS` that make another sample order, and the global batch. The run continues at
+    the checkpoint's ``consumed_samples`` in the order the current config makes, which is not where the
+    checkpoint's run would have gone on when one of these differs; so these are allowed (a larger batch later in
+    a run is common) and said."""
+    meta = read_state(step_dir)
+    try:
+        prior = load_config(step_dir / CONFIG)
+    except ConfigError as e:  # written by another version of the config schema
+        return f"the sampling settings {step_dir} was trained with are not compared: its {CONFIG} does not load ({e})"
+    changed = []
+    for key in SAMPLING_KEYS:
+        section, name = key.split(".")
+        old, new = getattr(getattr(prior, section), name), getattr(getattr(cfg, section), name)
+        if old != new:
+            changed.append(f"{name} {old!r} -> {new!r}")
+    old_batch = prior.training.global_batch_for(meta["world_size"])
+    new_batch = cfg.training.global_batch_for(info.world_size)
+    if old_batch != new_batch:
+        changed.append(f"global batch {old_batch} -> {new_batch} samples a step")
+    if not changed:
+        return None
+    return (f"resumed with other sampling settings than {step_dir} was trained with ({'; '.join(changed)}): the run "
+            f"reads on from sample {meta['consumed_samples']} of the order this config makes, not the samples the "
+            "checkpoint's run would have read next")
 
 def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> TrainState:
     """Restore DeepSpeed state, this rank's RNG, the data position and the losses of the log interval it was in

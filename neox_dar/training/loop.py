@@ -28,7 +28,8 @@ from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, Check
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from . import startup
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches
-from .checkpointing import TrainState, check_resumable, load_checkpoint, model_mismatch, save_checkpoint
+from .checkpointing import (TrainState, check_resumable, load_checkpoint, model_mismatch, sampling_changes,
+                            save_checkpoint)
 from .corpus_eval import CorpusEvaluator
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
 from .engine import build_engine
@@ -274,6 +275,8 @@ def train(cfg: Config, info: DistInfo) -> int:
             logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
         if start_dir is not None and pretrained is None:
             logger.message(f"resumed from {start_dir} at step {state.step} ({state.consumed_samples} samples)")
+            if (changes := sampling_changes(start_dir, cfg, info)) is not None:
+                logger.message(changes)
             if state.step > cfg.training.train_iters:
                 logger.message(f"step {state.step} is past train_iters={cfg.training.train_iters}: nothing to "
                                "train (raise train_iters to continue the run)")
