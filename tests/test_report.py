@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import statistics
@@ -12,7 +13,7 @@ import pytest
 from neox_dar.evaluation.corpora import CORPORA
 from neox_dar.report.__main__ import main as report_main
 from neox_dar.report.collect import collect
-from neox_dar.report.tables import build_table, to_latex, to_markdown
+from neox_dar.report.tables import average_table, build_table, to_latex, to_markdown
 from neox_dar.sweep.errors import SweepError
 from neox_dar.sweep.planning import plan, write_plan
 from neox_dar.sweep.spec import parse_sweep
@@ -196,6 +197,22 @@ def test_cli_writes_tables_and_figures(sweep_dir, capsys):
     assert (root / "rep" / "relative_ppl_vs_step.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_planned_run_without_its_directory_is_named_under_the_table(sweep_dir, capsys):
+    """A run of the sweep whose directory was deleted is left out of the table and named in a warning under it
+    (before: left out without a word)."""
+    import shutil
+
+    root, _ = sweep_dir
+    assert report_main([str(root), "--out", str(root / "rep"), "--no-figures"]) == 0
+    assert "have no directory" not in capsys.readouterr().out
+    shutil.rmtree(root / "dar-d32")
+    assert report_main([str(root), "--out", str(root / "rep"), "--no-figures"]) == 0
+    assert "| dar-d32 |" not in capsys.readouterr().out
+    md = (root / "rep" / "table.md").read_text()
+    assert "warning: 1 run(s) of the sweep have no directory in its output" in md and md.rstrip().endswith("dar-d32")
+    assert str(root) not in md
+
+
 def test_cost_column_orders_swa_family(sweep_dir):
     root, _ = sweep_dir
     runs, sweep, _ = collect(root)
@@ -377,8 +394,6 @@ def test_table_says_what_each_corpus_was_scored_on(sweep_dir):
 def test_seed_spread_table(tmp_path):
     """average_over: [seed] merges the runs that differ only in their seed: mean of every number, Rel. (%)'s sample
     standard deviation and range beside it."""
-    from neox_dar.report.tables import average_table
-
     spec = {"name": "seeds", "configs": ["configs/tiny.yml"],
             "grid": {"attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
                                    "dar": {"configs": ["configs/attention/dar.yml"], "set": {"window_size": 16}}},
@@ -460,6 +475,16 @@ def test_noise_floor_bits_per_byte_and_rel_over_the_evaluated_corpora(noisy):
     assert [_row(table, n)[col("vs noise")] for n in ppl] == ["", "within", "beyond", "within"]
     assert any(n.startswith("Noise floor: vanilla-seed2 has Rel.") and f"{floor:.2f} points" in n
                for n in table.notes)
+    avg = average_table(table, runs, ["seed"])  # the baseline's group is the baseline (it showed '--', 'missing')
+    assert {r[0]: r[avg.columns.index("vs noise")] for r in avg.rows} == {"vanilla": "", "dar": "beyond",
+                                                                          "swa": "within"}
+    table.rows[[r[0] for r in table.rows].index("swa")][col("vs noise")] = "beyond"
+    table.rows.append(["swa-seed2", *_row(table, "swa")[1:]])
+    table.rows[-1][col("vs noise")] = "within"
+    runs.append(dataclasses.replace(next(r for r in runs if r.name == "swa"), name="swa-seed2",
+                                    axes={"variant": "swa", "seed": "seed2"}))
+    swa = next(r for r in average_table(table, runs, ["seed"]).rows if r[0] == "swa")
+    assert swa[avg.columns.index("vs noise")] == "mixed" and swa[avg.columns.index("n")] == 2
     cfg = load_config(root / "dar" / "config.yml")
     assert _row(table, "dar")[col("KV (B/token)")] == pytest.approx(
         2 * sum(kv_cache_numbers_per_token(cfg, cfg.model.seq_length)))

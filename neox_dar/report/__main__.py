@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..rundir import RunFileError, check_writable, write_text_atomic
 from ..sweep.errors import SweepError
-from .collect import collect
+from .collect import absent_runs, collect
 from .figures import draw_all
 from .tables import average_table, build_table, to_latex, to_markdown
 
@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             report["average_over"] = args.average_over
         tables = report_tables(runs, report)
         table = tables[0]
+        if absent := absent_runs(sweep, root):
+            table.notes.append(f"warning: {len(absent)} run(s) of the sweep have no directory in its output "
+                               f"(deleted, or added to the sweep file after its plan), so the table leaves them "
+                               f"out: {', '.join(absent)}")
         out = Path(args.out) if args.out else root / "report"
         check_writable(out, "--out", folder=True)
         out.mkdir(parents=True, exist_ok=True)

@@ -113,12 +113,19 @@ def collect(target: str | Path) -> tuple[list[RunRecord], Sweep | None, Path]:
     if not root.is_dir():
         raise SweepError(f"no run directory at {root} (plan and train the sweep first)")
     if sweep is not None:
-        dirs = [root / r.name for r in sweep.runs if (root / r.name / CONFIG).is_file()]
+        absent = set(absent_runs(sweep, root))
+        dirs = [root / r.name for r in sweep.runs if r.name not in absent]
     else:
         dirs = sorted(d for d in root.iterdir() if (d / CONFIG).is_file())
     if not dirs:
         raise SweepError(f"no runs under {root}: expected <run>/config.yml directories")
     return [load_run(d) for d in dirs], sweep, root
+
+
+def absent_runs(sweep: Sweep | None, root: Path) -> list[str]:
+    """The sweep's runs that have no ``<run>/config.yml`` under ``root`` (deleted after the plan, or added to the
+    sweep file since): :func:`collect` leaves them out, and the report says so."""
+    return [] if sweep is None else [r.name for r in sweep.runs if not (root / r.name / CONFIG).is_file()]
 
 
 def relative_cost(run: RunRecord, cache: dict) -> float:

@@ -221,6 +221,9 @@ def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table
             if i == 0:
                 out.append(" ".join(dict.fromkeys(str(c) for c in cells)) if len(members) == 1 else
                            "-".join(x for x in label if x) or cells[0])
+            elif table.columns[i] == "vs noise":  # the baseline's group is the baseline; members may disagree
+                out.append("" if "" in cells else cells[0] if len(set(cells)) == 1 else
+                           None if None in cells else "mixed")
             elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cells):
                 out.append(statistics.fmean(cells) if table.columns[i] != "Step" else max(cells))
             else:
@@ -235,6 +238,9 @@ def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table
         rows.append(out)
     notes = [f"Mean over the runs that differ only in {', '.join(over)} (n = how many); Rel. sd = their sample "
              f"standard deviation, Rel. range = min..max; '{MISSING}' where a run of the row is not evaluated."]
+    if "vs noise" in keep:
+        notes.append("vs noise: the runs' own verdicts where they agree, 'mixed' where some are within the noise floor "
+                     "and some beyond it; empty for the baseline's row.")
     return Table(f"{table.title} (mean over {', '.join(over)})", columns, rows, notes)
 
 
