@@ -8,35 +8,27 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from ..config import Config, load_config
+from ..config import Config
 from ..data import build_datasets
-from ..data.identity import data_change, data_identity
-from ..evaluation.perplexity import SWEEP_MANIFEST
-from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, CheckpointHold,
-                      RunFileError, checkpoints_dir, clean_leftovers, hold_checkpoint, lock_run_dir, newest_checkpoint,
-                      read_state, recorded_checkpoint, remove_tree, step_dirs, write_status)
-from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
+from ..rundir import STATUS, RunFileError, checkpoints_dir, lock_run_dir, recorded_checkpoint, write_status
 from . import startup
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches
-from .checkpointing import (TrainState, check_resumable, load_checkpoint, model_mismatch, sampling_changes,
-                            save_checkpoint)
+from .checkpointing import TrainState, check_resumable, load_checkpoint, sampling_changes, save_checkpoint
 from .corpus_eval import CorpusEvaluator
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
 from .engine import build_engine
-from .finetune import finetune_mismatch, prepare_model
+from .finetune import prepare_model
 from .logging_sinks import RunLogger
 from .metrics import attention_stat_metrics, memory_gb, peak_flops, summary_line, throughput
 from .signals import EXIT_INTERRUPTED, StopRequest
+from .start import SaveInUseError, is_own, record_tokenizer, start_point
 from .validation import evaluate, validation_samples
 
 log = logging.getLogger("neox_dar.train")
@@ -49,112 +41,6 @@ def _seed_rank(cfg: Config, rank: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def _source(path: str | None) -> str | None:
-    return os.path.abspath(path) if path else None
-
-
-def _discard_run(save: Path) -> None:
-    """Remove another run's checkpoints, metrics, status, evaluations and W&B id from ``save`` (overwrite=true)."""
-    root = checkpoints_dir(save)
-    for _, d in step_dirs(root):
-        remove_tree(d)
-    for name in (METRICS, STATUS, WANDB_ID, SWEEP_MANIFEST):
-        (save / name).unlink(missing_ok=True)
-    (root / LATEST).unlink(missing_ok=True)
-    if (save / EVAL_DIR).is_dir():
-        shutil.rmtree(save / EVAL_DIR)
-    log.warning("overwrite=true: removed the previous run's checkpoints, metrics, status and evaluations in %s", save)
-
-
-class SaveInUseError(CheckpointError):
-    """``save`` holds another run's checkpoints, or records checkpoints it no longer holds: this run refuses to start
-    and leaves that run's files alone."""
-
-
-def _choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold | None]:
-    """Rank 0: the checkpoint this run continues (its own, in ``save``) or starts from (``load``; held until it is
-    read, so that the run writing it cannot prune it meanwhile); None = fresh.
-
-    ``save`` may hold only this run's own checkpoints: ones written by a run with the same ``load`` source and the
-    same model. Anything else (another run's checkpoints, only incomplete ones, or any with resume=never), its own
-    checkpoint trained on other data than ``data`` (:func:`~neox_dar.data.identity.data_identity`: the run could
-    not continue exactly), and a ``save`` whose status.json records a checkpoint when it holds none (its checkpoints
-    moved or deleted: starting again would replace its metrics), is a SaveInUseError unless ``overwrite`` discards
-    it first."""
-    save = Path(cfg.run.save)
-    clean_leftovers(checkpoints_dir(save))
-    how = "train into another 'save', or set overwrite=true to discard them (they are kept otherwise)"
-    problem = None
-    if step_dirs(checkpoints_dir(save)):
-        own = None if cfg.run.resume == "never" else newest_checkpoint(save)
-        if cfg.run.resume == "never":
-            problem = f"{save} already holds checkpoints and resume=never starts a fresh run"
-        elif own is None:
-            problem = f"{save} holds checkpoints but none is complete (see the warnings above)"
-        else:
-            problem = model_mismatch(own, cfg)
-            prior = None if problem else load_config(own / CONFIG)
-            if prior is not None and _source(prior.run.load) != _source(cfg.run.load):
-                problem = (f"{save} holds the checkpoints of another run (started from {prior.run.load or 'scratch'}; "
-                           f"this one starts from {cfg.run.load or 'scratch'})")
-            elif (change := data_change(read_state(own).get("data"), data)) is not None:
-                problem = f"the data changed since {own} was written: {change}"
-                how = (f"restore that data to continue the run exactly, continue from its checkpoint in a new run "
-                       f"(save=NEW load={save}), or set overwrite=true to discard it")
-        if problem is None:
-            return own, None
-    elif recorded := recorded_checkpoint(save):
-        problem = (f"{save} holds no checkpoint but its {STATUS} records one at step {recorded} (were its "
-                   f"{checkpoints_dir(save).name}/ moved or deleted?)")
-        how = ("restore its checkpoints to continue it, or set overwrite=true to start it again "
-               "(discarding its metrics, status and evaluations)")
-    if problem is not None:
-        if not cfg.run.overwrite:
-            raise SaveInUseError(f"{problem}: {how}")
-        _discard_run(save)
-    if cfg.run.load and cfg.run.resume != "never":
-        held = hold_checkpoint(cfg.run.load)
-        found = held.path
-        mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
-        if not mismatch and not cfg.run.finetune and read_state(found).get("world_size") is None:
-            mismatch = ("holds weights only (an import or an export), no training state to continue: set "
-                        "finetune=true to start a new run from its weights")
-        if mismatch:
-            held.release()
-            raise CheckpointError(f"load={cfg.run.load}: {mismatch}")
-        return found, held
-    return None, None
-
-
-def _start_point(cfg: Config, info: DistInfo
-                 ) -> tuple[Path | None, Path | None, CheckpointHold | None, dict | None]:
-    """The checkpoint to continue (or, finetuning, take the weights of) and the tokenizer the run records
-    (:func:`neox_dar.tokenizer.run_tokenizer`), decided by rank 0 and shared with every rank (collective); and, on
-    rank 0, the hold on a ``load`` checkpoint (release it once every rank has read it) and the identity of the
-    data (:func:`~neox_dar.data.identity.data_identity`, for the checkpoints to record)."""
-    decision: list = [None]
-    held = data = None
-    if info.is_main:
-        try:
-            data = data_identity(cfg)
-            start, held = _choose_start(cfg, data)
-            decision[0] = ("start", (start, run_tokenizer(cfg.model, start)))
-        except Exception as e:  # shared with the other ranks, which would otherwise wait forever
-            if held is not None:
-                held.release()
-            decision[0] = ("error", e)
-    dist.broadcast_object_list(decision, src=0)
-    kind, value = decision[0]
-    if kind == "error":
-        raise value
-    return (*value, held, data)
-
-
-def _is_own(step_dir: Path, save: Path) -> bool:
-    """Whether ``step_dir`` is one of ``save``'s own checkpoints (a run continuing) rather than ``load``'s."""
-    return step_dir.resolve().parent == checkpoints_dir(save).resolve()
 
 
 def calibration_sequences(train_ds, cfg: Config) -> list[torch.Tensor]:
@@ -190,18 +76,6 @@ def unclipped_grad_norm(model) -> torch.Tensor:
     return torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
 
 
-def _record_tokenizer(save: Path, tokenizer: Path | None) -> None:
-    """Rank 0, lock held: the run's tokenizer into ``save/tokenizer/`` (checkpoints copy it from there); a run
-    without one says what that means, and drops a previous run's copy."""
-    if tokenizer is not None:
-        record_run_tokenizer(tokenizer, save)
-        log.info("tokenizer: %s (recorded in %s)", tokenizer, save / RUN_TOKENIZER_DIR)
-        return
-    shutil.rmtree(save / RUN_TOKENIZER_DIR, ignore_errors=True)
-    log.warning("this run records no tokenizer (no vocab_file, and the checkpoint it starts from has none): "
-                "evaluation, generation and export of its checkpoints will need --tokenizer")
-
-
 def _mark_failed(save: Path, state: TrainState, train_iters: int, error: BaseException) -> None:
     """status.json = failed with the error's first line, still recording the newest checkpoint (this run's, or the
     one the status recorded before a start that failed before reading it) and at least its step; a failing status
@@ -232,13 +106,13 @@ def train(cfg: Config, info: DistInfo) -> int:
     state = TrainState()
     logger = held = None
     try:
-        start_dir, tokenizer, held, data = _start_point(cfg, info)
+        start_dir, tokenizer, held, data = start_point(cfg, info)
         if run_lock is not None:
             run_lock.record()
-            _record_tokenizer(save, tokenizer)
+            record_tokenizer(save, tokenizer)
         startup.mark("run directory")
         # finetune: a new run from load='s weights (its own checkpoints, once it has some, are resumed as usual)
-        pretrained = start_dir if cfg.run.finetune and start_dir is not None and not _is_own(start_dir, save) else None
+        pretrained = start_dir if cfg.run.finetune and start_dir is not None and not is_own(start_dir, save) else None
         if start_dir is not None and pretrained is None:
             check_resumable(start_dir, cfg, info)  # before the data index and the engine
         world = info.world_size
@@ -258,7 +132,7 @@ def train(cfg: Config, info: DistInfo) -> int:
 
         if start_dir is not None and pretrained is None:
             state = load_checkpoint(engine, cfg, info, start_dir)
-            if _is_own(start_dir, save):
+            if is_own(start_dir, save):
                 state.checkpoint = state.step
         else:
             _seed_rank(cfg, info.rank)
