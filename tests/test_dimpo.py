@@ -190,6 +190,27 @@ def test_training_steps_see_each_instance_with_its_own_causal_keys():
     assert float(got) == pytest.approx(float(want), rel=1e-6)
 
 
+def test_a_diverged_or_empty_fit_is_an_error_not_the_starting_projection(monkeypatch):
+    """A non-finite loss, or no training step at all, is a one-line DimPOError naming the layer (before: the
+    untrained starting W was returned, saved and reported as the method's)."""
+    from neox_dar.dimpo import methods
+
+    split, hyper = manual_split(group=1), PAPER["dimpo"]
+    pairs = key_pairs(split, PairSelection(), block=8, seed=0)
+
+    def fit(step):
+        monkeypatch.setattr(methods, "_dimpo_step", step)
+        return methods.train_projection("dimpo", hyper, split, split, 3, 2, None, torch.Generator().manual_seed(0),
+                                        8, "layer 0", pairs)
+
+    w, log = fit(methods._dimpo_step)
+    assert log["best_epoch"] is not None and w.shape == (3, 6)
+    with pytest.raises(DimPOError, match=r"^layer 0: dimpo's loss is nan at step 1: the fit diverged"):
+        fit(lambda w, *_: (w * float("nan")).sum())
+    with pytest.raises(DimPOError, match="^layer 0: no training instance has a pair of keys"):
+        fit(lambda *_: None)
+
+
 def test_identity_projection_reproduces_attention(trained):
     model = load_for_eval(trained[0]).model
     test = capture_split(model, 0, splits(trained[1])["test"], every_query=True, keep_values=True, desc="t")
@@ -283,6 +304,11 @@ def test_cli_errors_are_one_line(trained, tmp_path, capsys):
         (["--seq-len", "100000"], "exceeds the model's max_position_embeddings"),
         (["--beta", "2"], "error: --beta applies to none of the chosen methods (pca)"),
         (["--lr", "1", "--lr-scale", "2"], "error: give --lr or --lr-scale, not both"),
+        (["--lr", "-1"], "error: --lr must be a finite number > 0, got -1.0"),  # Adam's traceback before
+        (["--beta", "nan"], "error: --beta must be a finite number > 0, got nan"),  # fitted nothing before
+        (["--beta", "0"], "error: --beta must be a finite number > 0, got 0.0"),
+        (["--gamma", "-3"], "error: --gamma must be a finite number >= 0, got -3.0"),
+        (["--margin", "-5"], "error: --margin must be a finite number >= 0, got -5.0"),
     ]
     for extra, message in cases:
         code, _, err = run_cli(base + extra, capsys)

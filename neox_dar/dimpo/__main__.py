@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import shlex
 import sys
 
@@ -25,6 +26,7 @@ from ..config import ConfigError
 from ..data import IndexedDatasetError
 from ..report.tables import to_latex, to_markdown
 from ..rundir import CheckpointError
+from ..tokenizer import TokenizerError
 from .instances import SPLITS, DimPOError
 from .methods import METHODS, PAPER
 from .pairs import PairSelection
@@ -149,8 +151,11 @@ def fit_hyper(args) -> dict:
     """Table 6's hyperparameters of the chosen trained methods with the command line's overrides."""
     if args.lr is not None and args.lr_scale != 1.0:
         raise DimPOError("give --lr or --lr-scale, not both")
-    if args.lr_scale <= 0:
-        raise DimPOError(f"--lr-scale must be > 0, got {args.lr_scale}")
+    for name, value, least, strict in (("lr", args.lr, 0, True), ("lr-scale", args.lr_scale, 0, True),
+                                       ("beta", args.beta, 0, True), ("gamma", args.gamma, 0, False),
+                                       ("margin", args.margin, 0, False)):
+        if value is not None and not (math.isfinite(value) and (value > least if strict else value >= least)):
+            raise DimPOError(f"--{name} must be a finite number {'>' if strict else '>='} {least}, got {value}")
     overrides = {"lr": args.lr, "batch_size": args.batch_size, "beta": args.beta, "gamma": args.gamma,
                  "margin": args.margin}
     hyper = {m: PAPER[m].with_overrides(**overrides) for m in args.methods if m in PAPER}
@@ -291,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {"fit": cmd_fit, "study": cmd_study, "table": cmd_table, "tasks": cmd_tasks, "apply": cmd_apply}
         return commands[args.command](args)
-    except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError, ConfigError) as e:
+    except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError, ConfigError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

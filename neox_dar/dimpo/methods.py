@@ -27,7 +27,7 @@ import torch
 
 from ..progress import progress_bar
 from .evaluate import evaluate
-from .instances import LayerSplit
+from .instances import DimPOError, LayerSplit
 from .pairs import KeyPairs, PairSelection, gather_keys, key_pairs
 from .losses import cpo_loss, dimpo_loss, orpo_loss, simpo_loss, triplet_loss
 
@@ -145,18 +145,28 @@ def train_projection(method: str, hyper: Hyper, train: LayerSplit, valid: LayerS
                     loss = _dimpo_step(w, train, rows, hyper, pairs)
                 if loss is None:  # no valid pair among these instances
                     continue
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise DimPOError(f"{desc}: {method}'s loss is {value} at step {log['steps'] + 1}: the fit "
+                                     f"diverged (lower --lr, or check --beta/--gamma/--margin)")
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-                loss_sum, seen = loss_sum + loss.item() * len(rows), seen + len(rows)
+                loss_sum, seen = loss_sum + value * len(rows), seen + len(rows)
                 log["steps"] += 1
                 bar.update()
             if seen == 0:
                 break
             metrics = evaluate(valid, {"w": w.detach()}, block)["w"]
             log["epochs"].append({"loss": loss_sum / seen, "valid_kl": metrics["kl"], "valid_mse": metrics["mse"]})
+            if not math.isfinite(metrics["kl"]):
+                raise DimPOError(f"{desc}: {method}'s validation KL is {metrics['kl']} after epoch {epoch}: the fit "
+                                 f"diverged (lower --lr)")
             if metrics["kl"] < best_kl:
                 best, best_kl, log["best_epoch"] = w.detach().clone(), metrics["kl"], epoch
+    if log["best_epoch"] is None:  # the starting W would be reported as the method's
+        raise DimPOError(f"{desc}: no training instance has a pair of keys with different attention weights, so "
+                         f"{method} has nothing to train on (give it more documents or a longer --seq-len)")
     return best, log
 
 
