@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     startup.mark("config")
     from neox_dar.training.distributed import init_distributed
+    from neox_dar.attention.triton_bridge import AttentionImplError
     from neox_dar.training.loop import DivergedError, train
 
     startup.mark("imports")
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger().setLevel(logging.WARNING)
     try:
         return train(cfg, info)  # records its own failures in status.json
-    except (*explained, DivergedError) as e:
+    except (*explained, DivergedError, AttentionImplError) as e:  # the last: attention_impl cannot run here
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

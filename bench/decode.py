@@ -23,7 +23,7 @@ does not depend on the values, and the prefill is not timed), then ``warmup`` + 
 step by step, so they share the machine's load (the 1-minute load average before and after is recorded); a step's
 time is wall time (CUDA synchronised); tokens/s is ``B / median step time``. ``cache_bytes_per_sequence`` is what
 the caches hold (``ModelCache.nbytes() / B``), next to the figure ``python -m neox_dar.describe`` prints (each
-layer's ``kv_cache_per_token(C) x C``, summed).
+layer's ``kv_cache_bytes_per_token(C, dtype bytes) x C``, summed).
 ``kv_bytes_read_per_token`` counts what one decode step of the implementation reads from the caches per row: the
 whole cache, except AHA (the last ``w`` columns of every head, and every column for the (row, head) pairs whose gate
 is open). AHA's router is replaced by a fixed gate pattern opening a ``--aha-mu-f`` share of the (layer, row, head)
@@ -297,8 +297,8 @@ def run(args) -> dict:
                         profiles[v] = launch_profile(lambda: model.decode(tokens, states[v][0]), device, top=8)
             for v, model in models.items():
                 cache, gates, times = states[v]
-                formula = (sum(m.kv_cache_per_token(C) for m in model.attention_modules()) * C
-                           * torch.finfo(dtype).bits / 8)
+                formula = sum(m.kv_cache_bytes_per_token(C, torch.finfo(dtype).bits // 8)
+                              for m in model.attention_modules()) * C
                 step_s = statistics.median(times)
                 q = statistics.quantiles(times, n=4) if len(times) > 1 else [step_s] * 3
                 rows.append({"variant": v, "context": C, "batch": B, "check_ok": checks[v]["ok"],

@@ -25,9 +25,11 @@ from .variants import variant
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
-def kv_cache_numbers_per_token(cfg: Config, context: int) -> list[float]:
-    """Cached numbers per token for each layer, averaged over a context of ``context`` tokens."""
-    return [m.kv_cache_per_token(context) for m in build_meta_model(cfg.model).attention_modules()]
+def kv_cache_bytes_per_token(cfg: Config, context: int, dtype: str) -> list[float]:
+    """Cached bytes per token for each layer of a model in ``dtype`` (a key of :data:`DTYPE_BYTES`), averaged over a
+    context of ``context`` tokens."""
+    return [m.kv_cache_bytes_per_token(context, DTYPE_BYTES[dtype])
+            for m in build_meta_model(cfg.model).attention_modules()]
 
 
 def _first_of_each_variant(modules: list) -> list:
@@ -82,8 +84,8 @@ def describe(cfg: Config, context: int | None = None, dtype: str = "bf16") -> st
                  f"(vanilla {fv['total']:.4g})")
 
     nbytes = DTYPE_BYTES[dtype]
-    cached = [a.kv_cache_per_token(C) * nbytes for a in mods]
-    per_token, vanilla_token = sum(cached), sum(a.kv_cache_per_token(C) for a in vanilla_mods) * nbytes
+    cached = [a.kv_cache_bytes_per_token(C, nbytes) for a in mods]
+    per_token, vanilla_token = sum(cached), sum(a.kv_cache_bytes_per_token(C, nbytes) for a in vanilla_mods)
     lines.append(f"KV cache at inference, context {C} tokens, {dtype}: {per_token:,.1f} bytes per token "
                  f"({100.0 * per_token / vanilla_token:.1f}% of vanilla's {vanilla_token:,.0f}); "
                  f"{per_token * C / 2**20:,.2f} MiB per sequence")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from neox_dar.config import load_config
-from neox_dar.describe import kv_cache_numbers_per_token, main
+from neox_dar.describe import kv_cache_bytes_per_token, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,8 +31,8 @@ def cfg(variant, *overrides):
     ("dar", 128 + 8 * 16 + 2 * 512 * 128 / 2048),
     ("uniform", 128 + 8 * 16),
 ])
-def test_kv_cache_numbers_per_token(variant, per_layer):
-    assert kv_cache_numbers_per_token(cfg(variant), 2048) == [pytest.approx(per_layer)] * 6
+def test_kv_cache_bytes_per_token(variant, per_layer):
+    assert kv_cache_bytes_per_token(cfg(variant), 2048, "bf16") == [pytest.approx(2 * per_layer)] * 6
 
 
 @pytest.mark.parametrize("variant,per_layer", [
@@ -41,14 +41,14 @@ def test_kv_cache_numbers_per_token(variant, per_layer):
 ])
 def test_latent_dar_cache_keeps_the_papers_d_down_per_token(variant, per_layer):
     c = cfg(variant, "dar_inference_cache=latent")
-    assert kv_cache_numbers_per_token(c, 2048) == [pytest.approx(per_layer)] * 6
+    assert kv_cache_bytes_per_token(c, 2048, "fp32") == [pytest.approx(4 * per_layer)] * 6
 
 
 def test_kv_cache_mswa_sums_each_heads_window():
     c = cfg("mswa")
     windows = [8, 8, 16, 16, 32, 32, 64, 64]  # layer 0 of pythia-70m, base 128
-    assert kv_cache_numbers_per_token(c, 2048)[0] == pytest.approx(sum(2 * 64 * w / 2048 for w in windows))
-    short = kv_cache_numbers_per_token(c, 16)[0]  # a context shorter than a window keeps every token
+    assert kv_cache_bytes_per_token(c, 2048, "fp32")[0] == pytest.approx(4 * sum(2 * 64 * w / 2048 for w in windows))
+    short = kv_cache_bytes_per_token(c, 16, "fp32")[0] / 4  # a context shorter than a window keeps every token
     assert short == pytest.approx(sum(2 * 64 * min(w, 16) / 16 for w in windows))
 
 

@@ -182,11 +182,25 @@ def test_decoding_steps_equal_the_full_forward(keys):
 
 
 def test_triton_path_without_cuda_is_a_clear_error():
+    from neox_dar.attention.triton_bridge import AttentionImplError
+
     cfg = attention_config("linear", "triton")
     mod = build_attention(cfg, 0)
     a = randn(1, 5, cfg.hidden_size)
-    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+    with pytest.raises(AttentionImplError, match="needs a CUDA device"):
         mod(a, *rotary(cfg, 5))
+
+
+def test_auto_takes_flas_kernel_only_where_it_takes_the_features_and_triton_refuses_wider_ones():
+    """fla's kernel holds d_f <= 16: ``auto`` on CUDA runs it up to 16 and the PyTorch path above (it ran fla and
+    failed at the first step); an explicit ``triton`` with d_f 32 is a config error naming linear_feature_dim."""
+    from neox_dar.config import ConfigError
+
+    for d_f, path in ((16, "triton"), (32, "sdpa")):
+        mod = build_attention(attention_config("linear", "auto", linear_feature_dim=d_f), 0)
+        assert mod.resolved_impl(torch.device("cuda")) == path and mod.resolved_impl(torch.device("cpu")) == "sdpa"
+    with pytest.raises(ConfigError, match="'linear_feature_dim'.*32 \\(must be <= 16 with attention_impl: triton"):
+        attention_config("linear", "triton", linear_feature_dim=32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-linear-attention's kernels run on CUDA only (its "
@@ -226,3 +240,21 @@ def test_costs_state_and_flops():
     per_layer = 3 * 8 * (2 * D * 64 + D + 2 * D * 64 + 2 * D) + 12 * 64 * 16 * 7
     assert flops_per_token(model, 2048)["attention"] == pytest.approx(2 * per_layer)
     assert sum(p.numel() for n, p in layer.named_parameters() if "feature_" in n) == 2 * 64 * 16
+
+
+def test_describe_counts_the_float32_state_in_a_bf16_model():
+    """The state is float32 whatever the model's dtype, so a bf16 model's cache holds 4 bytes per state number, as
+    ``describe`` now says (it counted 2: half the cache of a linear layer), next to bf16 MSWA layers (2 bytes)."""
+    from types import SimpleNamespace
+
+    from neox_dar.describe import kv_cache_bytes_per_token
+
+    cfg = model_config(num_layers=12, hidden_size=64, num_attention_heads=4, attention_type="mswa", window_size=4,
+                       hybrid="mswa_linear", linear_feature_dim=4, vocab_size=256)
+    model = build_model(cfg).to(torch.bfloat16)
+    for context in (3, 20):
+        cache = model.new_cache([context - 1], 1)
+        per_layer = kv_cache_bytes_per_token(SimpleNamespace(model=cfg), context, "bf16")
+        assert cache.nbytes() == pytest.approx(sum(per_layer) * context, rel=1e-12)
+        linear = [b for b, m in zip(per_layer, model.attention_modules()) if isinstance(m, LinearAttention)]
+        assert len(linear) == 4 and linear[0] * context == 4 * model.attention_modules()[0].state_numbers()

@@ -30,7 +30,7 @@ from neox_dar.attention import build_attention
 from neox_dar.variants import register, unregister, variants
 from neox_dar.attention.base import RotaryEmbedding
 from neox_dar.config import ConfigError
-from neox_dar.describe import kv_cache_numbers_per_token
+from neox_dar.describe import kv_cache_bytes_per_token
 from neox_dar.model import build_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -143,7 +143,7 @@ def test_decoding_equals_the_full_forward_and_the_cache_holds_what_describe_says
     check_decoding(model, [5, 13], 8, seed=3)
     for context in (3, 20):
         cache = model.new_cache([context - 1], 1)
-        expected = sum(kv_cache_numbers_per_token(SimpleNamespace(model=model.cfg), context)) * context * 4
+        expected = sum(kv_cache_bytes_per_token(SimpleNamespace(model=model.cfg), context, "fp32")) * context
         assert cache.nbytes() == pytest.approx(expected, rel=1e-12)
 
 

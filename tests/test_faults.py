@@ -228,6 +228,18 @@ def test_bad_paths_and_values_are_one_line(data, tmp_path):
         assert out.returncode == 2 and why in error_line(out)
 
 
+def test_triton_without_cuda_is_one_line_before_the_run(data, tmp_path, monkeypatch):
+    """attention_impl=triton where it cannot run: without CUDA and Triton's interpreter, and for linear layers
+    (flash-linear-attention's kernels) without CUDA at all: one line, exit 2, before the process group. (Before:
+    a RuntimeError traceback at the first step.)"""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = train_in_process(tmp_path / "run", data, *SHORT, "attention_type=linear", "attention_impl=triton")
+    assert out.returncode == 2 and "flash-linear-attention's kernels, which need a CUDA GPU" in error_line(out)
+    monkeypatch.delenv("TRITON_INTERPRET")
+    out = train_in_process(tmp_path / "run", data, *SHORT, "attention_type=swa", "attention_impl=triton")
+    assert out.returncode == 2 and error_line(out).startswith("config error: attention_impl=triton needs a CUDA GPU")
+
+
 def test_sweep_plan_prints_the_epochs_a_budget_reads(tokenized_sample, tmp_path, capsys):
     """The DAR Table 1 plan (10B tokens per run) on the 20k-token test sample: each run's row shows the epochs and a
     warning says the data repeats. (Before: planned without a word.)"""

@@ -246,14 +246,14 @@ def test_inference_doc_mswa_cache_is_the_decode_results():
 
 def test_attention_doc_dar_cache_numbers_are_the_codes():
     from neox_dar.config import load_config
-    from neox_dar.describe import kv_cache_numbers_per_token
+    from neox_dar.describe import kv_cache_bytes_per_token
 
     def bytes_per_token(files, *overrides):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             cfg = load_config("configs/pythia-70m.yml", *(f"configs/attention/{f}.yml" for f in files),
                               overrides=list(overrides))
-        return 2 * sum(kv_cache_numbers_per_token(cfg, 2048)), cfg  # bf16
+        return sum(kv_cache_bytes_per_token(cfg, 2048, "bf16")), cfg
 
     text = _doc("attention.md")
     vanilla, _ = bytes_per_token(["vanilla"])

@@ -10,7 +10,7 @@ import pytest
 import torch
 from builders import FAMILY_PRESETS, TINY_FAMILY_KEYS, config, saved_model, saved_run
 
-from neox_dar.describe import kv_cache_numbers_per_token
+from neox_dar.describe import kv_cache_bytes_per_token
 from neox_dar.generate import GenerationError, Sampling, generate
 from neox_dar.model import build_model
 
@@ -192,7 +192,7 @@ def test_cache_bytes_equal_the_describe_formula(variant, family, context):
     latent = variant == "dar-latent"
     model = family_model(family, "dar" if latent else variant, **({"dar_inference_cache": "latent"} if latent else {}))
     cache = model.new_cache([context - 1], 1)
-    expected = sum(kv_cache_numbers_per_token(SimpleNamespace(model=model.cfg), context)) * context * 4
+    expected = sum(kv_cache_bytes_per_token(SimpleNamespace(model=model.cfg), context, "fp32")) * context
     assert cache.nbytes() == pytest.approx(expected, rel=1e-12)
 
 

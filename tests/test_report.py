@@ -459,7 +459,7 @@ def test_noise_floor_bits_per_byte_and_rel_over_the_evaluated_corpora(noisy):
     import math
 
     from neox_dar.config import load_config
-    from neox_dar.describe import kv_cache_numbers_per_token
+    from neox_dar.describe import kv_cache_bytes_per_token
 
     root, ppl = noisy
     runs, sweep, _ = collect(root)
@@ -487,7 +487,7 @@ def test_noise_floor_bits_per_byte_and_rel_over_the_evaluated_corpora(noisy):
     assert swa[avg.columns.index("vs noise")] == "mixed" and swa[avg.columns.index("n")] == 2
     cfg = load_config(root / "dar" / "config.yml")
     assert _row(table, "dar")[col("KV (B/token)")] == pytest.approx(
-        2 * sum(kv_cache_numbers_per_token(cfg, cfg.model.seq_length)))
+        sum(kv_cache_bytes_per_token(cfg, cfg.model.seq_length, "bf16")))
 
 
 def test_learning_curves_against_tokens_seen_with_the_noise_band(noisy, monkeypatch):

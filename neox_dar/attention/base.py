@@ -170,6 +170,11 @@ class Attention(AttentionLayer, abc.ABC):
         """Training FLOPs per token of matrix products that ``6 * params`` misses (a weight used twice)."""
         return 0.0
 
+    def kv_cache_bytes_per_token(self, context: int, dtype_bytes: int) -> float:
+        """Bytes this layer caches per token at a context of ``context`` tokens, its cached numbers
+        (:meth:`kv_cache_per_token`) held in the model's dtype of ``dtype_bytes`` bytes."""
+        return self.kv_cache_per_token(context) * dtype_bytes
+
     def kv_cache_per_token(self, context: int) -> float:
         """Numbers this layer caches per token at inference, averaged over a context of ``context`` tokens:
         ``2 d_h`` per key/value head for the keys its query heads can still see (the largest of their windows, or

@@ -27,14 +27,14 @@ import torch
 import torch.nn.functional as F
 
 from ..standalone.linear import LinearLayer, LinearState, taylor_features
-from ..variants.linear import LinearSpec
+from ..variants.linear import FLA_MAX_FEATURES, LinearSpec
 from .base import Attention
+from .triton_bridge import AttentionImplError
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
 
 CHUNK = 64  # query/key block of the PyTorch path: exact for any size; sets its memory and speed
-FLA_MAX_FEATURES = 16  # fused_chunk_based holds the d_f^2 state of a head in registers
 
 
 def taylor_weights(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -83,16 +83,17 @@ def fla_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> t
     denominator, which is at least 1/2). q, k: (B, H, T, d_f), v: (B, H, T, d_v) -> (B, H, T, d_v)."""
     d_f = q.shape[-1]
     if q.device.type != "cuda":
-        raise RuntimeError(f"attention_impl 'triton' for linear attention needs a CUDA device; tensors are on "
-                           f"'{q.device}'. Use attention_impl: sdpa or reference here")
+        raise AttentionImplError(f"attention_impl 'triton' for linear attention needs a CUDA device; tensors are "
+                                 f"on '{q.device}'. Use attention_impl: sdpa or reference here")
     if d_f > FLA_MAX_FEATURES:
-        raise RuntimeError(f"attention_impl 'triton' for linear attention (fla's fused_chunk_based) supports "
-                           f"linear_feature_dim <= {FLA_MAX_FEATURES}, got {d_f}; use attention_impl: sdpa")
+        raise AttentionImplError(f"attention_impl 'triton' for linear attention (fla's fused_chunk_based) "
+                                 f"supports linear_feature_dim <= {FLA_MAX_FEATURES}, got {d_f}; use "
+                                 "attention_impl: sdpa")
     try:
         from fla.ops.based import fused_chunk_based
     except ImportError as e:
-        raise RuntimeError(f"attention_impl 'triton' for linear attention needs flash-linear-attention's kernels "
-                           f"(pip install fla-core, see requirements.txt): {e}") from e
+        raise AttentionImplError(f"attention_impl 'triton' for linear attention needs flash-linear-attention's "
+                                 f"kernels (pip install fla-core, see requirements.txt): {e}") from e
     o = fused_chunk_based(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=d_f ** -0.5)
     return o.transpose(1, 2)
 
@@ -115,6 +116,13 @@ class LinearAttention(LinearLayer, Attention):
     def forward(self, a: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split_heads(a, cos[..., :0], sin[..., :0])  # rotary goes on the features (attend)
         return self.merge_heads(self.attend(q, k, v, a, cos, sin))
+
+    def resolved_impl(self, device: torch.device) -> str:
+        """``auto``: fla's kernel (``triton``) on CUDA where it takes the features (``d_f <= 16``), else the
+        PyTorch chunked path (``sdpa``)."""
+        if self.impl == "auto" and self.feature_dim > FLA_MAX_FEATURES:
+            return "sdpa"
+        return super().resolved_impl(device)
 
     def attend(self, q, k, v, a, cos, sin) -> torch.Tensor:
         fq, fk = self.features(q, k, cos, sin)
@@ -149,6 +157,10 @@ class LinearAttention(LinearLayer, Attention):
 
     def kv_cache_per_token(self, context: int) -> float:
         return self.state_numbers() / context
+
+    def kv_cache_bytes_per_token(self, context: int, dtype_bytes: int) -> float:
+        """The state is float32 whatever the model's dtype (:class:`~neox_dar.standalone.linear.LinearState`)."""
+        return self.kv_cache_per_token(context) * 4
 
     def flop_notes(self, context: int) -> list[str]:
         return ["linear: counted in the recurrent (state) form; the chunked paths also weigh each query against "

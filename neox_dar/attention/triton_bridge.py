@@ -16,14 +16,19 @@ import torch
 from ..top_packages import INSTALLED
 
 
+class AttentionImplError(RuntimeError):
+    """The ``attention_impl`` asked for cannot run here (no CUDA device, no kernels installed, a shape the kernel does
+    not take): one line that names the way out, never a silent fallback to another path."""
+
+
 def triton_kernels(device: torch.device) -> ModuleType:
     """The kernels module (``triton_kernels(q.device).mswa_attention(q, k, v, windows)``), imported on first use;
-    raises RuntimeError when Triton cannot run on ``device``.
+    raises :class:`AttentionImplError` when Triton cannot run on ``device``.
 
     On CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``).
     """
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise RuntimeError(f"attention_impl 'triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU); "
+        raise AttentionImplError(f"attention_impl 'triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU); "
                            f"tensors are on '{device}'. Use attention_impl: sdpa or reference here")
     try:
         if INSTALLED:
@@ -31,5 +36,5 @@ def triton_kernels(device: torch.device) -> ModuleType:
         else:
             import kernels
     except ImportError as e:
-        raise RuntimeError(f"attention_impl 'triton' could not import the Triton kernels ({e})") from e
+        raise AttentionImplError(f"attention_impl 'triton' could not import the Triton kernels ({e})") from e
     return kernels

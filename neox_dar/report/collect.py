@@ -146,9 +146,9 @@ def relative_cost(run: RunRecord, cache: dict) -> float:
 
 def kv_bytes_per_token(run: RunRecord) -> float:
     """Inference KV-cache bytes per token in bf16 at a context of ``seq_length``, summed over the layers
-    (:func:`neox_dar.describe.kv_cache_numbers_per_token`, what ``python -m neox_dar.describe`` prints)."""
-    from ..describe import DTYPE_BYTES, kv_cache_numbers_per_token
+    (:func:`neox_dar.describe.kv_cache_bytes_per_token`, what ``python -m neox_dar.describe`` prints)."""
+    from ..describe import kv_cache_bytes_per_token
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return sum(kv_cache_numbers_per_token(run.cfg, run.cfg.model.seq_length)) * DTYPE_BYTES["bf16"]
+        return sum(kv_cache_bytes_per_token(run.cfg, run.cfg.model.seq_length, "bf16"))

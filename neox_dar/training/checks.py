@@ -3,6 +3,7 @@ directory or the data files."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -48,8 +49,9 @@ def load_checked(paths: list[str], overrides: list[str]) -> Config | None:
 def check_training_config(cfg: Config, world_size: int) -> None:
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
     (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data,
-    fp16 without CUDA, finetune without load, bf16 without ZeRO, or a damaged data file (header, sizes, dtype and
-    token ids against ``vocab_size``: :func:`neox_dar.data.check_data_files`)."""
+    fp16 or ``attention_impl: triton`` without CUDA (:func:`check_triton_here`), finetune without load, bf16 without
+    ZeRO, or a damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
+    :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
     try:
@@ -64,6 +66,8 @@ def check_training_config(cfg: Config, world_size: int) -> None:
     if cfg.training.dtype == "fp16" and not _cuda():
         raise ConfigError("precision fp16 needs a CUDA GPU (DeepSpeed's fp16 optimizer runs on none other): use "
                           "precision=fp32 or bf16 here")
+    if cfg.model.attention.attention_impl == "triton" and not _cuda():
+        check_triton_here(cfg)
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
                           "import to start from (load=...), or drop finetune to train from scratch")
@@ -141,6 +145,19 @@ def epochs_line(cfg: Config, world_size: int, max_epochs: float | None = None) -
     if warning:
         return f"warning: {warning}"
     return f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data"
+
+
+def check_triton_here(cfg: Config) -> None:
+    """``attention_impl: triton`` on a machine without CUDA: the kernels run only under Triton's interpreter
+    (``TRITON_INTERPRET=1``, for tests), and flash-linear-attention's (linear layers) not at all."""
+    from ..variants.layers import layer_types
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise ConfigError("attention_impl=triton needs a CUDA GPU (on a CPU the kernels run only under "
+                          "TRITON_INTERPRET=1, slowly, for tests): use attention_impl=auto or sdpa here")
+    if "linear" in layer_types(cfg.model):
+        raise ConfigError("attention_impl=triton runs the linear layers with flash-linear-attention's kernels, which "
+                          "need a CUDA GPU (not Triton's interpreter): use attention_impl=auto or sdpa here")
 
 
 def _cuda() -> bool:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 
-from ..config_fields import Key
+from ..config_fields import Key, check
 from .spec import ModelConfig, VariantSpec
+
+
+FLA_MAX_FEATURES = 16  # fla's fused_chunk_based holds the d_f^2 state of a head in registers
 
 
 class LinearSpec(VariantSpec):
@@ -16,6 +19,15 @@ class LinearSpec(VariantSpec):
                                       "(phi has 1 + d_f + d_f^2 dims; the MSWA paper and Based use 16).", label="f",
                                       rule=lambda v, m: None if v >= 1 else "must be >= 1")}
     module_path = "neox_dar.attention.linear:LinearAttention"
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        """``attention_impl: triton`` runs fla's kernel, which takes ``d_f <= 16`` (``auto`` runs the PyTorch path
+        above that)."""
+        d_f = cfg.attention.linear_feature_dim
+        check(cfg.attention.attention_impl != "triton" or d_f <= FLA_MAX_FEATURES, "linear_feature_dim",
+              f"must be <= {FLA_MAX_FEATURES} with attention_impl: triton (fla's fused_chunk_based); use "
+              "attention_impl: auto or sdpa for wider features", d_f)
 
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:
