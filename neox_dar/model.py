@@ -197,16 +197,23 @@ class CausalLM(nn.Module):
         """Each layer's attention module, in layer order (also when the engine wraps the blocks)."""
         return [m for m in self.modules() if isinstance(m, Attention)]
 
-    def aux_loss(self) -> torch.Tensor:
-        """Sum of the variants' auxiliary loss terms from the last forward (already scaled by their coefficients)."""
-        terms = [m.aux_loss for m in self.attention_modules() if m.aux_loss is not None]
+    def aux_loss(self, real: torch.Tensor | None = None) -> torch.Tensor:
+        """Sum over layers of the variants' auxiliary loss terms from the last forward (already scaled by their
+        coefficients), each the mean of the layer's per-position term over the positions ``real`` (B, T) bool marks
+        (a conversation micro-batch's padding left out), or over every position."""
+        terms = [m.aux_tokens for m in self.attention_modules() if m.aux_tokens is not None]
         if not terms:
             return torch.zeros((), device=self.head.weight.device)
-        return torch.stack(terms).sum()
+        if real is None:
+            return torch.stack([t.mean() for t in terms]).sum()
+        weight = real.to(terms[0].dtype)
+        return torch.stack([(t * weight).sum() for t in terms]).sum() / weight.sum().clamp(min=1)
 
-    def attention_stats(self) -> dict[str, torch.Tensor]:
-        """Per-layer statistics from the last forward, keyed ``layer{l}/{name}`` (a variant's per-head stats)."""
-        return {f"layer{m.layer_idx}/{k}": v for m in self.attention_modules() for k, v in m.stats.items()}
+    def attention_stats(self, real: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """Per-layer statistics from the last forward, keyed ``layer{l}/{name}`` (a variant's per-head stats); with
+        ``real`` (B, T) bool, each averaged over those positions only (from its ``token_stats``)."""
+        return {f"layer{m.layer_idx}/{k}": v if real is None else m.token_stats[k][real].float().mean(0)
+                for m in self.attention_modules() for k, v in m.stats.items()}
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The state dict without the tied copies (what a checkpoint stores)."""

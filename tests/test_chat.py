@@ -107,7 +107,7 @@ def test_loss_is_cross_entropy_over_assistant_tokens_only(prepared):
     model, _ = tiny_model(seed=3, seq_length=128)
     ds = _dataset(prefix)
     batch = pad_collate([ds[i] for i in range(4)])
-    x, y = inputs_and_targets(batch, torch.device("cpu"))
+    x, y, _ = inputs_and_targets(batch, torch.device("cpu"))
     with torch.no_grad():
         loss = lm_loss(model(x), y)
     total, count = 0.0, 0
@@ -132,15 +132,42 @@ def test_padded_batch_equals_one_by_one(prepared):
     ds = _dataset(prefix)
     samples = [ds[i] for i in range(8)]
     assert len({len(t) for t, _ in samples}) > 1
-    x, y = inputs_and_targets(pad_collate(samples), torch.device("cpu"))
+    x, y, real = inputs_and_targets(pad_collate(samples), torch.device("cpu"))
     with torch.no_grad():
         logits = model(x)
+    assert real.sum(1).tolist() == [len(t) - 1 for t, _ in samples]
     for row, sample in enumerate(samples):
-        xi, yi = inputs_and_targets(pad_collate([sample]), torch.device("cpu"))
+        xi, yi, _ = inputs_and_targets(pad_collate([sample]), torch.device("cpu"))
         with torch.no_grad():
             alone = lm_loss(model(xi), yi)
         n = xi.shape[1]
         assert lm_loss(logits[row:row + 1, :n], y[row:row + 1, :n]).item() == pytest.approx(alone.item(), rel=1e-5)
+
+
+def test_ahas_l1_term_and_mu_f_leave_the_padding_out(prepared):
+    """In a padded micro-batch AHA's L1 term and the logged mu_f are means over the real positions: the
+    conversations' own terms weighted by their lengths (before: the padding's router scores counted too, so the
+    term's weight on real tokens shrank with the padding's share)."""
+    prefix, _ = prepared
+    model, _ = tiny_model(seed=5, seq_length=128, attention_type="aha", window_size=4, aha_l1_coef=0.1)
+    ds = _dataset(prefix)
+    samples = [ds[i] for i in range(8)]
+    x, _, real = inputs_and_targets(pad_collate(samples), torch.device("cpu"))
+    assert not real.all()
+    with torch.no_grad():
+        model(x)
+        padded = model.aux_loss(real).item(), model.attention_stats(real)
+        unmasked = model.aux_loss().item()
+    aux, mu_f, n = 0.0, 0.0, 0
+    for sample in samples:
+        xi, _, _ = inputs_and_targets(pad_collate([sample]), torch.device("cpu"))
+        with torch.no_grad():
+            model(xi)
+        aux += model.aux_loss().item() * xi.shape[1]
+        mu_f += model.attention_stats()["layer1/mu_f"].double() * xi.shape[1]
+        n += xi.shape[1]
+    assert padded[0] == pytest.approx(aux / n, rel=1e-5) and unmasked != pytest.approx(aux / n, rel=1e-3)
+    torch.testing.assert_close(padded[1]["layer1/mu_f"].double(), mu_f / n)
 
 
 def test_length_grouped_order_is_seeded_and_complete(prepared):

@@ -102,7 +102,8 @@ class AHAAttention(AHALayer, Attention):
     """AHA with ``attention.router`` (d -> H, no bias; ``init_method`` like ``query_key_value``), its cache and decode
     step from :class:`~neox_dar.standalone.aha.AHALayer`.
 
-    After each forward: ``self.aux_loss`` = ``aha_l1_coef * mean(s) / aha_layers`` (the model's AHA layers);
+    After each forward: ``self.aux_tokens`` = ``aha_l1_coef * mean_h(s) / aha_layers`` (B, T) (the model's AHA
+    layers), so the L1 term over the real positions is ``aha_l1_coef * mean(s)`` over them, layers and heads;
     ``self.stats["mu_f"]`` = mean gate per head over batch and tokens, shape (H,); ``self.token_stats["mu_f"]`` =
     the gate itself, (B, T, H) bool, which the evaluation averages over real (non-padding) positions only.
     """
@@ -146,7 +147,7 @@ class AHAAttention(AHALayer, Attention):
                 other = self.routed(q, k, v, ~gate)
             straight_through = ((2.0 * g.float() - 1.0) * (s - s.detach())).transpose(1, 2)[..., None]  # value 0
             o = o + (straight_through * (o.detach() - other)).to(o.dtype)
-        self.aux_loss = self.l1_coef * s.mean() / self.aha_layers
+        self.aux_tokens = self.l1_coef * s.mean(-1) / self.aha_layers
         self.stats = {"mu_f": g.float().mean(dim=(0, 1)).detach()}
         self.token_stats = {"mu_f": g.detach()}
         return o

@@ -55,7 +55,9 @@ class Attention(AttentionLayer, abc.ABC):
     is registered; a plug-in registers its module class: ``neox_dar.variants.register(MyAttention)``. Per forward,
     a variant may set:
 
-    * ``self.aux_loss``: a loss term (scalar tensor, already scaled by its coefficient), summed into the loss;
+    * ``self.aux_tokens``: a loss term at each position, (B, T), already scaled by its coefficient; the model's
+      :meth:`~neox_dar.model.CausalLM.aux_loss` adds its mean over the real (non-padding) positions to the loss
+      (:attr:`aux_loss`: its mean over every position);
     * ``self.stats``: per-head statistics for the training logs, name -> (H,) tensor (names in ``spec.stats``);
     * ``self.token_stats``: the same statistics per token, name -> (B, T, H), which evaluation averages over real
       (non-padding) positions only.
@@ -78,9 +80,15 @@ class Attention(AttentionLayer, abc.ABC):
         self.kv_groups = cfg.kv_groups
         self.rotary_ndims = cfg.rotary_ndims
         self.impl = cfg.attention.attention_impl
-        self.aux_loss: torch.Tensor | None = None
+        self.aux_tokens: torch.Tensor | None = None
         self.stats: dict[str, torch.Tensor] = {}
         self.token_stats: dict[str, torch.Tensor] = {}
+
+    @property
+    def aux_loss(self) -> torch.Tensor | None:
+        """The layer's loss term over every position of the last forward (the mean of :attr:`aux_tokens`), or
+        None."""
+        return None if self.aux_tokens is None else self.aux_tokens.mean()
 
     def key_value(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, through: torch.Tensor | None = None):
         """Rotary-applied ``k`` and ``v``, each (B, H_kv, T, d_h), of ``h`` (B, T, d) through the key and value

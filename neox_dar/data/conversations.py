@@ -89,14 +89,17 @@ class ConversationDataset:
         return tokens.get(local, 0, n).astype(np.int64), labels.get(local, 0, n).astype(np.int64)
 
 
-def pad_collate(samples: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad a micro-batch of conversations to its longest: tokens (B, L) with 0, labels (B, L) with -100."""
+def pad_collate(samples: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad a micro-batch of conversations to its longest: tokens (B, L) with 0, labels (B, L) with -100, and
+    ``real`` (B, L) bool, False on the padding."""
     width = max(len(t) for t, _ in samples)
     tokens = np.zeros((len(samples), width), dtype=np.int64)
     labels = np.full((len(samples), width), IGNORE, dtype=np.int64)
+    real = np.zeros((len(samples), width), dtype=bool)
     for row, (t, lab) in enumerate(samples):
         tokens[row, :len(t)] = t
         labels[row, :len(lab)] = lab
+        real[row, :len(t)] = True
     import torch  # here only: data_prep imports this package, and torch would add ~180 MB to each of its processes
 
-    return torch.from_numpy(tokens), torch.from_numpy(labels)
+    return torch.from_numpy(tokens), torch.from_numpy(labels), torch.from_numpy(real)

@@ -24,22 +24,25 @@ def _stack(samples: list[np.ndarray]) -> torch.Tensor:
 
 def micro_batches(ds, cfg: Config, info: DistInfo, total_samples: int, consumed_samples: int) -> DataLoader:
     """This rank's micro-batches (B = ``train_micro_batch_size_per_gpu``) of ``ds``, starting after
-    ``consumed_samples`` global samples."""
+    ``consumed_samples`` global samples. The loader has its own generator (seeded by ``seed``), so starting its
+    iterator leaves the global one, which dropout draws from, as a resumed checkpoint restored it."""
     sampler = DataParallelSampler(total_samples, consumed_samples, cfg.training.train_micro_batch_size_per_gpu,
                                   info.rank, info.world_size)
     collate = pad_collate if isinstance(ds, ConversationDataset) else _stack
     return DataLoader(ds, batch_sampler=sampler, num_workers=cfg.data.num_workers, collate_fn=collate,
-                      pin_memory=info.device.type == "cuda")
+                      pin_memory=info.device.type == "cuda",
+                      generator=torch.Generator().manual_seed(cfg.training.seed + info.rank))
 
 
-def inputs_and_targets(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed tokens (B, T + 1), or conversations ``(tokens, labels)`` (B, L) -> inputs (B, T) and next-token
-    targets (B, T) on ``device`` (-100: no loss there)."""
+def inputs_and_targets(batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Packed tokens (B, T + 1), or conversations ``(tokens, labels, real)`` (B, L) -> inputs (B, T), next-token
+    targets (B, T) (-100: no loss there) and, for conversations, the inputs whose next token is the conversation's
+    (B, T) bool, the positions a conversation alone would have (None: all), on ``device``."""
     if isinstance(batch, (tuple, list)):
-        tokens, labels = (t.to(device, non_blocking=True) for t in batch)
-        return tokens[:, :-1], labels[:, 1:]
+        tokens, labels, real = (t.to(device, non_blocking=True) for t in batch)
+        return tokens[:, :-1], labels[:, 1:], real[:, 1:]
     tokens = batch.to(device, non_blocking=True)
-    return tokens[:, :-1], tokens[:, 1:]
+    return tokens[:, :-1], tokens[:, 1:], None
 
 
 def micro_batch_loss(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

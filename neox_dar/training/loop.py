@@ -55,9 +55,10 @@ def calibration_sequences(train_ds, cfg: Config) -> list[torch.Tensor]:
     return out
 
 
-def _averaged_stats(model, info: DistInfo) -> dict:
-    """The model's attention statistics from the last forward, averaged over ranks, as metrics fields."""
-    stats = model.attention_stats()
+def _averaged_stats(model, info: DistInfo, real: torch.Tensor | None) -> dict:
+    """The model's attention statistics from the last forward (the step's last micro-batch; over its ``real``
+    positions, :func:`~neox_dar.training.batches.inputs_and_targets`), averaged over ranks, as metrics fields."""
+    stats = model.attention_stats(real)
     if not stats:
         return {}
     keys = sorted(stats)
@@ -172,9 +173,9 @@ def train(cfg: Config, info: DistInfo) -> int:
             lm_sum = torch.zeros((), device=info.device)
             aux_sum = torch.zeros((), device=info.device)
             for micro_step in range(grad_accum):
-                x, y = inputs_and_targets(next(batches), info.device)
+                x, y, real = inputs_and_targets(next(batches), info.device)
                 lm = micro_batch_loss(engine, x, y)
-                aux = model.aux_loss().float()
+                aux = model.aux_loss(real).float()
                 engine.backward(lm + aux)
                 if own_grad_norm and micro_step == grad_accum - 1:
                     grad_norm = unclipped_grad_norm(model)
@@ -202,7 +203,7 @@ def train(cfg: Config, info: DistInfo) -> int:
                        "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                        "consumed_samples": state.consumed_samples,
                        **throughput(*intervals[-1], global_batch, cfg.model.seq_length, world, flops, peak),
-                       **memory_gb(info.device), **_averaged_stats(model, info)}
+                       **memory_gb(info.device), **_averaged_stats(model, info, real)}
                 scale = getattr(engine.optimizer, "cur_scale", None) if engine.fp16_enabled() else None
                 if scale is not None:
                     row["loss_scale"] = float(scale)

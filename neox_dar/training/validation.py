@@ -58,7 +58,7 @@ def evaluate(engine, valid_ds, cfg: Config, info: DistInfo, evaluation: int) -> 
     losses = []
     try:
         for tokens in evaluation_micro_batches(valid_ds, cfg, info, evaluation):
-            x, y = inputs_and_targets(tokens, info.device)
+            x, y, _ = inputs_and_targets(tokens, info.device)
             losses.append(micro_batch_loss(engine, x, y))
     finally:
         engine.train()
