@@ -42,6 +42,13 @@ def test_lr_schedule_warmup_cosine_and_floor():
     assert lr_at(cfg, 150) == pytest.approx(1e-4)                        # beyond lr_decay_iters
     lin = cfg_with("train_iters=100", "warmup=0.1", "optimizer.params.lr=1e-3", "min_lr=0", "lr_decay_style=linear")
     assert lr_at(lin, 54) == pytest.approx(0.5e-3)
+    # GPT-NeoX's linear decay runs toward 0 and stops at min_lr (it decayed toward min_lr: 5.5e-4 and 2e-4 here)
+    floor = cfg_with("train_iters=100", "warmup=0.1", "optimizer.params.lr=1e-3", "min_lr=1e-4",
+                     "lr_decay_style=linear")
+    assert [lr_at(floor, it) for it in (54, 89, 95)] == pytest.approx([5e-4, 1e-3 / 9, 1e-4])
+    # a decay that ends within one step of the warmup reaches min_lr at its end (it stayed near the peak)
+    short = cfg_with("train_iters=1", "warmup=0.34", "optimizer.params.lr=1e-3", "min_lr=3e-4")
+    assert lr_at(short, 0) == pytest.approx(3e-4)
     const = cfg_with("train_iters=100", "warmup=0.0", "lr_decay_style=constant")
     assert lr_at(const, 0) == lr_at(const, 99) == const.training.optimizer.params.lr
 

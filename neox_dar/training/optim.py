@@ -50,12 +50,12 @@ def lr_at(cfg: Config, it: int) -> float:
         return peak * s / warm
     if cfg.training.lr_decay_style == "constant":
         return peak
-    if s > decay:
+    if s >= decay:  # also when the decay ends within the warmup
         return final
-    span = max(1, decay - warm)
-    progress = (s - warm) / span
-    frac = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.training.lr_decay_style == "cosine" else 1.0 - progress
-    return final + (peak - final) * frac
+    progress = (s - warm) / (decay - warm)
+    if cfg.training.lr_decay_style == "linear":  # GPT-NeoX's: toward 0, floored at min_lr
+        return max(final, peak * (1.0 - progress))
+    return final + (peak - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> LambdaLR:
