@@ -152,7 +152,7 @@ def test_describe_prints_each_layers_type_windows_flops_and_cache():
     assert "window budget: 0.879 x SWA's" in text
     assert "layer  0 (linear): no softmax over keys" in text and "layer  1 (mswa): 29.7 keys per query" in text
     state = 8 * (1 + 16 + 256) * 65  # numbers per linear layer, whatever the context
-    assert f"layer  0 (linear): {state * 2 / 2048:,.1f} bytes per token" in text
+    assert f"layer  0 (linear): {state * 4 / 2048:,.1f} bytes per token" in text  # float32 in a bf16 model
     assert f"layer  1 (mswa): {sum(2 * 64 * w / 2048 for w in W8) * 2:,.1f} bytes per token" in text
     assert f"a fixed state of {state:,} numbers per layer" in text
 
