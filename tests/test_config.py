@@ -189,6 +189,56 @@ def test_gpt_neox_pythia_config_loads_as_is():
     assert cfg.training.optimizer.params.betas == (0.9, 0.95) and cfg.training.min_lr == pytest.approx(1e-4)
     assert cfg.data.train_data_paths == ["pile_0.87_deduped_text_document"]
     assert cfg.run.checkpoint_factor == 500 and cfg.training.zero_optimization.stage == 1
+    from neox_dar.training.engine import deepspeed_config
+
+    fp16 = deepspeed_config(cfg.replace(train_batch_size=32), world_size=1)["fp16"]  # the block's loss scaling
+    assert fp16["enabled"] and fp16["initial_scale_power"] == 12 and fp16["loss_scale"] == 0  # (16 was used)
+
+
+NEOX_125M = """{
+   "pipe_parallel_size": 1, "num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "seq_length": 2048,
+   "max_position_embeddings": 2048, "norm": "layernorm", "pos_emb": "rotary", "no_weight_tying": true,
+   "gpt_j_residual": false, "rope_fusion": false, "layernorm_fusion": false, "init_method": "small_init",
+   "output_layer_init_method": "wang_init", "min_lr": 0.00006, "lr_decay_style": "cosine",
+   "optimizer": {"type": "Adam", "params": {"lr": 0.0006, "betas": [0.9, 0.95], "eps": 1.0e-8}},
+   "fp16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+   "keep_last_n_checkpoints": 4, "hostfile": "/mock_path",
+}"""
+
+
+def test_gpt_neox_125m_config_loads_and_says_which_of_its_defaults_do_not_apply(tmp_path):
+    """GPT-NeoX's configs/125M.yml (its keys): the fused-kernel and launcher keys ignored (they were unknown keys),
+    keep_last_n_checkpoints is keep_last_n, and the one key it leaves out whose GPT-NeoX default differs
+    (rotary_pct: 1.0 there) is named in a warning (it silently took Pythia's 0.25)."""
+    f = tmp_path / "125M.yml"
+    f.write_text(NEOX_125M)
+    with pytest.warns(UserWarning) as seen:
+        cfg = load_config(f)
+    said = [str(w.message) for w in seen]
+    assert any("ignored: hostfile, layernorm_fusion, pipe_parallel_size, pos_emb, rope_fusion" in m for m in said)
+    omitted = next(m for m in said if "leaves out keys whose GPT-NeoX default differs" in m)
+    assert "rotary_pct 0.25 (GPT-NeoX: 1.0)" in omitted and "gpt_j_residual" not in omitted
+    assert cfg.run.keep_last_n == 4 and cfg.training.precision == "fp16" and not cfg.model.gpt_j_residual
+    for words, message in (
+            (["precision=fp32"], "precision fp32 (the command line) contradicts fp16.enabled: true"),
+            (['bf16={"enabled": true}'], "fp16.enabled (" + str(f) + ") and bf16.enabled (the command line) are both"),
+            (['fp16={"initial_scale_power": 99}'], "'fp16.initial_scale_power' in the command line: 99")):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_config(f, overrides=words)
+
+
+def test_a_key_given_twice_in_a_file_is_an_error(tmp_path):
+    """Two spellings of one key, or a YAML mapping that repeats one, name the key and the file (PyYAML and the
+    spelling fold kept the last value silently)."""
+    spelled = tmp_path / "spelled.yml"
+    spelled.write_text("hidden-size: 512\nhidden_size: 256\n")
+    with pytest.raises(ConfigError, match=f"'hidden_size' is given twice in {re.escape(str(spelled))} \\(as "
+                                          "'hidden-size' and 'hidden_size'\\)"):
+        load_config(spelled)
+    repeated = tmp_path / "repeated.yml"
+    repeated.write_text("num_layers: 2\nhidden_size: 64\nnum_layers: 4\n")
+    with pytest.raises(ConfigError, match=f"'num_layers' is given twice in {re.escape(str(repeated))}:3"):
+        load_config(repeated)
 
 
 @pytest.mark.parametrize("override, pattern", [("pos_emb=learned", "'pos_emb'"), ("model_parallel_size=2", "'model_parallel_size'")])

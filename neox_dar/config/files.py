@@ -13,15 +13,33 @@ from ..config_fields import ConfigError
 
 
 def normalize_keys(data: Any, source: str) -> Any:
-    """Hyphens in mapping keys become underscores, recursively."""
+    """Hyphens in mapping keys become underscores, recursively; two spellings of one key in a mapping
+    (``hidden-size`` and ``hidden_size``) are an error."""
     if isinstance(data, dict):
-        out = {}
+        out, spelled = {}, {}
         for k, v in data.items():
             if not isinstance(k, str):
                 raise ConfigError(f"key {k!r} in {source} is not a string")
-            out[k.replace("-", "_")] = normalize_keys(v, source)
+            key = k.replace("-", "_")
+            if key in out:
+                raise ConfigError(f"'{key}' is given twice in {source} (as '{spelled[key]}' and '{k}'): keep one")
+            out[key], spelled[key] = normalize_keys(v, source), k
         return out
     return data
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, typing.Hashable) and key in seen:
+                raise ConfigError(f"'{key}' is given twice in {self.name}:{key_node.start_mark.line + 1} (the "
+                                  "mapping repeats it): keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 
@@ -30,7 +48,8 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        with p.open(encoding="utf-8") as f:
+            data = yaml.load(f, Loader=_UniqueKeyLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

@@ -54,6 +54,23 @@ class ZeroConfig:
 
 
 @dataclass
+class Fp16Config:
+    """GPT-NeoX's and DeepSpeed's ``fp16`` block: the loss scaling of ``precision: fp16``."""
+
+    enabled: Optional[bool] = setting(None, "GPT-NeoX's switch: true means precision fp16 (a precision set to "
+                                            "anything else besides auto is an error); unset or false: no effect.")
+    loss_scale: float = setting(0.0, "Static loss scale; 0: dynamic loss scaling.",
+                                rule=when(lambda v: v >= 0, "must be >= 0 (0: dynamic)"))
+    initial_scale_power: int = setting(16, "Dynamic scaling starts at 2**initial_scale_power (Pythia: 12).",
+                                       rule=when(lambda v: 0 <= v <= 64, "must be in 0..64"))
+    loss_scale_window: int = setting(1000, "Steps without overflow before the dynamic scale doubles.",
+                                     rule=when(lambda v: v >= 1, "must be >= 1"))
+    hysteresis: int = setting(2, "Overflows tolerated before the dynamic scale halves.",
+                              rule=when(lambda v: v >= 1, "must be >= 1"))
+    min_loss_scale: float = setting(1.0, "The dynamic scale's floor.", rule=when(lambda v: v > 0, "must be > 0"))
+
+
+@dataclass
 class LoraConfig:
     r: int = setting(8, "LoRA rank.", rule=at_least(1))
     alpha: float = setting(16.0, "LoRA alpha (the update is scaled by alpha / r).",
@@ -90,6 +107,7 @@ class TrainingConfig:
     zero_optimization: ZeroConfig = setting(ZeroConfig(), "DeepSpeed ZeRO settings.")
     precision: Literal["auto", "fp32", "fp16", "bf16", "bfloat16"] = setting("auto", "auto: bf16 on GPU, fp32 on "
                                                                                      "CPU.")
+    fp16: Fp16Config = setting(Fp16Config(), "Loss scaling of precision fp16 (DeepSpeed's and GPT-NeoX's fp16 block).")
     seed: int = setting(1234, "Random seed, 0..2**32-1 (numpy's RandomState range).", label="seed",
                         rule=when(lambda v: 0 <= v <= 2**32 - 1,
                                   "must be in [0, 2**32 - 1], numpy RandomState's range"))

@@ -20,7 +20,7 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
     """The DeepSpeed config dict: global batch = micro * grad_accum * world_size (a mismatch is a ConfigError)."""
     grad_accum = cfg.training.gradient_accumulation_for(world_size)
     micro = cfg.training.train_micro_batch_size_per_gpu
-    z = cfg.training.zero_optimization
+    z, f = cfg.training.zero_optimization, cfg.training.fp16
     dtype = cfg.training.dtype
     out = {
         "train_batch_size": micro * grad_accum * world_size,
@@ -38,8 +38,9 @@ def deepspeed_config(cfg: Config, world_size: int) -> dict:
             "stage3_param_persistence_threshold": z.stage3_param_persistence_threshold,
         },
         "bf16": {"enabled": dtype == "bf16"},
-        "fp16": {"enabled": dtype == "fp16", "loss_scale": 0, "initial_scale_power": 16,
-                 "loss_scale_window": 1000, "hysteresis": 2, "min_loss_scale": 1},
+        "fp16": {"enabled": dtype == "fp16", "loss_scale": f.loss_scale, "initial_scale_power": f.initial_scale_power,
+                 "loss_scale_window": f.loss_scale_window, "hysteresis": f.hysteresis,
+                 "min_loss_scale": f.min_loss_scale},
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
