@@ -4,7 +4,7 @@
     python -m eval.downstream table base.json aha-w64.json ... [--base base.json]      # the paper's table
     python -m eval.downstream list                                                     # the suites
 
-A suite is a list of (lm-eval task, few-shot count, metric) as the paper ran it (:data:`SUITES`) and the context
+A suite is a list of (lm-eval task, few-shot count, metric) as the paper ran it (:data:`eval.suites.SUITES`) and the context
 length every model it compares is evaluated at (``max_length``: lm-eval keeps the last ``max_length`` tokens of a
 longer prompt; null = each checkpoint's ``seq_length``); ``--suite-file FILE.yml`` adds one (``{name: {paper,
 tasks: [[task, shots, metric], ...], min_context: window|null, relative: label, max_length: N|null}}``, with
@@ -33,7 +33,9 @@ dropped, the attention statistics over the scored tokens (AHA's full-attention u
 head, overall and per task: over every prompt token in log-likelihood tasks, over the generated tokens in
 generation tasks, AHA's Eq. 8), the context length (``max_length``) and lm-eval's version. ``table`` prints each
 run's scores, their average and the relative score (DAR's "Rel. (%)", AHA's "Retain %": the mean over tasks of
-100 x score / the base run's score), and refuses result files evaluated at different context lengths.
+100 x score / the base run's score), and refuses result files evaluated at different context lengths or filtered
+at different lengths. A group's subtask left with no document is left out of the group's score (named in the row's
+``unscored_subtasks``); a tag (no aggregate of its own) is scored as the unweighted mean of its tasks.
 
 Choices where the papers are silent or differ (tests/test_fidelity.py pins them):
 
@@ -55,104 +57,10 @@ import sys
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from neox_dar.dimpo.tasks import PAPER_TASKS, TASK_TITLES
-
 from .local_tasks import task_manager
-
-
-@dataclass(frozen=True)
-class SuiteTask:
-    task: str  # lm-eval task or group name
-    shots: int
-    metric: str  # lm-eval's result key, e.g. "acc_norm,none"
-    label: str = ""
-
-
-@dataclass(frozen=True)
-class Suite:
-    paper: str
-    tasks: tuple[SuiteTask, ...]
-    min_context: str | None = None  # "window": drop documents whose prompt is shorter than the model's window
-    relative: str = "Rel. (%)"
-    notes: str = ""
-    max_length: int | None = None  # the context length of every model the suite compares (None: each one's own)
-    metadata: dict | None = None  # lm-eval task metadata (RULER's max_seq_lengths); the model's tokenizer is added
-
-
-def _tasks(*rows: tuple) -> tuple[SuiteTask, ...]:
-    return tuple(SuiteTask(*row) for row in rows)
-
-
-_DAR_AHA = (("mmlu", 5, "acc,none", "MMLU"), ("hellaswag", 5, "acc_norm,none", "HellaSwag"),
-            ("commonsense_qa", 5, "acc,none", "CSQA"))
-OLMO2_CONTEXT = 4096  # OLMo-2-0425-1B(-SFT)'s max_position_embeddings: DAR's and AHA's suites evaluate every model here
-LLAMA2_CONTEXT = 4096  # Llama-2-7B's context and MSWA's fine-tuning sequence length (Appendix B.2.2)
-RULER_CONTEXT = 8192  # DimPO Table 4's longest RULER length
-_COMMONSENSE = (("piqa", "PIQA"), ("openbookqa", "OBQA"), ("winogrande", "WinoGrande"), ("hellaswag", "HellaSwag"),
-                ("boolq", "BoolQ"), ("copa", "COPA"), ("arc_easy", "ARC-e"), ("arc_challenge", "ARC-c"))
-SUITES: dict[str, Suite] = {
-    "dar-table4": Suite(
-        "DAR Table 4 (Sec. 3.4)",
-        _tasks(*_DAR_AHA, ("gsm8k", 5, "exact_match,flexible-extract", "GSM8K"), ("mbpp", 3, "pass_at_1,none", "MBPP"),
-               ("longbench_multi_news", 0, "rouge_score,none", "Multi-News")),
-        "window", "Rel. (%)", "relative to the no-bottleneck run (d_down = d); samples shorter than the window "
-                              "dropped; GSM8K flexible-extract", OLMO2_CONTEXT),
-    "aha-table1": Suite(
-        "AHA Table 1 (Sec. 3.2)",
-        _tasks(*_DAR_AHA, ("gsm8k", 5, "exact_match,strict-match", "GSM8K"), ("mbpp", 0, "pass_at_1,none", "MBPP"),
-               ("longbench_multi_news", 0, "rouge_score,none", "MultiNews")),
-        "window", "Retain %", "relative to the base model (OLMo-2-0425-1B-SFT); samples shorter than the window "
-                              "dropped; GSM8K exact match (strict)", OLMO2_CONTEXT),
-    "mswa-table4": Suite("MSWA Table 4, 3-shot (Sec. 5.2)",
-                         _tasks(*((t, 3, "acc,none", label) for t, label in _COMMONSENSE)), max_length=LLAMA2_CONTEXT),
-    "mswa-table4-5shot": Suite("MSWA Table 4, 5-shot (Sec. 5.2)",
-                               _tasks(*((t, 5, "acc,none", label) for t, label in _COMMONSENSE)),
-                               max_length=LLAMA2_CONTEXT),
-    "dimpo-table2": Suite(
-        "DimPO Tables 2-3 (Sec. 4)",
-        _tasks(*((t, 0, f"{metric},none", TASK_TITLES[t]) for t, metric in PAPER_TASKS.items())),
-        None, "Retain %", "relative to the unprojected model"),
-    "dimpo-table4": Suite(
-        "DimPO Table 4 (Sec. 4), RULER",
-        _tasks(("ruler", 0, "4096,none", "RULER 4k"), ("ruler", 0, "8192,none", "RULER 8k")),
-        None, "Retain %", "relative to the unprojected model; the mean over RULER's 13 subtasks at each length",
-        RULER_CONTEXT, {"max_seq_lengths": [4096, 8192]}),
-}
-CODE_TASKS = {"mbpp"}  # their metric runs model-written code
-
-
-class SuiteError(ValueError):
-    """A bad suite, suite file or result file (one line)."""
-
-
-def load_suites(path: str | None) -> dict[str, Suite]:
-    """:data:`SUITES` plus the suites of a YAML file."""
-    suites = dict(SUITES)
-    if path is None:
-        return suites
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        for name, spec in data.items():
-            rows = [SuiteTask(str(t), int(s), str(m), str(t)) for t, s, m in spec["tasks"]]
-            if not rows:
-                raise ValueError("no tasks")
-            max_length = spec.get("max_length")
-            if max_length is not None and (type(max_length) is not int or max_length < 1):
-                raise ValueError(f"max_length must be an integer >= 1 or null, got {max_length!r}")
-            metadata = spec.get("metadata")
-            if metadata is not None and not isinstance(metadata, dict):
-                raise ValueError(f"metadata must be a mapping, got {metadata!r}")
-            suites[name] = Suite(spec.get("paper", name), tuple(rows), spec.get("min_context"),
-                                 spec.get("relative", "Rel. (%)"), spec.get("notes", ""), max_length, metadata)
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
-        raise SuiteError(f"{path}: not a suite file ({type(e).__name__}: {e}); expected "
-                         "{name: {tasks: [[task, shots, metric], ...]}}") from None
-    return suites
+from .suites import CODE_TASKS, Suite, SuiteError, SuiteTask, load_suites
 
 
 # ----------------------------------------------------------------------------------------------
@@ -169,16 +77,16 @@ def _prompt_lengths(task, lm, limit: int | None) -> dict[int, int]:
 
 
 def _score(results: dict, task: str, metric: str) -> tuple[float, float | None]:
-    """(score, stderr) of ``metric`` for ``task`` from lm-eval's ``results``: the task's own, else (a group whose
-    aggregate does not list it) the unweighted mean over the other entries that report it, without a stderr."""
-    own = results.get(task) or next(iter(results.values()))
-    if metric in own:
+    """(score, stderr) of ``metric`` for ``task`` from lm-eval's ``results``: the task's own, else (a tag, or a group
+    whose aggregate does not list it) the unweighted mean over its members that report it, without a stderr."""
+    own = results.get(task)
+    if own is not None and metric in own:
         stderr = own.get(metric.replace(",", "_stderr,", 1))
         return float(own[metric]), float(stderr) if isinstance(stderr, float) else None
     leaves = [r[metric] for name, r in results.items() if name != task and metric in r]
     if not leaves:
-        have = ", ".join(k for k in own if "," in k)
-        raise SuiteError(f"task {task} reported no {metric!r} (it has {have})")
+        have = sorted({k for r in results.values() for k in r if "," in k})
+        raise SuiteError(f"task {task} reported no {metric!r} (it has {', '.join(have)})")
     return sum(map(float, leaves)) / len(leaves), None
 
 
@@ -219,6 +127,20 @@ def run_task(lm, specs: list[SuiteTask], task_manager, limit: int | None, min_co
         return [{"task": s.task, "shots": s.shots, "metric": s.metric, "score": None, "docs": 0,
                  "dropped_short": dropped, "note": f"no document has a prompt of >= {min_context} tokens"}
                 for s in specs]
+    empty = sorted(name for name, keep in samples.items() if not keep)
+
+    def prune(d):  # the tree without the subtasks left with no document (lm-eval cannot score an empty one)
+        out = {}
+        for key, value in d.items():
+            if isinstance(value, dict):
+                if kept_part := prune(value):
+                    out[key] = kept_part
+            elif key not in empty:
+                out[key] = value
+        return out
+
+    task_dict = prune(task_dict)
+    samples = {name: keep for name, keep in samples.items() if keep}
     lm.reset_attention_stats()
     out = evaluate(lm, task_dict, samples=samples, log_samples=False, confirm_run_unsafe_code=allow_code,
                    verbosity="WARNING")
@@ -226,7 +148,8 @@ def run_task(lm, specs: list[SuiteTask], task_manager, limit: int | None, min_co
     for s in specs:
         score, stderr = _score(out["results"], s.task, s.metric)
         rows.append({"task": s.task, "label": s.label, "shots": s.shots, "metric": s.metric, "score": score,
-                     "stderr": stderr, "docs": kept, "dropped_short": dropped, **lm.attention_stats()})
+                     "stderr": stderr, "docs": kept, "dropped_short": dropped, **lm.attention_stats(),
+                     **({"unscored_subtasks": empty} if empty else {})})
     return rows
 
 
@@ -258,6 +181,10 @@ def run_suite(checkpoint: str, suite_name: str, suites: dict[str, Suite], *, lim
             lm.tokenizer.save_pretrained(tokenizer_dir)
             metadata = {**suite.metadata, "tokenizer": tokenizer_dir}
         manager = task_manager([t.task for t in suite.tasks], include_path, metadata)
+        unknown = sorted({t.task for t in suite.tasks} - set(manager.all_tasks))
+        if unknown:
+            raise SuiteError(f"suite {suite_name}: no lm-eval task named {', '.join(unknown)} (lm-eval's tasks"
+                             + (f" and {include_path}" if include_path else ", and no --include-path") + ")")
         for _, group in itertools.groupby(suite.tasks, key=lambda t: (t.task, t.shots)):
             group = list(group)
             rows += run_task(lm, group, manager, limit, min_context, allow_code)
@@ -292,6 +219,11 @@ def table(results: list[dict], base: dict | None, suites: dict[str, Suite]) -> s
         raise SuiteError("the result files were evaluated at different context lengths (" + ", ".join(
             f"{r['checkpoint']}: {r.get('max_length') or 'not recorded'}" for r in every) + "); run them again with "
             "one --max-length")
+    contexts = {r.get("min_context") for r in every}
+    if len(contexts) > 1:
+        raise SuiteError("the result files dropped documents shorter than different lengths (" + ", ".join(
+            f"{r['checkpoint']}: {r.get('min_context')}" for r in every) + "), so they scored different documents; "
+            "run them again with one --min-context")
     suite = suites.get(next(iter(names)))
     tasks = [row["task"] for row in results[0]["tasks"]]
     labels = {row["task"]: row.get("label") or row["task"] for row in results[0]["tasks"]}
@@ -373,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.suite not in suites:
             raise SuiteError(f"unknown suite {args.suite!r} (known: {', '.join(suites)})")
+        for name in ("limit", "min_context", "max_length"):
+            value = getattr(args, name)
+            if value is not None and value < (0 if name == "min_context" else 1):
+                raise SuiteError(f"--{name.replace('_', '-')} must be >= {0 if name == 'min_context' else 1}, "
+                                 f"got {value}")
         batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
         result = run_suite(args.checkpoint, args.suite, suites, limit=args.limit, min_context=args.min_context,
                            include_path=args.include_path, batch_size=batch, device=args.device, dtype=args.dtype,

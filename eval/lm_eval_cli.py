@@ -39,12 +39,41 @@ def local_tasks_only(argv: list[str]) -> bool:
     return bool(names) and local_task_manager(names, args.include_path) is not None
 
 
+def count_problem(argv: list[str]) -> str | None:
+    """What is wrong with ``--num_fewshot`` or ``--limit`` in ``argv`` (lm-eval runs a negative shot count as 0 and
+    records it, and says of ``--limit 0`` only that a task found no documents), or None."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--num_fewshot", "-f", type=int, default=None)
+    p.add_argument("--limit", "-L", type=float, default=None)
+    try:
+        args, _ = p.parse_known_args(argv)
+    except SystemExit:  # lm-eval's own parser says what is wrong
+        return None
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        return f"--num_fewshot must be >= 0, got {args.num_fewshot}"
+    if args.limit is not None and args.limit <= 0:
+        return f"--limit must be > 0 (a count of documents, or a fraction below 1), got {args.limit:g}"
+    return None
+
+
+def fail(problem: str) -> None:
+    """One line on stderr, exit status 2 (as the project's other commands)."""
+    print(f"eval.lm_eval_cli: error: {problem}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     import lm_eval.tasks
     from lm_eval.__main__ import cli_evaluate
 
+    from neox_dar.config import ConfigError
+    from neox_dar.rundir import CheckpointError
+    from neox_dar.tokenizer import TokenizerError
+
     from . import lm_eval_model  # noqa: F401  (registers the "neox_dar" model)
 
+    if problem := count_problem(sys.argv[1:]):
+        fail(problem)
     if local_tasks_only(sys.argv[1:]):
         builtin = lm_eval.tasks.TaskManager
 
@@ -53,7 +82,11 @@ def main() -> None:
                 super().__init__(*args, **{**kwargs, "include_defaults": False})
 
         lm_eval.tasks.TaskManager = LocalTaskManager
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (ValueError, FileNotFoundError, CheckpointError, ConfigError, TokenizerError) as e:
+        # a user's mistake (an unknown task or model_args key, a missing checkpoint, a bad dtype): one line
+        fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
 
 
 if __name__ == "__main__":

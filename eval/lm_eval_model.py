@@ -20,6 +20,7 @@ default) on a machine without CUDA falls back to the CPU with a warning, as lm-e
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import sys
 import warnings
 from types import SimpleNamespace
@@ -102,6 +103,12 @@ class NeoxDarLM(HFLM):
     def __init__(self, checkpoint: str, device: str | None = None, dtype: str = "float32",
                  attention_impl: str | None = None, tokenizer: str | None = None, max_length: int | None = None,
                  dimpo: str | None = None, dimpo_layers: int | str = 0, **kwargs):
+        kwargs.pop("pretrained", None)
+        unknown = sorted(set(kwargs) - set(inspect.signature(HFLM.__init__).parameters))
+        if unknown:  # HFLM would ignore them (it is handed a model): a misspelt dtype= must not run in float32
+            raise ValueError(f"model_args of neox_dar: unknown {', '.join(unknown)} (its own: checkpoint, device, "
+                             "dtype, attention_impl, tokenizer, max_length, dimpo, dimpo_layers; and lm-eval's hf "
+                             "model's, e.g. batch_size, add_bos_token)")
         device = resolve_device(device)
         loaded = load_for_eval(checkpoint, device, dtype, attention_impl)
         if dimpo is not None:
@@ -115,7 +122,6 @@ class NeoxDarLM(HFLM):
         tok = hf_tokenizer(path)
         config = hf_config_dict(loaded.cfg, special_token_ids(path))
         view = _HFModelView(loaded.model, AutoConfig.for_model(config.pop("model_type"), **config))
-        kwargs.pop("pretrained", None)
         if max_length is not None and max_length > loaded.cfg.max_position_embeddings:
             raise ValueError(f"max_length {max_length} exceeds the checkpoint's max_position_embeddings "
                              f"{loaded.cfg.max_position_embeddings}")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from builders import saved_run
 
-from eval.downstream import SUITES, load_suites, main, run_suite, table
+from eval.downstream import main, run_suite, table
+from eval.suites import SUITES, SuiteError, load_suites
 from neox_dar.tokenizer import DEFAULT_TOKENIZER, load_tokenizer
 
 QUESTIONS = ["Is 3 smaller than 5?", "Is ice colder than steam, given that both are made of water at normal air "
@@ -135,6 +136,60 @@ def test_bad_input_is_one_line(aha, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a suite file" in err
     assert main(["list"]) == 0 and "dar-table4: DAR Table 4" in capsys.readouterr().out
+    # before: a KeyError traceback, a run recorded as -1-shot, lm-eval's "did not find any docs!"
+    (tmp_path / "typo.yml").write_text("typo: {tasks: [[neox_dar_yesnoo, 0, 'acc,none']]}\n")
+    (tmp_path / "minus.yml").write_text("minus: {tasks: [[neox_dar_yesno, -1, 'acc,none']]}\n")
+    for words, said in ((["--suite", "typo", "--suite-file", str(tmp_path / "typo.yml")],
+                         "suite typo: no lm-eval task named neox_dar_yesnoo"),
+                        (["--suite", "minus", "--suite-file", str(tmp_path / "minus.yml")],
+                         "shots must be >= 0, got -1"),
+                        (["--suite", "yesno", "--limit", "0", "--suite-file", str(folder / "suites.yml")],
+                         "--limit must be >= 1, got 0")):
+        argv = ["run", str(run), *words, "--include-path", str(folder)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err, err
+
+
+def test_a_group_with_an_emptied_subtask_and_a_tag_are_scored(aha, tmp_path):
+    """A group whose subtask keeps no document after the window filter is scored on the others (lm-eval crashed on
+    the empty one, so the group had no score); a tag's score is the mean of its tasks' (it was its first task's)."""
+    run, folder = aha
+    body = (folder / "yesno.yaml").read_text()
+
+    def task(name, rows, tag=""):
+        (folder / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (folder / f"{name}.yaml").write_text(body.replace("task: neox_dar_yesno", f"task: neox_dar_{name}{tag}")
+                                             .replace("yesno.jsonl", f"{name}.jsonl"))
+
+    task("short", [{"question": q, "choices": ["no", "yes"], "label": 1} for q in ("Is 7 odd?", "Is 2 even?")])
+    for name, label in (("yes5", 1), ("no5", 0)):  # the same 5 questions, opposite answers: scores k/5 and 1 - k/5
+        task(name, [{"question": q, "choices": ["no", "yes"], "label": label} for q in QUESTIONS[:5]],
+             "\ntag: neox_dar_tag")
+    (folder / "mix.yaml").write_text("group: neox_dar_mix\ntask:\n  - neox_dar_yesno\n  - neox_dar_short\n"
+                                     "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n")
+    (tmp_path / "s.yml").write_text("mix: {min_context: window, tasks: [[neox_dar_mix, 1, 'acc,none']]}\n"
+                                    "tag: {tasks: [[neox_dar_tag, 0, 'acc,none']]}\n"
+                                    "each: {tasks: [[neox_dar_yes5, 0, 'acc,none'], [neox_dar_no5, 0, 'acc,none']]}\n")
+    suites = load_suites(str(tmp_path / "s.yml"))
+
+    def scores(name, suites=suites):
+        return run_suite(str(run), name, suites, include_path=str(folder), batch_size=2, device="cpu")["tasks"]
+
+    (mixed,), (alone,) = scores("mix"), scores("yesno", load_suites(str(folder / "suites.yml")))
+    assert mixed["unscored_subtasks"] == ["neox_dar_short"] and mixed["docs"] == alone["docs"]
+    assert mixed["score"] == pytest.approx(alone["score"])
+    (tag,), each = scores("tag"), [r["score"] for r in scores("each")]
+    assert tag["score"] == pytest.approx(0.5) and each[0] + each[1] == pytest.approx(1.0) and each[0] != 0.5
+
+
+def test_tables_refuse_results_that_scored_other_documents():
+    def result(name, min_context):
+        return {"checkpoint": f"runs/{name}", "suite": "aha-table1", "min_context": min_context,
+                "tasks": [{"task": "a", "score": 0.5}]}
+
+    with pytest.raises(SuiteError, match="dropped documents shorter than different lengths"):
+        table([result("w256", 256)], result("base", 128), SUITES)
 
 
 def test_the_shipped_demo_task_runs_from_any_directory(aha, tmp_path, monkeypatch):

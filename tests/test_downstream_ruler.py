@@ -12,7 +12,8 @@ import pytest
 from builders import saved_run
 
 import eval.downstream as downstream
-from eval.downstream import SUITES, SuiteError, _score, load_suites, run_suite
+from eval.downstream import _score, run_suite
+from eval.suites import SUITES, SuiteError, load_suites
 
 STANDIN = Path(__file__).resolve().parent / "fixtures" / "ruler_standin"
 

@@ -167,3 +167,29 @@ def test_cli_wrapper_registers_the_model(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["neox-dar-lm-eval", "--model", "neox_dar"])
     lm_eval_cli.main()
     assert seen["cls"] is NeoxDarLM
+
+
+def test_cli_and_model_refuse_bad_counts_and_unknown_model_args(monkeypatch, capsys):
+    """A negative --num_fewshot (run as 0-shot and recorded as -1), --limit 0 (lm-eval: "did not find any docs!"),
+    an unknown task (lm-eval's ValueError traceback) and a model_args key neox_dar does not know (HFLM ignored it: a
+    misspelt dtype ran in float32) are one line, exit 2."""
+    import lm_eval.__main__
+
+    from eval import lm_eval_cli
+
+    with pytest.raises(ValueError, match="model_args of neox_dar: unknown dtpye"):
+        NeoxDarLM(checkpoint="never-read", dtpye="bfloat16")
+
+    def unknown_task():
+        raise ValueError("Tasks not found: nosuchtask")
+
+    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", unknown_task)
+    for words, said in ((["--num_fewshot", "-1"], "--num_fewshot must be >= 0, got -1"),
+                        (["--limit", "0"], "--limit must be > 0"),
+                        (["--tasks", "nosuchtask"], "Tasks not found: nosuchtask")):
+        monkeypatch.setattr(sys, "argv", ["neox-dar-lm-eval", "--model", "neox_dar", *words])
+        with pytest.raises(SystemExit) as stop:
+            lm_eval_cli.main()
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err == f"eval.lm_eval_cli: error: {said}" + err.split(said, 1)[1], err
+        assert err.count("\n") == 1

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from builders import attention_config
 
-from eval.downstream import SUITES, SuiteError, table
+from eval.downstream import table
+from eval.suites import SUITES, SuiteError
 from neox_dar.variants.mswa import mswa_window_table, window_budget
 from neox_dar.sweep.slurm import eval_args
 from neox_dar.sweep.planning import plan
