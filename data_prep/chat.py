@@ -49,6 +49,7 @@ from neox_dar.rundir import flock_held, write_text_atomic
 from neox_dar.tokenizer import hf_tokenizer
 
 from .encode import BadRecord, check_unicode, load_json, tokenizer_path
+from .outputs import make_out_dir
 from .sources import expand_inputs, iter_records
 
 ROLES = ("system", "user", "assistant")
@@ -229,7 +230,7 @@ def run(argv: list[str] | None = None) -> dict:
     sources = expand_inputs(args.inputs, args.seed)
     vocab = len(tok)
     tmp = f"{args.out}.tmp-{os.getpid()}"
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)) or ".", exist_ok=True)
+    make_out_dir(args.out)
     if stale := remove_stale_files(args.out):
         print(f"data_prep.chat: removed {len(stale)} files of an interrupted data_prep.chat run "
               f"({os.path.basename(stale[0])}, ...)", file=sys.stderr)
@@ -315,6 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ChatError, ValueError, OSError) as e:
         print(f"data_prep.chat: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("data_prep.chat: interrupted (Ctrl-C): nothing was written (its temporary files are removed); run the "
+              "same command again", file=sys.stderr)
+        return 130
     c = m["conversations"]
     dropped = sum(v for k, v in c.items() if k.startswith("dropped"))
     print(f"wrote {m['prefix']}.bin/.idx and {m['label_prefix']}.bin/.idx: {c['written']:,} conversations, "

@@ -17,6 +17,22 @@ from .budget import Budget, Segment
 from .journal import shard_prefix
 
 
+def make_out_dir(prefix: str) -> None:
+    """Create the directory of an output ``PREFIX`` (whose files are ``PREFIX.bin``, ``PREFIX.idx``, ...). ValueError
+    (one line) for a prefix that names a directory (``DIR/`` would write hidden ``DIR/.bin``, ``DIR/.idx``) or that
+    lies under a file."""
+    if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
+        raise ValueError(f"--out {prefix} names a directory, not a prefix of files: e.g. --out "
+                         f"{os.path.join(prefix, 'data')} writes data.bin, data.idx, ... in it")
+    parent = os.path.dirname(os.path.abspath(prefix))
+    existing = parent
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"--out {prefix}: {existing} is a file, not a directory")
+    os.makedirs(parent, exist_ok=True)
+
+
 def merge_shards(directory: str, plan: list[tuple[int, list[Segment]]], prefixes: list[str], dtype: np.dtype) -> None:
     """Copy each segment of the plan's shards, in order, to its output ``prefixes[output].bin/.idx``."""
     writers = [IndexedDatasetWriter(f"{prefix}.tmp", dtype) for prefix in prefixes]

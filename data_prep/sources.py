@@ -91,15 +91,49 @@ def expand_inputs(patterns: list[str], seed: int) -> list[Source]:
     return sources
 
 
+class _ZstdFrames(io.RawIOBase):
+    """The decompressed bytes of a .zst file's frames, one after another; a file that ends inside a frame (a cut
+    download) is an :class:`InputError` (zstandard's stream reader returns what it had, as if the file ended)."""
+
+    def __init__(self, raw, path: str):
+        import zstandard
+
+        self.raw, self.path, self.dctx = raw, path, zstandard.ZstdDecompressor()
+        self.frame, self.in_frame, self.pending, self.at = self.dctx.decompressobj(), False, b"", 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while self.at == len(self.pending):
+            chunk = self.raw.read(1 << 20)
+            if not chunk:
+                if self.in_frame:
+                    raise InputError(f"{self.path}: the file ends inside a zstd frame (cut short?)")
+                return 0
+            self.pending, self.at = self._decompress(chunk), 0
+        n = min(len(buffer), len(self.pending) - self.at)
+        buffer[:n] = self.pending[self.at:self.at + n]
+        self.at += n
+        return n
+
+    def _decompress(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            out.append(self.frame.decompress(data))
+            self.in_frame = not self.frame.eof
+            data = self.frame.unused_data if self.frame.eof else b""
+            if self.frame.eof:
+                self.frame = self.dctx.decompressobj()
+        return b"".join(out)
+
+
 def _open_lines(path: str) -> tuple[io.BufferedReader, io.BufferedReader]:
     raw = open(path, "rb")
     if path.endswith(".gz"):
         return raw, io.BufferedReader(gzip.GzipFile(fileobj=raw, mode="rb"), buffer_size=1 << 20)
     if path.endswith(".zst"):
-        import zstandard
-
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
-        return raw, io.BufferedReader(reader, buffer_size=1 << 20)
+        return raw, io.BufferedReader(_ZstdFrames(raw, path), buffer_size=1 << 20)
     return raw, raw
 
 
@@ -118,9 +152,18 @@ def iter_source(idx: int, src: Source, text_key: str, txt_mode: str) -> Iterator
         raw, stream = _open_lines(path)
         with raw:
             pos = raw.tell  # compressed bytes consumed, for progress
-            for lineno, line in enumerate(stream, 1):
-                if line.strip():
-                    yield (idx, lineno, "json", line), pos()
+            lineno = 0
+            try:
+                for lineno, line in enumerate(stream, 1):
+                    if line.strip():
+                        yield (idx, lineno, "json", line), pos()
+            except (EOFError, gzip.BadGzipFile) as e:  # a .gz cut short, or not gzip
+                after = f"after line {lineno}; " if lineno else ""
+                raise InputError(f"{path}: {e} ({after}cut short?)") from None
+            except Exception as e:
+                if type(e).__name__ == "ZstdError":  # zstandard's, for a .zst that is not zstd
+                    raise InputError(f"{path}: not a zstd stream ({e})") from None
+                raise
 
 
 def _iter_txt(idx: int, src: Source, txt_mode: str) -> Iterator[tuple[Record, int]]:

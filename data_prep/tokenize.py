@@ -56,7 +56,7 @@ from neox_dar.rundir import write_text_atomic
 from .budget import Budget, Segment
 from .encode import PIECE_BYTES, TokenizerSpec, encode_piece, init_worker, load_tokenizer_spec
 from .journal import MANIFEST, Journal, shard_output
-from .outputs import merge_shards, output_entry, replace_outputs
+from .outputs import make_out_dir, merge_shards, output_entry, replace_outputs
 from .sources import Record, Source, expand_inputs, iter_records
 
 # Fault injection for tests: SIGKILL this process right after journaling this many shards in a run.
@@ -292,7 +292,7 @@ def run(argv: list[str] | None = None) -> dict:
     plan = {"inputs": [dict(s.describe(), mtime_ns=s.mtime_ns) for s in sources], "tokenizer_sha256": tok_sha,
             "eod_id": spec.eod_id, "bos_id": spec.bos_id, "text_key": args.text_key, "txt_mode": args.txt_mode,
             "shard_bytes": args.shard_bytes, "shard_docs": args.shard_docs, "dtype": dtype.name, "seed": args.seed}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    make_out_dir(args.out)
     shard_dir = f"{args.out}.shards"
     journal = Journal(shard_dir, plan)
     try:

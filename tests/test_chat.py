@@ -251,3 +251,16 @@ def test_files_of_a_killed_run_are_removed_at_the_next_start(tokenizer_dir, tmp_
                      "--no-progress"]) == 0
     assert "removed 4 files of an interrupted data_prep.chat run" in capsys.readouterr().err
     assert not any(p.exists() for p in killed) and live.exists() and other.exists()
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    """Ctrl-C during data_prep.chat (a jinja traceback before) says what is left and exits 130, as tokenize."""
+    import data_prep.chat as chat
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(chat, "run", interrupted)
+    assert main(["x.jsonl", "--tokenizer", "t", "--out", "o"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("data_prep.chat: interrupted (Ctrl-C): nothing was written") and err.count("\n") == 1

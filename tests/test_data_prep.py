@@ -176,6 +176,32 @@ def test_compressed_parquet_and_text_inputs_match_jsonl(tmp_path):
     assert [list(ds[i]) for i in range(len(ds))] == [e.ids + [0] for e in tok.encode_batch(paragraphs)]
     prep(tmp_path / "d.txt", "--out", tmp_path / "whole")
     assert len(IndexedDataset(tmp_path / "whole")) == 1
+    zst = zstandard.ZstdCompressor()
+    (tmp_path / "two.jsonl.zst").write_bytes(zst.compress(body[:len(body) // 2]) + zst.compress(body[len(body) // 2:]))
+    prep(tmp_path / "two.jsonl.zst", "--out", tmp_path / "two")  # a frame boundary inside a line: one stream
+    ds = IndexedDataset(tmp_path / "two")
+    assert [list(ds[i]) for i in range(len(ds))] == want
+
+
+def test_cut_or_mislabelled_compressed_inputs_are_one_line_errors(tmp_path):
+    """A .zst or .gz cut short (an interrupted download) stops the run in one line: a cut .zst was read as a shorter
+    corpus with exit 0, a cut .gz was an EOFError traceback, a .zst that is not zstd a ZstdError traceback."""
+    import zstandard
+
+    body = "".join(json.dumps({"text": json.loads(line)["text"]}) + "\n" for line in C4_LINES[:12]).encode()
+    (tmp_path / "cut.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(body)[:-100])
+    (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(body)[:-100])
+    (tmp_path / "gzip.jsonl.zst").write_bytes(gzip.compress(body))
+    for name, said in (("cut.jsonl.zst", "the file ends inside a zstd frame (cut short?)"),
+                       ("cut.jsonl.gz", "Compressed file ended before the end-of-stream marker was reached"),
+                       ("gzip.jsonl.zst", "not a zstd stream")):
+        r = prep(tmp_path / name, "--out", tmp_path / name.replace(".", "_"), check=False)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, (name, r.stderr)
+    (tmp_path / "afile").write_text("x")
+    for out, said in ((f"{tmp_path}/dir/", "names a directory, not a prefix of files"),  # wrote dir/.bin, dir/.idx
+                      (tmp_path / "afile" / "x", f"{tmp_path / 'afile'} is a file, not a directory")):
+        r = prep(tmp_path / "cut.jsonl.gz", "--out", out, check=False)
+        assert r.returncode == 2 and said in r.stderr, r.stderr
 
 
 @pytest.fixture()
