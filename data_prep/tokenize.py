@@ -51,6 +51,7 @@ import numpy as np
 
 from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import best_dtype
+from neox_dar.progress import progress_bar
 from neox_dar.rundir import write_text_atomic
 
 from .budget import Budget, Segment
@@ -314,6 +315,9 @@ def run(argv: list[str] | None = None) -> dict:
             _report_bad(sources, bad)
             raise
         staged = [shard_output(shard_dir, i) for i in range(len(prefixes))]
+        if not args.no_progress:
+            print(f"data_prep.tokenize: merging {len(shard_plan)} shard(s), then hashing the inputs for the manifest",
+                  file=sys.stderr)
         merge_shards(shard_dir, shard_plan, staged, dtype)
         skipped = _report_bad(sources, bad)
         train = output_entry(staged[-1], args.out, budget, len(prefixes) - 1)
@@ -327,8 +331,8 @@ def run(argv: list[str] | None = None) -> dict:
                            "its budget exactly (its tail is dropped)",
             "eod_id": spec.eod_id, "bos_id": spec.bos_id,
             "tokenizer": {"path": spec.path, "kind": spec.kind, "sha256": tok_sha, "vocab_size": spec.vocab_size},
-            "inputs": [dict(s.describe(), order=i, sha256=sha256_file(s.path) if s.size is not None else None)
-                       for i, s in enumerate(sources)],
+            "inputs": [dict(s.describe(), order=i, sha256=sha) for i, (s, sha) in
+                       enumerate(zip(sources, _input_hashes(sources, not args.no_progress)))],
             "seed": args.seed, "text_key": args.text_key, "txt_mode": args.txt_mode,
             "shard_bytes": args.shard_bytes, "shard_docs": args.shard_docs, "shards": len(shard_plan),
             "shards_resumed": resumed, "workers": args.workers,
@@ -345,6 +349,18 @@ def run(argv: list[str] | None = None) -> dict:
     finally:
         journal.close()
     return manifest
+
+
+def _input_hashes(sources: list[Source], show: bool) -> list[str | None]:
+    """sha256 of every input file (None for a Hugging Face dataset), with a bar over their bytes: the Pile's
+    30 files take minutes."""
+    hashes = []
+    with progress_bar(total=sum(s.size or 0 for s in sources), unit="B", unit_scale=True, desc="hashing inputs",
+                      disable=not show) as bar:
+        for s in sources:
+            hashes.append(sha256_file(s.path) if s.size is not None else None)
+            bar.update(s.size or 0)
+    return hashes
 
 
 def main(argv: list[str] | None = None) -> int:
