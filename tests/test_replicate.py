@@ -17,6 +17,7 @@ import pytest
 import yaml
 from trainrun import ROOT, train_env
 
+from neox_dar.config import load_config
 from neox_dar.sweep.budget import check, lay_out, main as budget_main
 
 FIXTURES = ROOT / "tests" / "fixtures" / "replicate"  # excerpts of ../shared/data (tests/fixtures/replicate/SOURCES.md)
@@ -44,8 +45,8 @@ def test_pack_removes_wikitext_articles_and_keeps_the_official_test_file(tmp_pat
 def _measured(d, tokens_per_sec: float, wall: float, steps: int = 40):
     """A measured run directory: its config (batch 32 x 2048) and metrics rows every 5 steps."""
     d.mkdir(parents=True)
-    (d / "config.yml").write_text((ROOT / "configs" / "pythia-14m.yml").read_text()
-                                  + "\nseq_length: 2048\ntrain_batch_size: 32\n")
+    (d / "config.yml").write_text(load_config(ROOT / "configs" / "pythia-14m.yml",
+                                              overrides=["seq_length=2048", "train_batch_size=32"]).to_yaml())
     rows = [{"step": s, "loss": 5.0, "tokens_per_sec": tokens_per_sec * (0.5 if s == 5 else 1.0)}
             for s in range(5, steps + 1, 5)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
