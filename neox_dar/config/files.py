@@ -42,7 +42,6 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     if not p.is_file():
