@@ -4,13 +4,12 @@
     python -m eval.downstream table base.json aha-w64.json ... [--base base.json]      # the paper's table
     python -m eval.downstream list                                                     # the suites
 
-A suite is a list of (lm-eval task, few-shot count, metric) as the paper ran it (:data:`eval.suites.SUITES`) and the context
-length every model it compares is evaluated at (``max_length``: lm-eval keeps the last ``max_length`` tokens of a
-longer prompt; null = each checkpoint's ``seq_length``); ``--suite-file FILE.yml`` adds one (``{name: {paper,
+A suite (:data:`eval.suites.SUITES`) is a list of (lm-eval task, few-shot count, metric) as the paper ran it and the
+context length every model it compares is evaluated at (``max_length``: lm-eval keeps the last ``max_length`` tokens
+of a longer prompt; null = each checkpoint's ``seq_length``); ``--suite-file FILE.yml`` adds one (``{name: {paper,
 tasks: [[task, shots, metric], ...], min_context: window|null, relative: label, max_length: N|null}}``, with
 ``--include-path DIR`` for local task YAMLs; ``metadata: {...}`` for tasks that read it). Each task runs through the
-project's
-lm-eval model (:mod:`eval.lm_eval_model`: the checkpoint's own attention, caches and tokenizer), with lm-eval's
+project's lm-eval model (:mod:`eval.lm_eval_model`: the checkpoint's own attention, caches and tokenizer), with lm-eval's
 few-shot seed (1234). Consecutive rows of one task and shot count (RULER at 4k and 8k) share one evaluation.
 
 RULER (DimPO Table 4, suite ``dimpo-table4``): its tasks build their documents at each of the lengths in the
