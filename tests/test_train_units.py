@@ -215,3 +215,35 @@ def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
     assert "global batch 16 -> 32 samples a step" in sampling_changes(step_dir, cfg_with("train_batch_size=32"), two)
     (step_dir / CONFIG).write_text("no_such_key: 1\n")
     assert "are not compared" in sampling_changes(step_dir, cfg_with(), one)
+
+
+def test_a_resumed_run_sends_w_and_b_no_step_it_sent_before(tmp_path, monkeypatch):
+    """W&B keeps a run's first values for a step and cannot take rows back: a run resumed from step 4 after an
+    attempt that logged up to step 8 sends W&B its rows from step 9 on (it sent 5-8 again, so the W&B run held
+    those steps twice), also after a second resume whose metrics.jsonl no longer holds step 8; metrics.jsonl
+    itself keeps the resumed rows."""
+    import json
+
+    from neox_dar.rundir import METRICS
+    from neox_dar.training.logging_sinks import RunLogger
+
+    sent = []
+
+    class Recorder:
+        def log(self, scalars, step):
+            sent.append(step)
+
+        def finish(self):
+            pass
+
+    monkeypatch.setattr(RunLogger, "_init_wandb", lambda self: setattr(self, "wandb", Recorder()))
+    monkeypatch.setattr(RunLogger, "_line", lambda self, row: "")
+    cfg = cfg_with(f"save={tmp_path}", "use_wandb=true")
+    (tmp_path / METRICS).write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 9)))
+    for start, steps in ((4, [5, 6]), (4, [5, 6, 7, 8, 9, 10])):
+        logger = RunLogger(cfg, True, start)
+        for s in steps:
+            logger.log({"step": s, "loss": 1.0})
+        logger.close()
+    assert sent == [9, 10]
+    assert [json.loads(r)["step"] for r in (tmp_path / METRICS).read_text().splitlines()] == list(range(1, 11))

@@ -24,6 +24,7 @@ FINAL_EVAL = "perplexity.json"
 RUN_META = "run.json"
 JOBS = "slurm_jobs.txt"
 WANDB_ID = "wandb_run_id"
+WANDB_STEP = "wandb_logged_step"  # the highest step any attempt of the run sent to W&B
 LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from ..config import Config
-from ..rundir import CONFIG, METRICS, WANDB_ID, append_text, open_run_file, truncate_metrics, write_text_atomic
+from ..rundir import (CONFIG, METRICS, WANDB_ID, WANDB_STEP, append_text, open_run_file, read_metrics,
+                      truncate_metrics, write_text_atomic)
 from ..variants.registry import stat_names
 
 
@@ -46,6 +47,7 @@ class RunLogger:
             return
         self.save.mkdir(parents=True, exist_ok=True)
         write_text_atomic(self.save / CONFIG, cfg.to_yaml())
+        self.wandb_sent = self._wandb_sent() if cfg.run.use_wandb else 0
         truncate_metrics(self.save, start_step)
         # each row goes straight to the file: a full disk fails that row's write (one line naming the file), not a
         # later flush; a link in place of the file is refused, never followed
@@ -73,6 +75,17 @@ class RunLogger:
                                 resume="allow", dir=str(self.save), config=self.cfg.flat())
         self.wandb.save(str(self.save / CONFIG), base_path=str(self.save), policy="now")
 
+    def _wandb_sent(self) -> int:
+        """The highest step an earlier attempt of this run sent to W&B (its rows in metrics.jsonl, read before a
+        resume drops those after the checkpoint, and the step recorded by the attempt before), recorded again: W&B
+        keeps a run's first values for a step and cannot take rows back, so a resumed run does not send those steps
+        again."""
+        path = self.save / WANDB_STEP
+        recorded = int(path.read_text()) if path.is_file() and path.read_text().strip().isdigit() else 0
+        sent = max([recorded, *(r.get("step", 0) for r in read_metrics(self.save))])
+        write_text_atomic(path, f"{sent}\n")
+        return sent
+
     # -- per step ------------------------------------------------------------------------------
     def advance(self, step: int) -> None:
         if self.bar is not None:
@@ -84,7 +97,7 @@ class RunLogger:
             return
         append_text(self.metrics, json.dumps(row) + "\n", self.save / METRICS)
         scalars = _scalars(row)
-        if self.wandb is not None:
+        if self.wandb is not None and row["step"] > self.wandb_sent:  # W&B holds those steps: the losses are these
             self.wandb.log(scalars, step=row["step"])
         if self.tb is not None:
             for k, v in scalars.items():

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from ..config import Config, load_config
 from ..data.identity import data_change, data_identity
 from ..evaluation.perplexity import SWEEP_MANIFEST
-from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, CheckpointError, CheckpointHold,
+from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, WANDB_STEP, CheckpointError, CheckpointHold,
                       checkpoints_dir, clean_leftovers, hold_checkpoint, newest_checkpoint, read_state,
                       recorded_checkpoint, remove_tree, step_dirs)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
@@ -34,7 +34,7 @@ def discard_run(save: Path) -> None:
     root = checkpoints_dir(save)
     for _, d in step_dirs(root):
         remove_tree(d)
-    for name in (METRICS, STATUS, WANDB_ID, SWEEP_MANIFEST):
+    for name in (METRICS, STATUS, WANDB_ID, WANDB_STEP, SWEEP_MANIFEST):
         (save / name).unlink(missing_ok=True)
     (root / LATEST).unlink(missing_ok=True)
     if (save / EVAL_DIR).is_dir():
