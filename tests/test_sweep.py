@@ -592,3 +592,28 @@ def test_plan_never_writes_through_a_symbolic_link(tmp_path):
     assert victim.read_text() == "keep me\n"
     assert not any(p.is_symlink() for p in (root / "sweep.yml", root / "a" / "config.yml", root / "a" / "run.json"))
     assert load_config(root / "a" / "config.yml").model.num_layers == 2
+
+
+def test_run_local_commands_outlive_a_killed_sweep(tmp_path):
+    """`run --local` killed (SIGKILL, or SIGHUP from a lost terminal) while a command runs: the command writes its
+    own output to the run's log, so it goes on to its end (a trainer to its next checkpoint and beyond) instead of
+    dying on a broken pipe at its next line (a trainer then marked the run failed and lost its steps since the last
+    checkpoint)."""
+    import signal
+    import subprocess
+    import time
+
+    marker, log = tmp_path / "finished", tmp_path / "logs" / "train.log"
+    child = (f"import time\nfor i in range(6):\n    print('line', i, flush=True)\n    time.sleep(0.3)\n"
+             f"open({str(marker)!r}, 'w').write('done')\n")
+    parent = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from neox_dar.sweep.local "
+                               f"import _run_logged; sys.exit(_run_logged([sys.executable, '-c', {child!r}], "
+                               f"Path({str(log)!r})))"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert parent.stdout.readline() == "line 0\n"  # echoed from the log
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 30
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert marker.read_text() == "done"
+    assert log.read_text().splitlines()[-6:] == [f"line {i}" for i in range(6)]

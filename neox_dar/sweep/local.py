@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from ..rundir import CONFIG
@@ -21,35 +22,43 @@ from .slurm import TRAIN_SCRIPT, eval_args, extra_corpora
 
 EXIT_STOPPED = 3  # the trainer's "stopped at a checkpoint"
 _stop: list[int] = []  # the stop signals received while a child ran
+ECHO_SECONDS = 0.2  # how often the command's new output is echoed from its log
 
 
 def _run_logged(cmd: list[str], log: Path) -> int:
-    """Run ``cmd`` here, echoing its output and appending it to ``log``; a stop signal meanwhile is handed to it as
-    SIGTERM, and the exit code is then :data:`EXIT_STOPPED`."""
+    """Run ``cmd`` here with its output appended to ``log``, echoed from there; a stop signal meanwhile is handed to
+    it as SIGTERM, and the exit code is then :data:`EXIT_STOPPED`. The command writes to the file itself, in its own
+    session, so it outlives this process (a lost terminal, SIGHUP, SIGKILL): it trains on and checkpoints as
+    configured instead of dying on a broken pipe at its next line."""
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "a") as f:
-        f.write(f"$ {' '.join(cmd)}\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                                start_new_session=True)
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(cmd)}\n")
+        out.flush()
+        start = out.tell()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
-        def forward(signum, frame):
-            _stop.append(signum)
-            print(f"[sweep] {signal.Signals(signum).name}: stopping (SIGTERM to the running command's processes; a "
-                  "trainer checkpoints first)", flush=True)
-            os.killpg(proc.pid, signal.SIGTERM)
+    def forward(signum, frame):
+        _stop.append(signum)
+        print(f"[sweep] {signal.Signals(signum).name}: stopping (SIGTERM to the running command's processes; a "
+              "trainer checkpoints first)", flush=True)
+        os.killpg(proc.pid, signal.SIGTERM)
 
-        previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                f.write(line)
-            rc = proc.wait()
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        return EXIT_STOPPED if _stop else rc
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with open(log, errors="replace") as echo:
+            echo.seek(start)
+            while True:
+                done = proc.poll() is not None
+                sys.stdout.write(echo.read())
+                sys.stdout.flush()
+                if done:
+                    break
+                time.sleep(ECHO_SECONDS)
+        rc = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return EXIT_STOPPED if _stop else rc
 
 
 def launch(nproc: int, target: list[str], python: str = sys.executable) -> list[str]:
