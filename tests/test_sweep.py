@@ -294,6 +294,31 @@ def test_sweep_mistakes_are_one_line_errors_at_plan(tmp_path, capsys, tokenized_
     assert not (tmp_path / "runs").exists()  # nothing written
 
 
+def test_grid_mistakes_name_the_sweep_file_and_a_dotted_axis_names_runs(tmp_path):
+    """A key given twice in a sweep file (the first `set:` was dropped), an exclude whose value matches no grid point
+    (it excluded nothing), an empty axis (the message did not name the file) and two runs with one config (an
+    option's `set` replacing the earlier axis's key: `w8-swa2` and `w16-swa2` both trained window 32) are one line
+    naming the file; a name_template may name a dotted axis (it failed as "not a grid axis")."""
+    base = "name: g\nconfigs: [configs/tiny.yml, configs/attention/swa.yml]\n"
+    cases = {"set: {train_iters: 2}\nset: {train_iters: 3}\ngrid: {window_size: [8, 16]}\n":
+             "'set' is given twice in {f}:4 (the mapping repeats it)",
+             "grid: {window_size: [8, 16]}\nexclude: [{window_size: 32}]\n":
+             "{f}: exclude {{'window_size': 32}} matches no grid point",
+             "grid: {window_size: []}\n": "{f}: grid axis 'window_size' must be a non-empty list",
+             "grid:\n  window_size: [8, 16]\n  attention: {swa2: {set: {window_size: 32}}}\n":
+             "{f}: runs 'w8-swa2' and 'w16-swa2' have the same config"}
+    for i, (body, said) in enumerate(cases.items()):
+        f = tmp_path / f"g{i}.yml"
+        f.write_text(base + body)
+        with pytest.raises(SweepError) as e:
+            plan(load_sweep(f), tmp_path / "runs")
+        assert said.format(f=f) in str(e.value) and "\n" not in str(e.value), str(e.value)
+    f = tmp_path / "lr.yml"
+    f.write_text(base + "grid: {optimizer.params.lr: [0.001, 0.002]}\nname_template: 'lr{optimizer.params.lr}'\n")
+    planned = plan(load_sweep(f), tmp_path / "runs")
+    assert [(p.spec.name, p.cfg.training.optimizer.params.lr) for p in planned] == [("lr0.001", 1e-3), ("lr0.002", 2e-3)]
+
+
 def test_runs_are_checked_for_their_world_size_and_data(tmp_path, capsys, fake_queue, tokenized_sample):
     """The shipped paper sweeps leave data_path unset: plan and submit refuse them (every job would fail with "no
     training data"); a global batch that does not divide over the ranks `submit` asks for fails before queueing."""

@@ -28,7 +28,7 @@ def normalize_keys(data: Any, source: str) -> Any:
     return data
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
+class UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a mapping that repeats a key (PyYAML keeps the last one silently)."""
 
     def construct_mapping(self, node, deep=False):
@@ -48,7 +48,7 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"config file not found: {p}")
     try:
         with p.open(encoding="utf-8") as f:
-            data = yaml.load(f, Loader=_UniqueKeyLoader)
+            data = yaml.load(f, Loader=UniqueKeyLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

@@ -58,9 +58,14 @@ def plan(sweep: Sweep, out: str | Path | None = None) -> list[PlannedRun]:
     """Resolve every run's config (nothing written)."""
     root = Path(out) if out is not None else sweep.default_out()
     root = root.resolve()
-    planned = []
+    planned, seen = [], {}
     for run in sweep.runs:
         cfg, warns = resolve_run(sweep, run, root / run.name)
+        same = seen.setdefault(cfg.replace(save="", wandb_run_name=None, tensorboard_dir=None).to_yaml(), run.name)
+        if same != run.name:  # e.g. an option's set replacing an earlier axis's key: names that say otherwise
+            raise SweepError(f"{sweep.path or 'the sweep'}: runs '{same}' and '{run.name}' have the same config, so "
+                             "the same model would train twice (a later axis's option or 'set' replaces the key an "
+                             "earlier axis varies?)")
         planned.append(PlannedRun(run, cfg, root / run.name, warns))
     return planned
 

@@ -42,7 +42,8 @@ from typing import Any
 
 import yaml
 
-from ..config import key_field
+from ..config import ConfigError, key_field
+from ..config.files import UniqueKeyLoader
 from .errors import SweepError
 from .report_selection import check_report
 from .slurm import SlurmSettings, eval_args
@@ -164,23 +165,30 @@ def _matches(axes: dict[str, str], raw: dict[str, Any], pattern: dict) -> bool:
     return all(k in axes and (raw[k] == v or axes[k] == str(v)) for k, v in pattern.items())
 
 
-def _grid_runs(grid: dict, base: list[str], common: dict, template: Any, excludes: list, where: str) -> list[RunSpec]:
-    """The runs of one grid: the Cartesian product of its axes, in axis order, less the excluded points; each run
-    named by its axis labels (or ``template``)."""
+def _grid_runs(grid: dict, base: list[str], common: dict, template: Any, excludes: list, where: str,
+               excluded: set[int]) -> list[RunSpec]:
+    """The runs of one grid: the Cartesian product of its axes, in axis order, less the excluded points (the indices
+    of the exclude patterns that matched one are added to ``excluded``); each run named by its axis labels (or
+    ``template``, whose fields may name dotted axes: ``{optimizer.params.lr}``)."""
     runs = []
     for combo in itertools.product(*(_axis_points(a, v) for a, v in grid.items())):
         axes = {a: p[0] for a, p in zip(grid, combo)}
         raw = {a: p[1] for a, p in zip(grid, combo)}
-        if any(_matches(axes, raw, pat) for pat in excludes):
+        hits = [i for i, pat in enumerate(excludes) if _matches(axes, raw, pat)]
+        if hits:
+            excluded.update(hits)
             continue
         configs, overrides = list(base), dict(common)
         for _, _, cfgs, sets in combo:
             configs += cfgs
             overrides.update(sets)
         if template:
+            fields = str(template)
+            for axis in (a for a in raw if "." in a):  # str.format reads "a.b" as attribute b of field a
+                fields = fields.replace("{" + axis, "{" + axis.replace(".", "__"))
             try:
-                run_name = str(template).format(**raw)
-            except KeyError as e:
+                run_name = fields.format(**{a.replace(".", "__"): v for a, v in raw.items()})
+            except (KeyError, AttributeError) as e:
                 raise SweepError(f"{where}: name_template names {e}, which is not a grid axis") from None
         else:
             run_name = "-".join(axes.values())
@@ -216,9 +224,16 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
             raise SweepError(f"{where}: exclude names {unknown[0]!r}, which is not a grid axis")
 
     runs: list[RunSpec] = []
+    excluded: set[int] = set()
     for sub in grids:
         if sub:
-            runs += _grid_runs(sub, base, common, template, excludes, where)
+            try:
+                runs += _grid_runs(sub, base, common, template, excludes, where, excluded)
+            except SweepError as e:  # an axis's own mistake: name the file
+                raise SweepError(str(e) if str(e).startswith(where) else f"{where}: {e}") from None
+    for i, pattern in enumerate(excludes):
+        if i not in excluded:
+            raise SweepError(f"{where}: exclude {pattern} matches no grid point (a value the axes do not hold?)")
     for i, extra in enumerate(_as_list(data.get("runs"), "runs")):
         if not isinstance(extra, dict) or set(extra) - {"name", "configs", "set", "axes"}:
             raise SweepError(f"{where}: runs[{i}] must be a mapping with name, configs, set (and optional axes)")
@@ -282,7 +297,10 @@ def load_sweep(path: str | Path) -> Sweep:
     if not p.is_file():
         raise SweepError(f"sweep file not found: {p}")
     try:
-        data = yaml.safe_load(p.read_text())
+        with p.open(encoding="utf-8") as f:
+            data = yaml.load(f, Loader=UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise SweepError(f"malformed YAML in {p}: {e}") from None
+    except ConfigError as e:  # a key given twice
+        raise SweepError(str(e)) from None
     return parse_sweep(data, p)
