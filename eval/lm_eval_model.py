@@ -166,15 +166,16 @@ class NeoxDarLM(HFLM):
         """Continue each row of ``context`` (B, T, left-padded; ``attention_mask`` marks real tokens) by up to
         ``max_length - T`` tokens through the inference caches, stopping a row at the eos token or at any ``stop``
         string (lm-eval's own criteria); greedy unless ``do_sample`` with a positive ``temperature`` (``top_k``,
-        ``top_p`` honoured; torch's global generator, as HFLM). The attention statistics count each prompt's last
-        position and each generated token as it is fed back: one position per generated token (AHA's Eq. 8).
+        ``top_p`` honoured, ``top_k`` 50 when unset, as HF's ``generate``; torch's global generator, as HFLM). The
+        attention statistics count each prompt's last position and each generated token as it is fed back: one
+        position per generated token (AHA's Eq. 8).
         Returns (B, T + new) right-padded with eos."""
         mask = generation_kwargs.pop("attention_mask", None)
         temperature = float(generation_kwargs.get("temperature", 0.0) or 0.0)
         sampling = Sampling()
         if bool(generation_kwargs.get("do_sample", False)) and temperature > 0.0:
             top_k, top_p = generation_kwargs.get("top_k"), generation_kwargs.get("top_p")
-            sampling = Sampling(temperature, int(top_k) if top_k else None,
+            sampling = Sampling(temperature, int(top_k) if top_k is not None else None,
                                 float(top_p) if top_p is not None and float(top_p) < 1.0 else None)
         prompts = [context[b] if mask is None else context[b][mask[b].bool()] for b in range(context.shape[0])]
         criteria = [stop_sequences_criteria(self.tokenizer, stop, p.numel(), 1) for p in prompts]

@@ -403,3 +403,41 @@ def test_generation_stops_at_every_eos_of_the_folders_generation_config(tmp_path
     assert load(tmp_path / "imported", "cpu").eos_ids == (eos, free[k])
     assert convert_main(["to-hf", str(tmp_path / "imported"), str(tmp_path / "export")]) == 0
     assert json.loads((tmp_path / "export" / "generation_config.json").read_text())["eos_token_id"] == [eos, free[k]]
+
+
+def test_sampling_defaults_to_transformers_top_k_and_zero_turns_it_off(tmp_path):
+    """transformers' generate samples from the 50 most likely tokens unless told otherwise; an unset top_k is that
+    here too (it was every token: our samples and those of the same model exported to Hugging Face differed), and
+    top_k 0 is every token, as there (it was refused)."""
+    from neox_dar.generate import DEFAULT_TOP_K
+
+    assert DEFAULT_TOP_K == 50
+    model = family_model("llama", "vanilla", seed=6)
+    prompt = [torch.arange(3, 9)]
+    unset, fifty, every = (generate(model, prompt, 12, sampling=Sampling(1.5, top_k=k), seeds=[4])[0].token_ids
+                           for k in (None, 50, 0))
+    assert unset == fifty and unset != every
+    assert [type(w).__name__ for w in Sampling(1.0).warpers()] == ["TemperatureLogitsWarper", "TopKLogitsWarper"]
+    assert [type(w).__name__ for w in Sampling(1.0, top_k=0).warpers()] == ["TemperatureLogitsWarper"]
+    with pytest.raises(GenerationError, match="top_k must be >= 0"):
+        Sampling(1.0, top_k=-1)
+
+
+def test_cli_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
+    """Ctrl-C during generation (a 40-line traceback before) says what --out holds; exit 130."""
+    import neox_dar.generate.__main__ as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "run", interrupted)
+    code, _, err = _cli(capsys, "ckpt", "--prompt", "hi", "--max-new-tokens", 2, "--out", tmp_path / "o.jsonl")
+    assert code == 130 and err == f"interrupted (Ctrl-C): {tmp_path / 'o.jsonl'} holds the prompts finished before\n"
+
+
+def test_a_folder_without_a_model_config_says_which_files_it_lacks(tmp_path, capsys):
+    """Weights alone (it said "config file not found: .../config.yml", a file the user never had to write)."""
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    code, _, err = _cli(capsys, tmp_path, "--prompt", "hi", "--max-new-tokens", 2)
+    assert code == 2 and err == (f"error: {tmp_path} holds no model config: no model.yml or config.yml (a neox-dar "
+                                 "checkpoint or import), no config.json (a Hugging Face folder)\n")

@@ -19,7 +19,7 @@ from neox_dar.config import ConfigError
 from neox_dar.variants import variants
 from neox_dar.convert import main as convert_main
 from neox_dar.hf import REMOTE_FILES, from_hf, to_hf
-from neox_dar.generate import generate
+from neox_dar.generate import Sampling, generate
 from neox_dar.tokenizer import DEFAULT_TOKENIZER
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -61,6 +61,11 @@ def test_export_loads_with_our_logits_and_generations(tmp_path, family, variant)
     out = hf.generate(batch, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
                       pad_token_id=0, return_dict_in_generate=True)
     assert out.sequences[:, 11:].tolist() == mine
+    # sampling with either's defaults (transformers': top_k 50): the same tokens for the same seed
+    torch.manual_seed(3)
+    sampled = hf.generate(ids[:1, :7], max_new_tokens=12, do_sample=True, temperature=1.5, eos_token_id=None,
+                          pad_token_id=0)[0, 7:].tolist()
+    assert generate(model, [ids[0, :7]], 12, sampling=Sampling(1.5), seeds=[3])[0].token_ids == sampled
     # the variant's own caches (classes of the folder's copy of inference.py), not a DynamicCache
     with torch.inference_mode():
         ours = model.new_cache([11, 4], 24)

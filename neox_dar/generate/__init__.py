@@ -33,13 +33,15 @@ class GenerationError(ValueError):
 
 
 MIN_TEMPERATURE = 1e-6  # below it the logits / temperature overflow (NaN probabilities); it is greedy in effect
+DEFAULT_TOP_K = 50  # transformers' generate samples from the 50 most likely tokens unless told otherwise
 
 
 @dataclass
 class Sampling:
     """``temperature`` 0: greedy (the highest logit); otherwise (finite, at least :data:`MIN_TEMPERATURE`) softmax
-    sampling at that temperature, restricted to the ``top_k`` most likely tokens and the smallest set holding
-    ``top_p`` of the probability (transformers' warpers)."""
+    sampling at that temperature, restricted to the ``top_k`` most likely tokens (unset: :data:`DEFAULT_TOP_K`, as
+    transformers' ``generate``; 0: every token) and the smallest set holding ``top_p`` of the probability
+    (transformers' warpers, in its order)."""
 
     temperature: float = 0.0
     top_k: int | None = None
@@ -49,8 +51,8 @@ class Sampling:
         if self.temperature != 0 and not MIN_TEMPERATURE <= self.temperature < math.inf:
             raise GenerationError(f"temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE}, got "
                                   f"{self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise GenerationError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_k is not None and self.top_k < 0:
+            raise GenerationError(f"top_k must be >= 0 (0: no top-k), got {self.top_k}")
         if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
             raise GenerationError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.greedy and (self.top_k is not None or self.top_p is not None):
@@ -62,8 +64,9 @@ class Sampling:
 
     def warpers(self) -> LogitsProcessorList:
         out = LogitsProcessorList([TemperatureLogitsWarper(self.temperature)])
-        if self.top_k is not None:
-            out.append(TopKLogitsWarper(self.top_k))
+        top_k = DEFAULT_TOP_K if self.top_k is None else self.top_k
+        if top_k > 0:
+            out.append(TopKLogitsWarper(top_k))
         if self.top_p is not None and self.top_p < 1.0:
             out.append(TopPLogitsWarper(self.top_p))
         return out

@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--prompts", type=Path, metavar="FILE.jsonl", help="one JSON prompt per line")
     ap.add_argument("--max-new-tokens", type=int, required=True, metavar="N")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
-    ap.add_argument("--top-k", type=int, default=None)
+    ap.add_argument("--top-k", type=int, default=None,
+                    help="sample from the K most likely tokens (default 50, as transformers' generate; 0: all)")
     ap.add_argument("--top-p", type=float, default=None)
     ap.add_argument("--seed", type=int, default=0, help="sampling seed of the first prompt (prompt i: seed + i)")
     ap.add_argument("--batch-size", type=int, default=8, help="prompts decoded together (default 8)")
@@ -213,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     except (GenerationError, CheckpointError, ConfigError, OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted (Ctrl-C)" + (f": {args.out} holds the prompts finished before" if args.out else ""),
+              file=sys.stderr)
+        return 130
     return 0
 
 
