@@ -36,6 +36,9 @@ def read_model_config(step_dir: str | Path) -> ModelConfig:
         if (d / MODEL_CONFIG).is_file():
             return model_config_from_flat(yaml.safe_load((d / MODEL_CONFIG).read_text()) or {},
                                           source=str(d / MODEL_CONFIG))
+        if not (d / CONFIG).is_file():
+            raise CheckpointError(f"{d} holds no model config: no {MODEL_CONFIG} or {CONFIG} (a neox-dar checkpoint "
+                                  "or import), no config.json (a Hugging Face folder)")
         return load_config(d / CONFIG).model
     except (ConfigError, yaml.YAMLError) as e:
         raise CheckpointError(f"{d}: its model config is not valid ({e})") from None

@@ -164,7 +164,16 @@ def test_a_long_save_name_infinite_blend_weights_and_a_yaml_tag_are_one_line(tmp
     hf_folder(tmp_path / "hf", "llama")
     assert convert_main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "imported"),
                          "attention_type=!!python/object/apply:os.system [echo planted]"]) == 2
-    assert "invalid value for 'attention_type'" in _one_line(capsys.readouterr().err, "convert error:")
+    assert "invalid value for 'attention_type' in the command line" in _one_line(capsys.readouterr().err,
+                                                                                   "convert error:")
+    (tmp_path / "afile").write_text("x")
+    assert convert_main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "afile" / "sub")]) == 2  # a staging error
+    assert _one_line(capsys.readouterr().err, "convert error:").endswith(f"{tmp_path / 'afile'} is a file, not a folder")
+    (tmp_path / "afile").unlink()
+    for override, said in (("window_size=-3", "invalid value for 'window_size' in the command line: -3"),
+                           ("no_such_key=1", "unknown key 'no_such_key' in the command line")):  # said config.json
+        assert convert_main(["from-hf", str(tmp_path / "hf"), str(tmp_path / "imported"), override]) == 2
+        assert said in _one_line(capsys.readouterr().err, "convert error:")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 

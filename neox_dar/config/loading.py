@@ -32,14 +32,15 @@ def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = (),
     return load_layers(layers)
 
 
-def model_config_from_flat(data: dict, source: str = "<dict>") -> ModelConfig:
-    """A validated :class:`ModelConfig` from flat model and attention keys (a checkpoint's ``model.yml``)."""
+def model_config_from_flat(data: dict, source: str = "<dict>", sources: dict[str, str] | None = None) -> ModelConfig:
+    """A validated :class:`ModelConfig` from flat model and attention keys (a checkpoint's ``model.yml``), set by
+    ``source`` (``sources``: another one for some keys, e.g. the command line's overrides of an import)."""
     data = normalize_keys(data, source)
     sections = key_sections()
-    origins = {k: source for k in data}
+    origins = {k: (sources or {}).get(k, source) for k in data}
     for key in data:
         if sections.get(key) not in ("model", "attention"):
-            unknown_key(key, list(_names_of("model")) + list(_names_of("attention")), source)
+            unknown_key(key, list(_names_of("model")) + list(_names_of("attention")), origins[key])
     model = model_sections(data, origins)
     finish_model(model, origins)
     return model

@@ -83,9 +83,9 @@ SIZE_KEYS = {"hidden_size": "hidden_size", "num_hidden_layers": "num_layers",
 
 def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None = None,
                    weight_bytes: int | None = None) -> ModelConfig:
-    """Our model config for a Hugging Face ``config.json`` (``overrides``: flat keys on top, e.g. a variant; one
-    that sets any of :data:`LAYOUT_KEYS` replaces the import's layer layout whole, so ``attention_config`` alone
-    is not refused for conflicting with the import's ``attention_type``).
+    """Our model config for a Hugging Face ``config.json`` (``overrides``: flat keys on top, given on the command
+    line, e.g. a variant; one that sets any of :data:`LAYOUT_KEYS` replaces the import's layer layout whole, so
+    ``attention_config`` alone is not refused for conflicting with the import's ``attention_type``).
 
     Exports of this project carry their own model config (``neox_dar_config``; exports of older versions carried
     the whole run config there, whose non-model keys are dropped); where the folder's own ``config.json`` keys say
@@ -94,6 +94,7 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
     size of the folder's weight files, which must be able to hold the model (:func:`_check_size`, before the config
     is validated)."""
     overrides = overrides or {}
+    said = {k.replace("-", "_"): "the command line" for k in overrides}  # where an override's mistake is
     if not isinstance(hf, dict):
         raise ConfigError(f"{where} must hold a JSON object, not a {type(hf).__name__}")
     if "neox_dar_config" in hf:
@@ -107,14 +108,14 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         _check_size({**keys, **overrides}, weight_bytes, where)
         with warnings.catch_warnings(record=True) as caught:  # the config's own warnings: from the config imported
             warnings.simplefilter("always")
-            cfg = model_config_from_flat({**keys, **overrides}, source=source)
+            cfg = model_config_from_flat({**keys, **overrides}, source=source, sources=said)
         edits = {k: v for k, v in _edited_after_export(hf, cfg, where).items() if k not in overrides}
         if not edits:
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
             return cfg
         _check_size({**keys, **edits, **overrides}, weight_bytes, where)
-        return model_config_from_flat({**keys, **edits, **overrides}, source=source)
+        return model_config_from_flat({**keys, **edits, **overrides}, source=source, sources=said)
     # a config.json without architectures (older Pythia ones) is the family its model_type names
     typed = FAMILIES.get(hf["model_type"]) if isinstance(hf.get("model_type"), str) else None
     archs = hf.get("architectures") or [typed.hf_class if typed else "?"]
@@ -162,7 +163,7 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
             keys[ours] = hf[key.hf] if key.hf in hf else keys.get(ours, key.default)
     if partial is not None:  # rope_parameters' partial_rotary_factor before GPT-NeoX's rotary_pct, as transformers 5
         keys["rotary_pct"] = partial
-    return model_config_from_flat({**keys, **overrides}, source=where)
+    return model_config_from_flat({**keys, **overrides}, source=where, sources=said)
 
 
 def _under(overrides: dict, keys: dict) -> dict:

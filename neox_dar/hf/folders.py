@@ -16,7 +16,7 @@ from ..saved_model import read_model_config
 from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
 from ..model import build_meta_model, CausalLM
-from ..rundir import CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, staged_dir
+from ..rundir import CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, check_writable, staged_dir
 from ..tokenizer import tokenizer_file, write_tokenizer
 from .config_map import config_from_hf, export_problems, hf_config_dict
 from .remote import LAYER_TYPES_FILE, REMOTE_CODE, REMOTE_FILES, layer_types_source, remote_config_dict
@@ -117,6 +117,7 @@ def check_out_dir(out: Path, cfg: ModelConfig, direction: str) -> None:
     import is never overwritten."""
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out} is a file: name a folder to write")
+    check_writable(out, direction, folder=True)  # under a file, or without permission: said here, not in a rename
     if not out.is_dir() or not any(out.iterdir()):
         return
     kind = "Hugging Face export (to-hf)" if direction == "to-hf" else "import (from-hf)"
