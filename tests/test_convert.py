@@ -249,6 +249,7 @@ def test_from_hf_checks_sizes_before_building_a_model(llama_folder, tmp_path):
     r = subprocess.run([sys.executable, "-m", "neox_dar.convert", "from-hf", folder, tmp_path / "out"],
                        capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 2 and "describes a model of at least" in r.stderr, r.stderr
+    assert "its weight files are incomplete (a download cut short?) or its sizes" in r.stderr  # (said: sizes wrong)
 
 
 CONFIG_VALUES = [None, "x", [], {}, -1, 0, 1.5, 2 ** 40, float("nan"), float("inf"), True, [1], {"a": 1}]

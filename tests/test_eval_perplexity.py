@@ -118,8 +118,17 @@ def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
     res2 = json.loads(out2.read_text())
     assert res2["manifest_hash"] == res["manifest_hash"]
     assert res2["corpora"]["c4"]["nll"] == pytest.approx(res["corpora"]["c4"]["nll"], rel=1e-6)
+    from neox_dar.tokenizer import tokenizer_file, tokenizer_sha256
+
+    assert res["tokenizer_sha256"] == tokenizer_sha256(tokenizer_file(cfg, None, root / "checkpoints" / "step_7"))
     # clear one-line errors
     capsys.readouterr()
+    (tmp_path / "empty.json").write_text("{}")  # before: pinned nothing, scored every document silently
+    (tmp_path / "partial.json").write_text('{"corpora": {"c4": {"source": "x"}}}')  # before: a KeyError traceback
+    for bad, said in (("empty.json", "not a corpus manifest"), ("partial.json", "not a corpus manifest"),
+                      ("nope.json", "no such file")):
+        assert main([str(root), "--corpora", "c4", "--manifest", str(tmp_path / bad), "--no-progress"]) == 2
+        assert capsys.readouterr().err.startswith(f"error: --manifest {tmp_path / bad}: {said}")
     assert main([str(root), "--corpora", "c4", "--corpus-path", f"c4={tmp_path / 'missing.json.gz'}"]) == 2
     assert str(tmp_path / "missing.json.gz") in capsys.readouterr().err
     assert main([str(root), "--corpora", "c5"]) == 2

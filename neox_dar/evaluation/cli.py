@@ -19,6 +19,7 @@ rank scores its share of the windows on its own GPU and rank 0 writes the result
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import warnings
@@ -31,7 +32,7 @@ import torch
 from tokenizers import Tokenizer
 
 from ..rundir import check_writable, held_checkpoint, uninterrupted, write_error, write_text_atomic
-from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
+from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file, tokenizer_sha256
 from .corpora import ALL_CORPORA, CORPORA, CorpusError, Document, manifest_hash
 from .loading import DTYPES, LoadedModel, is_hf_folder, load_for_eval
 from .parallel import EvalGroup, start_group
@@ -180,8 +181,24 @@ def _documents(args: argparse.Namespace) -> tuple[list[str], dict[str, list[Docu
                    parse_max_docs(args.max_docs, names))
     if args.sweep_manifest:
         return names, *pinned_corpora(sweep_manifest_path(args.checkpoint), *corpus_args)
-    manifest = json.loads(Path(args.manifest).read_text()) if args.manifest else None
-    return names, *load_corpora(*corpus_args, manifest)
+    return names, *load_corpora(*corpus_args, read_manifest(args.manifest) if args.manifest else None)
+
+
+def read_manifest(path: str) -> dict:
+    """A ``--write-manifest`` file, checked: ValueError (one line naming it) for a missing file, one that is not
+    JSON, or not ``{"corpora": {name: {"documents": [...], ...}}}`` (an empty one pinned nothing, silently)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--manifest {path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--manifest {path}: not readable JSON ({e})") from None
+    corpora = data.get("corpora") if isinstance(data, dict) else None
+    if not isinstance(corpora, dict) or not corpora or not all(
+            isinstance(e, dict) and isinstance(e.get("documents"), list) for e in corpora.values()):
+        raise ValueError(f"--manifest {path}: not a corpus manifest "
+                         '({"corpora": {name: {"documents": [...], ...}}}, as --write-manifest writes it)')
+    return data
 
 
 def _evaluate(args: argparse.Namespace, group: EvalGroup, load) -> int:
@@ -205,11 +222,11 @@ def _evaluate(args: argparse.Namespace, group: EvalGroup, load) -> int:
                "stride": args.stride or max_length, "dtype": args.dtype, "device": str(args.device),
                "ranks": group.world_size, "corpora": corpora}
     text = json.dumps(results, indent=2)
-    with uninterrupted():  # both outputs or neither
-        if args.write_manifest:
-            write_output(args.write_manifest, json.dumps({"corpora": entries}, indent=1))
+    with uninterrupted():  # no signal between the two writes; the result first, then the manifest that pins it
         if args.out:
             write_output(args.out, text + "\n")
+        if args.write_manifest:
+            write_output(args.write_manifest, json.dumps({"corpora": entries}, indent=1))
     if args.out:
         for name, r in corpora.items():
             print(f"{name}: token ppl {r['token_perplexity']:.3f}  word ppl {r['word_perplexity']:.3f}  "
@@ -234,6 +251,8 @@ def load_checkpoint(args: argparse.Namespace, group: EvalGroup, device: str) -> 
                 held.enter_context(held_checkpoint(where))
             loaded = load_for_eval(where, device, args.dtype, args.attention_impl)
             tokenizer_path = tokenizer_file(loaded.cfg, args.tokenizer, loaded.model_dir)
+            loaded = dataclasses.replace(loaded, info={**loaded.info,
+                                                       "tokenizer_sha256": tokenizer_sha256(tokenizer_path)})
             return loaded, load_tokenizer(path=tokenizer_path), prefix_token_id(tokenizer_path, args.prefix_token)
 
         return on_every(group, read)  # no rank lets the checkpoint go before every rank has read it

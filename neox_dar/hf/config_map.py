@@ -67,8 +67,8 @@ def _check_size(keys: dict, weight_bytes: int | None, where: str) -> None:
     least = n("vocab_size") * n("hidden_size") + n("num_layers") * n("hidden_size") * (width + n("intermediate_size"))
     if weight_bytes is not None and least > weight_bytes:
         raise ConfigError(f"{where} describes a model of at least {least:,} parameters, but its weight files hold "
-                          f"{weight_bytes:,} bytes: its sizes (num_hidden_layers, hidden_size, vocab_size, ...) are "
-                          "wrong")
+                          f"{weight_bytes:,} bytes: its weight files are incomplete (a download cut short?) or its "
+                          "sizes (num_hidden_layers, hidden_size, vocab_size, ...) are wrong")
 
 
 
