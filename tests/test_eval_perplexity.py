@@ -107,6 +107,7 @@ def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
     assert res["step"] == 7 and res["attention_type"] == "vanilla" and res["max_length"] == SEQ
     assert len(res["config_hash"]) == 64 and len(res["manifest_hash"]) == 64
     assert set(res["corpora"]) == {"c4", "fineweb_edu"}
+    assert res["corpora"]["c4"]["source"].startswith("data/eval/")  # the repository's place, not this machine's
     for entry in res["corpora"].values():
         assert entry["documents"] == 1
         assert entry["token_perplexity"] == pytest.approx(math.exp(entry["nll"] / entry["tokens"]))

@@ -171,7 +171,7 @@ def _documents(args: argparse.Namespace) -> tuple[list[str], dict[str, list[Docu
     for flag in ("max_length", "stride", "batch_size"):
         if getattr(args, flag) is not None and getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-    names = [c.strip() for c in args.corpora.split(",") if c.strip()]
+    names = list(dict.fromkeys(c.strip() for c in args.corpora.split(",") if c.strip()))  # c4,c4: scored once
     unknown = [c for c in names if c not in ALL_CORPORA]
     if unknown or not names:
         raise ValueError(f"--corpora: unknown {unknown or 'empty list'}; choose from {', '.join(ALL_CORPORA)}")

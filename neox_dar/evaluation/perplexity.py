@@ -18,7 +18,7 @@ from tokenizers import Tokenizer
 
 from ..rundir import RUN_META
 from ..tokenizer import encode_texts
-from .corpora import (DEFAULT_DATA_DIR, HUB_SOURCES, LOCAL_PATHS, CorpusError, Document, corpus_manifest, load_hub,
+from .corpora import (HUB_SOURCES, LOCAL_PATHS, CorpusError, Document, corpus_manifest, load_hub,
                       load_local, select_documents, to_bytes)
 from .metrics import corpus_metrics, count_bytes, count_chars, count_words
 from .parallel import EvalGroup
@@ -100,7 +100,8 @@ def load_corpora(names: list[str], source: str = "local", data_dir: str | None =
             where = f"hub:{src.path}/{src.name}/{src.split}"
         else:
             docs = load_local(name, paths.get(name), data_dir)
-            where = str(paths.get(name) or Path(data_dir or DEFAULT_DATA_DIR) / LOCAL_PATHS[name])
+            # as the user gave it; the shipped corpora by their place in the repository, not this machine's path
+            where = str(paths.get(name) or Path(data_dir or "data/eval") / LOCAL_PATHS[name])
         selected[name] = select_documents(docs, max_docs.get(name), wanted, name)
         entries[name] = corpus_manifest(selected[name], where)
     return selected, entries
