@@ -642,3 +642,20 @@ def test_run_local_commands_outlive_a_killed_sweep(tmp_path):
         time.sleep(0.1)
     assert marker.read_text() == "done"
     assert log.read_text().splitlines()[-6:] == [f"line {i}" for i in range(6)]
+
+
+def test_device_checks_apply_where_the_runs_train(tmp_path, tokenized_sample, monkeypatch):
+    """fp16 and attention_impl triton need CUDA where a run trains: `run --local` on this CPU refuses them, while
+    `plan` and `submit` (checked on a login node without GPUs, for GPU nodes) accept them (they were refused)."""
+    from neox_dar.sweep.planning import check_runs
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    f = tmp_path / "gpu.yml"
+    f.write_text(f"name: gpu\nconfigs: [configs/tiny.yml, configs/attention/swa.yml]\nset: {{data_path: "
+                 f"{tokenized_sample}, attention_impl: triton}}\ngrid: {{precision: [fp16, fp32]}}\n")
+    planned = plan(load_sweep(f), tmp_path / "runs")
+    check_runs(planned, 1)  # plan, submit
+    with pytest.raises(SweepError, match="run 'fp16' on 1 rank\\(s\\): precision fp16 needs a CUDA GPU"):
+        check_runs(planned, 1, here=True)
+    with pytest.raises(SweepError, match="run 'fp32' on 1 rank\\(s\\): attention_impl=triton needs a CUDA GPU"):
+        check_runs(planned[1:], 1, here=True)

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             world = settings.world_size
         for note in fit_micro_batches(planned, world, sweep.overrides):
             print(f"note: {note}", file=sys.stderr)
-        check_runs(planned, world)
+        check_runs(planned, world, here=args.command == "run")
         write_plan(sweep, planned, force=args.force)
         if args.command == "plan":
             return _plan(planned, sweep, root, world, args)

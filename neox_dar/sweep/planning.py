@@ -91,16 +91,17 @@ def check_owner(sweep: Sweep, root: Path) -> None:
                          f"(--out), or pass --force to `plan` to replace '{other}' there")
 
 
-def check_runs(planned: list[PlannedRun], world_size: int) -> None:
+def check_runs(planned: list[PlannedRun], world_size: int, here: bool = False) -> None:
     """Every run as it will train on ``world_size`` data-parallel ranks, before anything is queued: the global batch
     divides, the data files exist and hold valid token ids, and the rest of ``train.py``'s start-up checks
-    (:func:`neox_dar.training.checks.check_training_config`). SweepError naming the run."""
+    (:func:`neox_dar.training.checks.check_training_config`; those of the device too when the runs train ``here``,
+    `run --local`, not on the nodes `submit` queues them for). SweepError naming the run."""
     from ..config import ConfigError
     from ..training.checks import check_training_config
 
     for p in planned:
         try:
-            check_training_config(p.cfg, world_size)
+            check_training_config(p.cfg, world_size, here)
         except ConfigError as e:
             raise SweepError(f"run '{p.spec.name}' on {world_size} rank(s): {e}") from None
 

@@ -46,11 +46,12 @@ def load_checked(paths: list[str], overrides: list[str]) -> Config | None:
     return cfg
 
 
-def check_training_config(cfg: Config, world_size: int) -> None:
+def check_training_config(cfg: Config, world_size: int, here: bool = True) -> None:
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
     (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data,
-    fp16 or ``attention_impl: triton`` without CUDA (:func:`check_triton_here`), finetune without load, bf16 without
-    ZeRO, or a damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
+    fp16 or ``attention_impl: triton`` without CUDA (:func:`check_triton_here`; only when it trains ``here``, on this
+    machine, not when a login node checks a job for GPU nodes), finetune without load, bf16 without ZeRO, or a
+    damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
     :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
@@ -63,10 +64,10 @@ def check_training_config(cfg: Config, world_size: int) -> None:
     cfg.training.gradient_accumulation_for(world_size)
     if not (cfg.data.data_path or cfg.data.train_data_paths):
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
-    if cfg.training.dtype == "fp16" and not _cuda():
+    if here and cfg.training.dtype == "fp16" and not _cuda():
         raise ConfigError("precision fp16 needs a CUDA GPU (DeepSpeed's fp16 optimizer runs on none other): use "
                           "precision=fp32 or bf16 here")
-    if cfg.model.attention.attention_impl == "triton" and not _cuda():
+    if here and cfg.model.attention.attention_impl == "triton" and not _cuda():
         check_triton_here(cfg)
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
