@@ -11,7 +11,7 @@ import numpy as np
 
 from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDataset, IndexedDatasetWriter, bin_path, idx_path
-from neox_dar.rundir import fault_point, uninterrupted
+from neox_dar.rundir import check_writable, fault_point, uninterrupted
 
 from .budget import Budget, Segment
 from .journal import shard_prefix
@@ -24,13 +24,8 @@ def make_out_dir(prefix: str) -> None:
     if prefix.endswith(("/", os.sep)) or os.path.isdir(prefix):
         raise ValueError(f"--out {prefix} names a directory, not a prefix of files: e.g. --out "
                          f"{os.path.join(prefix, 'data')} writes data.bin, data.idx, ... in it")
-    parent = os.path.dirname(os.path.abspath(prefix))
-    existing = parent
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ValueError(f"--out {prefix}: {existing} is a file, not a directory")
-    os.makedirs(parent, exist_ok=True)
+    check_writable(prefix, "--out")  # the nearest existing folder above: a folder, writable
+    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
 
 
 def merge_shards(directory: str, plan: list[tuple[int, list[Segment]]], prefixes: list[str], dtype: np.dtype) -> None:

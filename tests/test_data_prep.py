@@ -199,7 +199,7 @@ def test_cut_or_mislabelled_compressed_inputs_are_one_line_errors(tmp_path):
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, (name, r.stderr)
     (tmp_path / "afile").write_text("x")
     for out, said in ((f"{tmp_path}/dir/", "names a directory, not a prefix of files"),  # wrote dir/.bin, dir/.idx
-                      (tmp_path / "afile" / "x", f"{tmp_path / 'afile'} is a file, not a directory")):
+                      (tmp_path / "afile" / "x", f"{tmp_path / 'afile'} is a file, not a folder")):
         r = prep(tmp_path / "cut.jsonl.gz", "--out", out, check=False)
         assert r.returncode == 2 and said in r.stderr, r.stderr
 
