@@ -115,9 +115,7 @@ def check_out_dir(out: Path, cfg: ModelConfig, direction: str) -> None:
     empty, or an earlier ``direction`` output of a model with the same config (a newer checkpoint of the same run,
     exported again), which is then replaced. A run directory, a folder of other files, another model's export or
     import is never overwritten."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{out} is a file: name a folder to write")
-    check_writable(out, direction, folder=True)  # under a file, or without permission: said here, not in a rename
+    check_writable(out, direction, folder=True)  # a file, under one, or without permission: said here, not in a rename
     if not out.is_dir() or not any(out.iterdir()):
         return
     kind = "Hugging Face export (to-hf)" if direction == "to-hf" else "import (from-hf)"
