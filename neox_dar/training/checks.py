@@ -49,7 +49,7 @@ def load_checked(paths: list[str], overrides: list[str]) -> Config | None:
 def check_training_config(cfg: Config, world_size: int, here: bool = True) -> None:
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
     (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data,
-    fp16 or ``attention_impl: triton`` without CUDA (:func:`check_triton_here`; only when it trains ``here``, on this
+    what needs CUDA on a machine without it (:func:`check_without_cuda`; only when it trains ``here``, on this
     machine, not when a login node checks a job for GPU nodes), finetune without load, bf16 without ZeRO, or a
     damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
     :func:`neox_dar.data.check_data_files`)."""
@@ -64,11 +64,8 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     cfg.training.gradient_accumulation_for(world_size)
     if not (cfg.data.data_path or cfg.data.train_data_paths):
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
-    if here and cfg.training.dtype == "fp16" and not _cuda():
-        raise ConfigError("precision fp16 needs a CUDA GPU (DeepSpeed's fp16 optimizer runs on none other): use "
-                          "precision=fp32 or bf16 here")
-    if here and cfg.model.attention.attention_impl == "triton" and not _cuda():
-        check_triton_here(cfg)
+    if here and not _cuda():
+        check_without_cuda(cfg)
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
                           "import to start from (load=...), or drop finetune to train from scratch")
@@ -148,11 +145,17 @@ def epochs_line(cfg: Config, world_size: int, max_epochs: float | None = None) -
     return f"token budget: {tokens:,} tokens = {epochs:.3g} epochs of the training data"
 
 
-def check_triton_here(cfg: Config) -> None:
-    """``attention_impl: triton`` on a machine without CUDA: the kernels run only under Triton's interpreter
-    (``TRITON_INTERPRET=1``, for tests), and flash-linear-attention's (linear layers) not at all."""
+def check_without_cuda(cfg: Config) -> None:
+    """What ``cfg`` cannot do on a machine without CUDA: precision fp16 (DeepSpeed's fp16 optimizer), and
+    ``attention_impl: triton``, whose kernels run there only under Triton's interpreter (``TRITON_INTERPRET=1``, for
+    tests) and flash-linear-attention's (linear layers) not at all."""
     from ..variants.layers import layer_types
 
+    if cfg.training.dtype == "fp16":
+        raise ConfigError("precision fp16 needs a CUDA GPU (DeepSpeed's fp16 optimizer runs on none other): use "
+                          "precision=fp32 or bf16 here")
+    if cfg.model.attention.attention_impl != "triton":
+        return
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise ConfigError("attention_impl=triton needs a CUDA GPU (on a CPU the kernels run only under "
                           "TRITON_INTERPRET=1, slowly, for tests): use attention_impl=auto or sdpa here")
