@@ -43,16 +43,14 @@ def translate_neox(merged: dict, origins: dict) -> None:
                 merged[new], origins[new] = value, where(old)
     if isinstance(merged.get("fp16"), dict) and "fp16" in merged["fp16"]:  # Pythia's block repeats its switch
         merged["fp16"].setdefault("enabled", merged["fp16"].pop("fp16"))
-    if isinstance(merged.get("bf16"), dict):  # GPT-NeoX's bf16 block: only its switch
-        merged["bf16"] = {"enabled": merged["bf16"].get("enabled", False)}
-    enabled = [b for b in ("fp16", "bf16") if isinstance(merged.get(b), dict) and merged[b].get("enabled")]
+    bf16 = merged.pop("bf16", {})  # GPT-NeoX's bf16 block: only its switch counts
+    if not isinstance(bf16, dict):
+        raise ConfigError(f"wrong type for 'bf16' in {where('bf16')}: expected a mapping with 'enabled'")
+    blocks = {"fp16": merged.get("fp16"), "bf16": bf16}
+    enabled = [b for b, block in blocks.items() if isinstance(block, dict) and block.get("enabled")]
     if len(enabled) == 2:
         raise ConfigError(f"fp16.enabled ({where('fp16.enabled')}) and bf16.enabled ({where('bf16.enabled')}) are both "
                           "true: enable one")
-    if "bf16" in merged:
-        if not isinstance(merged["bf16"], dict):
-            raise ConfigError(f"wrong type for 'bf16' in {where('bf16')}: expected a mapping with 'enabled'")
-        del merged["bf16"]
     for block in enabled:  # the block's switch sets the precision, and contradicts any other
         if merged.get("precision", "auto") not in ("auto", block, "bfloat16" if block == "bf16" else block):
             raise ConfigError(f"precision {merged['precision']} ({where('precision')}) contradicts {block}.enabled: "
