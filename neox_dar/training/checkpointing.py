@@ -336,6 +336,7 @@ def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
             f"reads on from sample {meta['consumed_samples']} of the order this config makes, not the samples the "
             "checkpoint's run would have read next")
 
+
 def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> TrainState:
     """Restore DeepSpeed state, this rank's RNG, the data position and the losses of the log interval it was in
     from a verified ``step_dir`` that :func:`check_resumable` accepted (collective); the learning-rate schedule is

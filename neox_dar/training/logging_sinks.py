@@ -81,7 +81,8 @@ class RunLogger:
         keeps a run's first values for a step and cannot take rows back, so a resumed run does not send those steps
         again."""
         path = self.save / WANDB_STEP
-        recorded = int(path.read_text()) if path.is_file() and path.read_text().strip().isdigit() else 0
+        text = path.read_text().strip() if path.is_file() else ""
+        recorded = int(text) if text.isdigit() else 0
         sent = max([recorded, *(r.get("step", 0) for r in read_metrics(self.save))])
         write_text_atomic(path, f"{sent}\n")
         return sent
