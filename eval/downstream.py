@@ -304,11 +304,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.suite not in suites:
             raise SuiteError(f"unknown suite {args.suite!r} (known: {', '.join(suites)})")
-        for name in ("limit", "min_context", "max_length"):
+        for name, least in (("limit", 1), ("min_context", 0), ("max_length", 1)):
             value = getattr(args, name)
-            if value is not None and value < (0 if name == "min_context" else 1):
-                raise SuiteError(f"--{name.replace('_', '-')} must be >= {0 if name == 'min_context' else 1}, "
-                                 f"got {value}")
+            if value is not None and value < least:
+                raise SuiteError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
         batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
         result = run_suite(args.checkpoint, args.suite, suites, limit=args.limit, min_context=args.min_context,
                            include_path=args.include_path, batch_size=batch, device=args.device, dtype=args.dtype,
