@@ -4,10 +4,10 @@
         [--metric token_perplexity] [--format both|markdown|latex]
 
 ``Rel. (%)`` = mean over FineWeb-Edu, C4 and WikiText-103 of ``ppl(run) / ppl(vanilla) * 100`` (the DAR paper's
-Table 1 metric); it is
-shown only when the run and the baseline both have all three corpora. A corpus missing from a results file is
-printed as ``--``, never as a number. Runs whose per-corpus manifest differs from the baseline's were scored on
-other documents; they are flagged on stderr.
+Table 1 metric; with ``--metric bits_per_byte``, of the byte perplexities); it is shown only when the run and the
+baseline both have all three corpora. A corpus or metric missing from a results file, or not a finite number, is
+printed as ``--``, never as a number. A run scored otherwise than the baseline (other documents, window, stride,
+dtype, tokenizer or training step) is flagged on stderr.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from neox_dar.evaluation.tables import METRICS, flag_other_documents, latex, markdown, table_rows
+from neox_dar.evaluation.tables import METRICS, flag_other_scoring, latex, markdown, table_rows
 
 
 def _run_name(res: dict, path: Path) -> str:
@@ -36,6 +36,9 @@ def _load(path: str) -> dict:
         raise ValueError(f"{p} is not a results JSON ({e})") from None
     if not isinstance(res, dict) or not isinstance(res.get("corpora"), dict):
         raise ValueError(f"{p} has no 'corpora' object; is it from python -m eval.perplexity?")
+    for corpus, entry in res["corpora"].items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"{p}: corpus '{corpus}' is {entry!r}, not an object of metrics")
     return res
 
 
@@ -58,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     runs = list(zip(names, results))
-    for note in flag_other_documents(runs, baseline):
+    for note in flag_other_scoring(runs, baseline):
         print(note, file=sys.stderr)
     rows = table_rows(runs, (args.baseline_name, baseline), args.metric)
     parts = []

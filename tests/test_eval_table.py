@@ -1,10 +1,12 @@
 """eval.table: per-corpus perplexity and Rel. (%) = mean of ppl(run)/ppl(vanilla)*100; missing stays missing."""
 
 import json
+import math
 
 import pytest
 
 from eval.table import main
+from neox_dar.evaluation.corpora import CORPORA
 from neox_dar.evaluation.tables import relative_percent
 
 
@@ -58,3 +60,62 @@ def test_default_names_metric_and_errors(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert main([str(bad), "--baseline", base]) == 2
+
+
+def test_bits_per_byte_rel_is_the_byte_perplexity_ratio(tmp_path, capsys):
+    """With --metric bits_per_byte, Rel. (%) is the ratio of byte perplexities, as the report computes it (it was the
+    ratio of bits per byte, a different number for the same files)."""
+    def bpb(nll_by_corpus):  # 4000 bytes per corpus
+        return {"checkpoint": "x", "attention_type": "dar", "corpora": {
+            c: {"bits_per_byte": nll / (4000 * math.log(2)), "byte_perplexity": math.exp(nll / 4000),
+                "token_perplexity": 1.0, "manifest_sha256": "m"} for c, nll in nll_by_corpus.items()}}
+    run = dict(zip(CORPORA, (2900.0, 3600.0, 3700.0)))
+    base = dict(zip(CORPORA, (3000.0, 3500.0, 4000.0)))
+    expected = sum(math.exp((run[c] - base[c]) / 4000) for c in CORPORA) / 3 * 100
+    assert main([write(tmp_path, "r.json", bpb(run)), "--baseline", write(tmp_path, "b.json", bpb(base)),
+                 "--metric", "bits_per_byte", "--names", "R", "--format", "markdown"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("| R "))
+    assert line.endswith(f"| {expected:.2f} |"), line
+
+
+def test_a_result_scored_otherwise_is_flagged(tmp_path, capsys):
+    """A run scored with another window, stride, dtype, tokenizer or at another training step than the baseline is
+    warned on stderr (each was a Rel. without a word); a result without the key (an older file) is not."""
+    ppl = {"fineweb_edu": 20.0, "c4": 40.0, "wikitext103": 50.0}
+    settings = {"step": 800, "max_length": 2048, "stride": 2048, "dtype": "float32", "tokenizer_sha256": "t"}
+    base = write(tmp_path, "v.json", {**results(ppl), **settings})
+    same = write(tmp_path, "same.json", {**results(ppl), **settings})
+    old = write(tmp_path, "old.json", results(ppl))
+    assert main([same, old, "--baseline", base, "--names", "A,B"]) == 0
+    assert capsys.readouterr().err == ""
+    for key, value, what in [("step", 100, "training step 100"), ("max_length", 512, "window (max_length) 512"),
+                             ("stride", 256, "stride 256"), ("dtype", "bfloat16", "dtype bfloat16"),
+                             ("tokenizer_sha256", "u", "tokenizer u")]:
+        run = write(tmp_path, f"{key}.json", {**results(ppl), **settings, key: value})
+        assert main([run, "--baseline", base, "--names", "A"]) == 0
+        err = capsys.readouterr().err
+        assert err == (f"warning: A: scored with {what}, the baseline with {settings[key]}: its Rel. compares more "
+                       "than the models\n"), err
+
+
+def test_missing_or_non_finite_values_print_missing(tmp_path, capsys):
+    """A NaN perplexity, a null one or a metric the file lacks (an older version's) is '--' in its cell and in Rel.
+    (they printed nan, or were a TypeError / KeyError traceback); a corpus entry that is not an object is one line."""
+    base = write(tmp_path, "v.json", results({"fineweb_edu": 20.0, "c4": 40.0, "wikitext103": 50.0}))
+    nan = results({"fineweb_edu": float("nan"), "c4": 40.0, "wikitext103": 50.0})
+    null = results({"fineweb_edu": 20.0, "c4": 40.0, "wikitext103": 50.0})
+    null["corpora"]["c4"]["token_perplexity"] = None
+    older = results({"fineweb_edu": 20.0, "c4": 40.0, "wikitext103": 50.0})
+    del older["corpora"]["wikitext103"]["byte_perplexity"]
+    assert main([write(tmp_path, "n.json", nan), write(tmp_path, "z.json", null), write(tmp_path, "o.json", older),
+                 "--baseline", base, "--names", "N,Z,O", "--format", "markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| N | -- | 40.00 | 50.00 | -- |" in out and "| Z | 20.00 | -- | 50.00 | -- |" in out
+    assert main([write(tmp_path, "o2.json", older), "--baseline", base, "--names", "O",
+                 "--metric", "byte_perplexity", "--format", "markdown"]) == 0
+    assert "| O | 1.50 | 1.50 | -- | -- |" in capsys.readouterr().out
+    broken = results({"fineweb_edu": 20.0})
+    broken["corpora"]["c4"] = "12.5"
+    assert main([write(tmp_path, "b.json", broken), "--baseline", base]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "corpus 'c4' is '12.5', not an object of metrics" in err, err

@@ -185,6 +185,62 @@ def test_group_by_uses_baseline_of_the_same_group(tmp_path):
     assert _row(table, "small-dar")[rel] == pytest.approx(_rel(ppl["small-dar"], ppl["small-vanilla"]))
 
 
+def test_a_baseline_of_another_scale_is_flagged(tmp_path):
+    """SPEC compares a run with vanilla at the same scale: without group_by, the big DAR's Rel. against the small
+    vanilla gets a warning naming the keys (before: Rel. 94 against a model half its width, without a word); with
+    group_by each scale has its own baseline and no warning."""
+    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
+            "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
+                     "attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
+                                   "dar": {"configs": ["configs/attention/dar.yml"]}}},
+            "report": {"baseline": {"attention_type": "vanilla", "scale": "small"}}}
+    runs, sweep, _ = _planned_with_results(tmp_path, spec, seed=11)
+    notes = [n for n in build_table(runs, sweep.report).notes if "differs from its baseline" in n]
+    said = "(hidden_size 128 against 64; head_dim 32 against 16; intermediate_size 512 against 256)"
+    assert len(notes) == 2 and all(said in n for n in notes), notes
+    assert {n.split(":")[1].strip() for n in notes} == {"big-vanilla", "big-dar"}
+    grouped = {**sweep.report, "baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]}
+    assert not [n for n in build_table(runs, grouped).notes if "differs from its baseline" in n]
+
+
+def test_a_run_scored_with_another_window_or_stride_is_flagged(sweep_dir):
+    """The report warns when a run's evaluation used another window or stride than its baseline's (both change
+    perplexity besides the model; they were compared without a word)."""
+    root, _ = sweep_dir
+    for name, stride in (("vanilla", 2048), ("dar-d32", 256)):
+        path = root / name / "eval" / "perplexity.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "max_length": 2048, "stride": stride}))
+    runs, sweep, _ = collect(root)
+    notes = [n for n in build_table(runs, sweep.report).notes if "scored with" in n]
+    assert notes == ["warning: dar-d32: scored with stride 256, the baseline with 2048: its Rel. compares more than "
+                     "the models"]
+
+
+def test_run_files_this_version_cannot_read_are_one_line_errors(sweep_dir, capsys):
+    """A config.yml with a key this version does not know, a metrics.jsonl row that is not an object or bytes that
+    are not UTF-8, and an evaluation whose corpus is not an object of metrics: one line naming the run or file, exit 2
+    (tracebacks before: ConfigError, AttributeError, UnicodeDecodeError, TypeError)."""
+    root, _ = sweep_dir
+    cases = []
+    cfg = root / "dar-d32" / "config.yml"
+    cases.append((cfg, cfg.read_text() + "bogus_key: 3\n", "run dar-d32: its config.yml cannot be read"))
+    metrics = root / "uniform-d16" / "metrics.jsonl"
+    cases.append((metrics, "null\n" + metrics.read_text(), "metrics.jsonl:1: a row must be a JSON object"))
+    cases.append((metrics, b"\xff\xfe" + metrics.read_bytes(), "metrics.jsonl: not UTF-8 text"))
+    ev = root / "dar-d16" / "eval" / "perplexity.json"
+    data = json.loads(ev.read_text())
+    cases.append((ev, json.dumps({**data, "corpora": {**data["corpora"], "c4": "12.5"}}),
+                  "corpus 'c4' is '12.5', not an object of metrics"))
+    for path, broken, said in cases:
+        good = path.read_bytes()
+        path.write_bytes(broken if isinstance(broken, bytes) else broken.encode())
+        assert report_main([str(root), "--no-figures"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("report error: ") and err.count("\n") == 1 and said in err, err
+        path.write_bytes(good)
+    assert report_main([str(root), "--no-figures"]) == 0
+
+
 def test_cli_writes_tables_and_figures(sweep_dir, capsys):
     root, _ = sweep_dir
     assert report_main([str(root), "--out", str(root / "rep")]) == 0
@@ -412,6 +468,30 @@ def test_seed_spread_table(tmp_path):
     c4 = avg.columns.index("C4")
     assert row[c4] == pytest.approx(sum(res[f"dar-seed{s}"]["corpora"]["c4"]["token_perplexity"] for s in (1, 2, 3)) / 3)
     assert "seed" not in avg.columns
+    assert row[avg.columns.index("Step")] == 40 and not [n for n in avg.notes if n.startswith("warning")]
+
+    # one seed evaluated at another step: the row's Step is missing and a note names the runs (it showed the largest)
+    late = next(r for r in runs if r.name == "dar-seed2")
+    late.evals[-1]["step"] = 30
+    avg = average_table(build_table(runs, sweep.report), runs, ["seed"])
+    assert next(r for r in avg.rows if r[0] == "dar")[avg.columns.index("Step")] is None
+    assert "warning: dar-seed1 dar-seed2 dar-seed3 were evaluated at steps 40, 30, 40: their row's means mix " \
+           "training budgets" in avg.notes
+
+
+def test_average_over_must_name_a_grid_axis(tmp_path, capsys):
+    """average_over merges runs whose other axes agree: a config key that is not an axis merged nothing (every run
+    its own row, n = 1, said as a mean); now a one-line error naming the axes."""
+    spec = {"name": "seeds", "configs": ["configs/tiny.yml"],
+            "grid": {"attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
+                                   "dar": {"configs": ["configs/attention/dar.yml"]}}},
+            "report": {"baseline": {"attention_type": "vanilla"}}}
+    runs, sweep, _ = _planned_with_results(tmp_path, spec, seed=3)
+    with pytest.raises(SweepError, match="report average_over names 'seed', which is not a grid axis of the runs "
+                                         r"\(axes: attention\)"):
+        average_table(build_table(runs, sweep.report), runs, ["seed"])
+    assert report_main([str(tmp_path / "runs"), "--no-figures", "--average-over", "seed"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 NOISE_SWEEP = {

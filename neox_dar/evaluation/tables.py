@@ -17,20 +17,37 @@ METRICS = ("token_perplexity", "word_perplexity", "byte_perplexity", "bits_per_b
 MISSING = "--"
 
 
+def relative_metric(metric: str) -> str:
+    """The metric Rel. (%) takes the ratio of for a table of ``metric``: ``byte_perplexity`` for ``bits_per_byte``
+    (a ratio of bits per byte is not a perplexity ratio), else ``metric`` itself."""
+    return "byte_perplexity" if metric == "bits_per_byte" else metric
+
+
 def relative_percent(run: dict, baseline: dict, metric: str = "token_perplexity",
                      corpora: tuple[str, ...] | list[str] = CORPORA) -> float | None:
-    """Mean over ``corpora`` (default: the papers' three) of ``run / baseline * 100`` for ``metric``; ``None`` if a
-    corpus is missing or a value is not a finite number (a diverged run's NaN is missing, not a ratio)."""
+    """Mean over ``corpora`` (default: the papers' three) of ``run / baseline * 100`` for ``metric``'s perplexity
+    (:func:`relative_metric`); ``None`` if a corpus is missing or a value is not a finite number (a diverged run's
+    NaN is missing, not a ratio)."""
+    metric = relative_metric(metric)
     ratios = []
     for corpus in corpora:
         mine, base = run["corpora"].get(corpus), baseline["corpora"].get(corpus)
         if mine is None or base is None:
             return None
-        ratio = mine[metric] / base[metric] * 100.0
-        if not math.isfinite(ratio):
+        a, b = mine.get(metric), base.get(metric)
+        if not (_finite(a) and _finite(b)) or b == 0:
             return None
-        ratios.append(ratio)
+        ratios.append(a / b * 100.0)
     return sum(ratios) / len(ratios)
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def number_cell(value) -> str:
+    """A table cell for a metric's value: two decimals, ``--`` for a missing or non-finite one."""
+    return f"{value:.2f}" if _finite(value) else MISSING
 
 
 def table_rows(runs: list[tuple[str, dict]], baseline: tuple[str, dict], metric: str) -> list[list[str]]:
@@ -40,9 +57,8 @@ def table_rows(runs: list[tuple[str, dict]], baseline: tuple[str, dict], metric:
         cells = [name]
         for corpus in CORPORA:
             entry = res["corpora"].get(corpus)
-            cells.append(f"{entry[metric]:.2f}" if entry is not None else MISSING)
-        rel = relative_percent(res, baseline[1], metric)
-        cells.append(f"{rel:.2f}" if rel is not None else MISSING)
+            cells.append(number_cell(entry.get(metric)) if entry is not None else MISSING)
+        cells.append(number_cell(relative_percent(res, baseline[1], metric)))
         rows.append(cells)
     return rows
 
@@ -74,7 +90,16 @@ def latex(rows: list[list[str]], metric: str) -> str:
                       r"\midrule", body[0], r"\midrule", *body[1:], r"\bottomrule", r"\end{tabular}"])
 
 
-def flag_other_documents(runs: list[tuple[str, dict]], baseline: dict) -> list[str]:
+SCORING = {"max_length": "window (max_length)", "stride": "stride", "dtype": "dtype",
+           "tokenizer_sha256": "tokenizer"}
+"""The settings of an evaluation that change its numbers besides the model: results that differ in one do not
+compare (a result without the key, from an older version, is not flagged)."""
+
+
+def flag_other_scoring(runs: list[tuple[str, dict]], baseline: dict, step: bool = True) -> list[str]:
+    """Warnings for the results in ``runs`` that were not scored as ``baseline`` was: a corpus scored on other
+    documents (manifest hashes), another :data:`SCORING` setting, and with ``step`` another training step; a Rel.
+    (%) between them compares more than the models."""
     notes = []
     for name, res in runs:
         for corpus, entry in res["corpora"].items():
@@ -82,4 +107,10 @@ def flag_other_documents(runs: list[tuple[str, dict]], baseline: dict) -> list[s
             if base and entry.get("manifest_sha256") != base.get("manifest_sha256"):
                 notes.append(f"warning: {name}: {corpus} was scored on other documents than the baseline "
                              "(manifest hashes differ)")
+        keys = {**SCORING, "step": "training step"} if step else SCORING
+        for key, what in keys.items():
+            mine, theirs = res.get(key), baseline.get(key)
+            if mine is not None and theirs is not None and mine != theirs:
+                notes.append(f"warning: {name}: scored with {what} {mine}, the baseline with {theirs}: its Rel. "
+                             "compares more than the models")
     return notes

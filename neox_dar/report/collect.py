@@ -11,8 +11,8 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import Config, load_config
-from ..rundir import CONFIG, FINAL_EVAL, RUN_META, read_evals, read_json, read_metrics
+from ..config import Config, ConfigError, load_config
+from ..rundir import CONFIG, FINAL_EVAL, RUN_META, RunFileError, read_evals, read_json, read_metrics
 from ..sweep.errors import SweepError
 from ..sweep.report_selection import SweepRun
 from ..sweep.rundir import newest_checkpoint_step
@@ -81,9 +81,14 @@ class RunRecord(SweepRun):
 
 
 def _load_cfg(run_dir: Path) -> Config:
+    """The run's config.yml; RunFileError (one line) when this version cannot read it (a key it does not know, a
+    file that is not YAML)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return load_config(run_dir / CONFIG)
+        try:
+            return load_config(run_dir / CONFIG)
+        except ConfigError as e:
+            raise RunFileError(f"run {run_dir.name}: its {CONFIG} cannot be read by this version ({e})") from None
 
 
 def load_run(run_dir: Path) -> RunRecord:

@@ -18,8 +18,8 @@ import statistics
 from dataclasses import dataclass
 
 from ..evaluation.corpora import CORPORA
-from ..evaluation.tables import MISSING, TITLES, flag_other_documents, latex_escape, relative_percent
-from ..sweep.report_selection import baselines, check_names, check_report, group_key
+from ..evaluation.tables import MISSING, TITLES, flag_other_scoring, latex_escape, relative_metric, relative_percent
+from ..sweep.report_selection import baselines, check_axes, check_report, group_key
 from .collect import RunRecord, kv_bytes_per_token, relative_cost
 
 @dataclass
@@ -58,9 +58,7 @@ def relative_settings(report: dict) -> tuple[str, tuple[str, ...]]:
     """The metric Rel. (%) compares and the corpora it averages over: perplexities (``byte_perplexity`` when the
     table shows ``bits_per_byte``, whose ratio would not be a perplexity ratio) over ``relative_over`` (default: the
     papers' three corpora)."""
-    metric = report.get("metric", "token_perplexity")
-    return ("byte_perplexity" if metric == "bits_per_byte" else metric,
-            tuple(report.get("relative_over") or CORPORA))
+    return relative_metric(report.get("metric", "token_perplexity")), tuple(report.get("relative_over") or CORPORA)
 
 
 def noise_floor(runs: list[RunRecord], report: dict, base: dict[tuple, RunRecord]) -> list[tuple[str, float]]:
@@ -114,8 +112,10 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
         b = base.get(group_key(r, group_by))
         rel = relative_percent(r.eval, b.eval, rel_metric, rel_corpora) if (b and b.eval and r.eval) else None
         if b and b is not r and b.eval and r.eval:
-            flags += flag_other_documents([(r.name, r.eval)], b.eval)
+            flags += flag_other_scoring([(r.name, r.eval)], b.eval, step=False)
             flags += flag_other_budget(r, b)
+        if b and b is not r:
+            flags += flag_other_shape(r, b)
         row = [r.name, *(r.axes.get(a, "") for a in axes), *(r.perplexity(c, metric) for c in corpora), rel]
         for ref in refs.values():  # "" for the reference itself or a group without one; None when not evaluated
             c = ref.get(group_key(r, group_by))
@@ -192,6 +192,21 @@ def flag_other_budget(r: RunRecord, b: RunRecord) -> list[str]:
             "models trained for different budgets"]
 
 
+SHAPE = ("model_family", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+         "intermediate_size", "seq_length", "vocab_size")
+"""Model keys that set a model's scale: a run's Rel. (%) is meant against a baseline with the same values."""
+
+
+def flag_other_shape(r: RunRecord, b: RunRecord) -> list[str]:
+    """A warning when ``r``'s model differs from its baseline ``b``'s in a :data:`SHAPE` key (SPEC: vanilla at the
+    same scale): its Rel. would compare models of two sizes."""
+    diff = [f"{k} {getattr(r.cfg.model, k)} against {getattr(b.cfg.model, k)}" for k in SHAPE
+            if getattr(r.cfg.model, k) != getattr(b.cfg.model, k)]
+    return [f"warning: {r.name}: its model differs from its baseline {b.name}'s ({'; '.join(diff)}): its Rel. "
+            "compares models of other scales (report.group_by, e.g. the scale axis, gives each scale its own "
+            "baseline)"] if diff else []
+
+
 def _baseline_names(base: dict[tuple, RunRecord]) -> str:
     return ", ".join(r.name for r in base.values())
 
@@ -200,7 +215,7 @@ def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table
     """Rows of ``table`` that differ only in the ``over`` axes (e.g. seeds) merged into one: every number is the
     mean, and Rel. (%) gets its sample standard deviation and its range beside it (the spread between seeds)."""
     by_name = {r.name: r for r in runs}
-    check_names(runs, over, "average_over")
+    check_axes(runs, over, "average_over")
     keep = [c for c in table.columns if c not in over]
     idx = [table.columns.index(c) for c in keep]
     rel = table.columns.index("Rel. (%)")
@@ -213,7 +228,7 @@ def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table
     columns.insert(columns.index("Rel. (%)") + 1, "Rel. sd")
     columns.insert(columns.index("Rel. sd") + 1, "Rel. range")
     columns.insert(1, "n")
-    rows = []
+    rows, mixed = [], []
     for label, members in groups.items():
         out: list = []
         for i in idx:
@@ -224,8 +239,13 @@ def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table
             elif table.columns[i] == "vs noise":  # the baseline's group is the baseline; members may disagree
                 out.append("" if "" in cells else cells[0] if len(set(cells)) == 1 else
                            None if None in cells else "mixed")
+            elif table.columns[i] == "Step":  # one budget per row: merged runs at two steps are not a mean
+                out.append(cells[0] if len(set(cells)) == 1 else None)
+                if len(set(cells)) > 1:
+                    mixed.append(f"warning: {' '.join(str(m[0]) for m in members)} were evaluated at steps "
+                                 f"{', '.join(str(c) for c in cells)}: their row's means mix training budgets")
             elif all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in cells):
-                out.append(statistics.fmean(cells) if table.columns[i] != "Step" else max(cells))
+                out.append(statistics.fmean(cells))
             else:
                 out.append(cells[0] if len(set(map(str, cells))) == 1 else None)
         rels = [m[rel] for m in members if isinstance(m[rel], float)]
@@ -241,7 +261,7 @@ def average_table(table: Table, runs: list[RunRecord], over: list[str]) -> Table
     if "vs noise" in keep:
         notes.append("vs noise: the runs' own verdicts where they agree, 'mixed' where some are within the noise floor "
                      "and some beyond it; empty for the baseline's row.")
-    return Table(f"{table.title} (mean over {', '.join(over)})", columns, rows, notes)
+    return Table(f"{table.title} (mean over {', '.join(over)})", columns, rows, notes + mixed)
 
 
 def _cell(v, latex: bool = False) -> str:

@@ -77,21 +77,28 @@ def recorded_checkpoint(run_dir: str | Path) -> int:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """Every row of metrics.jsonl; a torn last line (a run writing right now, or killed) is left out."""
+    """Every row of metrics.jsonl; a torn last line (a run writing right now, or killed) is left out. A row that is
+    not a JSON object, or bytes that are not UTF-8, are a RunFileError naming the line."""
     p = Path(run_dir) / METRICS
     if not p.is_file():
         return []
-    lines = p.read_text().splitlines()
+    try:
+        lines = p.read_text().splitlines()
+    except UnicodeDecodeError as e:
+        raise RunFileError(f"{p}: not UTF-8 text ({e}); {recovery(p)}") from None
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError as e:
             if i == len(lines) - 1:
                 break
             raise RunFileError(f"{p}:{i + 1}: not valid JSON ({e})") from None
+        if not isinstance(row, dict):
+            raise RunFileError(f"{p}:{i + 1}: a row must be a JSON object, got {line.strip()[:40]}; {recovery(p)}")
+        rows.append(row)
     return rows
 
 
@@ -103,7 +110,8 @@ def truncate_metrics(run_dir: str | Path, step: int) -> None:
 
 
 def read_evals(run_dir: str | Path) -> list[dict]:
-    """All evaluation results of the run, sorted by step (results without a step sort last)."""
+    """All evaluation results of the run, sorted by step (results without a step sort last). A result whose
+    ``corpora`` entry is not an object of metrics is a RunFileError naming the file and the corpus."""
     d = Path(run_dir) / EVAL_DIR
     if not d.is_dir():
         return []
@@ -111,6 +119,10 @@ def read_evals(run_dir: str | Path) -> list[dict]:
     for p in sorted(d.glob("*.json")):
         r = read_json(p)
         if isinstance(r, dict) and isinstance(r.get("corpora"), dict):
+            for corpus, entry in r["corpora"].items():
+                if not isinstance(entry, dict):
+                    raise RunFileError(f"{p}: corpus '{corpus}' is {str(entry)[:40]!r}, not an object of metrics; "
+                                       f"{recovery(p)}")
             results.append(dict(r, _path=str(p)))
     return sorted(results, key=lambda r: (r.get("step") is None, r.get("step") or 0))
 

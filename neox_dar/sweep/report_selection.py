@@ -19,7 +19,7 @@ REPORT_KEYS = {
     "rows": "run names in the order the table lists them",
     "metric": f"one of {', '.join(METRICS)}",
     "cost": "true: a Cost column (attention FLOPs per token relative to vanilla)",
-    "average_over": "axes (or config keys) to average over, e.g. [seed]: a second table with mean and spread",
+    "average_over": "grid axes to average over, e.g. [seed]: a second table with mean and spread",
     "relative_over": "corpora Rel. (%) averages over (default: the papers' three), e.g. [wikitext103, wikipedia]",
     "repeats": "selector of runs that repeat the baseline with another seed, e.g. {variant: vanilla}: their Rel. "
                "(%) is the noise floor, printed beside every run's",
@@ -106,6 +106,16 @@ def check_names(runs: list[SweepRun], names: list[str], what: str) -> None:
             raise SweepError(f"report {what} names '{name}', which is neither an axis of the runs nor a config key")
 
 
+def check_axes(runs: list[SweepRun], names: list[str], what: str) -> None:
+    """SweepError when a name of a ``report:`` setting is not a grid axis of the runs (``average_over`` merges the
+    runs whose other axes agree: a config key alone says nothing about which runs are repeats of one another)."""
+    for name in names:
+        if not any(name in r.axes for r in runs):
+            axes = sorted({a for r in runs for a in r.axes})
+            raise SweepError(f"report {what} names '{name}', which is not a grid axis of the runs "
+                             f"(axes: {', '.join(axes) if axes else 'none'})")
+
+
 def baselines(runs: list[SweepRun], selector: dict | None, group_by: list[str]) -> dict[tuple, SweepRun]:
     """The baseline run of each group (runs matching ``selector``). A selector that matches no run, names a key that
     is neither an axis nor a config key, or matches two runs of one group is an error."""
@@ -137,6 +147,6 @@ def check_report_runs(report: dict, runs: list[SweepRun]) -> None:
     if unknown:
         raise SweepError(f"report rows name unknown run(s) {', '.join(unknown)} (runs: "
                          f"{', '.join(r.name for r in runs)})")
-    check_names(runs, list(report.get("average_over") or []), "average_over")
+    check_axes(runs, list(report.get("average_over") or []), "average_over")
     if report.get("repeats"):
         check_names(runs, list(report["repeats"]), "repeats")
