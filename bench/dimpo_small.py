@@ -107,10 +107,14 @@ def main() -> None:
             raise SystemExit(code)
         results = load_results(fit)
         markdown = to_markdown(table1(str(fit)))
-    report = {**provenance(), "device": device_name(torch.device("cpu")), "threads": args.threads,
-              "train_steps": args.train_steps, "train_seconds": round(trained, 1),
-              "fit_seconds": round(sum(l["seconds"] for l in results["layers"].values()), 1),
-              "table_markdown": markdown, "results": results}
+        report = {**provenance(), "device": device_name(torch.device("cpu")), "threads": args.threads,
+                  "train_steps": args.train_steps, "train_seconds": round(trained, 1),
+                  "fit_seconds": round(sum(l["seconds"] for l in results["layers"].values()), 1),
+                  "table_markdown": markdown, "results": results}
+        text = json.dumps(report)  # the folder is gone after the run: the result names it, not this machine's path
+        for path in {str(Path(work).resolve()), work}:
+            text = text.replace(path, "<temporary folder>")
+        report = json.loads(text)
     if args.out:
         write_result(report, args.out)
 

@@ -49,6 +49,16 @@ def provenance(argv: list[str] | None = None) -> dict:
             **code_version()}
 
 
+def shown_path(path: str | Path) -> str:
+    """``path`` as a result records it: relative to the current directory when it lies under it (a result names no
+    folder of the machine it ran on), else absolute."""
+    where = Path(path).resolve()
+    try:
+        return str(where.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(where)
+
+
 def write_result(report: dict, path: str | Path) -> Path:
     """Write a benchmark ``report`` as JSON to ``path`` (parent folders created) and say where."""
     out = Path(path)

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,8 @@ def check_dimpo_memory(r: dict) -> None:
 
 def check_dimpo_small(r: dict) -> None:
     assert r["train_steps"] == 1 and "DimPO" in r["table_markdown"] and r["results"]["layers"]
+    text = re.sub(r'"command": "[^"]*"', "", json.dumps(r))  # its work folder named as such, not by its path
+    assert "<temporary folder>/ckpt" in text and tempfile.gettempdir() not in text
 
 
 def check_dimpo_pairs(r: dict) -> None:

@@ -3,6 +3,7 @@ vanilla model exported to Hugging Face; batching and strides never change which 
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,7 +99,7 @@ def test_metrics_formulas():
         corpus_metrics(1.0, 0, 1, 1, 1)
 
 
-def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
+def test_cli_results_json_and_manifest(tiny, tmp_path, capsys, monkeypatch):
     root, _, cfg = tiny
     out, manifest = tmp_path / "res.json", tmp_path / "manifest.json"
     assert main([str(root), "--corpora", "c4,fineweb_edu", "--max-docs", "1", "--batch-size", "4",
@@ -122,6 +123,12 @@ def test_cli_results_json_and_manifest(tiny, tmp_path, capsys):
     from neox_dar.tokenizer import tokenizer_file, tokenizer_sha256
 
     assert res["tokenizer_sha256"] == tokenizer_sha256(tokenizer_file(cfg, None, root / "checkpoints" / "step_7"))
+    assert res["provenance"]["command"].startswith("python ") and "git_commit" in res["provenance"]
+    # the checkpoint as a path relative to the directory the command ran in (not this machine's folders)
+    monkeypatch.chdir(tmp_path.parent)
+    assert main([str(root), "--corpora", "c4", "--max-docs", "1", "--no-progress", "--out", str(out2)]) == 0
+    where = json.loads(out2.read_text())["checkpoint"]
+    assert where == str(root.relative_to(tmp_path.parent) / "checkpoints" / "step_00000007"), where
     # clear one-line errors
     capsys.readouterr()
     (tmp_path / "empty.json").write_text("{}")  # before: pinned nothing, scored every document silently

@@ -31,6 +31,7 @@ from typing import TypeVar
 import torch
 from tokenizers import Tokenizer
 
+from ..provenance import provenance
 from ..rundir import check_writable, held_checkpoint, uninterrupted, write_error, write_text_atomic
 from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file, tokenizer_sha256
 from .corpora import ALL_CORPORA, CORPORA, CorpusError, Document, manifest_hash
@@ -220,7 +221,7 @@ def _evaluate(args: argparse.Namespace, group: EvalGroup, load) -> int:
         corpora[name]["source"] = entries[name]["source"]
     results = {**loaded.info, "manifest_hash": manifest_hash(entries), "max_length": max_length,
                "stride": args.stride or max_length, "dtype": args.dtype, "device": str(args.device),
-               "ranks": group.world_size, "corpora": corpora}
+               "ranks": group.world_size, "provenance": provenance(), "corpora": corpora}
     text = json.dumps(results, indent=2)
     with uninterrupted():  # no signal between the two writes; the result first, then the manifest that pins it
         if args.out:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from ..provenance import shown_path
 from ..saved_model import load_model
 from ..config import ModelConfig, model_flat
 from ..model import CausalLM
@@ -62,6 +63,6 @@ def load_for_eval(path: str | Path, device: str | torch.device = "cpu", dtype: s
         model, cfg = load_model(where, attention_impl=attention_impl)
         step = checkpoint_step(where)
     model = model.to(device=device, dtype=DTYPES[dtype]).eval()
-    info = {"checkpoint": str(where.resolve()), "step": step, "config_hash": config_hash(cfg),
+    info = {"checkpoint": shown_path(where), "step": step, "config_hash": config_hash(cfg),
             "attention_type": cfg.attention.attention_type}
     return LoadedModel(model, cfg, info, where)
