@@ -44,17 +44,18 @@ def read_model_config(step_dir: str | Path) -> ModelConfig:
         raise CheckpointError(f"{d}: its model config is not valid ({e})") from None
 
 
-def save_weights(model: CausalLM, cfg: ModelConfig, out_dir: str | Path) -> Path:
+def save_weights(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, step: int | None = None) -> Path:
     """Write ``model.safetensors`` (the tensors' own dtype, contiguous; a tied head once, as the embedding),
     ``model.yml`` and the manifest into ``out_dir`` (with the sha256 of a ``tokenizer.json`` already there: copy
-    the tokenizer files first, so the manifest lists them)."""
+    the tokenizer files first, so the manifest lists them). ``step``: the training step of the weights, when they
+    come from a run's checkpoint (what evaluation records as the result's ``step``)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.weights().items()}
     save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / MODEL_CONFIG).write_text(model_yaml(cfg))
     tokenizer = recorded_tokenizer(out)
-    write_manifest(out, {"step": None, "tokenizer_sha256": tokenizer and tokenizer_sha256(tokenizer)})
+    write_manifest(out, {"step": step, "tokenizer_sha256": tokenizer and tokenizer_sha256(tokenizer)})
     return out
 
 

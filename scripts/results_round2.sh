@@ -352,8 +352,8 @@ EOF
 }
 
 publish_checkpoint() {  # RUN's newest checkpoint as a weights-only folder (neox_dar.saved_model.save_weights:
-  # model.safetensors, model.yml, tokenizer.json, manifest) in results/results-round2/checkpoints/RUN, its tensors
-  # checked equal to the checkpoint's
+  # model.safetensors, model.yml, tokenizer.json, manifest with the checkpoint's step) in
+  # results/results-round2/checkpoints/RUN, its tensors checked equal to the checkpoint's
   local run=$1 out=results/results-round2/checkpoints/$1
   [ -d "$WORK/$run/checkpoints" ] || { echo "results_round2.sh: $WORK/$run has no checkpoint" >&2; return 2; }
   rm -rf "$out" && mkdir -p "$out"
@@ -361,13 +361,14 @@ publish_checkpoint() {  # RUN's newest checkpoint as a weights-only folder (neox
 import shutil
 import sys
 from pathlib import Path
-from neox_dar.rundir import held_checkpoint
+from neox_dar.rundir import checkpoint_step, held_checkpoint
 from neox_dar.saved_model import load_model, save_weights
 run, out = sys.argv[1], Path(sys.argv[2])
 with held_checkpoint(run) as step_dir:
     shutil.copy(step_dir / "tokenizer.json", out / "tokenizer.json")
     model, cfg = load_model(step_dir)
-save_weights(model, cfg, out)
+    step = checkpoint_step(step_dir)
+save_weights(model, cfg, out, step=step)
 print(f"{step_dir} -> {out}")
 ours, theirs = load_model(out)[0].weights(), model.weights()
 assert ours.keys() == theirs.keys() and all(ours[k].equal(theirs[k]) for k in ours), "the weights differ"

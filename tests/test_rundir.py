@@ -170,6 +170,18 @@ def weights_dir(tmp_path) -> Path:
     return save_weights(build_model(cfg), cfg, tmp_path / "weights")
 
 
+def test_weights_keep_the_step_they_were_trained_to(weights_dir, tmp_path):
+    """save_weights(step=N) records N (a run's published weights, which evaluation then records as their step: a
+    published checkpoint said step null, so its result had no budget for the report to check); None without."""
+    from neox_dar.evaluation.loading import load_for_eval
+    from neox_dar.rundir import checkpoint_step
+
+    assert checkpoint_step(weights_dir) is None
+    model, cfg = load_model(weights_dir)
+    published = save_weights(model, cfg, tmp_path / "published", step=800)
+    assert checkpoint_step(published) == 800 and load_for_eval(published).info["step"] == 800
+
+
 def test_load_model_refuses_damaged_weights_in_one_line(weights_dir):
     model, _ = load_model(weights_dir)
     size = (weights_dir / WEIGHTS).stat().st_size
