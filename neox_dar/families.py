@@ -55,6 +55,7 @@ class Family:
     hf_keys: tuple[HFKey, ...]  # the config.json keys of the components the class leaves open
     names: Names = Names()
     rms_weight_in_float32: bool = False  # RMSNorm multiplies by its weight before casting back (OLMo-2)
+    rotary_in_float32: bool = False  # q, k turned by float32 cos/sin, then cast back (OLMo-2; the others: in q's dtype)
     import_keys: dict[str, Any] = field(default_factory=dict)  # set on import, not fixed by the class (init)
     hf_extra: dict[str, Any] = field(default_factory=dict)  # constant config.json keys of exports
     tiny: dict[str, Any] = field(default_factory=dict)  # config.json keys of tiny_hf_model's model: the features
@@ -105,7 +106,7 @@ register_family(Family(
     "olmo2", "Olmo2ForCausalLM", "silu",
     fixed=dict(_SWIGLU, norm_position="post", qk_norm="projection", mlp_bias=False),
     hf_keys=(_ATTENTION_BIAS, HFKey("rms_norm_eps", ("rms_norm_epsilon",), 1e-5)), rms_weight_in_float32=True,
-    import_keys=_NORMAL_INIT, tiny=_TINY_GQA,
+    rotary_in_float32=True, import_keys=_NORMAL_INIT, tiny=_TINY_GQA,
     preset="configs/olmo-2-0425-1b.yml"))
 register_family(Family(
     "qwen2", "Qwen2ForCausalLM", "silu", fixed=dict(_SWIGLU, qkv_bias=True, attention_out_bias=False, mlp_bias=False),
@@ -134,6 +135,7 @@ def table() -> str:
                         f"`{f.names.head}`" for f in families)],
             ["`hidden_act`", *(f"`{f.hidden_act}`" for f in families)],
             ["RMSNorm weight in float32", *("yes" if f.rms_weight_in_float32 else "" for f in families)],
+            ["rotary in float32", *("yes" if f.rotary_in_float32 else "" for f in families)],
             *([f"`{k}`", *(cell(f, k) for f in families)] for k in keys)]
     return "\n".join("| " + " | ".join(r) + " |" for r in [rows[0], ["---"] * len(rows[0]), *rows[1:]])
 

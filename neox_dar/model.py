@@ -63,7 +63,8 @@ class Decoder(DecoderStack):
         self.build_decoder(names.embed, nn.Embedding(cfg.padded_vocab_size, cfg.hidden_size),
                            (Block(cfg, i) for i in range(cfg.num_layers)), names.final_norm, build_norm(cfg),
                            dropout=nn.Dropout(cfg.hidden_dropout))
-        self.rotary_emb = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rope_scaling)
+        self.rotary_emb = RotaryEmbedding(cfg.rotary_ndims, cfg.rotary_emb_base, cfg.rope_scaling,
+                                          FAMILIES[cfg.model_family].rotary_in_float32)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.dropout(self.embed(input_ids))

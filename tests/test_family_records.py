@@ -135,3 +135,64 @@ def test_every_family_test_takes_up_a_new_family(tmp_path):
     family_tests = {test: counts for test, counts in cases.items()
                     if len(set(counts) & set(FAMILIES)) >= len(FAMILIES) - 1 and len(set(counts.values())) == 1}
     assert family_tests and {test for test, counts in family_tests.items() if "mistral" not in counts} == set()
+
+
+def _imported_logits_equal_transformers(tmp_path, family: str, **extra) -> "ModelConfig":
+    """The tiny ``family`` model with ``extra`` config keys, saved and imported: our logits equal transformers'."""
+    import torch
+
+    from neox_dar.hf import from_hf
+    from neox_dar.tiny_hf_model import tiny_hf_model
+
+    hf = tiny_hf_model(family, **extra)
+    hf.save_pretrained(tmp_path / family)
+    model, cfg = from_hf(tmp_path / family)
+    x = torch.randint(0, 96, (2, 23), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), hf(x).logits, atol=1e-5, rtol=0)
+    return cfg
+
+
+def test_partial_rotary_factor_counts_for_gpt_neox_only(tmp_path):
+    """Llama's class rotates whole heads whatever rope_parameters' partial_rotary_factor says; the import did rotate
+    half (a different model: logits off by 0.3, and no way back to_hf). Now it ignores the factor, with a warning."""
+    with pytest.warns(UserWarning, match="partial_rotary_factor 0.5 is ignored: LlamaForCausalLM rotates"):
+        cfg = _imported_logits_equal_transformers(tmp_path, "llama", rope_scaling=None, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    assert cfg.rotary_pct == 1.0 and export_problems(cfg) == []
+
+
+def test_rope_scaling_replaces_rope_parameters_as_in_transformers(tmp_path):
+    """A config.json with both rope spellings (an export edited by hand): transformers 5 takes a non-empty
+    rope_scaling whole and the top-level rope_theta for the theta it lacks, so does the import (it took the type
+    from rope_scaling but the theta from rope_parameters: llama3 at 1000 where transformers runs it at 500)."""
+    from neox_dar.hf import config_from_hf
+    from neox_dar.tiny_hf_model import tiny_hf_model
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    hf = tiny_hf_model("llama").config.to_dict()
+    hf.update(rope_theta=500.0, rope_scaling=llama3, rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
+    theirs = transformers.LlamaConfig(**hf).rope_parameters
+    cfg = config_from_hf(hf)
+    assert (cfg.rotary_emb_base, cfg.rope_scaling.factor) == (theirs["rope_theta"], theirs["factor"]) == (500, 8.0)
+    _imported_logits_equal_transformers(tmp_path, "llama", rope_theta=500.0, rope_scaling=llama3)
+
+
+@pytest.mark.parametrize("family", ["llama", "olmo2", "qwen2", "qwen3"])
+def test_bf16_logits_equal_the_class(family, tmp_path):
+    """In bfloat16 the import computes what the family's class computes, bit for bit (sdpa both): OLMo-2's class
+    turns q and k by float32 cos/sin and casts back, the others in q's dtype (OLMo-2 differed by 0.05 before the
+    family's rotary_in_float32)."""
+    import torch
+
+    from neox_dar.hf import from_hf
+    from neox_dar.tiny_hf_model import tiny_hf_model
+
+    tiny_hf_model(family).save_pretrained(tmp_path / family)
+    ours = from_hf(tmp_path / family, attention_impl="sdpa")[0].eval().to(torch.bfloat16)
+    theirs = getattr(transformers, FAMILIES[family].hf_class).from_pretrained(
+        tmp_path / family, attn_implementation="sdpa", dtype=torch.bfloat16).eval()
+    x = torch.randint(0, 96, (2, 200), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x).logits)

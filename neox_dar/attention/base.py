@@ -29,20 +29,24 @@ if TYPE_CHECKING:
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for ``rotary_ndims`` dims, computed in float32 as Hugging Face does (``scaling``: Llama-3's
-    frequency scaling, or None).
+    frequency scaling, or None), and given in the model's dtype, or with ``float32`` kept in float32 (OLMo-2's
+    class turns queries and keys in float32 and casts them back).
 
     Holds no tensors (the tables are recomputed per forward, a negligible cost), so a model built on the
     ``meta`` device and loaded with ``assign=True`` is complete."""
 
-    def __init__(self, rotary_ndims: int, base: int, scaling=None):
+    def __init__(self, rotary_ndims: int, base: int, scaling=None, float32: bool = False):
         super().__init__()
         self.rotary_ndims = rotary_ndims
         self.base = base
         self.scaling = scaling
+        self.float32 = float32
 
     def forward(self, seq_len: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return ``(cos, sin)``, each (T, rotary_ndims), for positions 0..T-1."""
-        return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len, dtype, device)
+        """Return ``(cos, sin)``, each (T, rotary_ndims), for positions 0..T-1, in ``dtype`` (float32 with
+        ``float32``)."""
+        return rotary_table(self.rotary_ndims, self.base, self.scaling, seq_len,
+                            torch.float32 if self.float32 else dtype, device)
 
 
 class Attention(AttentionLayer, abc.ABC):

@@ -16,25 +16,27 @@ LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_po
 
 def _rope(hf: dict, where: str) -> tuple[float, dict | None, float | None]:
     """``(theta, llama3 scaling or None, partial rotary factor or None)`` from transformers 5's
-    ``rope_parameters`` or transformers 4's ``rope_theta``/``rope_scaling``."""
+    ``rope_parameters`` or transformers 4's ``rope_theta``/``rope_scaling``, read as transformers 5 reads them: a
+    non-empty ``rope_scaling`` replaces ``rope_parameters`` whole, and a key the mapping lacks comes from the
+    top-level ``rope_theta`` (then GPT-NeoX's ``rotary_emb_base``, then 10000)."""
     params, scaling = hf.get("rope_parameters") or {}, hf.get("rope_scaling") or {}
     for key, value in (("rope_parameters", params), ("rope_scaling", scaling)):
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: {key!r} must be a mapping, got {value!r}")
-    scaling = scaling or params
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    theta = params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000)))
+    rope = scaling or params
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    theta = rope.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000)))
     if kind not in ("default", "llama3"):
         raise ConfigError(f"{where}: rope type {kind!r} is not supported (default, llama3)")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
         raise ConfigError(f"{where}: rope_theta must be a positive number, got {theta!r}")
     llama3 = None
     if kind == "llama3":
-        if missing := [k for k in LLAMA3_KEYS if k not in scaling]:
+        if missing := [k for k in LLAMA3_KEYS if k not in rope]:
             raise ConfigError(f"{where}: llama3 rope scaling lacks {', '.join(map(repr, missing))}")
-        llama3 = {k: scaling[k] for k in LLAMA3_KEYS}
+        llama3 = {k: rope[k] for k in LLAMA3_KEYS}
     theta = int(theta) if float(theta).is_integer() else theta  # rotary_emb_base is GPT-NeoX's int
-    return theta, llama3, params.get("partial_rotary_factor")
+    return theta, llama3, rope.get("partial_rotary_factor")
 
 
 
@@ -161,7 +163,12 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
     for key in family.hf_keys:
         for ours in key.ours if key.read else ():
             keys[ours] = hf[key.hf] if key.hf in hf else keys.get(ours, key.default)
-    if partial is not None:  # rope_parameters' partial_rotary_factor before GPT-NeoX's rotary_pct, as transformers 5
+    if partial is not None and "rotary_pct" in family.fixed:  # the class rotates every dim whatever it says
+        if partial != family.fixed["rotary_pct"]:
+            warnings.warn(f"{where}: partial_rotary_factor {partial!r} is ignored: {family.hf_class} rotates "
+                          f"rotary_pct={family.fixed['rotary_pct']} of each head, whatever its config says, and so "
+                          "does the import", stacklevel=2)
+    elif partial is not None:  # rope_parameters' partial_rotary_factor before GPT-NeoX's rotary_pct, as transformers 5
         keys["rotary_pct"] = partial
     return model_config_from_flat({**keys, **overrides}, source=where, sources=said)
 
@@ -197,6 +204,7 @@ def _edited_after_export(hf: dict, cfg: ModelConfig, where: str) -> dict:
                 found.append((key.hf, hf[key.hf], getattr(cfg, ours[0]), {o: hf[key.hf] for o in key.ours}))
         theta, llama3, partial = _rope(hf, where)
         scaling = None if cfg.rope_scaling is None else {k: getattr(cfg.rope_scaling, k) for k in LLAMA3_KEYS}
+        partial = None if "rotary_pct" in family.fixed else partial  # the class ignores it (config_from_hf)
         for name, value, current, ours in (("rope_theta", theta, cfg.rotary_emb_base, "rotary_emb_base"),
                                            ("rope_scaling", llama3, scaling, "rope_scaling"),
                                            ("partial_rotary_factor", partial, cfg.rotary_pct, "rotary_pct")):

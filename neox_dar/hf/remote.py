@@ -63,6 +63,6 @@ def remote_config_dict(cfg: ModelConfig, layers: list[dict], special_ids: dict[s
             parallel_residual=cfg.gpt_j_residual, qk_norm=cfg.qk_norm, activation=cfg.activation,
             fused_qkv=cfg.fused_qkv, qkv_bias=cfg.qkv_bias, attention_out_bias=cfg.attention_out_bias,
             mlp_bias=cfg.mlp_bias, rotary_ndims=cfg.rotary_ndims, rope_theta=cfg.rotary_emb_base,
-            rope_scaling=scaling).to_json(),
+            rope_scaling=scaling, rotary_in_float32=family.rotary_in_float32).to_json(),
         "neox_dar_layers": layers,
     }

@@ -45,6 +45,7 @@ class BlockShape:
     # Llama-3's frequency scaling (rope_type, factor, low_freq_factor, high_freq_factor,
     # original_max_position_embeddings), or None
     rope_scaling: dict[str, Any] | None
+    rotary_in_float32: bool = False  # OLMo-2 turns q, k by float32 tables (absent from older exports: False)
 
     def to_json(self) -> dict[str, Any]:
         """The record as ``config.json`` holds it: its fields in order, the names as a mapping."""

@@ -131,7 +131,8 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
                                  "(tokenizer.padding_side = 'left')")
         block = self.config.block
         scaling = None if block.rope_scaling is None else SimpleNamespace(**block.rope_scaling)
-        layout = Layout(starts, None, lambda n: rotary_table(block.rotary_ndims, block.rope_theta, scaling, n, dtype,
+        table = torch.float32 if block.rotary_in_float32 else dtype
+        layout = Layout(starts, None, lambda n: rotary_table(block.rotary_ndims, block.rope_theta, scaling, n, table,
                                                              device), device)
         decoder = getattr(self, self.decoder_name)
         return ModelCache(layout, [layer.attn.new_cache(layout, device, dtype) for layer in decoder.layers])

@@ -17,10 +17,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """``x`` with its first ``r = cos.shape[-1]`` dims turned: ``x_rot * cos + rotate_half(x_rot) * sin``, the
-    other dims passed through (a new tensor)."""
+    other dims passed through (a new tensor, ``x``'s dtype: float32 tables turn a half ``x`` in float32)."""
     r = cos.shape[-1]
     x_rot, x_pass = x[..., :r], x[..., r:]
-    return torch.cat((x_rot * cos + rotate_half(x_rot) * sin, x_pass), dim=-1)
+    return torch.cat(((x_rot * cos + rotate_half(x_rot) * sin).to(x.dtype), x_pass), dim=-1)
 
 
 class Rotary(torch.autograd.Function):
