@@ -69,7 +69,8 @@ def describe(cfg: Config, context: int | None = None, dtype: str = "bf16") -> st
     lines.append(f"training FLOPs per token at T={C} (forward + backward; forward is 1/3):")
     lines.append(f"  attention (scores + weighted sum + variant extras): {f['attention']:.4g} "
                  f"(vanilla {fv['attention']:.4g}, {100.0 * f['attention'] / fv['attention']:.1f}%)")
-    costs = [(a.attended_keys(C), 6 * 2 * d * a.attended_keys(C), a.extra_flops_per_token()) for a in mods]
+    width = H * m.head_dim  # the attention's width (d unless head_dim is set apart from d / H), as flops_per_token
+    costs = [(a.attended_keys(C), 6 * 2 * width * a.attended_keys(C), a.extra_flops_per_token()) for a in mods]
     shown = range(L) if len(set(costs)) > 1 else range(1)
     for layer in shown:
         keys, scores, extra_flops = costs[layer]

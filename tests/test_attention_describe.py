@@ -75,3 +75,15 @@ def test_the_old_command_name_still_works():
     out = subprocess.run([sys.executable, "-m", "neox_dar.attention.describe", "configs/pythia-70m.yml",
                           "configs/attention/dar.yml"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0 and "3,840.0 bytes per token" in out.stdout, out.stderr
+
+
+def test_per_layer_flops_use_the_attention_width(capsys):
+    """Qwen3-0.6B's attention is 16 heads x 128 = 2048 wide on a 1024-wide model: each layer's line must sum to the
+    attention total (it used d, half of it)."""
+    import re
+
+    assert main(["configs/qwen3-0.6b.yml", "--context", "4096"]) == 0
+    out = capsys.readouterr().out
+    total = float(re.search(r"attention \(scores \+ weighted sum \+ variant extras\): (\S+)", out).group(1))
+    each = float(re.search(r"each layer: [\d.]+ keys per query, (\S+) FLOPs", out).group(1))
+    assert each * 28 == pytest.approx(total, rel=1e-3), out
