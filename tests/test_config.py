@@ -1,6 +1,7 @@
 """Config system: layering, overrides, derived values and every error path."""
 
 import re
+import warnings
 import subprocess
 import sys
 import textwrap
@@ -189,6 +190,8 @@ def test_gpt_neox_pythia_config_loads_as_is():
     assert cfg.training.optimizer.params.betas == (0.9, 0.95) and cfg.training.min_lr == pytest.approx(1e-4)
     assert cfg.data.train_data_paths == ["pile_0.87_deduped_text_document"]
     assert cfg.run.checkpoint_factor == 500 and cfg.training.zero_optimization.stage == 1
+    # no keep_last_n_checkpoints: GPT-NeoX keeps every checkpoint (it kept 2 here: Pythia's 143 were pruned)
+    assert cfg.run.keep_last_n is None and cfg.origins["keep_last_n"].startswith("GPT-NeoX's default")
     from neox_dar.training.engine import deepspeed_config
 
     fp16 = deepspeed_config(cfg.replace(train_batch_size=32), world_size=1)["fp16"]  # the block's loss scaling
@@ -225,6 +228,15 @@ def test_gpt_neox_125m_config_loads_and_says_which_of_its_defaults_do_not_apply(
             (['fp16={"initial_scale_power": 99}'], "'fp16.initial_scale_power' in the command line: 99")):
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_config(f, overrides=words)
+
+
+def test_a_gpt_neox_key_on_the_command_line_does_not_make_a_gpt_neox_file():
+    """gas=2 on the command line over our own config: no GPT-NeoX defaults warning and our keep_last_n (the config was
+    read as a GPT-NeoX file: six 'differences' warned that do not apply)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cfg = load_config(ROOT / "configs/tiny.yml", overrides=["gas=2"])
+    assert cfg.training.gradient_accumulation_steps == 2 and cfg.run.keep_last_n == 2
 
 
 def test_a_key_given_twice_in_a_file_is_an_error(tmp_path):

@@ -65,6 +65,7 @@ def test_prune_keeps_the_newest_complete(tmp_path):
     for s in (1, 2, 3, 4):
         published_checkpoint(root, s)
     (root / step_dir_name(4) / WEIGHTS).write_bytes(b"x")  # incomplete: does not count as kept
+    assert prune(root, keep_last_n=None) == [] and [s for s, _ in step_dirs(root)] == [4, 3, 2, 1]  # keep all
     prune(root, keep_last_n=2)
     assert [s for s, _ in step_dirs(root)] == [4, 3, 2]
     assert not [p for p in root.iterdir() if p.name.startswith((TMP_PREFIX, DEL_PREFIX))]

@@ -29,7 +29,7 @@ def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = (),
         for part in reversed(parts[:-1]):
             nested = {part: nested}
         layers.append((source, normalize_keys(nested, source)))
-    return load_layers(layers)
+    return load_layers(layers, files={str(p) for p in yaml_paths})
 
 
 def model_config_from_flat(data: dict, source: str = "<dict>", sources: dict[str, str] | None = None) -> ModelConfig:

@@ -26,13 +26,20 @@ NEOX_DEFAULTS = {"rotary_pct": 1.0, "gpt_j_residual": False, "no_weight_tying": 
 NEOX_ONLY_KEYS = NEOX_IGNORED_KEYS | {"gas", "save_interval", "bf16", "keep_last_n_checkpoints"}
 
 
-def translate_neox(merged: dict, origins: dict) -> None:
+def translate_neox(merged: dict, origins: dict, files: set[str]) -> None:
     """Map GPT-NeoX spellings onto our keys in place (``gas``, ``save_interval``, ``fp16``/``bf16`` blocks,
-    ignored keys); reject the ones whose value would change the model in a way this project does not implement."""
+    ignored keys); reject the ones whose value would change the model in a way this project does not implement.
+    A config whose ``files`` (its sources that are files, not overrides) hold a GPT-NeoX key is a GPT-NeoX file:
+    its omitted keys are warned (:data:`NEOX_DEFAULTS`), and without ``keep_last_n_checkpoints`` it keeps every
+    checkpoint, as GPT-NeoX does."""
     def where(key: str) -> str:
         return origins.get(key, "<config>")
 
-    neox_file = sorted(k for k in merged if k in NEOX_ONLY_KEYS)
+    neox_file = sorted(k for k in merged if k in NEOX_ONLY_KEYS and where(k) in files)
+    if neox_file and "keep_last_n_checkpoints" not in merged and "keep_last_n" not in merged:
+        merged["keep_last_n"] = None
+        origins["keep_last_n"] = ("GPT-NeoX's default (a GPT-NeoX config without keep_last_n_checkpoints keeps every "
+                                  "checkpoint)")
     omitted = [k for k in NEOX_DEFAULTS if k not in merged
                and (k != "rms_norm_epsilon" or merged.get("norm") == "rmsnorm")]
     for old, new in (("gas", "gradient_accumulation_steps"), ("save_interval", "checkpoint_factor"),

@@ -264,7 +264,8 @@ class RunConfig:
         None, "Also save a checkpoint once this many minutes of wall time have passed since the last save (or the "
         "start), so a lost node costs at most that much training; the ranks agree on the step (unset: by steps "
         "only).", rule=when(lambda v: v > 0, "must be a positive number of minutes"))
-    keep_last_n: int = setting(2, "Keep this many newest checkpoints.", rule=at_least(1))
+    keep_last_n: Optional[int] = setting(2, "Keep this many newest checkpoints; null keeps every one (what a GPT-NeoX "
+                                         "config without keep_last_n_checkpoints means).", rule=at_least(1))
     exit_interval: Optional[int] = setting(None, "Checkpoint and stop (exit code 3) after every step divisible by "
                                                  "this; rerun to continue.", rule=at_least(1))
     log_interval: int = setting(10, "Log every this many steps.", rule=at_least(1))

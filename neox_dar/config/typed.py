@@ -71,13 +71,14 @@ class Config:
         return load_layers([(source, normalize_keys(data, source))])
 
 
-def load_layers(layers: list[tuple[str, dict]]) -> Config:
-    """``(source, flat keys)`` layers, later ones winning, as one validated :class:`Config`."""
+def load_layers(layers: list[tuple[str, dict]], files: set[str] | None = None) -> Config:
+    """``(source, flat keys)`` layers, later ones winning, as one validated :class:`Config`; ``files``: the sources
+    that are config files (None: every layer), of which a GPT-NeoX one is read with GPT-NeoX's defaults."""
     merged: dict = {}
     origins: dict[str, str] = {}
     for source, data in layers:
         merge(merged, data, origins, source)
-    translate_neox(merged, origins)
+    translate_neox(merged, origins, {source for source, _ in layers} if files is None else files)
     sections = key_sections()
     for key in merged:
         if key not in sections:

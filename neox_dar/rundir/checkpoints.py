@@ -251,9 +251,12 @@ def publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
 
 
-def prune(root: Path, keep_last_n: int) -> list[Path]:
+def prune(root: Path, keep_last_n: int | None) -> list[Path]:
     """Delete every checkpoint older than the newest ``keep_last_n`` complete ones (by size; never the one
-    ``latest`` names, nor one a starting run holds: :func:`hold_checkpoint`); returns what was deleted."""
+    ``latest`` names, nor one a starting run holds: :func:`hold_checkpoint`); returns what was deleted. None keeps
+    every checkpoint."""
+    if keep_last_n is None:
+        return []
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
     complete = [p for _, p in step_dirs(root) if verify(p, checksums=False) is None]
     if len(complete) <= keep_last_n:

@@ -262,5 +262,6 @@ def cost_columns(p: PlannedRun, world_size: int) -> tuple[dict[str, str], Measur
         gpu_h, wall = f"{hours:,.1f}", _hours(hours / world_size)
     keep = p.cfg.run.keep_last_n
     return {"GPU-h": gpu_h, "wall": wall,
-            "checkpoint": f"{_gb(checkpoint_bytes(p.cfg, params))}" + (f" x {keep} kept" if keep > 1 else ""),
+            "checkpoint": f"{_gb(checkpoint_bytes(p.cfg, params))}" + (" each, every one kept" if keep is None else
+                                                                         f" x {keep} kept" if keep > 1 else ""),
             "memory/rank": _gb(peak_memory(p.cfg, params, world_size).total)}, found

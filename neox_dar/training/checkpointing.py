@@ -170,7 +170,7 @@ def consolidated_fp32_state(engine, lora_scale: float | None = None) -> dict[str
 # saving
 
 
-def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: TrainState, keep_last_n: int,
+def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: TrainState, keep_last_n: int | None,
                     data: dict | None) -> Path:
     """Write the checkpoint of ``state`` under ``root`` (collective) and return its directory; its ``state.json``
     records ``data``, the identity of the data trained on (rank 0's; :func:`~neox_dar.data.identity.data_identity`).
