@@ -60,6 +60,16 @@ def _take_max_epochs(args: list[str]) -> tuple[list[str], float | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from neox_dar.training.signals import catch_stops_early, release_early_stops
+
+    catch_stops_early()  # a stop during start-up stops the run at its first step (SLURM's cancel, preemption)
+    try:
+        return _main(argv)
+    finally:
+        release_early_stops()
+
+
+def _main(argv: list[str] | None) -> int:
     args = _strip_launcher_args(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)

@@ -48,27 +48,61 @@ def test_a_stale_torch_extension_lock_never_hangs_a_start(data, tmp_path):
                                                                       Path("deepspeed_shm_comm/lock")]
 
 
+def _catches(pid: int, *signals: signal.Signals) -> bool:
+    """Whether process ``pid`` has its own handler for every one of ``signals`` (``SigCgt`` in /proc)."""
+    caught = int(next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if line.startswith("SigCgt:")).split()[1], 16)
+    return all(caught >> (s - 1) & 1 for s in signals)
+
+
+def _ignore_usr1() -> None:  # the trainer's start under slurm/launch_node.sh: torchrun runs with USR1 ignored
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
 def test_a_trainer_killed_in_its_first_seconds_starts_again(data, tmp_path):
-    """SIGKILL as the trainer takes its run directory (or as a torch extension lock appears, if one ever does), then
-    SIGTERM 0.5 s into the next start (start-up now reaches the first step in about 3 s): both before the training
-    loop, each followed by nothing but the same command again. The last start completes, and no lock is left in the extensions cache. (Before: the kill landed while
-    DeepSpeed built its shm_comm op, left the build lock behind, and every later start hung.)"""
+    """SIGKILL as the trainer takes its run directory (or as a torch extension lock appears, if one ever does):
+    before the training loop, followed by nothing but the same command again. That start completes, and no lock is
+    left in the extensions cache. (Before: the kill landed while DeepSpeed built its shm_comm op, left the build lock
+    behind, and every later start hung.)"""
     cache = tmp_path / "torch_extensions"
     save = tmp_path / "run"
     env = train_env(TORCH_EXTENSIONS_DIR=str(cache))
-    for sig, until in ((signal.SIGKILL, lambda: (save / LOCK).exists()), (signal.SIGTERM, lambda: False)):
-        proc = subprocess.Popen(train_command(save, data, *SHORT), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + (60 if sig == signal.SIGKILL else 0.5)  # SIGTERM while it still imports (~1 s)
-        while time.time() < deadline and not _extension_locks(cache) and not until() and proc.poll() is None:
-            time.sleep(0.02)
-        assert proc.poll() is None, proc.communicate()[0]
-        proc.send_signal(sig)
-        output = proc.communicate(timeout=120)[0]
-        assert proc.returncode == -sig, output
-        assert not (save / "metrics.jsonl").is_file() or not rows(save)  # killed before the training loop
+    proc = subprocess.Popen(train_command(save, data, *SHORT), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and not _extension_locks(cache) and not (save / LOCK).exists() \
+            and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()[0]
+    proc.send_signal(signal.SIGKILL)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == -signal.SIGKILL, output
+    assert not (save / "metrics.jsonl").is_file() or not rows(save)  # killed before the training loop
     train(save, data, *SHORT, env=env, timeout=240)
     assert status(save)["state"] == "done" and not _extension_locks(cache)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_during_start_up_stops_at_the_first_step(data, tmp_path, sig):
+    """SIGTERM (scancel, `sweep cancel`, preemption) or SIGUSR1 (the time limit) while the trainer still starts,
+    USR1 ignored as torchrun under slurm/launch_node.sh hands it on: the run stops at its first step with a
+    checkpoint (exit 3, interrupted), and the same command continues it. (Before: the USR1 was ignored and the run
+    trained on, so the job requeued itself after a cancel; a TERM killed the start.)"""
+    save = tmp_path / "run"
+    proc = subprocess.Popen(train_command(save, data, *BYTES, "train_iters=4", "eval_interval=0",
+                                          "checkpoint_factor=4"),
+                            cwd=ROOT, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=_ignore_usr1)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None and not _catches(proc.pid, signal.SIGTERM, signal.SIGUSR1):
+        time.sleep(0.01)
+    assert not (save / "metrics.jsonl").is_file(), "the signal came too late: training had started"
+    proc.send_signal(sig)
+    output = proc.communicate(timeout=240)[0]
+    assert proc.returncode == 3, output
+    assert status(save)["state"] == "interrupted" and status(save)["step"] == 1, output
+    train(save, data, *BYTES, "train_iters=4", "eval_interval=0", "checkpoint_factor=4", timeout=240)
+    assert status(save)["state"] == "done" and [r["step"] for r in rows(save) if "loss" in r][-1] == 4
 
 
 def test_a_symlinked_run_lock_is_refused_and_its_target_kept(data, tmp_path):

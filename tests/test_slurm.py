@@ -176,6 +176,9 @@ if os.environ.get("FAKE_USR1"):  # SLURM's time-limit warning reaches the batch 
         pid = int(open(f"/proc/{{pid}}/stat").read().rsplit(")", 1)[1].split()[1])
     os.kill(pid, signal.SIGUSR1)
     time.sleep(0.5)
+    if os.environ.get("FAKE_TERM"):  # and then scancel's TERM (a cancel, a preemption)
+        os.kill(pid, signal.SIGTERM)
+        time.sleep(0.5)
 if os.environ["FAKE_TRAIN_STATE"] != "none":
     json.dump({{"state": os.environ["FAKE_TRAIN_STATE"], "step": int(os.environ.get("FAKE_STEP", 5)),
                "train_iters": 20}}, open(os.path.join(run_dir, "status.json"), "w"))
@@ -252,6 +255,29 @@ def test_a_stop_that_is_not_the_time_limit_is_not_requeued(tmp_path, fake_slurm)
     proc = _one_node_job(script, env, "interrupted", 3)
     assert proc.returncode == 0 and _requeues(rec) == []
     assert "not at the time limit: not requeued" in (run_dir / "logs" / "job.log").read_text()
+
+
+def test_a_cancel_after_the_time_limit_warning_is_not_requeued(tmp_path, fake_slurm):
+    """USR1 (the time limit) and then TERM (a cancel) during training: the run stops at a checkpoint and the job ends
+    (before: the USR1 requeued it, so `sweep cancel` restarted the run)."""
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    proc = _one_node_job(script, env, "interrupted", 3, FAKE_USR1="1", FAKE_TERM="1")
+    assert proc.returncode == 0 and _requeues(rec) == [], proc.stdout + proc.stderr
+    assert "TERM arrived (cancelled or preempted): not requeued" in (run_dir / "logs" / "job.log").read_text()
+
+
+def test_a_run_file_the_job_cannot_read_fails_the_job(tmp_path, fake_slurm):
+    """A status.json cut short: neox_dar.sweep.job cannot say whether the run needs training, and the job fails in
+    one line without training (before: any failure of that helper read as "trained already": no training, no
+    evaluation, the job COMPLETED with exit 0)."""
+    env, rec = fake_slurm
+    script, run_dir = _planned_script(tmp_path, nodes=1)
+    (run_dir / "status.json").write_text('{"state": "runn')
+    proc = _one_node_job(script, env, "done", 0)
+    log = (run_dir / "logs" / "job.log").read_text()
+    assert proc.returncode == 1 and not (rec / "srun.log").exists(), log
+    assert "cannot tell whether the run needs training" in log and "status.json: not valid JSON" in proc.stderr
 
 
 def test_failed_training_fails_the_job(tmp_path, fake_slurm):

@@ -8,16 +8,38 @@ import threading
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 EXIT_INTERRUPTED = 3
 
+_early: dict = {}  # catch_stops_early's record: "received" (the first signal's name), "previous" (the handlers)
+
+
+def catch_stops_early() -> None:
+    """Record SIGTERM/SIGUSR1 from the first line of ``train.py`` on, until :class:`StopRequest` takes them over: a
+    stop that arrives while the trainer starts (imports, checks, process group) then stops the run at its first step
+    with a checkpoint, instead of being ignored (a trainer started by torchrun under slurm/launch_node.sh inherits
+    USR1 ignored) or killing the start (TERM). :func:`release_early_stops` puts the handlers back."""
+    if threading.current_thread() is threading.main_thread() and "previous" not in _early:
+        def record(signum, frame) -> None:
+            _early.setdefault("received", signal.Signals(signum).name)
+
+        _early["previous"] = {s: signal.signal(s, record) for s in STOP_SIGNALS}
+
+
+def release_early_stops() -> None:
+    """Put back the handlers :func:`catch_stops_early` replaced, if no :class:`StopRequest` took them over."""
+    for s, h in _early.pop("previous", {}).items():
+        signal.signal(s, h)
+    _early.pop("received", None)
+
 
 class StopRequest:
-    """Records the first stop signal; the loop polls :attr:`received` (and all-reduces it) every step."""
+    """Records the first stop signal (one :func:`catch_stops_early` recorded included); the loop polls
+    :attr:`received` (and all-reduces it) every step."""
 
     def __init__(self):
-        self.received: str | None = None
-        self._previous = {}
+        self.received: str | None = _early.pop("received", None)
+        self._previous = _early.pop("previous", {})  # the handlers before catch_stops_early's, for restore
         if threading.current_thread() is threading.main_thread():
             for s in STOP_SIGNALS:
-                self._previous[s] = signal.signal(s, self._handle)
+                self._previous.setdefault(s, signal.signal(s, self._handle))
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
