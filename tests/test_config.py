@@ -86,6 +86,8 @@ def test_unknown_nested_key_and_command_line_origin():
     ("mswa_windows=[[1,2]]", r"'mswa_windows'"),
     ("attention_dropout=0.1", r"'attention_dropout' in the command line: 0.1 \(only 0 is supported"),
     ("zero_optimization.cpu_offload=true", r"'zero_optimization.cpu_offload'.*not supported"),
+    # both names of the training data: data_path was ignored silently (GPT-NeoX refuses both)
+    ("data_path=x train_data_paths=[y]", r"'data_path' in the command line: 'x' \(and train_data_paths both name"),
 ])
 def test_impossible_values_name_key_and_rule(override, pattern):
     args = [ROOT / "configs/pythia-70m.yml"]
@@ -93,7 +95,7 @@ def test_impossible_values_name_key_and_rule(override, pattern):
         assert load_config(*args, overrides=[override]).model.attention.attention_type == "mswa"
         return
     with pytest.raises(ConfigError, match=pattern):
-        load_config(*args, overrides=[override])
+        load_config(*args, overrides=override.split(" "))
 
 
 @pytest.mark.parametrize("text, pattern", [

@@ -116,6 +116,8 @@ def check_training(t: TrainingConfig) -> None:
 def check_data(d: DataConfig) -> None:
     """Each data key's rule, then the rules between keys."""
     check_keys(d, d)
+    check(not (d.data_path and d.train_data_paths), "data_path", "and train_data_paths both name the training data "
+          "(data_path would be ignored): set one of them, as GPT-NeoX requires", d.data_path)
     for part in ("train", "valid"):
         weights, paths = getattr(d, f"{part}_data_weights"), getattr(d, f"{part}_data_paths")
         if weights is not None:
