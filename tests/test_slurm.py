@@ -16,6 +16,7 @@ from neox_dar.sweep.slurm import (
     LAUNCHER,
     TRAIN_SCRIPT,
     SlurmSettings,
+    eval_args,
     job_script,
     render,
 )
@@ -90,9 +91,38 @@ def test_settings_errors():
     for bad, message in (({"mem": "0", "mem_per_gpu": "80G"}, "exclude each other"),
                          ({"master_port_base": 50000}, "master_port_base must be in 1024..45535"),
                          ({"nccl_ib_disable": 2}, "nccl_ib_disable must be 0 or 1"),
-                         ({"env": {"NCCL DEBUG": "INFO"}}, "env must be a mapping NAME: value")):
+                         ({"env": {"NCCL DEBUG": "INFO"}}, "env must be a mapping NAME: value"),
+                         ({"gpus_per_node": 2, "nproc_per_node": 4}, "nproc_per_node 4 is more than gpus_per_node 2")):
         with pytest.raises(SweepError, match=message):
             SlurmSettings.from_dict(bad)
+    # each setting checked against its type (a string for a list wrote a script line per character, "no" meant
+    # --exclusive, 1.5 requeues broke the script's arithmetic, "2" nodes was a TypeError traceback)
+    for bad, message in (({"setup": "module load cuda"}, "'slurm setup' .*expected list, got 'module load cuda'"),
+                         ({"extra_sbatch": "--exclusive"}, "'slurm extra_sbatch' .*expected list"),
+                         ({"exclusive": "no"}, "'slurm exclusive' .*expected bool"),
+                         ({"max_requeues": 1.5}, "'slurm max_requeues' .*expected int, got 1.5"),
+                         ({"nodes": "2"}, "'slurm nodes' .*expected int, got '2'"),
+                         ({"python": 3}, "'slurm python' .*expected str")):
+        with pytest.raises(SweepError, match=message):
+            SlurmSettings.from_dict(bad)
+    ok = SlurmSettings.from_dict({"mem": 0, "time": 90, "env": {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": 1200}})
+    assert (ok.mem, ok.time, ok.env) == ("0", "90", {"TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "1200"})
+    with pytest.raises(SweepError, match=r"eval args must be a list of eval.perplexity options"):
+        eval_args({"source": "local", "args": "--batch-size 4"})
+
+
+def test_a_squeue_that_fails_is_not_read_as_no_live_job(tmp_path, monkeypatch):
+    """squeue answering with an error (slurmctld down): an error, not "no live job" (submit then sent the run a
+    second time); a purged id ("Invalid job id") is a job that is gone."""
+    from neox_dar.sweep.slurm import queued_jobs
+
+    _executable(tmp_path / "squeue", "#!/bin/bash\necho \"slurm_load_jobs error: $FAKE_ERROR\" >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_ERROR", "Invalid job id specified")
+    assert queued_jobs(["17"]) == {}
+    monkeypatch.setenv("FAKE_ERROR", "Unable to contact slurm controller (connect failure)")
+    with pytest.raises(SweepError, match="squeue -j 17 failed .*Unable to contact slurm controller"):
+        queued_jobs(["17"])
 
 
 def test_communication_exclusive_and_memory_settings_in_the_script(tmp_path):

@@ -84,6 +84,12 @@ def _coerce(tp: Any, value: Any, key: str, source: str, origins: dict) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} for '{key}'")
 
 
+def coerce(tp: Any, value: Any, key: str, source: str) -> Any:
+    """``value`` checked against the annotation ``tp`` (and converted as a config key's value is), for settings
+    outside the config (a sweep's ``slurm:``); ConfigError naming ``key`` and ``source`` when it does not fit."""
+    return _coerce(tp, value, key, source, {})
+
+
 def build(cls: type, data: dict, origins: dict, source: str, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls) if not f.metadata.get("section")]

@@ -16,9 +16,11 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+import typing
 from typing import Literal, Optional
 
-from ..config import setting
+from ..config import ConfigError, setting
+from ..config.coerce import coerce
 from ..evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS
 from ..rundir import record_job
 from .errors import SweepError
@@ -77,13 +79,29 @@ class SlurmSettings:
 
     @classmethod
     def from_dict(cls, data: dict) -> "SlurmSettings":
+        """The settings of a sweep's ``slurm:`` mapping (with the command line's on top), each checked against its
+        type as a config key is (a string where a list belongs wrote one script line per character): SweepError."""
         names = {f.name for f in dataclasses.fields(cls)}
         data = {k.replace("-", "_"): v for k, v in data.items()}
         unknown = set(data) - names
         if unknown:
             raise SweepError(f"unknown slurm setting(s) {', '.join(sorted(unknown))} "
                              f"(allowed: {', '.join(sorted(names))})")
-        s = cls(**data)
+        hints = typing.get_type_hints(cls)
+        typed = {}
+        for key, value in data.items():
+            if key == "env":  # NAME: value, each value a scalar written as text (validate checks the names)
+                if not isinstance(value, dict) or not all(isinstance(v, (str, int, float)) for v in value.values()):
+                    raise SweepError(f"slurm env must be a mapping NAME: value, got {value!r}")
+                typed[key] = {k: str(v) for k, v in value.items()}
+                continue
+            if key in ("mem", "mem_per_gpu", "time") and type(value) is int:
+                value = str(value)  # mem: 0, a number of minutes: YAML reads them as ints
+            try:
+                typed[key] = coerce(hints[key], value, f"slurm {key}", "the sweep's slurm settings")
+            except ConfigError as e:
+                raise SweepError(str(e)) from None
+        s = cls(**typed)
         s.validate()
         return s
 
@@ -94,6 +112,11 @@ class SlurmSettings:
             raise SweepError(f"slurm gpus_per_node must be >= 0, got {self.gpus_per_node}")
         if self.gpus_per_node == 0 and not self.nproc_per_node:
             raise SweepError("CPU mode (gpus_per_node: 0) needs nproc_per_node")
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            raise SweepError(f"slurm nproc_per_node must be >= 1, got {self.nproc_per_node}")
+        if self.gpus_per_node and (self.nproc_per_node or 0) > self.gpus_per_node:
+            raise SweepError(f"slurm nproc_per_node {self.nproc_per_node} is more than gpus_per_node "
+                             f"{self.gpus_per_node}: a process per GPU at most (the others would find no GPU)")
         if self.mode not in ("array", "per-run"):
             raise SweepError(f"slurm mode must be 'array' or 'per-run', got {self.mode!r}")
         if self.max_requeues < 1:
@@ -188,7 +211,11 @@ def eval_args(ev: dict | None) -> list[str]:
         raise SweepError(f"eval max_docs wants an int >= 1 or null per corpus of {', '.join(CORPORA)}, got {bad}")
     args = ["--source", source, "--corpora", ",".join(corpora), "--sweep-manifest"]
     args += [f"--max-docs={name}={'all' if n is None else n}" for name, n in counts.items()]
-    args += [str(a) for a in ev.get("args") or []]
+    extra_args = ev.get("args") or []
+    if not isinstance(extra_args, list) or not all(isinstance(a, (str, int, float)) for a in extra_args):
+        raise SweepError(f"eval args must be a list of eval.perplexity options, e.g. [--batch-size, 4], got "
+                         f"{extra_args!r}")
+    args += [str(a) for a in extra_args]
     return args + [f"--extra={name}={path}" for name, path in extra_corpora(ev).items()]
 
 
@@ -269,6 +296,9 @@ def queued_jobs(ids: list[str]) -> dict[str, str]:
     live = {}
     for job in ids:  # one query per id: squeue rejects the whole list when one id has been purged
         proc = subprocess.run(["squeue", "-h", "-r", "-j", job, "-o", "%i %T"], capture_output=True, text=True)
+        if proc.returncode != 0 and "invalid job id" not in proc.stderr.lower():  # purged: gone; else no answer
+            raise SweepError(f"squeue -j {job} failed (exit {proc.returncode}): "
+                             f"{proc.stderr.strip() or proc.stdout.strip()}; cannot tell whether the job is live")
         for line in proc.stdout.splitlines():
             parts = line.split()
             if len(parts) == 2 and parts[1] in QUEUED_STATES:
