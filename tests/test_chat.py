@@ -264,3 +264,24 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     assert main(["x.jsonl", "--tokenizer", "t", "--out", "o"]) == 130
     err = capsys.readouterr().err
     assert err.startswith("data_prep.chat: interrupted (Ctrl-C): nothing was written") and err.count("\n") == 1
+
+
+def test_chat_data_longer_than_the_training_sequence_is_warned(prepared, caplog):
+    """Data prepared at --max-length 2048 (the default) trained at seq_length 32: the loader cuts conversations to 33
+    tokens, so those whose assistant turn starts later train nothing; a warning says so and how to prepare the data
+    (before: silence, with most samples of a real mixture empty). At seq_length >= max_length - 1, no warning."""
+    import logging
+
+    from neox_dar.data import build_datasets
+
+    prefix, manifest = prepared
+    assert manifest["max_length"] == 2048
+    paths = {"train_data_paths": [str(prefix)], "train_label_data_paths": [f"{prefix}_label"]}
+    with caplog.at_level(logging.WARNING, logger="neox_dar.data.build"):
+        build_datasets(config("configs/tiny.yml", seq_length=32, **paths), 8, 0)
+    said = [r.getMessage() for r in caplog.records if "--max-length 2048" in r.getMessage()]
+    assert len(said) == 1 and "longer than seq_length + 1 = 33" in said[0] and "--max-length 33" in said[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="neox_dar.data.build"):
+        build_datasets(config("configs/tiny.yml", seq_length=2048, max_position_embeddings=2048, **paths), 8, 0)
+    assert not [r for r in caplog.records if "--max-length" in r.getMessage()]

@@ -16,8 +16,10 @@ index maps are cached next to the data or in ``data_cache_path``.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -68,6 +70,23 @@ def _warn_if_wraps(name: str, ds, samples: int) -> None:
                     "samples (GPT-NeoX does the same; only tiny datasets get here)", name, wrap, samples)
 
 
+def _warn_if_cut(name: str, paths: list[str], seq_length: int) -> None:
+    """A warning for chat data prepared with a ``--max-length`` above ``seq_length + 1`` (its manifest says): the
+    loader cuts each conversation there, and one whose first assistant token lies beyond trains nothing (data_prep
+    .chat at that length drops it, and counts it)."""
+    for path in paths:
+        manifest = Path(f"{path}.manifest.json")
+        try:
+            longest = json.loads(manifest.read_text()).get("max_length")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(longest, int) and longest > seq_length + 1:
+            log.warning("%s data: %s was prepared with --max-length %d, longer than seq_length + 1 = %d: conversations "
+                        "are cut to %d tokens, and those whose first assistant token lies beyond train nothing; "
+                        "prepare it with python -m data_prep.chat ... --max-length %d (which drops those, counted "
+                        "in its manifest)", name, path, longest, seq_length + 1, seq_length + 1, seq_length + 1)
+
+
 def _blend(name: str, paths: list[str], weights: list[float] | None, samples: int, cfg: Config):
     """One dataset per path, each asked for its GPT-NeoX share of ``samples``, blended (a lone dataset as is)."""
     weights, counts = blend_sample_counts(weights or [1.0] * len(paths), samples)
@@ -100,6 +119,7 @@ def _conversations(cfg: Config, train_samples: int, valid_samples: int, world_si
                                  cfg.training.seed, group, shuffle=cfg.data.data_shuffle)
         total = int(ds._offsets[-1])
         log.info("%s data: %d conversations, %d samples read (%.2f epochs)", name, total, samples, samples / total)
+        _warn_if_cut(name, paths, cfg.model.seq_length)
         return ds
 
     d = cfg.data
