@@ -285,3 +285,16 @@ def test_chat_data_longer_than_the_training_sequence_is_warned(prepared, caplog)
     with caplog.at_level(logging.WARNING, logger="neox_dar.data.build"):
         build_datasets(config("configs/tiny.yml", seq_length=2048, max_position_embeddings=2048, **paths), 8, 0)
     assert not [r for r in caplog.records if "--max-length" in r.getMessage()]
+
+
+def test_data_check_reads_a_chat_manifest(prepared, tokenizer_dir, capsys):
+    """data.check on data_prep.chat's output: its conversations are the documents (it warned that the files were
+    replaced, reading 'None documents', and printed the tokenizer kind as None)."""
+    from neox_dar.data.check import main as check
+
+    prefix, manifest = prepared
+    assert check([str(prefix), f"train_label_data_paths=[{prefix}_label]", "seq_length=32",
+                  f"vocab_file={tokenizer_dir / 'tokenizer.json'}"]) == 0
+    out = capsys.readouterr()
+    assert f"written with {manifest['conversations']['written']:,} documents" in out.out, out.out
+    assert "replaced" not in out.out + out.err and "None" not in out.out, out

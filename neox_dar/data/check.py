@@ -229,11 +229,14 @@ def describe_prefix(prefix: str, cfg: Config, found: TokenRange | None) -> tuple
         return lines + ["  no manifest (not written by python -m data_prep.tokenize)"], warns
     path, entry = manifest
     tok = entry["tokenizer"]
-    lines.append(f"  manifest {path}: tokenizer {tok.get('path')} ({tok.get('kind')}, vocabulary "
+    # data_prep.tokenize counts documents; data_prep.chat counts conversations, one document each
+    documents = entry.get("documents", (entry.get("conversations") or {}).get("written"))
+    kind = f"{tok['kind']}, " if tok.get("kind") else ""
+    lines.append(f"  manifest {path}: tokenizer {tok.get('path')} ({kind}vocabulary "
                  f"{tok.get('vocab_size')}, sha256 {str(tok.get('sha256'))[:12]}), written with "
-                 f"{entry.get('documents', 0):,} documents, {entry.get('tokens', 0):,} tokens")
-    if (entry.get("documents"), entry.get("tokens")) != (len(ds), ds.num_tokens):
-        warns.append(f"{prefix}: the manifest says {entry.get('documents')} documents and {entry.get('tokens')} "
+                 f"{documents or 0:,} documents, {entry.get('tokens', 0):,} tokens")
+    if (documents, entry.get("tokens")) != (len(ds), ds.num_tokens):
+        warns.append(f"{prefix}: the manifest says {documents} documents and {entry.get('tokens')} "
                      f"tokens, the files hold {len(ds)} and {ds.num_tokens}: they were replaced after tokenizing")
     try:
         vocab_file = config_vocab_file(cfg.model)
