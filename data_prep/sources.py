@@ -100,6 +100,7 @@ class _ZstdFrames(io.RawIOBase):
 
         self.raw, self.path, self.dctx = raw, path, zstandard.ZstdDecompressor()
         self.frame, self.in_frame, self.pending, self.at = self.dctx.decompressobj(), False, b"", 0
+        self.produced = 0  # decompressed bytes so far: an error after some is damage, not a file that is not zstd
 
     def readable(self) -> bool:
         return True
@@ -121,6 +122,7 @@ class _ZstdFrames(io.RawIOBase):
         out = []
         while data:
             out.append(self.frame.decompress(data))
+            self.produced += len(out[-1])
             self.in_frame = not self.frame.eof
             data = self.frame.unused_data if self.frame.eof else b""
             if self.frame.eof:
@@ -161,8 +163,11 @@ def iter_source(idx: int, src: Source, text_key: str, txt_mode: str) -> Iterator
                 after = f"after line {lineno}; " if lineno else ""
                 raise InputError(f"{path}: {e} ({after}cut short?)") from None
             except Exception as e:
-                if type(e).__name__ == "ZstdError":  # zstandard's, for a .zst that is not zstd
-                    raise InputError(f"{path}: not a zstd stream ({e})") from None
+                if type(e).__name__ == "ZstdError":  # zstandard's: not zstd at all, or damaged after some data
+                    done = stream.raw.produced
+                    what = (f"corrupt zstd data after {done:,} decompressed bytes"
+                            + (f", line {lineno} read" if lineno else "") if done else "not a zstd stream")
+                    raise InputError(f"{path}: {what} ({e})") from None
                 raise
 
 

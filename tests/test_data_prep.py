@@ -192,9 +192,18 @@ def test_cut_or_mislabelled_compressed_inputs_are_one_line_errors(tmp_path):
     (tmp_path / "cut.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(body)[:-100])
     (tmp_path / "cut.jsonl.gz").write_bytes(gzip.compress(body)[:-100])
     (tmp_path / "gzip.jsonl.zst").write_bytes(gzip.compress(body))
+    # a second frame damaged (a flipped byte, caught by its checksum, as the zstd tool writes them) after the first
+    # one's lines were read: "corrupt", with the line (it said "not a zstd stream")
+    rng = random.Random(0)
+    lines = "".join(json.dumps({"text": "%032x" % rng.getrandbits(128) * 8}) + "\n" for _ in range(12000)).encode()
+    first = zstandard.ZstdCompressor().compress(lines)
+    second = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(lines))
+    second[len(second) // 2] ^= 0xFF
+    (tmp_path / "bad.jsonl.zst").write_bytes(first + bytes(second))
     for name, said in (("cut.jsonl.zst", "the file ends inside a zstd frame (cut short?)"),
                        ("cut.jsonl.gz", "Compressed file ended before the end-of-stream marker was reached"),
-                       ("gzip.jsonl.zst", "not a zstd stream")):
+                       ("gzip.jsonl.zst", "not a zstd stream"),
+                       ("bad.jsonl.zst", "corrupt zstd data after ")):
         r = prep(tmp_path / name, "--out", tmp_path / name.replace(".", "_"), check=False)
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and said in r.stderr, (name, r.stderr)
     (tmp_path / "afile").write_text("x")
