@@ -88,6 +88,7 @@ def test_unknown_nested_key_and_command_line_origin():
     ("zero_optimization.cpu_offload=true", r"'zero_optimization.cpu_offload'.*not supported"),
     # both names of the training data: data_path was ignored silently (GPT-NeoX refuses both)
     ("data_path=x train_data_paths=[y]", r"'data_path' in the command line: 'x' \(and train_data_paths both name"),
+    ("data_path=x split=0,50,50", r"'split' in the command line: '0,50,50' \(gives training no share"),
 ])
 def test_impossible_values_name_key_and_rule(override, pattern):
     args = [ROOT / "configs/pythia-70m.yml"]

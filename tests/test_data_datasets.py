@@ -202,8 +202,10 @@ def test_split_that_rounds_to_zero_documents_gives_no_validation_set_with_a_warn
     caplog.clear()
     train, valid = build_datasets(cfg, train_samples=10, valid_samples=0)
     assert valid is None and len(train) >= 10 and "validation" not in caplog.text
-    cfg = load_config(overrides=[f"data_path={tmp_path / 'tiny'}", "split=0,1,0", f"seq_length={SEQ}"])
-    with pytest.raises(DataSplitError, match="split 'train' .* has 0 documents"):
+    with pytest.raises(ConfigError, match="gives training no share"):  # refused with the config, before any work
+        load_config(overrides=[f"data_path={tmp_path / 'tiny'}", "split=0,1,0", f"seq_length={SEQ}"])
+    cfg = load_config(overrides=[f"data_path={tmp_path / 'tiny'}", "split=1,1000,0", f"seq_length={SEQ}"])
+    with pytest.raises(DataSplitError, match="split 'train' .* has 0 documents"):  # a share that rounds to none
         build_datasets(cfg, train_samples=10, valid_samples=0)
 
 

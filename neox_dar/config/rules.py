@@ -125,6 +125,9 @@ def check_data(d: DataConfig) -> None:
                   f"needs one weight per entry of {part}_data_paths", weights)
             check(all(w >= 0 for w in weights) and 0 < sum(weights) < math.inf, f"{part}_data_weights",
                   "must be non-negative, with a positive and finite sum", weights)
+    if d.data_path:
+        check(split_shares(d.split)[0] > 0, "split", "gives training no share of data_path's documents (the first "
+              "of 'train,valid,test')", d.split)
     if d.data_path and d.valid_data_paths:
         check(split_shares(d.split)[1] == 0, "split", "gives validation a share of data_path while valid_data_paths "
               "names the validation data: set its validation share to 0 (e.g. '1000,0,0')", d.split)
