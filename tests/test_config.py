@@ -89,6 +89,10 @@ def test_unknown_nested_key_and_command_line_origin():
     # both names of the training data: data_path was ignored silently (GPT-NeoX refuses both)
     ("data_path=x train_data_paths=[y]", r"'data_path' in the command line: 'x' \(and train_data_paths both name"),
     ("data_path=x split=0,50,50", r"'split' in the command line: '0,50,50' \(gives training no share"),
+    # accepted, then a DeepSpeed or torch traceback after start-up
+    ("zero_optimization.reduce_bucket_size=0", r"'zero_optimization.reduce_bucket_size' in the command line: 0"),
+    ("zero_optimization.allgather_bucket_size=-5", r"'zero_optimization.allgather_bucket_size'.*must be >= 1"),
+    ("init_method_std=-0.02", r"'init_method_std' in the command line: -0.02 \(must be > 0\)"),
 ])
 def test_impossible_values_name_key_and_rule(override, pattern):
     args = [ROOT / "configs/pythia-70m.yml"]

@@ -124,7 +124,8 @@ class ModelConfig:
         "small_init", "Init of input-side weights: small_init std sqrt(2/(5d)).", arch=False)
     output_layer_init_method: Literal["wang_init", "normal"] = setting(
         "wang_init", "Init of the layer-output projections: wang_init std 2/(L*sqrt(d)).", arch=False)
-    init_method_std: float = setting(0.02, "Std for the 'normal' init methods.", arch=False)
+    init_method_std: float = setting(0.02, "Std for the 'normal' init methods.", arch=False,
+                                     rule=when(lambda v: v > 0, "must be > 0"))
     attention_dropout: float = setting(0.0, "Dropout on attention probabilities: only 0 is supported (Pythia: 0).",
                                        arch=False,
                                        rule=when(lambda v: v == 0.0,

@@ -38,10 +38,12 @@ class OptimizerConfig:
 class ZeroConfig:
     stage: int = setting(1, "DeepSpeed ZeRO stage 0..3.", rule=when(lambda v: 0 <= v <= 3, "must be 0, 1, 2 or 3"))
     allgather_partitions: bool = setting(True, "DeepSpeed ZeRO allgather_partitions.")
-    allgather_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO allgather bucket size (elements).")
+    allgather_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO allgather bucket size (elements).",
+                                         rule=when(lambda v: v >= 1, "must be >= 1"))
     overlap_comm: bool = setting(True, "Overlap gradient reduction with backward.")
     reduce_scatter: bool = setting(True, "Use reduce-scatter for gradients.")
-    reduce_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO reduce bucket size (elements).")
+    reduce_bucket_size: int = setting(500_000_000, "DeepSpeed ZeRO reduce bucket size (elements).",
+                                      rule=when(lambda v: v >= 1, "must be >= 1"))
     contiguous_gradients: bool = setting(True, "Copy gradients to a contiguous buffer.")
     stage3_param_persistence_threshold: int = setting(
         100_000, "ZeRO-3: parameters with fewer elements are kept whole on every rank instead of partitioned "
