@@ -17,7 +17,7 @@ import torch
 from .backward import banded_backward
 from .banded import banded_forward, routed_forward
 from .runtime import (OPS, check_device, check_qkv, check_spans, check_window, eager_or_op, launch_windows, new_heads,
-                      unit_last_dim)
+                      refuse_double_backward, unit_last_dim)
 
 
 def route_rows(gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,6 +84,7 @@ class AHAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        refuse_double_backward(do)
         return (*eager_or_op(aha_backward, _backward, *ctx.saved_tensors, do, ctx.window), None, None)
 
 

@@ -20,6 +20,8 @@ Tensors as in :mod:`kernels.banded`; ``do`` any strides with unit stride on d_h;
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -32,7 +34,9 @@ from .tiles import bwd_tile, key_tile_query_bounds, load_lse_delta, load_rows, s
 _BWD_KEY = ["T_TUNE", "D", "W_TUNE", "G", "R", "HAS_FAR", "ROUTED", "ATOMIC_DQ"]
 _DELTA_ROWS = 64  # rows per program of the delta kernel (a memory-bound row reduction)
 DQ_PASSES = ("atomic", "rows")  # how the backward computes dq (banded_backward)
-DQ_PASS: str | None = None  # one of DQ_PASSES for every backward the autograd path runs; None: banded_backward chooses
+DQ_PASS_ENV = "NEOX_DAR_DQ_PASS"  # the environment's way to set DQ_PASS (train.py: every rank reads it at import)
+DQ_PASS: str | None = os.environ.get(DQ_PASS_ENV) or None  # one of DQ_PASSES for every backward the autograd path
+# runs (banded_backward refuses another); None: banded_backward chooses
 DQ_CHOICES: list[dict] = []  # each choice banded_backward timed on CUDA: the specialization, both times, the pass
 
 

@@ -12,7 +12,8 @@ import torch
 
 from .backward import banded_backward
 from .banded import banded_forward
-from .runtime import OPS, check_qkv, check_spans, check_window, eager_or_op, launch_windows, new_heads, unit_last_dim
+from .runtime import (OPS, check_qkv, check_spans, check_window, eager_or_op, launch_windows, new_heads,
+                      refuse_double_backward, unit_last_dim)
 
 
 def _forward(q: torch.Tensor, k_loc: torch.Tensor, v_loc: torch.Tensor, k_glob: torch.Tensor,
@@ -58,6 +59,7 @@ class DARFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        refuse_double_backward(do)
         return (*eager_or_op(dar_backward, _backward, *ctx.saved_tensors, do, ctx.window), None)
 
 

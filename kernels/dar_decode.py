@@ -219,7 +219,8 @@ def dar_decode_attention(qc: torch.Tensor | None, qr: torch.Tensor | None, qb: t
             near.dtype != torch.float32 or near.shape[:3] != (B, Hk, H // Hk * T)
             or tuple(near_v.shape) != (B, Hk, near.shape[3], D))):
         raise ValueError(f"{fn}: near (B, H_kv, G T, W) float32 and near_v (B, H_kv, W, d_h) come together")
-    for name, t in (("qc", qc), ("qr", qr), ("kr", kr), ("near", near), ("near_v", near_v), ("b_v", b_v)):
+    for name, t in (("qc", qc), ("qr", qr), ("kr", kr), ("near", near), ("near_v", near_v), ("b_v", b_v),
+                    ("a_v", a_v)):
         if t is not None and (t.device != c.device or t.stride(-1) != 1 or (name != "near" and t.dtype != c.dtype)):
             raise ValueError(f"{fn}: {name} must be on c's device, in its dtype (near: float32), with unit stride "
                              "on its last dim")

@@ -139,9 +139,11 @@ def range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or (k.shape[0], k.shape[3]) != (q.shape[0], q.shape[3]):
         raise ValueError(f"{fn}: q (B, H, T, d_h) and k, v (B, H_kv, S, d_h) expected, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1] or k.shape[2] == 0 or q.shape[3] > 256:
-        raise ValueError(f"{fn}: need H_kv dividing H, S >= 1 and d_h <= 256, got q {tuple(q.shape)}, "
+    if q.shape[1] % k.shape[1] or k.shape[2] == 0 or not 1 <= q.shape[3] <= 256:
+        raise ValueError(f"{fn}: need H_kv dividing H, S >= 1 and 1 <= d_h <= 256, got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}")
+    if k.device != q.device or v.device != q.device:
+        raise ValueError(f"{fn}: k and v must be on q's device {q.device}, got {k.device} and {v.device}")
     check_dtype(fn, q.dtype)
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise TypeError(f"{fn}: q, k, v must share one dtype; got {q.dtype}, {k.dtype}, {v.dtype}")

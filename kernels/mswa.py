@@ -12,8 +12,8 @@ import torch
 
 from .backward import banded_backward
 from .banded import banded_forward
-from .runtime import (OPS, check_qkv, check_spans, eager_or_op, launch_windows, new_heads, unit_last_dim,
-                      window_values)
+from .runtime import (OPS, check_qkv, check_spans, eager_or_op, launch_windows, new_heads, refuse_double_backward,
+                      unit_last_dim, window_values)
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, windows: list[int],
@@ -60,6 +60,7 @@ class MSWAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        refuse_double_backward(do)
         grads = eager_or_op(mswa_backward, _backward, *ctx.saved_tensors, do, ctx.windows, ctx.group_by_window)
         return (*grads, None, None)
 

@@ -190,8 +190,8 @@ def check_qkv(fn: str, q: torch.Tensor, **kv: torch.Tensor) -> int:
         raise ValueError(f"{fn}: q must be (B, H, T, d_h), got shape {tuple(q.shape)}")
     check_dtype(fn, q.dtype)
     B, H, T, D = q.shape
-    if D > 256 or T == 0:
-        raise ValueError(f"{fn}: need 1 <= T and d_h <= 256, got shape {tuple(q.shape)}")
+    if not 1 <= D <= 256 or T == 0:
+        raise ValueError(f"{fn}: need 1 <= T and 1 <= d_h <= 256, got shape {tuple(q.shape)}")
     if B * H > 65535:
         raise ValueError(f"{fn}: batch x heads = {B * H} exceeds the 65535 programs of a grid axis; split the batch")
     if B * H * T * D >= 2**31:
@@ -240,6 +240,15 @@ def eager_or_op(op, impl, *args):
     custom op's dispatch (PyTorch's dispatcher and its Python wrappers), which costs the host tens of microseconds a
     call, the same order as a kernel launch."""
     return op(*args) if torch.compiler.is_compiling() else impl(*args)
+
+
+def refuse_double_backward(do: torch.Tensor) -> None:
+    """RuntimeError when a kernel's backward is asked to build a graph of its gradients (``create_graph=True`` with
+    an output gradient that requires grad): it computes them without one, so a gradient of a gradient (a gradient
+    penalty) would lose its term silently. SDPA's flash backward refuses the same."""
+    if torch.is_grad_enabled() and do.requires_grad:
+        raise RuntimeError("the Triton attention kernels have no double backward (create_graph=True): use "
+                           "attention_impl: sdpa or reference for a gradient of a gradient")
 
 
 def unit_last_dim(*ts: torch.Tensor) -> list[torch.Tensor]:

@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
@@ -44,3 +46,24 @@ def test_triton_path_matches_reference_under_the_interpreter():
     r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["dar", "ok", "uniform", "ok", "swa", "ok", "mswa", "ok", "aha", "ok"]
+
+
+def test_the_environment_sets_the_interpreter_and_the_dq_pass(tmp_path):
+    """TRITON_INTERPRET as Triton reads it (``true`` too: the project's checks took only "1" and refused a run Triton
+    would interpret), and NEOX_DAR_DQ_PASS reaches the backward module the model's path uses (the docs named a
+    module variable of another copy of the kernels, which changed nothing); another value is refused by train.py's
+    checks in one line."""
+    probe = ("import torch; from neox_dar.attention.triton_bridge import triton_kernels; "
+             "k = triton_kernels(torch.device('cpu')); print(k.INTERPRET, k.backward.DQ_PASS)")
+    env = {**os.environ, "TRITON_INTERPRET": "true", "NEOX_DAR_DQ_PASS": "rows"}
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and out.stdout.split() == ["True", "rows"], out.stderr
+    from neox_dar.config import ConfigError, load_config
+    from neox_dar.training.checks import check_training_config
+
+    cfg = load_config(ROOT / "configs/tiny.yml", overrides=[f"save={tmp_path / 'run'}", "data_path=x"])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NEOX_DAR_DQ_PASS", "row")
+        with pytest.raises(ConfigError, match=r"NEOX_DAR_DQ_PASS=row \(environment\): .* 'atomic' or 'rows'"):
+            check_training_config(cfg, 1)

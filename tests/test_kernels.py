@@ -638,11 +638,29 @@ def test_bad_inputs_raise_clear_errors():
         range_attention(q.double(), q.double(), q.double(), r, r)
     with pytest.raises(ValueError, match="window must be an integer >= 0, got None"):
         dar_attention(q, q, q, q, q, None)
+    empty = small(shape=(1, 2, 8, 0))  # d_h = 0: a ZeroDivisionError in the scale before
+    with pytest.raises(ValueError, match=r"need 1 <= T and 1 <= d_h <= 256"):
+        mswa_attention(empty, empty, empty, 3)
+    with pytest.raises(ValueError, match=r"k and v must be on q's device"):  # were read from any device
+        range_attention(q, q.to("meta"), q.to("meta"), r, r)
     if not ON_GPU:
         with pytest.raises(TypeError, match="interpreter computes bfloat16"):
             mswa_attention(*(small(torch.bfloat16),) * 3, torch.tensor([1, 2]))
         with pytest.raises(TypeError, match="interpreter computes bfloat16"):
             range_attention(*(small(torch.bfloat16),) * 3, r, r)
+
+
+@pytest.mark.parametrize("kernel", ["mswa", "dar", "aha"])
+def test_a_double_backward_through_a_kernel_raises(kernel):
+    """The kernels' backward builds no graph: asked for a gradient of a gradient (create_graph=True) it raises, as
+    SDPA's flash backward does (the returned dq had no grad_fn, so a gradient penalty lost its term silently)."""
+    q, k, v = (small().requires_grad_() for _ in range(3))
+    calls = {"mswa": lambda: mswa_attention(q, k, v, 4), "dar": lambda: dar_attention(q, k, v, k, v, 4),
+             "aha": lambda: aha_attention(q, k, v, torch.zeros(1, 2, 8, dtype=torch.bool, device=DEVICE), 4)}
+    with pytest.raises(RuntimeError, match="the Triton attention kernels have no double backward"):
+        torch.autograd.grad((calls[kernel]() ** 2).sum(), q, create_graph=True)
+    (gq,) = torch.autograd.grad((calls[kernel]() ** 2).sum(), q)  # a plain backward is unchanged
+    assert gq.shape == q.shape and not gq.requires_grad
 
 
 def test_dar_decode_attention_refuses_what_it_would_read_wrong():

@@ -21,13 +21,19 @@ class AttentionImplError(RuntimeError):
     not take): one line that names the way out, never a silent fallback to another path."""
 
 
+def interpreter_requested() -> bool:
+    """Whether ``TRITON_INTERPRET`` asks for Triton's CPU interpreter, read as Triton reads it (1, true, on, yes, y;
+    any case), without importing Triton."""
+    return os.environ.get("TRITON_INTERPRET", "").strip().lower() in ("1", "true", "on", "yes", "y")
+
+
 def triton_kernels(device: torch.device) -> ModuleType:
     """The kernels module (``triton_kernels(q.device).mswa_attention(q, k, v, windows)``), imported on first use;
     raises :class:`AttentionImplError` when Triton cannot run on ``device``.
 
     On CPU the kernels run only under Triton's interpreter (``TRITON_INTERPRET=1``).
     """
-    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if device.type != "cuda" and not interpreter_requested():
         raise AttentionImplError(f"attention_impl 'triton' needs a CUDA device (or TRITON_INTERPRET=1 on CPU); "
                            f"tensors are on '{device}'. Use attention_impl: sdpa or reference here")
     try:

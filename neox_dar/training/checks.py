@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
 from ..data.check import check_data_files
-from ..rundir import CONFIG, RUN_META, STATUS, checkpoints_dir
+from ..rundir import CONFIG, RUN_META, STATUS, check_writable, checkpoints_dir
 
 # a token budget that reads the training data more often than this is warned about, by train.py and `sweep plan`
 # alike, unless the user says more is intended (train.py --max-epochs, a sweep file's max_epochs, plan --max-epochs)
@@ -66,9 +66,14 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
     if here and not _cuda():
         check_without_cuda(cfg)
+    if here and cfg.run.tensorboard_dir:  # a file there was a FileExistsError traceback after start-up
+        check_writable(cfg.run.tensorboard_dir, "tensorboard_dir", folder=True)
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
                           "import to start from (load=...), or drop finetune to train from scratch")
+    if os.environ.get("NEOX_DAR_DQ_PASS", "atomic") not in ("atomic", "rows"):  # kernels.backward.DQ_PASS_ENV
+        raise ConfigError(f"NEOX_DAR_DQ_PASS={os.environ['NEOX_DAR_DQ_PASS']} (environment): the Triton backward's "
+                          "dq pass is 'atomic' or 'rows' (unset: chosen by timing)")
     if cfg.training.dtype == "bf16" and cfg.training.zero_optimization.stage == 0:
         raise ConfigError("precision bf16 (the default on GPUs) needs zero_optimization.stage >= 1: DeepSpeed keeps "
                           "fp32 master weights for bf16 only under ZeRO (stage 1 on one GPU costs nothing)")
@@ -156,7 +161,9 @@ def check_without_cuda(cfg: Config) -> None:
                           "precision=fp32 or bf16 here")
     if cfg.model.attention.attention_impl != "triton":
         return
-    if os.environ.get("TRITON_INTERPRET") != "1":
+    from ..attention.triton_bridge import interpreter_requested
+
+    if not interpreter_requested():
         raise ConfigError("attention_impl=triton needs a CUDA GPU (on a CPU the kernels run only under "
                           "TRITON_INTERPRET=1, slowly, for tests): use attention_impl=auto or sdpa here")
     if "linear" in layer_types(cfg.model):
