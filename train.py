@@ -65,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     catch_stops_early()  # a stop during start-up stops the run at its first step (SLURM's cancel, preemption)
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C during start-up, or a second one in training (the first stops at a step)
+        print("train.py: interrupted (Ctrl-C); run the same command again to continue from the last checkpoint",
+              file=sys.stderr)
+        return 130
     finally:
         release_early_stops()
 

@@ -105,6 +105,43 @@ def test_a_stop_during_start_up_stops_at_the_first_step(data, tmp_path, sig):
     assert status(save)["state"] == "done" and [r["step"] for r in rows(save) if "loss" in r][-1] == 4
 
 
+def _default_sigint() -> None:  # a terminal's Ctrl-C reaches a train.py whose SIGINT is not ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_twice_aborts_in_one_line(data, tmp_path):
+    """Ctrl-C once in training: a checkpoint at the end of the step, exit 3, interrupted (it was a traceback, status
+    failed and every step since the last checkpoint lost); Ctrl-C twice: abort at once, one line, exit 130, status
+    interrupted, and the same command continues from the checkpoint."""
+    save = tmp_path / "run"
+    # 4 x 512 wide: a step and a checkpoint long enough that the second press lands in them, not after the stop
+    run = [*BYTES, "num_layers=4", "hidden_size=512", "num_attention_heads=8", "train_iters=400", "eval_interval=0",
+           "checkpoint_factor=400", "log_interval=1"]
+    for presses, code in ((1, 3), (2, 130)):
+        proc = subprocess.Popen(train_command(save, data, *run), cwd=ROOT, env=train_env(), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint)
+        start = len(rows(save)) if (save / "metrics.jsonl").is_file() else 0
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not (
+                (save / "metrics.jsonl").is_file() and len(rows(save)) > start):
+            time.sleep(0.02)
+        for _ in range(presses):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == code and "Traceback" not in err, err[-3000:]
+        assert status(save)["state"] == "interrupted", status(save)
+        if presses == 1:
+            assert "Ctrl-C: stopping at the end of this step with a checkpoint" in err
+            stopped = status(save)["step"]
+            assert status(save)["checkpoint"] == stopped < 400
+        else:
+            assert err.strip().splitlines()[-1].startswith("train.py: interrupted (Ctrl-C)"), err[-2000:]
+            assert status(save)["checkpoint"] == stopped and status(save)["reason"] == "aborted with a second Ctrl-C"
+    out = train(save, data, *run[:-4], f"train_iters={stopped + 2}", "eval_interval=0", "checkpoint_factor=400")
+    assert f"at step {stopped}" in out.stderr + out.stdout and status(save)["state"] == "done"
+
+
 def test_a_symlinked_run_lock_is_refused_and_its_target_kept(data, tmp_path):
     """`ln -s victim SAVE/run.lock`, then train: one line, exit 2, and victim keeps its bytes. (Before: the
     trainer wrote its lock JSON into victim.)"""

@@ -169,6 +169,10 @@ def test_command_line_handling():
     with pytest.raises(ConfigError, match="bf16"):
         check_training_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "precision=bf16",
                                        "zero_optimization.stage=0"), 1)
+    from neox_dar.rundir import RunFileError
+
+    with pytest.raises(RunFileError, match="tensorboard_dir /etc/passwd is a file"):  # a traceback after start-up
+        check_training_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "tensorboard_dir=/etc/passwd"), 1)
 
 
 EXIT = """
@@ -247,3 +251,22 @@ def test_a_resumed_run_sends_w_and_b_no_step_it_sent_before(tmp_path, monkeypatc
         logger.close()
     assert sent == [9, 10]
     assert [json.loads(r)["step"] for r in (tmp_path / METRICS).read_text().splitlines()] == list(range(1, 11))
+
+
+def test_interval_clock_leaves_evaluations_and_checkpoints_out():
+    """A log interval's training seconds exclude the time in validation, corpus evaluation and checkpoints: the loop
+    restarted its clock after each while keeping the interval's steps, so a save inside an interval divided all its
+    steps by the seconds since the save (tokens/s 2-3x too high with checkpoint_minutes or an eval_interval that is
+    not a multiple of log_interval)."""
+    from neox_dar.training.metrics import IntervalClock
+
+    now = [100.0]
+    clock = IntervalClock(lambda: now[0])
+    now[0] += 2.0                       # two steps
+    with clock.paused():                # a checkpoint
+        now[0] += 30.0
+    now[0] += 1.0                       # one more step
+    assert clock.seconds() == 3.0
+    clock.restart()
+    now[0] += 0.5
+    assert clock.seconds() == 0.5

@@ -26,7 +26,7 @@ from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
 from .engine import build_engine
 from .finetune import prepare_model
 from .logging_sinks import RunLogger
-from .metrics import attention_stat_metrics, memory_gb, peak_flops, summary_line, throughput
+from .metrics import IntervalClock, attention_stat_metrics, memory_gb, peak_flops, summary_line, throughput
 from .signals import EXIT_INTERRUPTED, StopRequest
 from .start import SaveInUseError, is_own, record_tokenizer, start_point
 from .validation import evaluate, validation_samples
@@ -78,17 +78,20 @@ def unclipped_grad_norm(model) -> torch.Tensor:
 
 
 def _mark_failed(save: Path, state: TrainState, train_iters: int, error: BaseException) -> None:
-    """status.json = failed with the error's first line, still recording the newest checkpoint (this run's, or the
-    one the status recorded before a start that failed before reading it) and at least its step; a failing status
-    write is logged, not raised."""
-    reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500]
+    """status.json = failed with the error's first line (interrupted, for a Ctrl-C that aborted the run), still
+    recording the newest checkpoint (this run's, or the one the status recorded before a start that failed before
+    reading it) and at least its step; a failing status write is logged, not raised."""
+    aborted = isinstance(error, KeyboardInterrupt)
+    reason = ("aborted with a second Ctrl-C" if aborted else
+              f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500])
     try:
         recorded = recorded_checkpoint(save)
     except RunFileError:  # a torn status.json: replaced
         recorded = 0
     try:
         checkpoint = max(state.checkpoint, recorded)
-        write_status(save, "failed", max(state.step, checkpoint), train_iters, checkpoint=checkpoint, reason=reason)
+        write_status(save, "interrupted" if aborted else "failed", max(state.step, checkpoint), train_iters,
+                     checkpoint=checkpoint, reason=reason)
     except OSError as e:
         log.error("could not record the failure in %s: %s", save / STATUS, e)
 
@@ -159,9 +162,9 @@ def train(cfg: Config, info: DistInfo) -> int:
         if info.is_main:
             write_status(save, "running", state.step, cfg.training.train_iters, checkpoint=state.checkpoint)
         peak = peak_flops(cfg.run.peak_flops, info.device, cfg.training.dtype)
-        interval_t0, interval_steps = time.time(), 0
+        clock, interval_steps = IntervalClock(), 0
         intervals: list[tuple[int, float]] = []  # (steps, seconds) of each log interval: the run's summary line
-        last_save = interval_t0  # checkpoint_minutes counts from the start, then from each save
+        last_save = clock.start  # checkpoint_minutes counts from the start, then from each save
         exit_code = EXIT_DONE
         # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
         own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.training.dtype == "fp32"
@@ -198,7 +201,7 @@ def train(cfg: Config, info: DistInfo) -> int:
                 lm_mean, aux_mean = all_reduce_mean(torch.stack(state.interval_losses).mean(0).tolist(), info.device)
                 if not own_grad_norm:
                     grad_norm = engine.get_global_grad_norm()
-                intervals.append((interval_steps, time.time() - interval_t0))
+                intervals.append((interval_steps, clock.seconds()))
                 row = {"step": state.step, "loss": lm_mean + aux_mean, "lm_loss": lm_mean, "aux_loss": aux_mean,
                        "lr": lr, "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                        "consumed_samples": state.consumed_samples,
@@ -214,19 +217,20 @@ def train(cfg: Config, info: DistInfo) -> int:
                         f"optimizer.params.lr, raise warmup or gradient_clipping, or check the data); "
                         + (f"its last checkpoint is step {state.checkpoint}" if state.checkpoint else
                            "no checkpoint was written"))
-                state.interval_losses, interval_t0, interval_steps = [], time.time(), 0
+                state.interval_losses, interval_steps = [], 0
+                clock.restart()
 
             if valid_ds is not None and cfg.run.eval_interval and (state.step % cfg.run.eval_interval == 0
                                                                or state.step == cfg.training.train_iters):
                 evaluation = -(-state.step // cfg.run.eval_interval) - 1  # evaluations before this one: stream position
-                logger.log({"step": state.step, **evaluate(engine, valid_ds, cfg, info, evaluation),
-                            "consumed_samples": state.consumed_samples})
-                interval_t0 = time.time()
+                with clock.paused():
+                    logger.log({"step": state.step, **evaluate(engine, valid_ds, cfg, info, evaluation),
+                                "consumed_samples": state.consumed_samples})
 
             if corpus_eval is not None and (state.step % cfg.run.eval_perplexity.interval == 0
                                             or state.step == cfg.training.train_iters):
-                logger.log(corpus_eval(engine, state.step))
-                interval_t0 = time.time()
+                with clock.paused():
+                    logger.log(corpus_eval(engine, state.step))
 
             stopping = any_rank(stop.received is not None, info.device)
             early_exit = bool(cfg.run.exit_interval) and state.step % cfg.run.exit_interval == 0
@@ -234,12 +238,14 @@ def train(cfg: Config, info: DistInfo) -> int:
                 time.time() - last_save >= 60 * cfg.run.checkpoint_minutes, info.device)  # one step on every rank
             if (state.step % cfg.run.checkpoint_factor == 0 or state.step == cfg.training.train_iters or stopping
                     or early_exit or timed):
-                where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n, data)
-                state.checkpoint = state.step
-                if info.is_main:
-                    write_status(save, "running", state.step, cfg.training.train_iters, checkpoint=state.checkpoint)
-                logger.message(f"saved checkpoint {where}")
-                interval_t0 = last_save = time.time()
+                with clock.paused():
+                    where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n, data)
+                    state.checkpoint = state.step
+                    if info.is_main:
+                        write_status(save, "running", state.step, cfg.training.train_iters,
+                                     checkpoint=state.checkpoint)
+                    logger.message(f"saved checkpoint {where}")
+                last_save = time.time()
             if (stopping or early_exit) and state.step < cfg.training.train_iters:
                 why = stop.received or ("another rank's signal" if stopping
                                         else f"exit_interval={cfg.run.exit_interval}")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import resource
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -103,3 +106,27 @@ def attention_stat_metrics(stats: dict[str, torch.Tensor]) -> dict:
     for name, values in by_name.items():
         out[name] = torch.cat(values).mean().item()
     return out
+
+
+class IntervalClock:
+    """The training seconds of the current log interval: wall time since it began, less the time spent in
+    :meth:`paused` blocks (validation, corpus evaluation, checkpoints: they are not steps, and counting them, or
+    restarting the clock after them while keeping the interval's steps, put tokens/s off)."""
+
+    def __init__(self, now: Callable[[], float] = time.time):
+        self.now = now
+        self.restart()
+
+    def restart(self) -> None:
+        self.start, self.away = self.now(), 0.0
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        began = self.now()
+        try:
+            yield
+        finally:
+            self.away += self.now() - began
+
+    def seconds(self) -> float:
+        return self.now() - self.start - self.away

@@ -1,8 +1,10 @@
-"""SIGTERM / SIGUSR1 (SLURM preemption, ``scancel --signal``): checkpoint at the next step boundary, then exit 3."""
+"""SIGTERM / SIGUSR1 (SLURM preemption, ``scancel --signal``) and a first Ctrl-C (SIGINT) in the training loop:
+checkpoint at the next step boundary, then exit 3. A second Ctrl-C aborts at once."""
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -32,16 +34,22 @@ def release_early_stops() -> None:
 
 class StopRequest:
     """Records the first stop signal (one :func:`catch_stops_early` recorded included); the loop polls
-    :attr:`received` (and all-reduces it) every step."""
+    :attr:`received` (and all-reduces it) every step. SIGINT (Ctrl-C) stops the same way the first time, with a
+    line saying so; a second one raises KeyboardInterrupt (abort, the steps since the last checkpoint lost)."""
 
     def __init__(self):
         self.received: str | None = _early.pop("received", None)
         self._previous = _early.pop("previous", {})  # the handlers before catch_stops_early's, for restore
         if threading.current_thread() is threading.main_thread():
-            for s in STOP_SIGNALS:
+            for s in (*STOP_SIGNALS, signal.SIGINT):
                 self._previous.setdefault(s, signal.signal(s, self._handle))
 
     def _handle(self, signum, frame) -> None:
+        if signum == signal.SIGINT:
+            if self.received == "SIGINT":
+                raise KeyboardInterrupt
+            print("\nCtrl-C: stopping at the end of this step with a checkpoint (Ctrl-C again: abort now, losing the "
+                  "steps since the last checkpoint)", file=sys.stderr, flush=True)
         if self.received is None:
             self.received = signal.Signals(signum).name
 
