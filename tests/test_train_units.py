@@ -217,6 +217,11 @@ def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
     assert "from sample 24" in line and "\n" not in line
     assert sampling_changes(step_dir, cfg_with(), two) is None  # train_batch_size holds: more ranks, same batch
     assert "global batch 16 -> 32 samples a step" in sampling_changes(step_dir, cfg_with("train_batch_size=32"), two)
+    # conversations are grouped by length per global micro-batch: two ranks with the same batch read another order
+    chat = ["train_data_paths=[c]", "train_label_data_paths=[c_label]", "data_path=null"]
+    (step_dir / CONFIG).write_text(cfg_with(*chat).to_yaml())
+    assert sampling_changes(step_dir, cfg_with(*chat), one) is None
+    assert "conversations grouped 8 -> 16 at a time" in sampling_changes(step_dir, cfg_with(*chat), two)
     (step_dir / CONFIG).write_text("no_such_key: 1\n")
     assert "are not compared" in sampling_changes(step_dir, cfg_with(), one)
 
@@ -270,3 +275,15 @@ def test_interval_clock_leaves_evaluations_and_checkpoints_out():
     clock.restart()
     now[0] += 0.5
     assert clock.seconds() == 0.5
+
+
+def test_the_fp32_zero_0_gradient_norm_is_summed_in_float64():
+    """The logged grad_norm at ZeRO-0 fp32 (our own; DeepSpeed's ZeRO norm is float64): float32 sums drifted ~1e-4
+    relative on a few million elements, so ZeRO-0 and ZeRO-1 logged different norms for the same gradients."""
+    from neox_dar.training.loop import unclipped_grad_norm
+
+    model = torch.nn.Sequential(torch.nn.Linear(1000, 1000), torch.nn.Linear(1000, 3000))
+    for i, p in enumerate(model.parameters()):
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(i))
+    exact = torch.cat([p.grad.double().flatten() for p in model.parameters()]).norm()
+    assert unclipped_grad_norm(model).item() == pytest.approx(exact.item(), rel=1e-12)

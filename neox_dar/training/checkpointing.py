@@ -330,6 +330,11 @@ def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
     new_batch = cfg.training.global_batch_for(info.world_size)
     if old_batch != new_batch:
         changed.append(f"global batch {old_batch} -> {new_batch} samples a step")
+    if cfg.data.train_label_data_paths:  # conversations are grouped by length per global micro-batch
+        old_group = prior.training.train_micro_batch_size_per_gpu * meta["world_size"]
+        new_group = cfg.training.train_micro_batch_size_per_gpu * info.world_size
+        if old_group != new_group:
+            changed.append(f"conversations grouped {old_group} -> {new_group} at a time (micro-batch x ranks)")
     if not changed:
         return None
     return (f"resumed with other sampling settings than {step_dir} was trained with ({'; '.join(changed)}): the run "
