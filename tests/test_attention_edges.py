@@ -439,3 +439,22 @@ def test_keys_of_another_variant_warn(key, value, attention_type):
     with pytest.warns(UserWarning, match=f"'{key}' is set but attention_type is '{attention_type}'"):
         Config.from_flat({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "window_size": 4,
                           "attention_type": attention_type, key: value})
+
+
+@pytest.mark.parametrize("attention_type", ["dar", "uniform", "swa", "mswa", "aha"])
+def test_heads_wider_than_the_kernels_take_sdpa_on_auto_and_refuse_triton(attention_type):
+    """head_dim 288 (> 256, what the Triton kernels take): auto resolves to sdpa on CUDA too (it resolved to triton,
+    and the first forward raised a ValueError traceback), and an explicit triton is a config error naming the key."""
+    from neox_dar.config import ConfigError, load_config
+    from neox_dar.model import build_meta_model
+
+    wide = ["num_layers=4", "hidden_size=576", "num_attention_heads=2", f"attention_type={attention_type}"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        layer = build_meta_model(load_config(overrides=[*wide, "attention_impl=auto"]).model).attention_modules()[0]
+        assert layer.head_dim == 288 and layer.resolved_impl(torch.device("cuda")) == "sdpa"
+        with pytest.raises(ConfigError, match=r"'attention_impl' in the command line: 'triton' .*head_dim <= 256"):
+            load_config(overrides=[*wide, "attention_impl=triton"])
+        narrow = build_meta_model(load_config(overrides=["num_layers=4", "hidden_size=128", "num_attention_heads=2",
+                                                         f"attention_type={attention_type}"]).model)
+        assert narrow.attention_modules()[0].resolved_impl(torch.device("cuda")) == "triton"

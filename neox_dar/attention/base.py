@@ -20,7 +20,7 @@ from ..norms import build_norm
 from ..standalone.attention import AttentionLayer
 from ..standalone.cache import Layout
 from ..standalone.rotary import apply_rotary, rotary_table
-from ..variants.spec import VariantSpec
+from ..variants.spec import KERNEL_MAX_HEAD_DIM, VariantSpec
 from .windowed import mean_attended_keys
 
 if TYPE_CHECKING:
@@ -168,9 +168,11 @@ class Attention(AttentionLayer, abc.ABC):
                           "layer type of neox_dar.standalone (whose module the export ships)")
 
     def resolved_impl(self, device: torch.device) -> str:
-        """``attention_impl`` with ``auto`` resolved: ``triton`` on CUDA, ``sdpa`` elsewhere."""
+        """``attention_impl`` with ``auto`` resolved: ``triton`` on CUDA (for a variant with kernels, when they take
+        its ``head_dim``), ``sdpa`` elsewhere."""
         if self.impl == "auto":
-            return "triton" if device.type == "cuda" else "sdpa"
+            fits = not self.spec.kernels or self.head_dim <= KERNEL_MAX_HEAD_DIM
+            return "triton" if device.type == "cuda" and fits else "sdpa"
         return self.impl
 
     # ---- costs (per layer; describe, the FLOP counter and the report read them) -----------------------------

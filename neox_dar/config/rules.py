@@ -95,6 +95,7 @@ def check_attention(m: ModelConfig) -> None:
     check_keys(a, m)
     for name in used:
         variant(name).validate(m)
+        variant(name).check_kernel_shape(m)
     reads = frozenset().union(*(variant(name).reads_keys() for name in used))
     for key, (spec, owners) in variant_keys().items():
         if key not in reads and getattr(a, key) != spec.default:

@@ -12,6 +12,7 @@ class AHASpec(VariantSpec):
     """``attention_type: aha``: per token and head, a router picks full causal attention or a window of
     ``window_size`` keys; an L1 term on the router scores."""
 
+    kernels = True
     name = "aha"
     what = ("per-token, per-head router between full and sliding-window attention (straight-through, "
             "L1 penalty)")

@@ -14,6 +14,7 @@ class DARSpec(VariantSpec):
     """``attention_type: dar``: full-width keys and values for the ``window_size`` nearest keys, a ``dar_d_down``
     bottleneck beyond."""
 
+    kernels = True
     name = "dar"
     what = ("distance-adaptive representation: full-width K/V for the `w` nearest keys, a `d -> d_down -> d` "
             "bottleneck beyond")

@@ -95,6 +95,7 @@ class MSWASpec(VariantSpec):
     """``attention_type: mswa``: sliding-window attention with one window per head and layer
     (:func:`mswa_window_table`)."""
 
+    kernels = True
     name = "mswa"
     what = "multi-scale windows per layer and head"
     keys = {

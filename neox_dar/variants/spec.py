@@ -13,6 +13,9 @@ from ..config_fields import Key, check
 # The config package builds its schema from this package, so the type is named here, not imported.
 ModelConfig = Any
 
+KERNEL_MAX_HEAD_DIM = 256
+"""The largest head_dim the project's Triton kernels take (one register tile of d_h columns per row)."""
+
 
 class VariantSpec:
     """Base of every variant's declarations. A built-in variant subclasses it in ``neox_dar/variants/<name>.py``
@@ -27,6 +30,7 @@ class VariantSpec:
     reads: ClassVar[tuple[str, ...]] = ()       # common attention keys it reads, e.g. ("window_size",)
     stats: ClassVar[dict[str, str]] = {}        # per-head statistics it logs: name -> one-line meaning
     module_path: ClassVar[str] = ""             # the class that computes it, "package.module:Class"
+    kernels: ClassVar[bool] = False             # its triton path runs the project's kernels (head_dim <= 256)
 
     @classmethod
     def module(cls) -> type:
@@ -54,6 +58,15 @@ class VariantSpec:
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
         """Rules that hold when this variant is chosen; raise through :func:`neox_dar.config_fields.check`."""
+
+    @classmethod
+    def check_kernel_shape(cls, cfg: ModelConfig) -> None:
+        """With :attr:`kernels`, ``attention_impl: triton`` needs ``head_dim <= KERNEL_MAX_HEAD_DIM`` (``auto`` takes
+        sdpa above it); the config's rules call it for every variant in use."""
+        if cls.kernels and cfg.attention.attention_impl == "triton":
+            check(cfg.head_dim <= KERNEL_MAX_HEAD_DIM, "attention_impl", f"triton runs attention_type '{cls.name}' "
+                  f"with the project's kernels, which take head_dim <= {KERNEL_MAX_HEAD_DIM} (head_dim is "
+                  f"{cfg.head_dim}): use attention_impl: auto or sdpa", "triton")
 
     @classmethod
     def require_window(cls, cfg: ModelConfig) -> None:

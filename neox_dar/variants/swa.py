@@ -10,6 +10,7 @@ class SWASpec(VariantSpec):
     """``attention_type: swa``: query ``i`` attends keys ``j <= i`` with ``i - j < w``, one ``w = window_size`` for
     every head and layer."""
 
+    kernels = True
     name = "swa"
     what = "sliding window of `w` keys"
     reads = ("window_size",)
