@@ -85,7 +85,8 @@ def _main(argv: list[str] | None) -> int:
         return 2
     from neox_dar.config import ConfigError, split_args
     from neox_dar.training import startup  # the time per start-up phase, logged after the first step
-    from neox_dar.training.checks import check_training_config, epochs_line, load_checked, other_run_warning
+    from neox_dar.training.checks import (check_training_config, epochs_line, load_checked, other_run_warning,
+                                         tokenizer_warnings)
     from neox_dar.training.distributed import world_size_from_env
 
     startup.mark("imports")
@@ -102,8 +103,9 @@ def _main(argv: list[str] | None) -> int:
         return 2
     if os.environ.get("RANK", "0") == "0":
         print(epochs_line(cfg, world_size_from_env(), max_epochs), file=sys.stderr)
-        if warning := other_run_warning(paths, cfg):
-            print(warning, file=sys.stderr)
+        for warning in [other_run_warning(paths, cfg), *tokenizer_warnings(cfg)]:
+            if warning:
+                print(warning, file=sys.stderr)
 
     # torch's deprecation notices for the collectives DeepSpeed calls, once per call site and step
     warnings.filterwarnings("ignore", message=r"`torch\.distributed\.\w+` is deprecated", category=FutureWarning)

@@ -73,3 +73,15 @@ def test_the_manifest_is_compared_with_the_files_and_the_config_tokenizer(tokeni
     assert f"warning: {prefix}: the manifest says {documents} documents and 123 tokens, the files hold " in err
     assert f"warning: {prefix} was tokenized with " in err
     assert "not the config's vocab_file data/byte_tokenizer.json" in err
+
+
+def test_train_py_warns_when_the_data_has_another_tokenizer(tokenized_sample, tmp_path):
+    """The data's manifest names the 20B tokenizer, the config the byte one: train.py's start prints the warning
+    data.check gives (it trained without a word and recorded the byte tokenizer as the run's)."""
+    from neox_dar.config import load_config
+    from neox_dar.training.checks import tokenizer_warnings
+
+    cfg = load_config("configs/tiny.yml", overrides=[f"data_path={tokenized_sample}", f"save={tmp_path / 'run'}"])
+    assert tokenizer_warnings(cfg) == []
+    (warning,) = tokenizer_warnings(cfg.replace(vocab_file="data/byte_tokenizer.json", vocab_size=257))
+    assert warning.startswith(f"warning: {tokenized_sample} was tokenized with ") and "byte_tokenizer" in warning

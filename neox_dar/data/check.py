@@ -217,8 +217,6 @@ def manifest_of(prefix: str) -> tuple[str, dict] | None:
 def describe_prefix(prefix: str, cfg: Config, found: TokenRange | None) -> tuple[list[str], list[str]]:
     """What the command prints for a checked prefix: (lines, warnings). Warnings: the manifest's counts differ from
     the files (replaced after tokenizing), or its tokenizer is not the config's ``vocab_file`` (by sha256)."""
-    from ..tokenizer import TokenizerError, config_vocab_file, tokenizer_sha256
-
     ds = IndexedDataset(prefix)
     ids = ("token ids not scanned (data_token_check: skip)" if found is None else
            f"token ids {found.min}..{found.max} < vocab_size {cfg.model.vocab_size} ({found.scan} scan)")
@@ -238,14 +236,27 @@ def describe_prefix(prefix: str, cfg: Config, found: TokenRange | None) -> tuple
     if (documents, entry.get("tokens")) != (len(ds), ds.num_tokens):
         warns.append(f"{prefix}: the manifest says {documents} documents and {entry.get('tokens')} "
                      f"tokens, the files hold {len(ds)} and {ds.num_tokens}: they were replaced after tokenizing")
+    if other := other_tokenizer(prefix, cfg, tok):
+        warns.append(other)
+    return lines, warns
+
+
+def other_tokenizer(prefix: str, cfg: Config, tok: dict | None = None) -> str | None:
+    """A warning when ``prefix``'s manifest names another tokenizer (by sha256) than the config's ``vocab_file``
+    (``tok``: the manifest's ``tokenizer`` entry, read here when None); None when they agree or either is unknown."""
+    from ..tokenizer import TokenizerError, config_vocab_file, tokenizer_sha256
+
+    if tok is None:
+        manifest = manifest_of(prefix)
+        tok = manifest[1]["tokenizer"] if manifest else {}
     try:
         vocab_file = config_vocab_file(cfg.model)
     except TokenizerError:
-        vocab_file = None  # train.py reports a missing vocab_file; here only a present one is compared
-    if vocab_file is not None and tok.get("sha256") and tokenizer_sha256(vocab_file) != tok["sha256"]:
-        warns.append(f"{prefix} was tokenized with {tok.get('path')} (sha256 {tok['sha256'][:12]}), not the config's "
-                     f"vocab_file {vocab_file} (sha256 {tokenizer_sha256(vocab_file)[:12]})")
-    return lines, warns
+        return None  # train.py reports a missing vocab_file; here only a present one is compared
+    if vocab_file is None or not tok.get("sha256") or tokenizer_sha256(vocab_file) == tok["sha256"]:
+        return None
+    return (f"{prefix} was tokenized with {tok.get('path')} (sha256 {tok['sha256'][:12]}), not the config's "
+            f"vocab_file {vocab_file} (sha256 {tokenizer_sha256(vocab_file)[:12]})")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
-from ..data.check import check_data_files
+from ..data.check import check_data_files, data_prefixes, other_tokenizer
 from ..rundir import CONFIG, RUN_META, STATUS, check_writable, checkpoints_dir
 
 # a token budget that reads the training data more often than this is warned about, by train.py and `sweep plan`
@@ -96,6 +96,13 @@ def other_run_warning(paths: list[str], cfg: Config) -> str | None:
                     f"save={cfg.run.save}: this trains (and continues) {cfg.run.save}, not {path.parent}; add "
                     f"save={path.parent} to train the run in that directory")
     return None
+
+
+def tokenizer_warnings(cfg: Config) -> list[str]:
+    """A warning per data prefix whose manifest names another tokenizer than the config's ``vocab_file`` (the token
+    ids then mean other words; ``python -m neox_dar.data.check`` says the same)."""
+    return [f"warning: {w}: the model learns other words than the tokenizer it will be used with"
+            for prefix in data_prefixes(cfg) if (w := other_tokenizer(prefix, cfg))]
 
 
 def data_epochs(cfg: Config, world_size: int) -> tuple[int, float]:
