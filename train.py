@@ -177,9 +177,14 @@ def exit_process(code: int | None) -> None:
     sometimes abort the process ("terminate called without an active exception", SIGABRT, after the run's last
     line: about 1 two-rank CPU run in 10 under load), which made a finished run a failed one. Exit handlers run
     and the standard streams are flushed first. A single process exits normally."""
+    from neox_dar.config import ConfigError
     from neox_dar.training.distributed import world_size_from_env
 
-    if world_size_from_env() > 1:
+    try:
+        several = world_size_from_env() > 1
+    except ConfigError:  # ranks without their rendezvous (main said so): this process leaves alone
+        several = False
+    if several:
         import atexit
 
         atexit._run_exitfuncs()

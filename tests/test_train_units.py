@@ -287,3 +287,17 @@ def test_the_fp32_zero_0_gradient_norm_is_summed_in_float64():
         p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(i))
     exact = torch.cat([p.grad.double().flatten() for p in model.parameters()]).norm()
     assert unclipped_grad_norm(model).item() == pytest.approx(exact.item(), rel=1e-12)
+
+
+def test_srun_tasks_without_a_rendezvous_are_one_line(monkeypatch, capsys, tmp_path):
+    """python train.py inside an allocation of two tasks, without MASTER_ADDR / MASTER_PORT (no launcher): one line
+    naming the way out, exit 2 (a ValueError traceback from the environment, twice)."""
+    import train
+
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    assert train.main([str(TINY), f"save={tmp_path / 'run'}", f"data_path={tmp_path / 'none'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("config error: this process is task 0 of SLURM_NTASKS=2") and "MASTER_ADDR" in err[-1]

@@ -46,6 +46,14 @@ def launcher_env() -> dict[str, str]:
     """The rank variables this process will use (the launcher's, SLURM's, or single-process defaults)."""
     env = {}
     if "RANK" not in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
+        missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
+        if missing:
+            from ..config import ConfigError
+
+            raise ConfigError(f"this process is task {os.environ.get('SLURM_PROCID', '?')} of SLURM_NTASKS="
+                              f"{os.environ['SLURM_NTASKS']} (srun without a launcher), which needs "
+                              f"{' and '.join(missing)} exported for the rendezvous (slurm/launch_node.sh sets them; "
+                              "for one process inside a larger allocation, run srun -n 1 or unset SLURM_NTASKS)")
         env["RANK"] = os.environ["SLURM_PROCID"]
         env["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
         env["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
