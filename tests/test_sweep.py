@@ -306,7 +306,12 @@ def test_grid_mistakes_name_the_sweep_file_and_a_dotted_axis_names_runs(tmp_path
              "{f}: exclude {{'window_size': 32}} matches no grid point",
              "grid: {window_size: []}\n": "{f}: grid axis 'window_size' must be a non-empty list",
              "grid:\n  window_size: [8, 16]\n  attention: {swa2: {set: {window_size: 32}}}\n":
-             "{f}: runs 'w8-swa2' and 'w16-swa2' have the same config"}
+             "{f}: runs 'w8-swa2' and 'w16-swa2' have the same config",
+             # two spellings of one key in a set: the last won silently
+             "set: {train-iters: 2, train_iters: 3}\ngrid: {window_size: [8, 16]}\n":
+             "'train_iters' is given twice in {f} (set) (as 'train-iters' and 'train_iters')",
+             "grid: {window_size: {a: {train-iters: 2, train_iters: 3}}}\n":
+             "'train_iters' is given twice in grid axis 'window_size' option 'a'"}
     for i, (body, said) in enumerate(cases.items()):
         f = tmp_path / f"g{i}.yml"
         f.write_text(base + body)

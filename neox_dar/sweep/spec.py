@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, key_field
-from ..config.files import UniqueKeyLoader
+from ..config.files import UniqueKeyLoader, normalize_keys
 from .errors import SweepError
 from .report_selection import check_report
 from .slurm import SlurmSettings, eval_args
@@ -145,8 +145,20 @@ def _option(axis: str, label: str, value: Any) -> tuple[list[str], dict]:
         sets = value.get("set") or {}
         if not isinstance(sets, dict):
             raise SweepError(f"grid axis '{axis}' option '{label}': 'set' must be a mapping")
-        return [str(p) for p in _as_list(value.get("configs"), f"grid.{axis}.{label}.configs")], dict(sets)
-    return [], dict(value)
+        return ([str(p) for p in _as_list(value.get("configs"), f"grid.{axis}.{label}.configs")],
+                _config_keys(sets, f"grid axis '{axis}' option '{label}'"))
+    return [], _config_keys(value, f"grid axis '{axis}' option '{label}'")
+
+
+def _config_keys(sets: dict, where: str) -> dict:
+    """A mapping of config keys with hyphens read as underscores, as a config file's; two spellings of one key
+    (``train-iters`` and ``train_iters``) are a SweepError naming ``where`` (the last one won silently)."""
+    if not isinstance(sets, dict):
+        raise SweepError(f"{where} must be a mapping of config keys to values, got {sets!r}")
+    try:
+        return normalize_keys(sets, where)
+    except ConfigError as e:
+        raise SweepError(str(e)) from None
 
 
 def _axis_points(axis: str, values: Any) -> list[tuple[str, Any, list[str], dict]]:
@@ -212,6 +224,7 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
     common = data.get("set") or {}
     if not isinstance(common, dict):
         raise SweepError(f"{where}: 'set' must be a mapping of config keys to values")
+    common = _config_keys(common, f"{where} (set)")
     grid = data.get("grid") or {}
     grids = grid if isinstance(grid, list) else [grid]
     if not all(isinstance(g, dict) and (g or len(grids) == 1) for g in grids):
@@ -237,7 +250,7 @@ def parse_sweep(data: dict, path: Path | None = None) -> Sweep:
     for i, extra in enumerate(_as_list(data.get("runs"), "runs")):
         if not isinstance(extra, dict) or set(extra) - {"name", "configs", "set", "axes"}:
             raise SweepError(f"{where}: runs[{i}] must be a mapping with name, configs, set (and optional axes)")
-        sets = extra.get("set") or {}
+        sets = _config_keys(extra.get("set") or {}, f"{where} (runs[{i}].set)")
         cfgs = [str(p) for p in _as_list(extra.get("configs"), f"runs[{i}].configs")]
         run_name = extra.get("name") or "-".join(
             [_label(k, v) for k, v in sets.items()] + [Path(c).stem for c in cfgs]) or f"run{i}"
