@@ -2,7 +2,8 @@
 
 ``cross_entropy_rows(logits, targets, ignore_index, grad)``: ``logits`` (n, V) in float32, bfloat16 or float16
 (row-major, the output layer's product for n positions), ``targets`` (n,) int64 -> the per-row NLL (n,) float32,
-``logsumexp(logits_i) - logits_i[target_i]`` computed in float32, 0 where the target is ``ignore_index``. With
+``logsumexp(logits_i) - logits_i[target_i]`` computed in float32, 0 where the target is ``ignore_index``, NaN where
+it lies outside ``0 .. V-1`` (``F.cross_entropy`` raises there; the loss then reads NaN, never another logit). With
 ``grad=True`` the logits are replaced by the NLL's gradient ``softmax(logits_i) - onehot(target_i)`` (float32,
 rounded to the logits' dtype on store; a zero row where the target is ignored), the ``dlogits`` of
 ``F.cross_entropy(logits.float(), targets, reduction="none")`` as autograd casts it back.
@@ -44,8 +45,9 @@ def _cross_entropy_kernel(LOGITS, stride_row, TARGETS, NLL, V, ignore_index,
     row_max = tl.max(m, axis=0)
     total = tl.sum(s * tl.exp(m - row_max), axis=0)
     lse = row_max + tl.log(total)
-    picked = tl.load(base + tl.where(valid, target, 0)).to(tl.float32)
-    tl.store(NLL + row, tl.where(valid, lse - picked, 0.0))
+    inside = (target >= 0) & (target < V)  # a target outside the vocabulary: NaN, never a read out of bounds
+    picked = tl.load(base + tl.where(valid & inside, target, 0)).to(tl.float32)
+    tl.store(NLL + row, tl.where(valid, tl.where(inside, lse - picked, float("nan")), 0.0))
     if GRAD:
         for start in range(0, V, BLOCK):
             cols = start + offs

@@ -136,6 +136,9 @@ def range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch
     """
     fn = "range_attention"
     check_device(fn, q)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError(f"{fn} is for decoding and has no backward: call it under torch.no_grad() or "
+                           "torch.inference_mode() (its output carried no gradient silently)")
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or (k.shape[0], k.shape[3]) != (q.shape[0], q.shape[3]):
         raise ValueError(f"{fn}: q (B, H, T, d_h) and k, v (B, H_kv, S, d_h) expected, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")

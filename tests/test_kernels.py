@@ -533,6 +533,13 @@ def test_cross_entropy_rows_gives_the_nll_and_writes_the_logits_gradient_in_plac
     fin = torch.finfo(dtype)
     ulp = dict(rtol=fin.eps, atol=fin.smallest_normal * fin.eps) if ON_GPU else dict(rtol=0, atol=0)
     torch.testing.assert_close(out, ref.grad.to(dtype), **(dict(rtol=0, atol=1e-6) if dtype == torch.float32 else ulp))
+    # a target outside the vocabulary: NaN (it read a logit out of bounds and gave a plausible number)
+    wrong = targets.clone()
+    wrong[[0, 2]] = torch.tensor([V, -5], device=DEVICE)
+    bad = cross_entropy_rows(logits.clone(), wrong)
+    keep = [i for i in range(n) if i not in (0, 2)]
+    assert bad[[0, 2]].isnan().all()
+    torch.testing.assert_close(bad[keep], nll[keep], rtol=0, atol=0)
     assert out[[1, 6]].eq(0).all()
     untouched = logits.clone()
     torch.testing.assert_close(cross_entropy_rows(untouched, targets), ref_nll, rtol=1e-5, atol=1e-5)
@@ -643,6 +650,9 @@ def test_bad_inputs_raise_clear_errors():
         mswa_attention(empty, empty, empty, 3)
     with pytest.raises(ValueError, match=r"k and v must be on q's device"):  # were read from any device
         range_attention(q, q.to("meta"), q.to("meta"), r, r)
+    with pytest.raises(RuntimeError, match="range_attention is for decoding and has no backward"):
+        range_attention(q.requires_grad_(), q, q, r, r)  # it returned a tensor without a gradient
+    q.requires_grad_(False)
     if not ON_GPU:
         with pytest.raises(TypeError, match="interpreter computes bfloat16"):
             mswa_attention(*(small(torch.bfloat16),) * 3, torch.tensor([1, 2]))
