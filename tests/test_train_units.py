@@ -171,6 +171,10 @@ def test_command_line_handling():
                                        "zero_optimization.stage=0"), 1)
     from neox_dar.rundir import RunFileError
 
+    with pytest.raises(ConfigError, match=r"micro-batches that fit 4 ranks: 1, 2, 3, 6 \(train_batch_size from the "
+                                          r"command line; train_micro_batch_size_per_gpu from the command line\)"):
+        check_training_config(cfg_with("data_path=x", "save=/tmp/x", "train_batch_size=24",
+                                       "train_micro_batch_size_per_gpu=4"), 4)  # it named neither key's place
     with pytest.raises(RunFileError, match="tensorboard_dir /etc/passwd is a file"):  # a traceback after start-up
         check_training_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "tensorboard_dir=/etc/passwd"), 1)
 

@@ -61,7 +61,12 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
         raise ConfigError(f"save={cfg.run.save} cannot be a directory here: {e.strerror}") from None
     if is_file:
         raise ConfigError(f"save={cfg.run.save} is a file, not a directory: name a directory for the run")
-    cfg.training.gradient_accumulation_for(world_size)
+    try:
+        cfg.training.gradient_accumulation_for(world_size)
+    except ConfigError as e:  # name where the batch keys were set
+        where = "; ".join(f"{k} from {cfg.origins[k]}" for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                                                  "gradient_accumulation_steps") if k in cfg.origins)
+        raise ConfigError(f"{e} ({where})" if where else str(e)) from None
     if not (cfg.data.data_path or cfg.data.train_data_paths):
         raise ConfigError("no training data: set 'data_path' (one dataset split by 'split') or 'train_data_paths'")
     if here and not _cuda():
