@@ -264,3 +264,13 @@ def test_a_key_given_twice_in_a_file_is_an_error(tmp_path):
 def test_gpt_neox_keys_that_would_change_the_model_are_rejected(override, pattern):
     with pytest.raises(ConfigError, match=pattern):
         load_config(overrides=[override])
+
+
+def test_text_keys_take_the_command_line_word_as_written():
+    """A string key given a word YAML reads as a number (split=100, save=2024, a run named 1e3; split=1:2 read as the
+    base-60 number 62): the word itself, as a file's quoted value would be (they were type errors, or the 62)."""
+    cfg = load_config(ROOT / "configs/tiny.yml", overrides=["split=100", "save=2024", "wandb_run_name=1e3", "seed=7"])
+    assert (cfg.data.split, cfg.run.save, cfg.run.wandb_run_name, cfg.training.seed) == ("100", "2024", "1e3", 7)
+    with pytest.raises(ConfigError, match=r"invalid value for 'split' in the command line: '1:2' \(must be 1 to 3"):
+        load_config(ROOT / "configs/tiny.yml", overrides=["split=1:2"])
+    assert load_config(ROOT / "configs/tiny.yml", overrides=["data_path=null"]).data.data_path is None

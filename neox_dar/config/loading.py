@@ -12,7 +12,7 @@ from pathlib import Path
 from .coerce import unknown_key
 from .files import normalize_keys, parse_override, read_yaml
 from .model_schema import ModelConfig
-from .schema import key_sections, section_fields
+from .schema import key_field, key_sections, section_fields
 from .typed import Config, finish_model, load_layers, model_sections
 
 
@@ -25,11 +25,19 @@ def load_config(*yaml_paths: str | Path, overrides: typing.Iterable[str] = (),
     for i, item in enumerate(overrides):
         source = sources[i] if i < len(sources) else "the command line"
         parts, value = parse_override(item)
+        if len(parts) == 1 and _takes_text(parts[0]) and value is not None and not isinstance(value, (str, list, dict)):
+            value = item.split("=", 1)[1].strip()  # as written: YAML reads split=1:2 as 62, save=2024 as an int
         nested: dict = {parts[-1]: value}
         for part in reversed(parts[:-1]):
             nested = {part: nested}
         layers.append((source, normalize_keys(nested, source)))
     return load_layers(layers, files={str(p) for p in yaml_paths})
+
+
+def _takes_text(key: str) -> bool:
+    """Whether the flat config key ``key`` holds a string (``split``, ``save``, ``data_path``, ...)."""
+    field = key_field(key)
+    return field is not None and field.type in ("str", "Optional[str]")
 
 
 def model_config_from_flat(data: dict, source: str = "<dict>", sources: dict[str, str] | None = None) -> ModelConfig:
