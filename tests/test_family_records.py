@@ -196,3 +196,15 @@ def test_bf16_logits_equal_the_class(family, tmp_path):
     x = torch.randint(0, 96, (2, 200), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(ours(x), theirs(x).logits)
+
+
+def test_dropout_a_config_json_sets_is_named_when_left_out():
+    """attention_dropout / hidden_dropout in config.json are not imported (training here starts without dropout):
+    a warning says so (they were dropped without a word)."""
+    from neox_dar.hf import config_from_hf
+    from neox_dar.tiny_hf_model import tiny_hf_model
+
+    hf = tiny_hf_model("llama").config.to_dict()
+    with pytest.warns(UserWarning, match=r"attention_dropout 0.1 not imported: the import trains without dropout"):
+        cfg = config_from_hf({**hf, "attention_dropout": 0.1})
+    assert cfg.attention_dropout == 0 and cfg.hidden_dropout == 0

@@ -159,6 +159,12 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
     if windowed or "sliding_attention" in (layer_types if isinstance(layer_types, list) else ()):
         raise ConfigError(f"{where}: sliding_window (use_sliding_window) / sliding_attention layers are not "
                           "supported; use our attention_type: swa on a full-attention import instead")
+    dropped = {k: hf[k] for k in ("attention_dropout", "hidden_dropout") if isinstance(hf.get(k), (int, float))
+               and hf[k] and not (k == "hidden_dropout" and any(k in h.ours and h.read for h in family.hf_keys))}
+    if dropped:
+        warnings.warn(f"{where}: {', '.join(f'{k} {v}' for k, v in dropped.items())} not imported: the import trains "
+                      "without dropout (inference is the same); set hidden_dropout=... on the command line to train "
+                      "with it (attention_dropout must stay 0 here)", stacklevel=2)
     keys.update(family.fixed, **family.import_keys)
     for key in family.hf_keys:
         for ours in key.ours if key.read else ():
