@@ -138,11 +138,12 @@ def _explained_errors() -> tuple[type[BaseException], ...]:
     traceback."""
     from neox_dar.config import ConfigError
     from neox_dar.data import DataSplitError, IndexedDatasetError
+    from neox_dar.evaluation.corpora import CorpusError
     from neox_dar.rundir import CheckpointError, RunFileError, RunWriteError
     from neox_dar.tokenizer import TokenizerError
 
     return (ConfigError, CheckpointError, IndexedDatasetError, DataSplitError, TokenizerError, RunFileError,
-            RunWriteError)
+            RunWriteError, CorpusError)
 
 
 def _record_failure(cfg, error: BaseException) -> None:

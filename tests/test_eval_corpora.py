@@ -145,3 +145,20 @@ def test_manifest_pins_documents_and_max_docs_is_a_prefix(corpora):
         select_documents(docs, manifest_entry=tampered, corpus="c4")
     with pytest.raises(CorpusError, match="not in the loaded corpus"):
         select_documents(docs[:3], manifest_entry=entry, corpus="c4")
+
+
+def test_a_hub_corpus_without_network_is_one_line(monkeypatch):
+    """source: hub on a machine without network (or the Hub refusing): one line naming the way out, for eval.perplexity
+    and for training's eval_perplexity (a ConnectionError traceback after the library's retries)."""
+    import datasets
+
+    from neox_dar.evaluation.corpora import CorpusError, load_hub
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'allenai/c4' on the Hub (LocalEntryNotFoundError)\nmore detail")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(CorpusError, match=r"could not be read from the Hugging Face Hub \(ConnectionError: Couldn't "
+                                          r"reach 'allenai/c4' on the Hub \(LocalEntryNotFoundError\)\); without") as e:
+        load_hub("c4", 2)
+    assert "\n" not in str(e.value)

@@ -275,8 +275,20 @@ def load_hub(corpus: str, max_docs: int | None = None) -> list[Document]:
     except ImportError as e:
         raise RuntimeError("--source hub needs the 'datasets' package (pip install datasets)") from e
     src = HUB_SOURCES[corpus]
-    stream = datasets.load_dataset(src.path, src.name, split=src.split, streaming=True)
     prefix = f"{src.path}/{src.name}/{src.split}"
+    try:
+        return _stream_hub(datasets.load_dataset(src.path, src.name, split=src.split, streaming=True), corpus, src,
+                           prefix, max_docs)
+    except CorpusError:
+        raise
+    except Exception as e:  # no network, the Hub refusing, a dataset moved: one line, whatever the library raised
+        raise CorpusError(f"{prefix} could not be read from the Hugging Face Hub ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}); without network, score local copies (source: local; "
+                          "python -m eval.prefetch OUT fetches the Hub's documents where there is network)") from None
+
+
+def _stream_hub(stream, corpus: str, src, prefix: str, max_docs: int | None) -> list[Document]:
+    """The first ``max_docs`` documents of a Hub ``stream`` of ``corpus``."""
     docs = []
     with progress_bar(total=max_docs, unit="doc", desc=f"{corpus} from the Hub") as bar:
         for i, row in enumerate(stream):
