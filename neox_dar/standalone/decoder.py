@@ -84,8 +84,8 @@ class DecoderLayer(nn.Module):
             y = x + self.dropout(norm1(attend(x)))
             return y + self.dropout(norm2(self.mlp(y)))
         attn = self.dropout(attend(norm1(x)))
-        if self.parallel:
-            return x + attn + self.dropout(self.mlp(norm2(x)))
+        if self.parallel:  # summed in GPT-NeoX's order, (mlp + attn) + x: in half precision the order shows
+            return self.dropout(self.mlp(norm2(x))) + attn + x
         y = x + attn
         return y + self.dropout(self.mlp(norm2(y)))
 
