@@ -125,8 +125,9 @@ def _one_process(main, argv: list[str]) -> None:
 
 
 def _without_timing(results: dict) -> dict:
+    """The results but the timings, ``ranks`` and the provenance (the command and its date differ by launch)."""
     corpora = {name: {k: v for k, v in r.items() if k not in TIMING} for name, r in results["corpora"].items()}
-    return {**{k: v for k, v in results.items() if k != "ranks"}, "corpora": corpora}
+    return {**{k: v for k, v in results.items() if k not in ("ranks", "provenance")}, "corpora": corpora}
 
 
 def test_torchrun_eval_perplexity_writes_the_one_process_results(aha_run, tmp_path):

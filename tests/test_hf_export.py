@@ -166,17 +166,19 @@ LLAMA3 = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "origi
 @pytest.mark.parametrize("family", sorted(BLOCK_JSON))
 def test_the_block_record_keeps_config_json_as_exports_wrote_it(tmp_path, family):
     """``neox_dar_block`` is one typed record (:class:`~neox_dar.standalone.block.BlockShape`) that the export writes
-    and the exported model reads: the export writes it as before, key order included, and a folder whose
-    ``config.json`` holds the block as written before (text replaced) loads with our logits."""
+    and the exported model reads: the export writes it as before, key order included, with the fields added since
+    at the end (``rotary_in_float32``), and a folder whose ``config.json`` holds the block as written before (text
+    replaced) loads with our logits, the new fields at their defaults."""
     from neox_dar.standalone.block import BlockShape
 
     model, folder = export(tmp_path, family, "dar", **({"rope_scaling": LLAMA3} if family == "llama" else {}))
     config = json.loads((folder / "config.json").read_text())
-    assert json.dumps(config["neox_dar_block"]) == BLOCK_JSON[family]
+    now = BLOCK_JSON[family][:-1] + ', "rotary_in_float32": false}'
+    assert json.dumps(config["neox_dar_block"]) == now
     text = json.dumps({**config, "neox_dar_block": "BLOCK"}, indent=2).replace('"BLOCK"', BLOCK_JSON[family])
     (folder / "config.json").write_text(text)
     block = BlockShape.from_json(json.loads(BLOCK_JSON[family]))
-    assert json.dumps(block.to_json()) == BLOCK_JSON[family]
+    assert json.dumps(block.to_json()) == now
     hf = load_remote(folder)
     assert type(hf.config.block).__name__ == "BlockShape" and hf.config.block.to_json() == block.to_json()
     ids = torch.arange(20)[None]
