@@ -90,6 +90,8 @@ E2E = {
     "tests/test_families.py::test_family_trains_resumes_exactly_and_evaluates",
     "tests/test_faults.py::test_a_stale_torch_extension_lock_never_hangs_a_start",
     "tests/test_faults.py::test_a_trainer_killed_in_its_first_seconds_starts_again",
+    "tests/test_faults.py::test_a_stop_during_start_up_stops_at_the_first_step",
+    "tests/test_faults.py::test_ctrl_c_stops_at_a_step_with_a_checkpoint_and_twice_aborts_in_one_line",
     "tests/test_faults.py::test_a_symlinked_run_lock_is_refused_and_its_target_kept",
     "tests/test_faults.py::test_a_refused_second_launch_writes_nothing_into_the_run",
     "tests/test_faults.py::test_a_full_disk_while_logging_is_one_line_and_failed",
