@@ -11,8 +11,9 @@ rank 0 prints the token budget and the epochs of the training data it reads, a w
 plan``); ``--max-epochs E`` says that up to E are intended (a sweep's run: its sweep file's ``max_epochs``).
 
 Exit codes: 0 done; 2 a problem with the config, the data, a checkpoint or the disk (one line; ``status.json``
-says ``failed`` with the reason); 3 stopped early with a checkpoint (SIGTERM/SIGUSR1 or exit_interval): run the
-same command again to continue. Any other failure (a bug) prints its traceback and also leaves ``failed``.
+says ``failed`` with the reason); 3 stopped early with a checkpoint (SIGTERM/SIGUSR1, a first Ctrl-C, or
+exit_interval): run the same command again to continue; 130 a Ctrl-C during start-up or a second one in training
+(one line). Any other failure (a bug) prints its traceback and also leaves ``failed``.
 """
 
 from __future__ import annotations
