@@ -13,10 +13,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import typing
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-import typing
 from typing import Literal, Optional
 
 from ..config import ConfigError, setting
