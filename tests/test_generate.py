@@ -441,3 +441,23 @@ def test_a_folder_without_a_model_config_says_which_files_it_lacks(tmp_path, cap
     code, _, err = _cli(capsys, tmp_path, "--prompt", "hi", "--max-new-tokens", 2)
     assert code == 2 and err == (f"error: {tmp_path} holds no model config: no model.yml or config.yml (a neox-dar "
                                  "checkpoint or import), no config.json (a Hugging Face folder)\n")
+
+
+@pytest.mark.parametrize("attention_type", ["swa", "mswa", "dar", "uniform", "aha", "vanilla"])
+def test_several_new_tokens_into_a_ring_not_yet_full_equal_the_forward(attention_type):
+    """Three tokens in one decode call after a 6-token prompt, window 8 (the ring not yet full): the logits equal the
+    full forward's. (The ring's read padded its empty slots with the new columns' numbers, and they were read as
+    keys: 0.1-2.4 off in a chunked prefill or an export's forward with past_key_values.)"""
+    from neox_dar.config import load_config
+    from neox_dar.model import build_model
+
+    cfg = load_config("configs/tiny.yml", overrides=[f"attention_type={attention_type}", "window_size=8",
+                                                     "attention_impl=sdpa"]).model
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    prompt, more = torch.randint(0, 50000, (6,)), torch.randint(0, 50000, (1, 3))
+    with torch.no_grad():
+        cache = model.new_cache([6], 10)
+        model.prefill([prompt], cache)
+        torch.testing.assert_close(model.decode(more, cache), model(torch.cat([prompt[None], more], 1))[:, 6:],
+                                   atol=1e-4, rtol=1e-4)

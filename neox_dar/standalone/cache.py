@@ -148,6 +148,9 @@ def step_keys(ring: RingBuffer, new: dict[str, torch.Tensor], reach: int | None)
         ring.write(new, n)
         return ring.read(n + T)
     old, columns = ring.read(n)
+    if n <= ring.slots:  # a ring not yet full: its first n slots are columns 0 .. n-1, the padding after them would
+        # carry the new columns' numbers (and be read as keys): drop it
+        old, columns = {k: t[:, :, :n] for k, t in old.items()}, columns[:n]
     keys = {k: torch.cat([old[k], new[k].to(old[k].dtype)], 2) for k in new}
     ring.write(new, n)
     return keys, torch.cat([columns, layout.columns(n, T)])
