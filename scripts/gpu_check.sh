@@ -3,7 +3,8 @@
 # .whl/ and runs/gpu_sample/ (scripts/gpu_wheels.sh) beside the checkout. It installs the wheels into a private
 # folder, prints the versions and the GPU, runs the checks below in order (each timed, each under its own time
 # limit, a failed one does not stop the next) and ends with a summary table. Logs and results go to $OUT when it
-# is set (the device tool's output folder), else runs/gpu_check/ (--rehearse: runs/gpu_check_rehearse/):
+# is set (the device tool's output folder), else runs/gpu_check/ (--rehearse: runs/gpu_check_rehearse/; with
+# --part N, its own partN/ under either, so a later part never deletes an earlier part's files):
 # gpu_check.log (every step's output), summary.md (the steps, then the issue's targets judged by
 # bench/gpu_targets.py), targets.json, attention.json, train_throughput.json, train_compiled.json, decode.json
 # (copy the JSON of a GPU run into bench/results/ to keep them). No .git travels to the GPU machine: name the
@@ -82,7 +83,7 @@ ROOT=$PWD
 PY=${PYTHON:-python3}
 WHEELS=${GPU_WHEELS:-.whl}
 SAMPLE=${GPU_SAMPLE:-runs/gpu_sample}
-LOG_DIR=${OUT:-runs/gpu_check}
+PART=
 ALL_STEPS="kernel-tests identities bench-attention train-throughput train-compiled train-profile train-smoke decode"
 
 usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
@@ -110,6 +111,7 @@ while [ $# -gt 0 ]; do
                "train-profile, train-smoke) or 4 (train-compiled)" ;;
       esac
       STEPS=$wanted
+      PART=$2  # without $OUT each part writes its own folder: a later part must not delete an earlier one's files
       shift ;;
     --steps)
       [ $# -ge 2 ] || die "--steps needs a comma-separated list of: ${ALL_STEPS// /, }"
@@ -136,7 +138,8 @@ done
 # bench-attention 240 with the targets' methods, stopped in its last call, MSWA's flex baseline (inductor's compile;
 # --profile now also replays each profiled call from a CUDA graph: a few seconds more;
 # bench/attention.py saves after each kernel and T, so a cut run keeps those it finished), the seven 160M
-# throughput runs 254 and 231, decode 22 (a 6-layer model) and 27 (the 160M shape; --profile adds a step a point).
+# throughput runs 254 and 231 (245 s may cut the last, compiled MSWA, which gpu_targets.py then names as not
+# measured: parts 1 and 2 must fit one lease), decode 22 (a 6-layer model) and 27 (the 160M shape; --profile adds a step a point).
 # GPU_CHECK_LIMIT_<step> (e.g. GPU_CHECK_LIMIT_bench_attention=300) overrides one.
 # train-profile, not yet run: five 160M runs at the throughput runs' ~33 s each, the compiled one longer.
 # decode's check of every variant before timing (bench/decode.py) is not yet timed on a GPU: 10 s more.
@@ -169,6 +172,7 @@ ATTENTION_METHODS=""  # --full: every method
 # --quick: the targets' methods only (the reference checks every output untimed; flex for MSWA, its one target)
 [ "$MODE" = quick ] && ATTENTION_METHODS="--methods triton sdpa_causal flex --flex-kernels mswa"
 if [ "$REHEARSE" = 0 ]; then
+  LOG_DIR=${OUT:-runs/gpu_check${PART:+/part$PART}}
   XDIST="-n 14"                   # 16 cores: compile kernel specializations in parallel processes
   KERNEL_TESTS="not long_sequence"
   [ "$MODE" = quick ] && KERNEL_TESTS="not long_sequence and not float32]"  # the matrices' float32 ids
@@ -200,7 +204,7 @@ else
   PROFILE_STEPS="--steps 1 --warmup 0 --top 10"
   DECODE_STEPS="--steps 1 --warmup 0"
   SAMPLE=$WORK/gpu_sample         # made by the install step, from the same C4 sample as gpu_wheels.sh
-  LOG_DIR=${OUT:-runs/gpu_check_rehearse}
+  LOG_DIR=${OUT:-runs/gpu_check_rehearse${PART:+/part$PART}}
 fi
 
 # ------------------------------------------------------------------------------------------------ the commands
