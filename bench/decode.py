@@ -145,7 +145,8 @@ def kv_bytes_read(model, cache, gates: torch.Tensor | None, context: int) -> flo
         ring = layer_cache.groups[0].ring
         per_column = ring.nbytes() / (B * ring.slots)  # k and v of every key/value head
         opened = gates[layer].view(B, module.num_kv_heads, -1).any(-1).sum().item()  # (row, kv head) pairs
-        total += per_column * min(module.window, context) + opened * per_column / module.num_kv_heads * context / B
+        near = min(module.window, context)  # an open (row, kv head) pair reads the whole context, its window included
+        total += per_column * near + opened * per_column / module.num_kv_heads * (context - near) / B
     return total
 
 
