@@ -16,10 +16,8 @@ index maps are cached next to the data or in ``data_cache_path``.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -27,7 +25,7 @@ from ..config import Config, ConfigError, split_shares
 from .blended import BlendedDataset
 from .conversations import ConversationDataset, open_pair
 from .gpt_dataset import GPTDataset
-from .indexed import IndexedDataset
+from .indexed import IndexedDataset, IndexedDatasetError
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +72,14 @@ def _warn_if_cut(name: str, paths: list[str], seq_length: int) -> None:
     """A warning for chat data prepared with a ``--max-length`` above ``seq_length + 1`` (its manifest says): the
     loader cuts each conversation there, and one whose first assistant token lies beyond trains nothing (data_prep
     .chat at that length drops it, and counts it)."""
+    from .check import manifest_of
+
     for path in paths:
-        manifest = Path(f"{path}.manifest.json")
         try:
-            longest = json.loads(manifest.read_text()).get("max_length")
-        except (OSError, ValueError, AttributeError):
+            found = manifest_of(path)
+        except IndexedDatasetError:  # not JSON: the start-up checks named it
             continue
+        longest = found[1].get("max_length") if found else None
         if isinstance(longest, int) and longest > seq_length + 1:
             log.warning("%s data: %s was prepared with --max-length %d, longer than seq_length + 1 = %d: conversations "
                         "are cut to %d tokens, and those whose first assistant token lies beyond train nothing; "
