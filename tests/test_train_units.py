@@ -176,7 +176,8 @@ def test_command_line_handling():
         check_training_config(cfg_with("data_path=x", "save=/tmp/x", "train_batch_size=24",
                                        "train_micro_batch_size_per_gpu=4"), 4)  # it named neither key's place
     with pytest.raises(RunFileError, match="tensorboard_dir /etc/passwd is a file"):  # a traceback after start-up
-        check_training_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x", "tensorboard_dir=/etc/passwd"), 1)
+        check_training_config(cfg_with("data_path=/nonexistent/prefix", "save=/tmp/x",
+                                       "tensorboard_dir=/etc/passwd"), 1)
 
 
 EXIT = """

@@ -282,9 +282,10 @@ def load_hub(corpus: str, max_docs: int | None = None) -> list[Document]:
     except CorpusError:
         raise
     except Exception as e:  # no network, the Hub refusing, a dataset moved: one line, whatever the library raised
-        raise CorpusError(f"{prefix} could not be read from the Hugging Face Hub ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''}); without network, score local copies (source: local; "
-                          "python -m eval.prefetch OUT fetches the Hub's documents where there is network)") from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CorpusError(f"{prefix} could not be read from the Hugging Face Hub ({type(e).__name__}: {first}); "
+                          "without network, score local copies (source: local; python -m eval.prefetch OUT fetches "
+                          "the Hub's documents where there is network)") from None
 
 
 def _stream_hub(stream, corpus: str, src, prefix: str, max_docs: int | None) -> list[Document]:
