@@ -253,10 +253,13 @@ def other_tokenizer(prefix: str, cfg: Config, tok: dict | None = None) -> str | 
         vocab_file = config_vocab_file(cfg.model)
     except TokenizerError:
         return None  # train.py reports a missing vocab_file; here only a present one is compared
-    if vocab_file is None or not tok.get("sha256") or tokenizer_sha256(vocab_file) == tok["sha256"]:
+    if vocab_file is None or not tok.get("sha256"):
+        return None
+    ours = tokenizer_sha256(vocab_file)
+    if ours == tok["sha256"]:
         return None
     return (f"{prefix} was tokenized with {tok.get('path')} (sha256 {tok['sha256'][:12]}), not the config's "
-            f"vocab_file {vocab_file} (sha256 {tokenizer_sha256(vocab_file)[:12]})")
+            f"vocab_file {vocab_file} (sha256 {ours[:12]})")
 
 
 def build_parser() -> argparse.ArgumentParser:
