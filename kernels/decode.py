@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .runtime import (INTERPRET, OPS, block_d, check_device, check_dtype, check_spans, eager_or_op, new_heads,
-                      qk_scales, unit_last_dim)
+from .runtime import (INTERPRET, MAX_HEAD_DIM, OPS, block_d, check_device, check_dtype, check_spans, eager_or_op,
+                      new_heads, qk_scales, unit_last_dim)
 
 CHUNK = 32 if INTERPRET else 1024
 """Keys per program of the first launch (the interpreter: small chunks, so tests cover several chunks a row)."""
@@ -142,8 +142,8 @@ def range_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch
     if q.dim() != 4 or k.dim() != 4 or k.shape != v.shape or (k.shape[0], k.shape[3]) != (q.shape[0], q.shape[3]):
         raise ValueError(f"{fn}: q (B, H, T, d_h) and k, v (B, H_kv, S, d_h) expected, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
-    if q.shape[1] % k.shape[1] or k.shape[2] == 0 or not 1 <= q.shape[3] <= 256:
-        raise ValueError(f"{fn}: need H_kv dividing H, S >= 1 and 1 <= d_h <= 256, got q {tuple(q.shape)}, "
+    if q.shape[1] % k.shape[1] or k.shape[2] == 0 or not 1 <= q.shape[3] <= MAX_HEAD_DIM:
+        raise ValueError(f"{fn}: need H_kv dividing H, S >= 1 and 1 <= d_h <= {MAX_HEAD_DIM}, got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}")
     if k.device != q.device or v.device != q.device:
         raise ValueError(f"{fn}: k and v must be on q's device {q.device}, got {k.device} and {v.device}")

@@ -26,6 +26,10 @@ package's; a checkout's top-level ``kernels`` folder registers its own, so both 
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
+MAX_HEAD_DIM = 256
+"""The largest d_h the kernels take (one register tile of d_h columns per row). ``neox_dar`` reads it as
+``variants.spec.KERNEL_MAX_HEAD_DIM`` without importing Triton; a test holds the two equal."""
+
 # Tiles. The interpreter runs every program serially in numpy: 16 x 16 tiles keep the tests fast and make
 # T ~ 20..70 span several tiles, so every loop segment (pure far, masked, pure local) is exercised.
 _INTERPRET_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
@@ -190,8 +194,8 @@ def check_qkv(fn: str, q: torch.Tensor, **kv: torch.Tensor) -> int:
         raise ValueError(f"{fn}: q must be (B, H, T, d_h), got shape {tuple(q.shape)}")
     check_dtype(fn, q.dtype)
     B, H, T, D = q.shape
-    if not 1 <= D <= 256 or T == 0:
-        raise ValueError(f"{fn}: need 1 <= T and 1 <= d_h <= 256, got shape {tuple(q.shape)}")
+    if not 1 <= D <= MAX_HEAD_DIM or T == 0:
+        raise ValueError(f"{fn}: need 1 <= T and 1 <= d_h <= {MAX_HEAD_DIM}, got shape {tuple(q.shape)}")
     if B * H > 65535:
         raise ValueError(f"{fn}: batch x heads = {B * H} exceeds the 65535 programs of a grid axis; split the batch")
     if B * H * T * D >= 2**31:

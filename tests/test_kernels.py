@@ -660,6 +660,17 @@ def test_bad_inputs_raise_clear_errors():
             range_attention(*(small(torch.bfloat16),) * 3, r, r)
 
 
+def test_the_package_names_the_kernels_limits_as_the_kernels_do():
+    """neox_dar reads the kernels' widest head and their dq-pass switch without importing Triton: its copies must
+    be the kernels' own values, or a config check would pass a run the kernels refuse (or refuse a valid one)."""
+    from neox_dar.attention import triton_bridge
+    from neox_dar.variants.spec import KERNEL_MAX_HEAD_DIM
+
+    assert KERNEL_MAX_HEAD_DIM == kernels.runtime.MAX_HEAD_DIM
+    assert (triton_bridge.DQ_PASS_ENV, triton_bridge.DQ_PASSES) == (kernels.backward.DQ_PASS_ENV,
+                                                                    kernels.backward.DQ_PASSES)
+
+
 @pytest.mark.parametrize("kernel", ["mswa", "dar", "aha"])
 def test_a_double_backward_through_a_kernel_raises(kernel):
     """The kernels' backward builds no graph: asked for a gradient of a gradient (create_graph=True) it raises, as

@@ -67,10 +67,10 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def warn_too_wide(d_down: int, rotated: int, heads: int) -> None:
+def warn_too_wide(d_down: int, rotated: int, heads: int, max_dims: int, max_heads: int) -> None:
     warnings.warn(f"DAR decode: d_down = {d_down}, {rotated} rotated key dims per far column or {heads} heads are "
-                  "more than the far-column kernel's 256 dims or 16 heads; the decode step runs the PyTorch path "
-                  "(every score materialised)", stacklevel=3)
+                  f"more than the far-column kernel's {max_dims} dims or {max_heads} heads; the decode step runs the "
+                  "PyTorch path (every score materialised)", stacklevel=3)
 
 
 class DARAttention(DARLayer, Attention):
@@ -145,7 +145,7 @@ class DARAttention(DARLayer, Attention):
         rotated = self.num_kv_heads * cache.width
         if kernels.dar_decode.fits(self.d_down, rotated, self.num_heads):
             return kernels.dar_decode_attention
-        warn_too_wide(self.d_down, rotated, self.num_heads)
+        warn_too_wide(self.d_down, rotated, self.num_heads, kernels.dar_decode.MAX_DIMS, kernels.dar_decode.MAX_HEADS)
         return None
 
     def head_windows(self) -> list[int | None]:

@@ -16,6 +16,13 @@ import torch
 from ..top_packages import INSTALLED
 
 
+DQ_PASS_ENV = "NEOX_DAR_DQ_PASS"
+"""The environment variable that fixes the kernels' backward ``dq`` pass to one of :data:`DQ_PASSES` (unset: chosen
+by timing): ``kernels.backward``'s ``DQ_PASS_ENV`` and ``DQ_PASSES``, named here without importing Triton (a test
+holds them equal), for train.py's checks."""
+DQ_PASSES = ("atomic", "rows")
+
+
 class AttentionImplError(RuntimeError):
     """The ``attention_impl`` asked for cannot run here (no CUDA device, no kernels installed, a shape the kernel does
     not take): one line that names the way out, never a silent fallback to another path."""

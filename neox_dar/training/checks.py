@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from ..attention.triton_bridge import DQ_PASS_ENV, DQ_PASSES
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
 from ..data.check import check_data_files, data_prefixes, other_tokenizer
@@ -76,9 +77,9 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
                           "import to start from (load=...), or drop finetune to train from scratch")
-    if os.environ.get("NEOX_DAR_DQ_PASS", "atomic") not in ("atomic", "rows"):  # kernels.backward.DQ_PASS_ENV
-        raise ConfigError(f"NEOX_DAR_DQ_PASS={os.environ['NEOX_DAR_DQ_PASS']} (environment): the Triton backward's "
-                          "dq pass is 'atomic' or 'rows' (unset: chosen by timing)")
+    if os.environ.get(DQ_PASS_ENV, DQ_PASSES[0]) not in DQ_PASSES:
+        raise ConfigError(f"{DQ_PASS_ENV}={os.environ[DQ_PASS_ENV]} (environment): the Triton backward's dq pass is "
+                          f"{' or '.join(map(repr, DQ_PASSES))} (unset: chosen by timing)")
     if cfg.training.dtype == "bf16" and cfg.training.zero_optimization.stage == 0:
         raise ConfigError("precision bf16 (the default on GPUs) needs zero_optimization.stage >= 1: DeepSpeed keeps "
                           "fp32 master weights for bf16 only under ZeRO (stage 1 on one GPU costs nothing)")

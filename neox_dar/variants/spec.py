@@ -14,7 +14,8 @@ from ..config_fields import Key, check
 ModelConfig = Any
 
 KERNEL_MAX_HEAD_DIM = 256
-"""The largest head_dim the project's Triton kernels take (one register tile of d_h columns per row)."""
+"""The largest head_dim the project's Triton kernels take: ``kernels.runtime.MAX_HEAD_DIM``, read here without
+importing Triton (a test holds the two equal)."""
 
 
 class VariantSpec:
