@@ -183,6 +183,32 @@ def test_length_grouped_order_is_seeded_and_complete(prepared):
     assert max(spread) <= int(lengths.max() - lengths.min())
 
 
+def test_every_world_size_reads_the_same_conversations_in_each_step(prepared):
+    """Conversations are length-grouped per global batch: with train_batch_size 4, one rank (micro 2, two
+    accumulation steps), two ranks (micro 2) and four (micro 1) read the same conversations in every step, and the
+    same micro-batches where the micro-batch size is the same (grouped per global micro-batch before, another world
+    size read another order)."""
+    from neox_dar.data import DataParallelSampler, build_datasets
+
+    prefix, _ = prepared
+    paths = {"train_data_paths": [str(prefix)], "train_label_data_paths": [f"{prefix}_label"]}
+
+    def steps(world: int, micro: int) -> tuple[list[set], list[set]]:
+        cfg = config("configs/tiny.yml", train_batch_size=4, train_micro_batch_size_per_gpu=micro, **paths)
+        ds, _ = build_datasets(cfg, 16, 0, world_size=world)
+        per_step, micro_batches = [set() for _ in range(4)], []
+        for rank in range(world):
+            for k, idx in enumerate(DataParallelSampler(16, 0, micro, rank, world)):
+                docs = frozenset(int(ds.order[i]) for i in idx)
+                per_step[k * micro * world // 4] |= docs
+                micro_batches.append(docs)
+        return per_step, sorted(micro_batches, key=sorted)
+
+    one, two, four = steps(1, 2), steps(2, 2), steps(4, 1)
+    assert one[0] == two[0] == four[0] and all(len(s) == 4 for s in one[0])
+    assert one[1] == two[1]
+
+
 def test_label_paths_must_pair_with_data_paths():
     with pytest.raises(Exception, match="train_label_data_paths"):
         config("configs/tiny.yml", train_data_paths=["a", "b"], train_label_data_paths=["a_label"])

@@ -222,11 +222,16 @@ def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
     assert "from sample 24" in line and "\n" not in line
     assert sampling_changes(step_dir, cfg_with(), two) is None  # train_batch_size holds: more ranks, same batch
     assert "global batch 16 -> 32 samples a step" in sampling_changes(step_dir, cfg_with("train_batch_size=32"), two)
-    # conversations are grouped by length per global micro-batch: two ranks with the same batch read another order
+    # conversations are grouped by length per global batch: two ranks with the same batch read the same order; a
+    # checkpoint of a version that grouped them per global micro-batch (no conversation_order recorded) is named
     chat = ["train_data_paths=[c]", "train_label_data_paths=[c_label]", "data_path=null"]
     (step_dir / CONFIG).write_text(cfg_with(*chat).to_yaml())
+    assert "conversations ordered length-grouped per global micro-batch (micro-batch x ranks) -> length-grouped " \
+        "per global batch" in sampling_changes(step_dir, cfg_with(*chat), one)
+    write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1,
+                              "conversation_order": "length-grouped per global batch"})
     assert sampling_changes(step_dir, cfg_with(*chat), one) is None
-    assert "conversations grouped 8 -> 16 at a time" in sampling_changes(step_dir, cfg_with(*chat), two)
+    assert sampling_changes(step_dir, cfg_with(*chat), two) is None
     (step_dir / CONFIG).write_text("no_such_key: 1\n")
     assert "are not compared" in sampling_changes(step_dir, cfg_with(), one)
 

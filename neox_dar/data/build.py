@@ -111,8 +111,8 @@ def _at_least(ds, samples: int):
 
 def _conversations(cfg: Config, train_samples: int, valid_samples: int, world_size: int):
     """Chat SFT data (label paths set): :class:`ConversationDataset` over every train (and valid) pair, grouped by
-    length in global micro-batches of ``world_size`` ranks."""
-    group = cfg.training.train_micro_batch_size_per_gpu * world_size
+    length in global batches (the same for any ``world_size`` that gives the config's ``train_batch_size``)."""
+    group = cfg.training.global_batch_for(world_size)
 
     def build(name: str, paths: list[str], labels: list[str], samples: int) -> ConversationDataset:
         ds = ConversationDataset([open_pair(p, q) for p, q in zip(paths, labels)], samples, cfg.model.seq_length,

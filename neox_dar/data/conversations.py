@@ -7,11 +7,14 @@ conversations are cut there); :func:`pad_collate` right-pads a micro-batch to it
 0, labels with -100), so a conversation's loss does not depend on the others in its batch: causal attention never
 reads the padding that follows a token.
 
-Order: the conversations of every path form one pool; each epoch is a seeded permutation of it, and within each
-chunk of ``LENGTH_GROUP_CHUNK`` global micro-batches of an epoch the conversations are sorted by length, cut into
-global micro-batches and those shuffled (seeded), so a micro-batch holds conversations of similar length (little padding)
-while its lengths still vary from step to step. Sample ``i`` depends only on the files, the seed and the global
-micro-batch size, so a resumed run reads exactly what an uninterrupted one reads.
+Order (:data:`ORDER`): the conversations of every path form one pool; each epoch is a seeded permutation of it, and
+within each chunk of ``LENGTH_GROUP_CHUNK`` global batches of an epoch the conversations are sorted by length, cut
+into global batches (``train_batch_size``, one optimizer step) and those shuffled (seeded), so a step holds
+conversations of similar length (little padding) while its lengths still vary from step to step. Sample ``i``
+depends only on the files, the seed and the global batch, so a resumed run reads exactly what an uninterrupted one
+reads, and any world size and micro-batch size with the same global batch read the same conversations in each step
+(the sampler gives step ``s`` samples ``s B .. s B + B - 1``), in the same micro-batches when the micro-batch size
+is the same.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ if TYPE_CHECKING:
     import torch
 
 IGNORE = -100
-LENGTH_GROUP_CHUNK = 64  # global micro-batches sorted by length together
+LENGTH_GROUP_CHUNK = 64  # global batches sorted by length together
+ORDER = "length-grouped per global batch"
+"""The order rule above, recorded in each checkpoint (``state.json``'s ``conversation_order``): a resume from a
+checkpoint of another rule says so (versions before it grouped per global micro-batch, micro-batch x ranks)."""
 
 
 def label_prefix(prefix: str) -> str:
@@ -51,7 +57,7 @@ class ConversationDataset:
     order described in the module docstring; ``ds[i]`` = ``(tokens int64[n], labels int64[n])``."""
 
     def __init__(self, pairs: list[tuple[IndexedDataset, IndexedDataset]], num_samples: int, seq_length: int,
-                 seed: int, global_micro_batch: int, shuffle: bool = True):
+                 seed: int, global_batch: int, shuffle: bool = True):
         self.pairs = pairs
         self.seq_length = seq_length
         offsets = np.cumsum([0] + [len(t) for t, _ in pairs])
@@ -62,14 +68,14 @@ class ConversationDataset:
         lengths = np.minimum(np.concatenate([t.sizes for t, _ in pairs]).astype(np.int64), seq_length + 1)
         rng = np.random.RandomState(seed)
         epochs = -(-num_samples // total)
-        chunk = LENGTH_GROUP_CHUNK * global_micro_batch
+        chunk = LENGTH_GROUP_CHUNK * global_batch
         order = []
         for _ in range(epochs):  # grouped within each epoch: every conversation once per epoch
             epoch = rng.permutation(total) if shuffle else np.arange(total)
             for start in range(0, total, chunk):
                 part = epoch[start:start + chunk]
                 part = part[np.argsort(-lengths[part], kind="stable")]
-                groups = [part[i:i + global_micro_batch] for i in range(0, len(part), global_micro_batch)]
+                groups = [part[i:i + global_batch] for i in range(0, len(part), global_batch)]
                 if shuffle:
                     groups = [groups[i] for i in rng.permutation(len(groups))]
                 order.extend(groups)

@@ -29,6 +29,7 @@ from safetensors.torch import save_file
 
 from ..saved_model import model_yaml, read_model_config
 from ..config import Config, ConfigError, load_config, model_config_diff
+from ..data.conversations import ORDER as CONVERSATION_ORDER
 from ..provenance import code_version
 from ..rundir import (CONFIG, MODEL_CONFIG, STATE, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune,
                       publish, read_state, step_dir_name, write_manifest)
@@ -214,6 +215,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
                 "code_version": code_version(),
                 "tokenizer_sha256": tokenizer,
                 "data": data,
+                "conversation_order": CONVERSATION_ORDER,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
             publish(tmp, final)
@@ -330,11 +332,9 @@ def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
     new_batch = cfg.training.global_batch_for(info.world_size)
     if old_batch != new_batch:
         changed.append(f"global batch {old_batch} -> {new_batch} samples a step")
-    if cfg.data.train_label_data_paths:  # conversations are grouped by length per global micro-batch
-        old_group = prior.training.train_micro_batch_size_per_gpu * meta["world_size"]
-        new_group = cfg.training.train_micro_batch_size_per_gpu * info.world_size
-        if old_group != new_group:
-            changed.append(f"conversations grouped {old_group} -> {new_group} at a time (micro-batch x ranks)")
+    if cfg.data.train_label_data_paths and meta.get("conversation_order") != CONVERSATION_ORDER:
+        old_order = meta.get("conversation_order", "length-grouped per global micro-batch (micro-batch x ranks)")
+        changed.append(f"conversations ordered {old_order} -> {CONVERSATION_ORDER}")
     if not changed:
         return None
     return (f"resumed with other sampling settings than {step_dir} was trained with ({'; '.join(changed)}): the run "
