@@ -118,6 +118,7 @@ E2E = {
     "tests/test_downstream.py::test_the_shipped_demo_task_runs_from_any_directory",
     "tests/test_chat.py::test_bad_conversations_with_workers_give_one_line",
     "tests/test_chat.py::test_workers_give_the_same_files",
+    "tests/test_chat.py::test_a_per_token_step_is_the_same_on_two_ranks_as_in_one_micro_batch",
     "tests/test_eval_perplexity.py::test_max_docs_per_corpus",
     "tests/test_eval_sweeps.py::test_runs_of_a_sweep_score_the_documents_of_its_manifest",
     "tests/test_attention_triton.py::test_triton_path_matches_reference_under_the_interpreter",

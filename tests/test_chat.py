@@ -209,6 +209,67 @@ def test_every_world_size_reads_the_same_conversations_in_each_step(prepared):
     assert one[1] == two[1]
 
 
+def test_per_token_weights_give_the_summed_cross_entropy_over_the_steps_labelled_tokens(prepared):
+    """``calculate_per_token_loss``: two micro-batches of different labelled counts, each mean loss times its weight
+    and divided by the accumulation steps (as DeepSpeed's backward does), give the cross-entropy summed over both
+    divided by their labelled tokens, with its gradients; the micro-batch mean (the default) differs."""
+    from neox_dar.training.batches import token_weights
+
+    prefix, _ = prepared
+    model, _ = tiny_model(seed=3, seq_length=128)
+    ds = _dataset(prefix)
+    steps = [inputs_and_targets(pad_collate([ds[i] for i in pair]), torch.device("cpu")) for pair in ((0, 1), (2, 3))]
+    counts = [int((y != IGNORE).sum()) for _, y, _ in steps]
+    assert counts[0] != counts[1]
+    weights = token_weights([y for _, y, _ in steps], world_size=1)
+    assert [float(w) for w in weights] == pytest.approx([2 * n / sum(counts) for n in counts])
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    weighted, g_weighted = grads(sum(lm_loss(model(x), y) * w for (x, y, _), w in zip(steps, weights)) / 2)
+    by_hand, g_hand = grads(sum(F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=IGNORE,
+                                                reduction="sum") for x, y, _ in steps) / sum(counts))
+    torch.testing.assert_close(weighted, by_hand)
+    for a, b in zip(g_weighted, g_hand):
+        torch.testing.assert_close(a, b)
+    per_micro = sum(lm_loss(model(x), y) for x, y, _ in steps).detach() / 2  # a random model: every loss ~ log V
+    assert not torch.allclose(per_micro, by_hand, rtol=1e-6, atol=0)
+
+
+def test_a_per_token_step_is_the_same_on_two_ranks_as_in_one_micro_batch(tmp_path):
+    """train.py with ``calculate_per_token_loss: true`` on chat data: two ranks with a micro-batch of 2 conversations
+    each take the step one rank takes with all 4 in one micro-batch (the same loss, gradient norm, validation loss
+    and weights): the labelled-token count is summed over the ranks. (With per micro-batch means the two ranks'
+    micro-batches weigh alike whatever their labelled tokens, and the step differs.)"""
+    from safetensors.torch import load_file
+    from trainrun import train
+
+    prefix = tmp_path / "chat"
+    run([str(SAMPLE), "--tokenizer", str(ROOT / "data" / "byte_tokenizer.json"), "--chat-template", str(TEMPLATE),
+         "--out", str(prefix), "--max-length", "257", "--workers", "1", "--no-progress"])
+    chat = [f"train_data_paths=[{prefix}]", f"train_label_data_paths=[{prefix}_label]", f"valid_data_paths=[{prefix}]",
+            f"valid_label_data_paths=[{prefix}_label]", "data_path=null"]
+    keys = [f"vocab_file={ROOT / 'data' / 'byte_tokenizer.json'}", "vocab_size=257", "seq_length=256",
+            "train_iters=1", "train_batch_size=4", "eval_interval=1", "eval_iters=1", "checkpoint_factor=1", *chat]
+    rows = {}
+    for nproc in (1, 2):
+        train(tmp_path / f"ranks{nproc}", "unused", *keys, f"train_micro_batch_size_per_gpu={4 // nproc}",
+              "calculate_per_token_loss=true", nproc=nproc)
+        metrics = (tmp_path / f"ranks{nproc}" / "metrics.jsonl").read_text()
+        rows[nproc] = [json.loads(line) for line in metrics.splitlines()]
+    (one, one_valid), (two, two_valid) = rows[1], rows[2]
+    assert one["lm_loss"] == pytest.approx(two["lm_loss"], rel=1e-6)
+    assert one["grad_norm"] == pytest.approx(two["grad_norm"], rel=1e-5)
+    assert one_valid["valid_loss"] == pytest.approx(two_valid["valid_loss"], rel=1e-6)
+    weights = [load_file(str(tmp_path / f"ranks{n}" / "checkpoints" / "step_00000001" / "model.safetensors"))
+               for n in (1, 2)]
+    for name, tensor in weights[0].items():  # Adam's first step is ~lr * sign(g): near-zero g differ in rounding
+        torch.testing.assert_close(tensor, weights[1][name], rtol=1e-5, atol=1e-5)
+
+
 def test_label_paths_must_pair_with_data_paths():
     with pytest.raises(Exception, match="train_label_data_paths"):
         config("configs/tiny.yml", train_data_paths=["a", "b"], train_label_data_paths=["a_label"])

@@ -106,6 +106,11 @@ class TrainingConfig:
                                   rule=when(lambda v: v >= 0, "must be >= 0"))
     gradient_clipping: float = setting(1.0, "Clip the global gradient norm to this (0 disables).",
                                        rule=when(lambda v: v >= 0, "must be >= 0"))
+    calculate_per_token_loss: bool = setting(
+        False, "Weigh every labelled token of a step alike (Megatron's name; Hugging Face Trainer's weighting): the "
+        "step's loss is its cross-entropy summed over every micro-batch and rank divided by its labelled tokens, and "
+        "the validation loss likewise. false: each micro-batch's mean weighs the same (GPT-NeoX). Differs only where "
+        "micro-batches hold different numbers of labelled tokens (chat SFT).")
     zero_optimization: ZeroConfig = setting(ZeroConfig(), "DeepSpeed ZeRO settings.")
     precision: Literal["auto", "fp32", "fp16", "bf16", "bfloat16"] = setting("auto", "auto: bf16 on GPU, fp32 on "
                                                                                      "CPU.")

@@ -45,6 +45,20 @@ def inputs_and_targets(batch, device: torch.device) -> tuple[torch.Tensor, torch
     return tokens[:, :-1], tokens[:, 1:], None
 
 
+def token_weights(targets: list[torch.Tensor], world_size: int) -> list[torch.Tensor]:
+    """Per micro-batch factors that turn its mean loss into its share of a per-token step loss
+    (``calculate_per_token_loss``): ``targets`` are this rank's micro-batches of one step (each (B, T), -100 off);
+    micro-batch ``i`` with ``n_i`` labelled targets gets ``n_i * len(targets) * world_size / N``, ``N`` the step's
+    labelled targets on every rank (one all-reduce when a process group runs). DeepSpeed divides each backward by the
+    accumulation steps and averages the gradients over ranks, so the step's gradient is that of the summed
+    cross-entropy over ``N``: every labelled token weighs the same, whichever micro-batch or rank holds it."""
+    counts = torch.stack([(t != IGNORE).sum() for t in targets]).to(torch.float64)
+    total = counts.sum()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(total)
+    return list((counts * (len(targets) * world_size) / total.clamp(min=1)).float())
+
+
 def micro_batch_loss(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The training and validation loss: mean next-token cross-entropy in float32 over the targets that are not
     -100; ``model`` (a :class:`~neox_dar.model.CausalLM` or the engine around it), ``inputs`` and ``targets`` (B, T)

@@ -19,7 +19,7 @@ from ..config import Config
 from ..data import build_datasets
 from ..rundir import STATUS, RunFileError, checkpoints_dir, lock_run_dir, recorded_checkpoint, write_status
 from . import startup
-from .batches import inputs_and_targets, micro_batch_loss, micro_batches
+from .batches import inputs_and_targets, micro_batch_loss, micro_batches, token_weights
 from .checkpointing import TrainState, check_resumable, load_checkpoint, sampling_changes, save_checkpoint
 from .corpus_eval import CorpusEvaluator
 from .distributed import DistInfo, all_reduce_mean, any_rank, barrier
@@ -170,15 +170,19 @@ def train(cfg: Config, info: DistInfo) -> int:
         # DeepSpeed reports the global gradient norm from its ZeRO/mixed-precision optimizers, not at fp32 ZeRO-0
         own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.training.dtype == "fp32"
         grad_norm = None
+        per_token = cfg.training.calculate_per_token_loss
         startup.mark("checkpoint and logs")
         first_step = True
         while state.step < cfg.training.train_iters:
             lr = engine.get_lr()[0]
             lm_sum = torch.zeros((), device=info.device)
             aux_sum = torch.zeros((), device=info.device)
-            for micro_step in range(grad_accum):
-                x, y, real = inputs_and_targets(next(batches), info.device)
+            step_batches = [inputs_and_targets(next(batches), info.device) for _ in range(grad_accum)]
+            weights = token_weights([y for _, y, _ in step_batches], world) if per_token else None
+            for micro_step, (x, y, real) in enumerate(step_batches):
                 lm = micro_batch_loss(engine, x, y)
+                if weights is not None:
+                    lm = lm * weights[micro_step]
                 aux = model.aux_loss(real).float()
                 engine.backward(lm + aux)
                 if own_grad_norm and micro_step == grad_accum - 1:

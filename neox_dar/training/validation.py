@@ -9,7 +9,9 @@ validation set, modulo the number of whole global micro-batches it holds. The po
 from k alone, so a resumed run reads exactly what an uninterrupted one reads. (GPT-NeoX's resume
 offset, ``(iteration * grad_accum // eval_interval) * eval_iters`` micro-batches, is the same
 number whenever grad_accum is 1 or the checkpoint step is a multiple of eval_interval, and skips
-ahead otherwise.) The loss is the mean over this rank's micro-batches, averaged over ranks.
+ahead otherwise.) The loss is the mean over this rank's micro-batches, averaged over ranks; with
+``calculate_per_token_loss``, the cross-entropy summed over every rank's micro-batches divided by their labelled
+tokens.
 
 ``eval_mode: fixed`` reads the first ``eval_iters`` global batches every time instead (the same
 data at every evaluation, so successive values differ only by the model).
@@ -22,6 +24,7 @@ from typing import Iterator
 import torch
 
 from ..config import Config
+from ..data.conversations import IGNORE
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches
 from .distributed import DistInfo, all_reduce_mean
 from .logging_sinks import perplexity
@@ -55,12 +58,18 @@ def evaluation_micro_batches(valid_ds, cfg: Config, info: DistInfo, evaluation: 
 def evaluate(engine, valid_ds, cfg: Config, info: DistInfo, evaluation: int) -> dict[str, float]:
     """``{"valid_loss", "valid_ppl"}`` of evaluation number ``evaluation`` (0-based), averaged over all ranks."""
     engine.eval()
-    losses = []
+    losses, counts = [], []
     try:
         for tokens in evaluation_micro_batches(valid_ds, cfg, info, evaluation):
             x, y, _ = inputs_and_targets(tokens, info.device)
             losses.append(micro_batch_loss(engine, x, y))
+            counts.append((y != IGNORE).sum())
     finally:
         engine.train()
-    (loss,) = all_reduce_mean([torch.stack(losses).mean().item()], info.device)
+    if cfg.training.calculate_per_token_loss:  # summed over every rank, then divided: a ratio of two means
+        losses, counts = torch.stack(losses).double(), torch.stack(counts).double()
+        total, tokens = all_reduce_mean([(losses * counts).sum().item(), counts.sum().item()], info.device)
+        loss = total / tokens if tokens else 0.0
+    else:
+        (loss,) = all_reduce_mean([torch.stack(losses).mean().item()], info.device)
     return {"valid_loss": loss, "valid_ppl": perplexity(loss)}
