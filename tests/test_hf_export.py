@@ -37,6 +37,24 @@ def load_remote(folder):
     return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
 
 
+def feeds(hf) -> list[tuple[int, bool]]:
+    """Record each forward ``hf.generate()`` makes: (new tokens, whether it got the caches back); filled as it runs."""
+    calls, forward = [], hf.forward
+
+    def recorded(input_ids, *args, **kwargs):
+        given = kwargs.get("cache", kwargs.get("past_key_values"))
+        calls.append((input_ids.shape[1], given is not None))
+        return forward(input_ids, *args, **kwargs)
+
+    hf.forward = recorded
+    return calls
+
+
+def caches(out):
+    """The caches a ``generate(..., return_dict_in_generate=True)`` returned (recent transformers: ``cache``)."""
+    return out.cache if "cache" in out else out.past_key_values
+
+
 @pytest.mark.parametrize("family, variant", CASES, ids=[f"{f}-{v}" for f, v in CASES])
 def test_export_loads_with_our_logits_and_generations(tmp_path, family, variant):
     model, folder = export(tmp_path, family, variant)
@@ -58,9 +76,11 @@ def test_export_loads_with_our_logits_and_generations(tmp_path, family, variant)
     mask = torch.zeros(2, 11, dtype=torch.long)
     for b, p in enumerate(prompts):
         batch[b, 11 - p.numel():], mask[b, 11 - p.numel():] = p, 1
+    fed = feeds(hf)
     out = hf.generate(batch, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=None,
                       pad_token_id=0, return_dict_in_generate=True)
     assert out.sequences[:, 11:].tolist() == mine
+    assert fed == [(11, False)] + [(1, True)] * 23  # one token a step through the caches (not the whole sequence)
     # sampling with either's defaults (transformers': top_k 50): the same tokens for the same seed
     torch.manual_seed(3)
     sampled = hf.generate(ids[:1, :7], max_new_tokens=12, do_sample=True, temperature=1.5, eos_token_id=None,
@@ -69,8 +89,8 @@ def test_export_loads_with_our_logits_and_generations(tmp_path, family, variant)
     # the variant's own caches (classes of the folder's copy of inference.py), not a DynamicCache
     with torch.inference_mode():
         ours = model.new_cache([11, 4], 24)
-    assert type(out.past_key_values).__name__ == "ModelCache"
-    assert [type(c).__name__ for c in out.past_key_values.layers] == [type(c).__name__ for c in ours.layers]
+    assert type(caches(out)).__name__ == "ModelCache"
+    assert [type(c).__name__ for c in caches(out).layers] == [type(c).__name__ for c in ours.layers]
 
 
 @pytest.mark.parametrize("mode", ["keys", "latent"])
@@ -81,15 +101,36 @@ def test_dar_export_decodes_through_the_compressed_cache(tmp_path, mode):
     model, folder = export(tmp_path, "llama", "dar", dar_inference_cache=mode)
     hf = load_remote(folder)
     prompt = torch.arange(10, 30)[None]
+    fed = feeds(hf)
     out = hf.generate(prompt, max_new_tokens=9, do_sample=False, eos_token_id=None, return_dict_in_generate=True)
-    caches = out.past_key_values.layers
-    assert all(type(c).__name__ == "DARCache" for c in caches)
-    columns = out.past_key_values.layout.length  # the last token is never fed back
+    assert fed == [(20, False)] + [(1, True)] * 8  # each step reads the cache the step before wrote
+    layers = caches(out).layers
+    assert all(type(c).__name__ == "DARCache" for c in layers)
+    columns = caches(out).layout.length  # the last token is never fed back
     assert columns == 20 + 8
     ours = model.new_cache([columns - 1], 1)
-    assert [c.near.nbytes() for c in caches] == [c.near.nbytes() for c in ours.layers]
-    assert all(c.far.data["c"].shape[-1] == model.cfg.attention.dar_d_down for c in caches)
-    assert all(set(c.far.data) == ({"c", "k"} if mode == "keys" else {"c"}) for c in caches)
+    assert [c.near.nbytes() for c in layers] == [c.near.nbytes() for c in ours.layers]
+    assert all(c.far.data["c"].shape[-1] == model.cfg.attention.dar_d_down for c in layers)
+    assert all(set(c.far.data) == ({"c", "k"} if mode == "keys" else {"c"}) for c in layers)
+
+
+def test_generate_continues_from_the_caches_it_returned(tmp_path):
+    """A left-padded batch generated in two calls, the second given the first's caches back (``cache=``, or
+    ``past_key_values=`` under transformers' older name), gives the tokens of one call; the second call feeds one
+    token a step into those caches (it raised transformers' errors before: the caches lacked what generate() asks)."""
+    _, folder = export(tmp_path, "llama", "dar")
+    hf = load_remote(folder)
+    batch = torch.tensor([[0, 0, 5, 9, 13, 2], [7, 3, 8, 1, 4, 6]])
+    mask = (torch.arange(6) >= torch.tensor([[2], [0]])).long()
+    kw = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+    whole = hf.generate(batch, attention_mask=mask, max_new_tokens=10, **kw)
+    first = hf.generate(batch, attention_mask=mask, max_new_tokens=4, return_dict_in_generate=True, **kw)
+    longer = torch.cat([mask, torch.ones(2, 4, dtype=torch.long)], 1)
+    fed = feeds(hf)
+    name = "cache" if "cache" in first else "past_key_values"
+    more = hf.generate(first.sequences, attention_mask=longer, max_new_tokens=6, **{name: caches(first)}, **kw)
+    assert more.tolist() == whole.tolist()
+    assert fed == [(1, True)] * 6
 
 
 @pytest.mark.parametrize("name", sorted(variants()))

@@ -256,6 +256,7 @@ class ModelCache:
 
     layout: Layout
     layers: list
+    is_compileable, is_linear, is_croppable = False, (False,), False  # what generate() asks of caches given back
 
     def nbytes(self) -> int:
         """Bytes the caches hold for the whole batch (the per-sequence state, not the layers' weights)."""

@@ -82,9 +82,16 @@ class NeoxDarModel(DecoderStack):
                            block.names.final_norm, _norm(block, config.hidden_size))
 
 
+CACHE_NAME = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+"""The installed transformers' name for the caches a forward takes and returns: ``cache`` (recent transformers 5
+releases, whose ``generate()`` hands them back under it only) or ``past_key_values``. :class:`NeoxDarForCausalLM`
+takes either and returns them under this one."""
+
+
 class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
-    """``forward(input_ids, attention_mask=None, past_key_values=None)`` -> logits of the new tokens, and the caches
-    (``past_key_values``, a :class:`ModelCache` that ``generate()`` hands back at every step)."""
+    """``forward(input_ids, attention_mask=None, cache=None)`` -> logits of the new tokens, and the caches (a
+    :class:`ModelCache` that ``generate()`` hands back at every step), under :data:`CACHE_NAME`; the caches may
+    also be given as ``past_key_values`` (older transformers' name)."""
 
     config_class = NeoxDarConfig
     base_model_prefix = "neox_dar"
@@ -138,22 +145,28 @@ class NeoxDarForCausalLM(PreTrainedModel, GenerationMixin):
         return ModelCache(layout, [layer.attn.new_cache(layout, device, dtype) for layer in decoder.layers])
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                past_key_values: ModelCache | None = None, use_cache: bool | None = None,
-                labels: torch.Tensor | None = None, return_dict: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
-        """Logits (B, T, V) of ``input_ids`` (B, T), the tokens after those in ``past_key_values`` (none: a new
-        batch, left-padded per ``attention_mask``); ``labels``: the mean next-token cross-entropy (-100 ignored)."""
-        cache = past_key_values if past_key_values is not None else self.new_cache(attention_mask, input_ids)
+                cache: ModelCache | None = None, use_cache: bool | None = None, labels: torch.Tensor | None = None,
+                return_dict: bool | None = None, past_key_values: ModelCache | None = None,
+                **kwargs) -> CausalLMOutputWithPast:
+        """Logits (B, T, V) of ``input_ids`` (B, T), the tokens after those in ``cache`` (or ``past_key_values``;
+        none: a new batch, left-padded per ``attention_mask``); ``labels``: the mean next-token cross-entropy (-100
+        ignored)."""
+        cache = cache if cache is not None else past_key_values
+        if cache is None:
+            cache = self.new_cache(attention_mask, input_ids)
         logits = self.get_output_embeddings()(getattr(self, self.decoder_name).decode(input_ids, cache))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
         use_cache = getattr(self.config, "use_cache", True) if use_cache is None else use_cache
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=cache if use_cache else None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_NAME: cache if use_cache else None})
 
-    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, past_key_values: ModelCache | None = None,
-                                      attention_mask: torch.Tensor | None = None, **kwargs) -> dict:
-        """The tokens the caches do not hold yet (all of them at the first step)."""
-        if past_key_values is not None:
-            input_ids = input_ids[:, past_key_values.layout.length:]
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "past_key_values": past_key_values,
-                "use_cache": True}
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, cache: ModelCache | None = None,
+                                      attention_mask: torch.Tensor | None = None,
+                                      past_key_values: ModelCache | None = None, **kwargs) -> dict:
+        """The tokens the caches do not hold yet (all of them at the first step), with the caches ``generate()``
+        handed back (under either name)."""
+        cache = cache if cache is not None else past_key_values
+        if cache is not None:
+            input_ids = input_ids[:, cache.layout.length:]
+        return {"input_ids": input_ids, "attention_mask": attention_mask, CACHE_NAME: cache, "use_cache": True}
