@@ -5,8 +5,9 @@
 Streams each corpus's first documents from the Hugging Face Hub (default: as many as a sweep scores from the Hub,
 ``HUB_DEFAULT_DOCS``: FineWeb-Edu 2,000, C4 5,000, all of WikiText-103) and writes them to OUT in the layout of
 ``data/eval`` (one ``.jsonl.gz`` per corpus, each document with its Hub id) with ``OUT/prefetch.json`` (per corpus:
-the split, the count, the documents' manifest hash and the file's sha256). OUT is replaced only once every corpus
-is written. Then, offline:
+the split, the count, the documents' manifest hash and the file's sha256). OUT is new, empty, or an earlier prefetch
+(whose other corpora it keeps); any other folder is refused. OUT is replaced only once every corpus is written.
+Then, offline:
 
     python -m eval.perplexity RUN --source local --data-dir OUT      # a sweep: eval: {source: local,
                                                                      #   args: [--data-dir, OUT]}
@@ -27,7 +28,8 @@ from neox_dar.evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS, HUB_SOURCES, 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eval.prefetch", description=__doc__.split("\n\n")[0])
-    ap.add_argument("out", type=Path, help="the folder to write (replaced whole when every corpus is written)")
+    ap.add_argument("out", type=Path, help="a new or empty folder, or an earlier prefetch's (replaced when every "
+                                           "corpus is written; its other corpora kept)")
     ap.add_argument("--corpora", default=",".join(CORPORA), help="comma-separated (default: the papers' three)")
     ap.add_argument("--max-docs", action="append", default=[], metavar="N|NAME=N",
                     help="documents per corpus, 'all' for every one (default: what a sweep scores from the Hub)")
@@ -38,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or not names:
             raise ValueError(f"--corpora: {unknown or 'empty list'} not on the Hub; choose from "
                              f"{', '.join(HUB_SOURCES)}")
-        if args.out.exists() and not args.out.is_dir():
-            raise ValueError(f"{args.out} is a file, not a folder")
         max_docs = {**{n: HUB_DEFAULT_DOCS[n] for n in names}, **parse_max_docs(args.max_docs, names)}
         record = prefetch(args.out, names, max_docs)
     except KeyboardInterrupt:

@@ -226,3 +226,15 @@ def test_prefetch_writes_the_hub_documents_that_an_offline_evaluation_then_score
     assert prefetch_main([str(c4_file), "--corpora", "c4"]) == 2
     assert prefetch_main([str(out), "--corpora", "enwik8"]) == 2
     assert capsys.readouterr().err.count("error: ") == 2
+    # a folder that is not an earlier prefetch is never replaced (it emptied data/eval, or the current folder)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert prefetch_main([str(mine), "--corpora", "c4"]) == 2
+    assert "holds no prefetch.json" in capsys.readouterr().err and (mine / "notes.txt").read_text() == "mine"
+    # an earlier prefetch keeps its other corpora when one is fetched again
+    _fake_hub(monkeypatch, hub_rows, [])
+    assert prefetch_main([str(out), "--corpora", "c4", "--max-docs", "2"]) == 0
+    again = json.loads((out / "prefetch.json").read_text())["corpora"]
+    assert again["c4"]["num_documents"] == 2 and again["fineweb_edu"] == recorded["fineweb_edu"]
+    load_corpora(list(CORPORA), "local", str(out))  # every file is the one its record names

@@ -357,15 +357,30 @@ PREFETCH_FILE = "prefetch.json"
 the file's sha256."""
 
 
+def check_prefetch_out(out: Path) -> None:
+    """CorpusError (one line) unless :func:`prefetch` may write ``out``: missing, an empty folder, or an earlier
+    prefetch (it holds :data:`PREFETCH_FILE`). Any other folder is never replaced: it would lose its files."""
+    from neox_dar.rundir import check_writable
+
+    check_writable(out, "the prefetch folder", folder=True)
+    if out.is_dir() and any(out.iterdir()) and not (out / PREFETCH_FILE).is_file():
+        raise CorpusError(f"{out} is not empty and holds no {PREFETCH_FILE} (it is not an earlier eval.prefetch "
+                          "folder): name a new or empty folder (nothing was written)")
+
+
 def prefetch(out: Path, corpora: list[str], max_docs: dict[str, int | None]) -> dict:
-    """Stream each corpus's first ``max_docs[corpus]`` Hub documents (None: all) into ``out`` in the local layout:
-    ``{LOCAL_PATHS[corpus]}/{corpus}.prefetch.jsonl.gz``, rows ``{"id", "text"}`` (WikiText: ``{"id", "page"}``,
-    the page before lm-eval's detokenizer), and :data:`PREFETCH_FILE`. ``out`` is replaced whole when every corpus
-    is written (a failure or Ctrl-C leaves it as it was). Returns what :data:`PREFETCH_FILE` holds."""
+    """Stream each corpus's first ``max_docs[corpus]`` Hub documents (None: all) into ``out`` (checked by
+    :func:`check_prefetch_out`) in the local layout: ``{LOCAL_PATHS[corpus]}/{corpus}.prefetch.jsonl.gz``, rows
+    ``{"id", "text"}`` (WikiText: ``{"id", "page"}``, the page before lm-eval's detokenizer), and
+    :data:`PREFETCH_FILE`. An earlier prefetch in ``out`` keeps its other corpora. ``out`` is replaced when every
+    corpus is written (a failure or Ctrl-C leaves it as it was). Returns what :data:`PREFETCH_FILE` holds."""
     from neox_dar.rundir import staged_dir, write_text_atomic
 
+    check_prefetch_out(out)
     record = {}
-    with staged_dir(out) as stage:
+    with staged_dir(out, keep=True) as stage:
+        if (stage / PREFETCH_FILE).is_file():
+            record = json.loads((stage / PREFETCH_FILE).read_text())["corpora"]
         for corpus in corpora:
             docs = load_hub(corpus, max_docs.get(corpus))
             rel = Path(LOCAL_PATHS[corpus]) / f"{corpus}.prefetch.jsonl.gz"
