@@ -21,8 +21,11 @@ train_label_data_paths=[PREFIX_label]``. Conversations longer than ``--max-lengt
 ``seq_length``) are cut there (``--overlong truncate``, the default) or left out (``drop``); a conversation with no
 assistant token left is left out. A bad record (malformed JSON or messages, a lone surrogate, a conversation the
 template refuses or cannot render prefix by prefix) is skipped and counted with its reason, or stops the run with
-``--strict``. Files appear only when complete (written under a temporary name, then renamed); the temporary files
-a killed run left are removed at the next start.
+``--strict``. Files appear only when complete, as a set: the four files and the manifest are written under
+temporary names, then renamed with Ctrl-C and SIGTERM held, the manifest first and the tokens' ``.idx`` last, and
+the manifest records that ``.idx``'s sha256, so a set a kill cut short in its renames (an old ``.idx`` beside the new
+manifest) is refused by training, never read mixed. The temporary files a killed run left are removed at the next
+start.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from neox_dar.data.conversations import IGNORE, label_prefix
 from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
 from neox_dar.progress import progress_bar
-from neox_dar.rundir import flock_held, write_text_atomic
+from neox_dar.rundir import fault_point, flock_held, uninterrupted, write_text_atomic
 from neox_dar.tokenizer import hf_tokenizer
 
 from .encode import BadRecord, check_unicode, load_json, tokenizer_path
@@ -168,12 +171,12 @@ def _render_chunk(args: tuple[list, str, int, str]) -> list:
 
 
 def remove_stale_files(prefix: str) -> list[str]:
-    """Remove the temporary files (``PREFIX.tmp-PID.bin/.idx`` and ``PREFIX.tmp-PID_label.bin/.idx``) of earlier
-    runs that ended without cleaning up (SIGKILL, power loss): those whose ids ``.bin`` no live run holds locked
-    (:func:`run` locks its own; a lock also holds across machines sharing the folder, where a PID would not).
-    Returns the removed paths."""
+    """Remove the temporary files (``PREFIX.tmp-PID.bin/.idx``, ``PREFIX.tmp-PID_label.bin/.idx`` and
+    ``PREFIX.tmp-PID.manifest.json``) of earlier runs that ended without cleaning up (SIGKILL, power loss): those
+    whose ids ``.bin`` no live run holds locked (:func:`run` locks its own; a lock also holds across machines sharing
+    the folder, where a PID would not). Returns the removed paths."""
     folder, base = os.path.split(os.path.abspath(prefix))
-    own = re.compile(re.escape(base) + r"\.tmp-(\d+)(?:_label)?\.(?:bin|idx)")
+    own = re.compile(re.escape(base) + r"\.tmp-(\d+)(?:(?:_label)?\.(?:bin|idx)|\.manifest\.json)")
     runs = defaultdict(list)
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
         if found := own.fullmatch(name):
@@ -276,37 +279,44 @@ def run(argv: list[str] | None = None) -> dict:
         if counts["written"] == 0:
             first = f"; the first: {bad[0][0]}: {bad[0][1]}" if bad else ""
             raise ChatError(f"no usable conversation in {', '.join(args.inputs)} ({len(bad)} bad records{first})")
-        for src, dst in ((tmp, args.out), (label_prefix(tmp), label_prefix(args.out))):
-            os.replace(bin_path(src), bin_path(dst))
-            os.replace(idx_path(src), idx_path(dst))
+        template = tok.chat_template
+        manifest = {
+            "format": "Megatron MMapIndexedDataset (GPT-NeoX): one conversation per document; labels in PREFIX_label "
+                      "(-100 where the loss is off)",
+            "prefix": args.out, "label_prefix": label_prefix(args.out), "idx_sha256": sha256_file(idx_path(tmp)),
+            "conversations": {"read": counts["read"], "written": counts["written"], "truncated": counts["truncated"],
+                              "bad": len(bad), **{k: v for k, v in counts.items() if k.startswith("dropped")}},
+            "tokens": tokens, "assistant_tokens": assistant, "max_length": args.max_length, "overlong": args.overlong,
+            "tokenizer": {"path": tokenizer_path(args.tokenizer),
+                          "sha256": sha256_file(tokenizer_path(args.tokenizer)), "vocab_size": vocab},
+            "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
+            "inputs": [s.describe() for s in sources], "bad_records": bad[:100],
+            "command": ["python", "-m", "data_prep.chat", *(argv if argv is not None else sys.argv[1:])],
+            "seconds": round(time.time() - t0, 3),
+        }
+        write_text_atomic(f"{tmp}.manifest.json", json.dumps(manifest, indent=2) + "\n")
     except BaseException:
-        for prefix in (tmp, label_prefix(tmp)):
-            for path in (bin_path(prefix), idx_path(prefix)):
-                if os.path.exists(path):
-                    os.remove(path)
+        for path in (bin_path(tmp), idx_path(tmp), bin_path(label_prefix(tmp)), idx_path(label_prefix(tmp)),
+                     f"{tmp}.manifest.json"):
+            if os.path.exists(path):
+                os.remove(path)
         raise
     finally:
         bar.close()
-        os.close(lock)
         if pool is not None:  # also on an error: a pool left running prints tracebacks when it is collected
             pool.terminate()
             pool.join()
-    template = tok.chat_template
-    manifest = {
-        "format": "Megatron MMapIndexedDataset (GPT-NeoX): one conversation per document; labels in PREFIX_label "
-                  "(-100 where the loss is off)",
-        "prefix": args.out, "label_prefix": label_prefix(args.out),
-        "conversations": {"read": counts["read"], "written": counts["written"], "truncated": counts["truncated"],
-                          "bad": len(bad), **{k: v for k, v in counts.items() if k.startswith("dropped")}},
-        "tokens": tokens, "assistant_tokens": assistant, "max_length": args.max_length, "overlong": args.overlong,
-        "tokenizer": {"path": tokenizer_path(args.tokenizer), "sha256": sha256_file(tokenizer_path(args.tokenizer)),
-                      "vocab_size": vocab},
-        "chat_template_sha256": hashlib.sha256(template.encode()).hexdigest(),
-        "inputs": [s.describe() for s in sources], "bad_records": bad[:100],
-        "command": ["python", "-m", "data_prep.chat", *(argv if argv is not None else sys.argv[1:])],
-        "seconds": round(time.time() - t0, 3),
-    }
-    write_text_atomic(f"{args.out}.manifest.json", json.dumps(manifest, indent=2) + "\n")
+    try:
+        with uninterrupted():  # the set is replaced whole; a Ctrl-C or SIGTERM here arrives once it is
+            os.replace(f"{tmp}.manifest.json", f"{args.out}.manifest.json")
+            fault_point("chat-replacing")
+            for src, dst in ((label_prefix(tmp), label_prefix(args.out)), (tmp, args.out)):
+                os.replace(bin_path(src), bin_path(dst))
+                os.replace(idx_path(src), idx_path(dst))
+    except KeyboardInterrupt:
+        print("data_prep.chat: Ctrl-C arrived while the files were replaced; they are complete", file=sys.stderr)
+    finally:
+        os.close(lock)  # held through the renames: another run's start removes only unlocked temporaries
     return manifest
 
 

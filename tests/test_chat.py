@@ -4,6 +4,7 @@ masked loss."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -325,7 +326,8 @@ def test_files_of_a_killed_run_are_removed_at_the_next_start(tokenizer_dir, tmp_
     import fcntl
 
     out = tmp_path / "x"
-    killed = [tmp_path / f"x.tmp-4242{suffix}" for suffix in (".bin", ".idx", "_label.bin", "_label.idx")]
+    killed = [tmp_path / f"x.tmp-4242{suffix}" for suffix in (".bin", ".idx", "_label.bin", "_label.idx",
+                                                              ".manifest.json")]
     for path in killed:
         path.write_bytes(b"partial")
     live = tmp_path / "x.tmp-4343.bin"
@@ -336,8 +338,35 @@ def test_files_of_a_killed_run_are_removed_at_the_next_start(tokenizer_dir, tmp_
         fcntl.flock(held, fcntl.LOCK_EX)
         assert main([str(SAMPLE), "--tokenizer", str(tokenizer_dir), "--out", str(out), "--workers", "1",
                      "--no-progress"]) == 0
-    assert "removed 4 files of an interrupted data_prep.chat run" in capsys.readouterr().err
+    assert "removed 5 files of an interrupted data_prep.chat run" in capsys.readouterr().err
     assert not any(p.exists() for p in killed) and live.exists() and other.exists()
+
+
+def test_a_rerun_killed_in_its_renames_leaves_a_set_training_refuses(tmp_path):
+    """A rerun into the same PREFIX (another --max-length) SIGKILLed after its new manifest is in place, before the
+    token files: training's data check refuses the tokens the manifest does not describe (before: the old manifest
+    stayed over new files, or new tokens over old labels, and the manifest's tokenizer and counts were read as
+    theirs); the next run completes the set."""
+    from neox_dar.data.identity import prefix_identity
+    from neox_dar.data.indexed import IndexedDatasetError
+
+    prefix = tmp_path / "x"
+    byte = ["--tokenizer", str(ROOT / "data" / "byte_tokenizer.json"), "--chat-template", str(TEMPLATE), "--out",
+            str(prefix), "--workers", "1", "--no-progress"]
+    run([str(SAMPLE), *byte])
+    prefix_identity(str(prefix))
+    env = {**os.environ, "NEOX_DAR_KILL_AT": "chat-replacing", "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-m", "data_prep.chat", str(SAMPLE), *byte, "--max-length", "64"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert json.loads((tmp_path / "x.manifest.json").read_text())["max_length"] == 64
+    with pytest.raises(IndexedDatasetError, match="is not the file .*x.manifest.json describes"):
+        prefix_identity(str(prefix))
+    run([str(SAMPLE), *byte, "--max-length", "64"])
+    assert prefix_identity(str(prefix))["idx_sha256"] == json.loads((tmp_path / "x.manifest.json").read_text())[
+        "idx_sha256"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.bin", "x.idx", "x.manifest.json", "x_label.bin",
+                                                          "x_label.idx"]
 
 
 def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):

@@ -423,16 +423,35 @@ def test_sampling_defaults_to_transformers_top_k_and_zero_turns_it_off(tmp_path)
         Sampling(1.0, top_k=-1)
 
 
-def test_cli_ctrl_c_is_one_line_and_exit_130(monkeypatch, tmp_path, capsys):
-    """Ctrl-C during generation (a 40-line traceback before) says what --out holds; exit 130."""
+def test_cli_ctrl_c_is_one_line_and_exit_130_and_leaves_the_earlier_out(dar_run, monkeypatch, tmp_path, capsys):
+    """Ctrl-C during generation (a 40-line traceback before) is one line, exit 130: an earlier --out file is left as
+    it was (it was emptied at the start), and FILE.partial holds the prompts finished before; a run that completes
+    replaces FILE."""
     import neox_dar.generate.__main__ as cli
 
-    def interrupted(args):
-        raise KeyboardInterrupt
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps(w) + "\n" for w in ("One", "Two", "Three")))
+    out = tmp_path / "o.jsonl"
+    out.write_text("an earlier run's lines\n")
+    batches = []
 
-    monkeypatch.setattr(cli, "run", interrupted)
-    code, _, err = _cli(capsys, "ckpt", "--prompt", "hi", "--max-new-tokens", 2, "--out", tmp_path / "o.jsonl")
-    assert code == 130 and err == f"interrupted (Ctrl-C): {tmp_path / 'o.jsonl'} holds the prompts finished before\n"
+    def second_batch_interrupted(*args, **kwargs):
+        batches.append(1)
+        if len(batches) == 2:
+            raise KeyboardInterrupt
+        return generate(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "generate", second_batch_interrupted)
+    code, _, err = _cli(capsys, dar_run, "--prompts", prompts, "--max-new-tokens", 2, "--batch-size", 2, "--out", out)
+    partial = tmp_path / "o.jsonl.partial"
+    assert code == 130 and err.splitlines()[-1] == (f"interrupted (Ctrl-C): {partial} holds the prompts finished "
+                                                    f"before; {out} is left as it was")
+    assert out.read_text() == "an earlier run's lines\n"
+    assert [json.loads(x)["prompt"] for x in partial.read_text().splitlines()] == ["One", "Two"]
+    monkeypatch.setattr(cli, "generate", generate)
+    assert _cli(capsys, dar_run, "--prompts", prompts, "--max-new-tokens", 2, "--out", out)[0] == 0
+    assert [json.loads(x)["prompt"] for x in out.read_text().splitlines()] == ["One", "Two", "Three"]
+    assert not partial.exists()
 
 
 def test_a_folder_without_a_model_config_says_which_files_it_lacks(tmp_path, capsys):

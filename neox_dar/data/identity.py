@@ -48,9 +48,9 @@ def prefix_identity(prefix: str) -> dict:
         raise IndexedDatasetError(f"{manifest_path}: not a readable manifest ({e})") from None
     if manifest.get("idx_sha256") not in (None, idx_sha):
         raise IndexedDatasetError(
-            f"{idx_path(prefix)} is not the file {manifest_path} describes (its sha256 differs): a data_prep.tokenize "
-            "run was cut short while it replaced them, or the files were replaced by hand; run that data_prep.tokenize "
-            "command again (or delete the manifest if these files are the ones you mean)")
+            f"{idx_path(prefix)} is not the file {manifest_path} describes (its sha256 differs): a data_prep run was "
+            "cut short while it replaced them, or the files were replaced by hand; run that data_prep command again "
+            "(or delete the manifest if these files are the ones you mean)")
     return {"prefix": prefix, "bin_bytes": bin_bytes, "idx_sha256": idx_sha,
             "tokenizer_sha256": (manifest.get("tokenizer") or {}).get("sha256")}
 

@@ -10,8 +10,10 @@ folder written by ``convert from-hf``, or a Hugging Face folder. A prompt file h
 greedy decoding. ``--chat`` renders each prompt as a user turn with the checkpoint's chat template (the one it was
 trained with, from its recorded tokenizer files) and the template's generation prompt. ``--out`` writes one JSON
 line per prompt (``prompt``, ``completion``, ``token_ids``: the generated ids, an ending eos included,
-``finish_reason``: ``eos`` or ``length``; ``chat_prompt`` with ``--chat``) as each batch finishes; without it a single
-``--prompt`` streams its completion to stdout and a prompt file prints the JSON lines there.
+``finish_reason``: ``eos`` or ``length``; ``chat_prompt`` with ``--chat``), into ``FILE.jsonl.partial`` as each batch
+finishes, renamed to ``FILE.jsonl`` once every prompt is done: an earlier ``FILE.jsonl`` stays as it was until then
+(a Ctrl-C, a crash or an error leaves it, and the ``.partial`` file holds the prompts finished before); without it a
+single ``--prompt`` streams its completion to stdout and a prompt file prints the JSON lines there.
 
 The decoding itself is :mod:`neox_dar.generate`'s (docs/inference.md). AHA models report ``mu_f``, the share of open
 gates over the generated tokens.
@@ -153,6 +155,11 @@ def check_output(path: Path) -> None:
         raise GenerationError(f"--out {path} is not writable")
 
 
+def partial_path(out: Path) -> Path:
+    """Where ``--out FILE`` is written until every prompt is done: ``FILE.partial`` beside it."""
+    return out.with_name(out.name + ".partial")
+
+
 def run(args) -> None:
     sampling = _check_args(args)
     records = [{"prompt": args.prompt}] if args.prompt is not None else read_prompts(args.prompts)
@@ -177,7 +184,7 @@ def run(args) -> None:
 
         streamer = TextStreamer(gen.tokenizer, skip_special_tokens=True)
     stats = AttentionStatsMean(gen.model)
-    sink = args.out.open("w", encoding="utf-8") if args.out is not None else sys.stdout
+    sink = partial_path(args.out).open("w", encoding="utf-8") if args.out is not None else sys.stdout
     try:
         with progress_bar(total=len(records), desc="generating", unit="prompt",
                           disable=len(records) == 1 or not args.out) as bar:
@@ -199,6 +206,8 @@ def run(args) -> None:
     finally:
         if sink is not sys.stdout:
             sink.close()
+    if args.out is not None:
+        os.replace(partial_path(args.out), args.out)
     meanings = stat_names()
     for name, value in overall_means(stats.result()).items():
         print(f"{name} = {value:.4f} over the generated tokens, mean over layers and heads ({meanings.get(name, name)})",
@@ -215,8 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted (Ctrl-C)" + (f": {args.out} holds the prompts finished before" if args.out else ""),
-              file=sys.stderr)
+        kept = (f": {partial_path(args.out)} holds the prompts finished before; {args.out} is left as it was"
+                if args.out is not None and partial_path(args.out).exists() else "")
+        print(f"interrupted (Ctrl-C){kept}", file=sys.stderr)
         return 130
     return 0
 
