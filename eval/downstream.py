@@ -58,6 +58,8 @@ import time
 import warnings
 from pathlib import Path
 
+from neox_dar.rundir import check_writable, write_text_atomic
+
 from .local_tasks import task_manager
 from .suites import CODE_TASKS, Suite, SuiteError, SuiteTask, load_suites
 
@@ -308,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             value = getattr(args, name)
             if value is not None and value < least:
                 raise SuiteError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+        if args.out:  # a directory or an unwritable path was a traceback after the whole suite had run
+            check_writable(args.out, "--out")
         batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
         result = run_suite(args.checkpoint, args.suite, suites, limit=args.limit, min_context=args.min_context,
                            include_path=args.include_path, batch_size=batch, device=args.device, dtype=args.dtype,
@@ -317,8 +321,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     text = json.dumps(result, indent=2) + "\n"
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text)
+        try:  # whole or not at all: a failed write leaves an earlier file as it was
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(args.out, text)
+        except OSError as e:
+            print(f"eval.downstream: error: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {args.out}", file=sys.stderr)
     else:
         print(text, end="")

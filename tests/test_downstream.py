@@ -144,7 +144,10 @@ def test_bad_input_is_one_line(aha, tmp_path, capsys):
                         (["--suite", "minus", "--suite-file", str(tmp_path / "minus.yml")],
                          "shots must be >= 0, got -1"),
                         (["--suite", "yesno", "--limit", "0", "--suite-file", str(folder / "suites.yml")],
-                         "--limit must be >= 1, got 0")):
+                         "--limit must be >= 1, got 0"),
+                        # checked before the suite runs (an IsADirectoryError traceback after it, before)
+                        (["--suite", "yesno", "--suite-file", str(folder / "suites.yml"), "--out", str(tmp_path)],
+                         f"--out {tmp_path} is a directory")):
         argv = ["run", str(run), *words, "--include-path", str(folder)]
         assert main(argv) == 2
         err = capsys.readouterr().err
