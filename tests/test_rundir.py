@@ -339,3 +339,47 @@ def test_bad_run_directory_paths_are_one_line(tmp_path):
     (tmp_path / "run" / LOCK).mkdir(parents=True)
     with pytest.raises(RunFileError, match=f"{tmp_path / 'run' / LOCK} is a directory"):
         lock_run_dir(tmp_path / "run")
+
+
+def test_a_staged_folder_removes_what_a_killed_writer_left_and_writes_through_a_link(tmp_path):
+    """staged_dir (convert, prefetch, publish): the staging folder of a writer killed by SIGKILL or SIGTERM (no
+    handler ran: a model-sized .tmp- folder stayed forever) is removed by the next write, a live writer's is not;
+    a writer killed between its two renames left OUT missing beside its .del- folder, which is put back first; an
+    OUT that is a symbolic link is written through (the swap renamed the link, then rmtree failed on it: exit 2
+    with the link now a real folder)."""
+    import fcntl
+
+    from neox_dar.rundir import staged_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    dead = tmp_path / f"{TMP_PREFIX}out.4242"
+    dead.mkdir()
+    (dead / "weights").write_bytes(b"x" * 100)
+    live = tmp_path / f"{TMP_PREFIX}out.4343"
+    live.mkdir()
+    other = tmp_path / f"{TMP_PREFIX}outer.4242"  # another folder's
+    other.mkdir()
+    held = os.open(live, os.O_RDONLY)
+    fcntl.flock(held, fcntl.LOCK_EX)
+    try:
+        with staged_dir(out) as stage:
+            (stage / "new.txt").write_text("new")
+    finally:
+        os.close(held)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name, other.name])
+    assert [p.name for p in out.iterdir()] == ["new.txt"]
+    # killed between the renames: OUT gone, its earlier contents in .del-out.PID: restored, then replaced with keep
+    os.rename(out, tmp_path / f"{DEL_PREFIX}out.4242")
+    with staged_dir(out, keep=True) as stage:
+        assert (stage / "new.txt").read_text() == "new"
+        (stage / "more.txt").write_text("more")
+    assert sorted(p.name for p in out.iterdir()) == ["more.txt", "new.txt"]
+    real = tmp_path / "real"
+    os.rename(out, real)
+    out.symlink_to(real)
+    with staged_dir(out) as stage:
+        (stage / "linked.txt").write_text("through the link")
+    assert out.is_symlink() and (real / "linked.txt").is_file() and not (real / "new.txt").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((TMP_PREFIX + "real", DEL_PREFIX))]

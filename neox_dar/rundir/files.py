@@ -5,6 +5,7 @@ checksums of files and folders."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import shutil
 import signal
@@ -219,28 +220,61 @@ def staged_dir(final: str | Path, keep: bool = False) -> Iterator[Path]:
     """A fresh folder ``.tmp-<name>.<pid>`` beside ``final`` (with ``keep``: a copy of ``final`` as it is) to build
     ``final``'s new contents in. When the block completes, the folder replaces ``final``: the old one is renamed
     to ``.del-<name>``, the new one renamed into place (:func:`uninterrupted`), then the old one deleted; when the
-    block raises (an error, Ctrl-C), the folder is removed and ``final`` is left as it was."""
+    block raises (an error, Ctrl-C), the folder is removed and ``final`` is left as it was.
+
+    The writer holds an exclusive ``flock`` on its staging folder (which becomes ``final``) to the end, so what a
+    killed writer left (SIGKILL, a SIGTERM that ended the process) is known to be dead and is removed first: its
+    staging folders, and its ``.del-`` folder, renamed back when ``final`` itself is missing (killed between the
+    two renames). A ``final`` that is a symbolic link is written through: the folder it points to is replaced, the
+    link kept."""
     final = Path(final).absolute()  # "." has no name to put beside
+    if final.is_symlink():
+        final = final.resolve()
+    _remove_dead_writers(final)
     tmp = final.with_name(f"{TMP_PREFIX}{final.name}.{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    lock = os.open(tmp, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        if keep and final.is_dir():
-            shutil.copytree(final, tmp, symlinks=True)
-        else:
-            tmp.mkdir(parents=True)
-        yield tmp
-        fsync_tree(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = final.with_name(f"{DEL_PREFIX}{final.name}.{os.getpid()}")
-    with uninterrupted():
-        if final.exists():
-            os.rename(final, old)
-        os.rename(tmp, final)
-    fsync_dir(final.parent)
-    if old.exists():
-        shutil.rmtree(old)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if keep and final.is_dir():
+                shutil.copytree(final, tmp, symlinks=True, dirs_exist_ok=True)
+            yield tmp
+            fsync_tree(tmp)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        old = final.with_name(f"{DEL_PREFIX}{final.name}.{os.getpid()}")
+        with uninterrupted():
+            if final.exists():
+                os.rename(final, old)
+            os.rename(tmp, final)
+        fsync_dir(final.parent)
+        if old.exists():
+            shutil.rmtree(old)
+    finally:
+        os.close(lock)
+
+
+def _remove_dead_writers(final: Path) -> None:
+    """Remove the ``.tmp-<name>.<pid>`` folders beside ``final`` that no live :func:`staged_dir` holds locked, and
+    its ``.del-<name>.<pid>`` folders unless a live writer (its lock now on ``final``) is deleting them; a ``.del-``
+    folder is renamed back when ``final`` is missing."""
+    from .lock import flock_held  # (lock.py imports this module)
+
+    if not final.parent.is_dir():
+        return
+    for p in sorted(final.parent.iterdir(), key=lambda p: not p.name.startswith(DEL_PREFIX)):
+        prefix, dot, pid = p.name.rpartition(".")
+        if not (dot and pid.isdigit() and p.is_dir() and prefix in (f"{TMP_PREFIX}{final.name}",
+                                                                     f"{DEL_PREFIX}{final.name}")):
+            continue
+        if prefix.startswith(TMP_PREFIX):
+            if not flock_held(p):
+                shutil.rmtree(p, ignore_errors=True)
+        elif not final.exists():
+            os.rename(p, final)
+        elif not flock_held(final):
+            shutil.rmtree(p, ignore_errors=True)
 
 
