@@ -251,6 +251,12 @@ def test_cli_writes_tables_and_figures(sweep_dir, capsys):
         f = root / "rep" / name
         assert f.is_file() and f.stat().st_size > 100, name
     assert (root / "rep" / "relative_ppl_vs_step.png").read_bytes()[:4] == b"\x89PNG"
+    # a later report whose runs draw no figure (--no-figures here) leaves none of the earlier ones beside its
+    # tables (they stayed, as if drawn from these runs), and no other file of the folder is touched
+    (root / "rep" / "notes.png").write_bytes(b"mine")
+    assert report_main([str(root), "--out", str(root / "rep"), "--no-figures"]) == 0
+    assert "removed " + str(root / "rep" / "loss_curves.png") in capsys.readouterr().out
+    assert sorted(p.name for p in (root / "rep").iterdir()) == ["notes.png", "table.json", "table.md", "table.tex"]
 
 
 def test_a_planned_run_without_its_directory_is_named_under_the_table(sweep_dir, capsys):

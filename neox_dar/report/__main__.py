@@ -18,7 +18,7 @@ from pathlib import Path
 from ..rundir import RunFileError, check_writable, write_text_atomic
 from ..sweep.errors import SweepError
 from .collect import absent_runs, collect
-from .figures import draw_all
+from .figures import draw_all, earlier_figures
 from .tables import average_table, build_table, to_latex, to_markdown
 
 
@@ -75,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
         write_text_atomic(out / "table.json", json.dumps(body, indent=1) + "\n")
         print(md)
         files = [out / "table.md", out / "table.tex", out / "table.json"]
+        figs = []
         if not args.no_figures:
             name = sweep.name if sweep else root.name
             figs, skipped = draw_all(runs, table, report, out, name)
             files += figs
             for s in skipped:
                 print(f"figure skipped: {s}")
+        for old in earlier_figures(out, figs):
+            old.unlink()
+            print(f"removed {old}: an earlier report's figure that these runs do not draw")
         print("wrote " + ", ".join(str(f) for f in files))
         return 0
     except (SweepError, RunFileError, OSError) as e:  # RunWriteError is an OSError

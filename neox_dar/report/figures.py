@@ -18,12 +18,15 @@
   run's final evaluation (real tokens only, mean over the corpora).
 - ``{variant}_{stat}_heads.png`` (AHA Fig. 4 for ``mu_f``): every head's value, sorted, per run (same source).
 
-A figure whose inputs no run holds is not drawn; :func:`draw_all` says which and why.
+A figure whose inputs no run holds is not drawn; :func:`draw_all` says which and why, and
+:func:`earlier_figures` names the files of these names an earlier report left in the folder, which the report
+removes (they would sit beside the new tables as if drawn from these runs).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import matplotlib
@@ -277,6 +280,18 @@ def stat_figures(runs: list[RunRecord], out: Path) -> tuple[list[Path], list[str
         files.append(sorted_heads(tables, f"{stat} (final evaluation)", f"{name.upper()} heads sorted by {stat}",
                                   out / f"{name}_{stat}_heads.png"))
     return files, skipped
+
+
+FIGURES = ("relative_ppl_vs_step.png", "loss_curves.png", "learning_curves.png", "cost_vs_perplexity.png")
+STAT_FIGURE = re.compile(r"[a-z0-9]+_[A-Za-z0-9_]+_(heatmap|heads)\.png")  # {variant}_{stat}_heatmap.png, ..._heads.png
+
+
+def earlier_figures(out: Path, drawn: list[Path]) -> list[Path]:
+    """The files in ``out`` named as this module names its figures that are not in ``drawn``."""
+    if not out.is_dir():
+        return []
+    return sorted(p for p in out.iterdir() if p.is_file() and p not in drawn
+                  and (p.name in FIGURES or STAT_FIGURE.fullmatch(p.name)))
 
 
 def draw_all(runs: list[RunRecord], table: Table, report: dict, out: Path,
