@@ -84,11 +84,14 @@ def _main(argv: list[str] | None) -> int:
     except ValueError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from neox_dar.config import ConfigError, split_args
-    from neox_dar.training import startup  # the time per start-up phase, logged after the first step
-    from neox_dar.training.checks import (check_training_config, epochs_line, load_checked, other_run_warning,
-                                         tokenizer_warnings)
-    from neox_dar.training.distributed import world_size_from_env
+    from neox_dar.rundir import uninterrupted
+
+    with uninterrupted():  # a Ctrl-C arrives after the imports: libraries interrupted mid-import crashed the start
+        from neox_dar.config import ConfigError, split_args
+        from neox_dar.training import startup  # the time per start-up phase, logged after the first step
+        from neox_dar.training.checks import (check_training_config, epochs_line, load_checked, other_run_warning,
+                                             tokenizer_warnings)
+        from neox_dar.training.distributed import world_size_from_env
 
     startup.mark("imports")
     paths, overrides = split_args(args)
@@ -113,9 +116,10 @@ def _main(argv: list[str] | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     startup.mark("config")
-    from neox_dar.training.distributed import init_distributed
-    from neox_dar.attention.triton_bridge import AttentionImplError
-    from neox_dar.training.loop import DivergedError, train
+    with uninterrupted():
+        from neox_dar.training.distributed import init_distributed
+        from neox_dar.attention.triton_bridge import AttentionImplError
+        from neox_dar.training.loop import DivergedError, train
 
     startup.mark("imports")
     info = init_distributed()
@@ -178,7 +182,11 @@ def exit_process(code: int | None) -> None:
     files are written and its process group destroyed (``main``), and C++ destructors that run in that teardown
     sometimes abort the process ("terminate called without an active exception", SIGABRT, after the run's last
     line: about 1 two-rank CPU run in 10 under load), which made a finished run a failed one. Exit handlers run
-    and the standard streams are flushed first. A single process exits normally."""
+    and the standard streams are flushed first. A single process exits normally, and so does an interrupted one
+    (130) without importing anything: a Ctrl-C during start-up may have left torch half-imported, and importing it
+    again raised or crashed."""
+    if code == 130:
+        sys.exit(code)
     from neox_dar.config import ConfigError
     from neox_dar.training.distributed import world_size_from_env
 

@@ -190,6 +190,28 @@ train.exit_process(3)
 """
 
 
+def test_ctrl_c_at_any_moment_of_the_start_is_one_line(byte_tokenized_sample, tmp_path):
+    """SIGINT at several moments of train.py's start: exit 130 with one line (or, once training runs, 3 with a
+    checkpoint), never a traceback. Interrupted inside ``import torch`` it crashed (a half-imported torch imported
+    again: AttributeError, a segfault), or a library swallowed the KeyboardInterrupt mid-import and the run trained
+    to its end; the imports now hold Ctrl-C until they finish."""
+    import signal
+    import time
+
+    from trainrun import BYTES, ROOT, train_command, train_env
+
+    for delay in (0.1, 0.3, 0.6):
+        command = train_command(tmp_path / f"run{delay}", byte_tokenized_sample, *BYTES)
+        p = subprocess.Popen(command, cwd=ROOT, env=train_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        time.sleep(delay)
+        p.send_signal(signal.SIGINT)
+        out = p.communicate(timeout=120)[0]
+        assert p.returncode in (130, 3) and "Traceback" not in out, (delay, p.returncode, out[-3000:])
+        if p.returncode == 130:
+            assert out.strip().splitlines()[-1].startswith("train.py: interrupted (Ctrl-C)"), out[-2000:]
+
+
 @pytest.mark.parametrize("world_size", ["1", "2"])
 def test_train_py_exits_with_its_code_after_exit_handlers_and_flushed_output(world_size, tmp_path):
     """train.py's exit: a rank of a multi-process run leaves without the interpreter's teardown (whose C++
