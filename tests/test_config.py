@@ -135,6 +135,29 @@ def test_missing_file(tmp_path):
         load_config(tmp_path / "nope.yml")
 
 
+def test_a_file_that_is_not_utf8_text_or_a_folder_is_one_line(tmp_path, capsys):
+    """A binary file or a folder named as a config (a UnicodeDecodeError traceback; "config file not found"), and
+    the same for a sweep file and report.publish's --docs."""
+    from neox_dar.report.publish import main as publish
+    from neox_dar.sweep import SweepError, load_sweep
+
+    binary = tmp_path / "bad.yml"
+    binary.write_bytes(b"num_layers: 2\nhidden_size: \xff\xfe\n")
+    with pytest.raises(ConfigError, match=r"bad\.yml is not UTF-8 text \(byte 0xff at offset 27\)"):
+        load_config(binary)
+    with pytest.raises(ConfigError, match=r"is a folder: name a config file"):
+        load_config(tmp_path)
+    with pytest.raises(SweepError, match=r"bad\.yml is not UTF-8 text"):
+        load_sweep(binary)
+    runs = tmp_path / "runs"
+    (runs / "a").mkdir(parents=True)
+    (runs / "a" / "config.yml").write_text("num_layers: 2\n")
+    (runs / "sweep.yml").write_text("name: s\n")
+    assert publish([str(runs), str(tmp_path / "pub"), "--docs", str(binary)]) == 2
+    assert capsys.readouterr().err == f"publish error: --docs {binary} is not UTF-8 text (byte 0xff at offset 27): " \
+                                      "is it the file you mean?\n"
+
+
 def test_malformed_yaml_reports_line(tmp_path):
     p = write(tmp_path, "bad.yml", "num_layers: 2\nhidden_size: [64\nseq_length: 3\n")
     with pytest.raises(ConfigError, match=r"malformed YAML in .*bad\.yml:3:\d+"):

@@ -42,13 +42,22 @@ class UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def not_utf8(path: str | Path, e: UnicodeDecodeError) -> str:
+    """The one-line reason a text file the user named cannot be read."""
+    return f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): is it the file you mean?"
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p} is a folder: name a config file (e.g. {p / 'config.yml'})")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:
         with p.open(encoding="utf-8") as f:
             data = yaml.load(f, Loader=UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise ConfigError(not_utf8(p, e)) from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""

@@ -29,6 +29,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from ..config.files import not_utf8
 from ..provenance import provenance
 from ..rundir import (CONFIG, EVAL_DIR, METRICS, RUN_META, STATUS, RunFileError, newest_checkpoint, read_json,
                       read_state, staged_dir, write_text_atomic)
@@ -84,7 +85,11 @@ def check_inputs(args: argparse.Namespace) -> None:
     if args.docs is not None:
         if not args.docs.is_file():
             raise SweepError(f"--docs {args.docs} not found")
-        markers(args.docs.read_text(), args.docs, args.marker or out.name)
+        try:
+            text = args.docs.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise SweepError(f"--docs {not_utf8(args.docs, e)}") from None
+        markers(text, args.docs, args.marker or out.name)
 
 
 def copy_runs(src: Path, out: Path, sweep_file: Path | None, only: list[str] | None = None) -> dict[str, dict]:

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from ..config import ConfigError, key_field
-from ..config.files import UniqueKeyLoader, normalize_keys
+from ..config.files import UniqueKeyLoader, normalize_keys, not_utf8
 from .errors import SweepError
 from .report_selection import check_report
 from .slurm import SlurmSettings, eval_args
@@ -312,6 +312,8 @@ def load_sweep(path: str | Path) -> Sweep:
     try:
         with p.open(encoding="utf-8") as f:
             data = yaml.load(f, Loader=UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise SweepError(not_utf8(p, e)) from None
     except yaml.YAMLError as e:
         raise SweepError(f"malformed YAML in {p}: {e}") from None
     except ConfigError as e:  # a key given twice
