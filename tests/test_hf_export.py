@@ -305,6 +305,13 @@ def test_an_export_changed_by_transformers_imports_as_transformers_runs_it(tmp_p
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "changed")  # its modules built with the new eps
     with torch.inference_mode():
         torch.testing.assert_close(back.eval()(ids), reloaded(ids).logits)
+    # a key the command line sets is neither an edit of the folder nor warned (it said "rope_theta is 10000 but
+    # its neox_dar_config says 500 (the folder was changed after its export...)" for the user's own override),
+    # while the folder's real edits still are
+    with pytest.warns(UserWarning) as seen:
+        _, cfg = from_hf(tmp_path / "changed", overrides={"rotary_emb_base": 500.0, "rms_norm_epsilon": 0.2})
+    assert [str(w.message).split(": ", 1)[1].split(" but")[0] for w in seen] == ["vocab_size is 264"]
+    assert (cfg.rotary_emb_base, cfg.rms_norm_epsilon, cfg.padded_vocab_size) == (500.0, 0.2, 264)
 
 
 def test_from_hf_takes_a_layer_layout_alone(tmp_path):

@@ -111,7 +111,9 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         with warnings.catch_warnings(record=True) as caught:  # the config's own warnings: from the config imported
             warnings.simplefilter("always")
             cfg = model_config_from_flat({**keys, **overrides}, source=source, sources=said)
-        edits = {k: v for k, v in _edited_after_export(hf, cfg, where).items() if k not in overrides}
+            exported = model_config_from_flat(keys, source=source) if overrides else cfg
+        # config.json against the export's own config: a key the command line sets is neither an edit nor warned
+        edits = _edited_after_export(hf, exported, where, set(said))
         if not edits:
             for w in caught:
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
@@ -187,11 +189,12 @@ def _under(overrides: dict, keys: dict) -> dict:
     return {k: v for k, v in keys.items() if k not in LAYOUT_KEYS}
 
 
-def _edited_after_export(hf: dict, cfg: ModelConfig, where: str) -> dict:
+def _edited_after_export(hf: dict, cfg: ModelConfig, where: str, overridden: set[str]) -> dict:
     """Flat keys for what ``config.json``'s own keys say differently from its ``neox_dar_config`` (``cfg``): the
     sizes every export writes (:func:`shape_keys`) and, for the family's class, its ``config.json`` keys
     (:attr:`~neox_dar.families.Family.hf_keys`) and rotary settings. transformers keeps ``neox_dar_config`` when it
-    saves a folder it loaded, and runs its own keys; each difference is warned."""
+    saves a folder it loaded, and runs its own keys; each difference is warned, except those whose keys of ours
+    the command line sets (``overridden``: its value wins, and nothing of config.json is imported for it)."""
     family = FAMILIES.get(cfg.model_family)
     found: list[tuple[str, object, object, dict]] = []  # (config.json key, its value, ours, the keys that follow it)
     for hf_key, ours in SIZE_KEYS.items():
@@ -216,6 +219,7 @@ def _edited_after_export(hf: dict, cfg: ModelConfig, where: str) -> dict:
                                            ("partial_rotary_factor", partial, cfg.rotary_pct, "rotary_pct")):
             if value != current and (value is not None or name == "rope_scaling"):
                 found.append((name, value, current, {ours: value}))
+    found = [f for f in found if not overridden & set(f[3])]
     for hf_key, value, current, _ in found:
         warnings.warn(f"{where}: {hf_key} is {value!r} but its neox_dar_config says {current!r} (the folder was "
                       "changed after its export, e.g. by transformers): importing config.json's value, as "
