@@ -129,12 +129,17 @@ def text_gates(model: torch.nn.Module, ids: list[int], prefix: int) -> torch.Ten
 
 
 def cmd_text(args) -> int:
+    from neox_dar.devices import check_device
     from neox_dar.evaluation.loading import load_for_eval
     from neox_dar.report.plots import token_shading
     from neox_dar.tokenizer import load_tokenizer, prefix_token_id, tokenizer_file
 
     if args.max_tokens < 1:
         raise GateError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        raise GateError(str(e)) from None
     loaded = load_for_eval(args.checkpoint, args.device)
     if loaded.cfg.attention.attention_type != "aha":
         raise GateError(f"{args.checkpoint} uses {loaded.cfg.attention.attention_type} attention: an AHA checkpoint "

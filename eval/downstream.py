@@ -312,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise SuiteError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
         if args.out:  # a directory or an unwritable path was a traceback after the whole suite had run
             check_writable(args.out, "--out")
+        from neox_dar.devices import check_device  # (imports torch: not for list and table)
+
+        check_device(args.device)
         batch = int(args.batch_size) if args.batch_size.isdigit() else args.batch_size
         result = run_suite(args.checkpoint, args.suite, suites, limit=args.limit, min_context=args.min_context,
                            include_path=args.include_path, batch_size=batch, device=args.device, dtype=args.dtype,

@@ -147,7 +147,9 @@ def test_bad_input_is_one_line(aha, tmp_path, capsys):
                          "--limit must be >= 1, got 0"),
                         # checked before the suite runs (an IsADirectoryError traceback after it, before)
                         (["--suite", "yesno", "--suite-file", str(folder / "suites.yml"), "--out", str(tmp_path)],
-                         f"--out {tmp_path} is a directory")):
+                         f"--out {tmp_path} is a directory"),
+                        (["--suite", "yesno", "--suite-file", str(folder / "suites.yml"), "--device", "gpu"],
+                         "--device 'gpu' is not a device")):
         argv = ["run", str(run), *words, "--include-path", str(folder)]
         assert main(argv) == 2
         err = capsys.readouterr().err

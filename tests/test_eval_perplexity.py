@@ -224,6 +224,13 @@ def test_outputs_are_checked_before_scoring_and_written_whole(tiny, tmp_path, ca
             assert main([*args, flag, str(bad)]) == 2
             err = capsys.readouterr().err
             assert err.startswith("error: ") and f"{flag} {bad}" in err and err.count("\n") == 1, err
+    # a device this machine lacks or that is not one (an AssertionError or RuntimeError traceback before)
+    cuda = "this machine has" if torch.cuda.is_available() else "CUDA is not available on this machine"
+    for extra, said in ((["--device", "gpu"], "--device 'gpu' is not a device (cpu, cuda, cuda:N or mps)"),
+                        (["--device", "cuda:7"], f"--device cuda:7: {cuda}")):
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err and err.count("\n") == 1, err
     assert not scored
     monkeypatch.undo()
     out = tmp_path / "run" / "eval" / "perplexity.json"

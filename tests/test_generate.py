@@ -454,6 +454,22 @@ def test_cli_ctrl_c_is_one_line_and_exit_130_and_leaves_the_earlier_out(dar_run,
     assert not partial.exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the triton path runs on this machine")
+def test_the_triton_path_where_it_cannot_run_is_one_line(dar_run, capsys, monkeypatch):
+    """--attention-impl triton on a machine without CUDA, in generate and eval.perplexity: the AttentionImplError's
+    one line, exit 2 (a traceback at the first forward before)."""
+    from neox_dar.evaluation.cli import main as perplexity
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the tests' own interpreter, which would run it
+
+    code, _, err = _cli(capsys, dar_run, "--prompt", "hi", "--max-new-tokens", 2, "--attention-impl", "triton")
+    assert code == 2 and err.startswith("error: attention_impl 'triton' needs a CUDA device") and err.count("\n") == 1
+    assert perplexity([str(dar_run), "--corpora", "c4", "--max-docs", "1", "--no-progress", "--no-wandb",
+                       "--attention-impl", "triton"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: attention_impl 'triton' needs a CUDA device") and err.count("\n") == 1, err
+
+
 def test_a_folder_without_a_model_config_says_which_files_it_lacks(tmp_path, capsys):
     """Weights alone (it said "config file not found: .../config.yml", a file the user never had to write)."""
     (tmp_path / "model.safetensors").write_bytes(b"")

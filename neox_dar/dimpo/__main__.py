@@ -24,6 +24,7 @@ import sys
 
 from ..config import ConfigError
 from ..data import IndexedDatasetError
+from ..devices import check_device
 from ..report.tables import to_latex, to_markdown
 from ..rundir import CheckpointError
 from ..tokenizer import TokenizerError
@@ -191,6 +192,10 @@ def prepare_fit(args) -> tuple:
     sources["test"] = args.test or sources["valid"]
     docs = select_documents(sources, {s: getattr(args, f"{s}_docs") for s in SPLITS}, args.seq_len,
                             cfg.padded_vocab_size)
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        raise DimPOError(str(e)) from None
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_for_eval(args.checkpoint, device, args.dtype)
     check_layers_vanilla(loaded.model)

@@ -31,6 +31,8 @@ from typing import TypeVar
 import torch
 from tokenizers import Tokenizer
 
+from ..attention.triton_bridge import AttentionImplError
+from ..devices import check_device
 from ..provenance import provenance
 from ..rundir import check_writable, held_checkpoint, uninterrupted, write_error, write_text_atomic
 from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file, tokenizer_sha256
@@ -109,7 +111,9 @@ class AgreedError(Exception):
     """An error that every rank of the evaluation stops on together; rank 0 prints it."""
 
 
-EXPLAINED = (OSError, CorpusError, ValueError)  # one line each: RunWriteError is an OSError, RunFileError a ValueError
+# one line each: RunWriteError is an OSError, RunFileError a ValueError; AttentionImplError: --attention-impl triton
+# where it cannot run
+EXPLAINED = (OSError, CorpusError, ValueError, AttentionImplError)
 T = TypeVar("T")
 
 
@@ -143,6 +147,11 @@ def main(argv: list[str] | None = None, group: EvalGroup | None = None, load=Non
     closed at the end); ``load``: a caller's :func:`load_checkpoint` (one that keeps what it loaded for its own
     use after this)."""
     args = build_parser().parse_args(argv)
+    try:
+        check_device(args.device)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     own = group is None
     group = group or start_group(args.device)
     try:

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import torch
 
+from ..attention.triton_bridge import AttentionImplError
 from ..config import ConfigError
+from ..devices import check_device
 from ..evaluation.loading import DTYPES
 from ..evaluation.scoring import AttentionStatsMean, overall_means
 from ..progress import progress_bar
@@ -126,25 +128,6 @@ def _check_args(args) -> Sampling:
     return sampling
 
 
-def check_device(name: str | None) -> None:
-    """A GenerationError unless ``name`` is None (the default device) or a cpu, cuda[:N] or mps device this machine
-    has."""
-    if name is None:
-        return
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda", "mps"):
-        raise GenerationError(f"--device {name!r} is not a device (cpu, cuda, cuda:N or mps)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise GenerationError(f"--device {name}: CUDA is not available on this machine (use --device cpu)")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise GenerationError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise GenerationError(f"--device {name}: MPS is not available on this machine (use --device cpu)")
-
-
 def check_output(path: Path) -> None:
     """A GenerationError unless a file can be written at ``path`` (checked before the model loads)."""
     if path.is_dir():
@@ -220,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except (GenerationError, CheckpointError, ConfigError, OSError, ValueError) as e:
+    except (GenerationError, CheckpointError, ConfigError, OSError, ValueError, AttentionImplError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
