@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from neox_dar.report.tables import Table, to_markdown
+from neox_dar.rundir import check_writable, write_text_atomic
 
 STAT = "mu_f"
 
@@ -166,7 +167,7 @@ def cmd_text(args) -> int:
                    "dark blue 1), AHA Fig. 1."], Path(args.out))
     print(f"wrote {args.out}")
     if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+        write_text_atomic(args.json, json.dumps(out, indent=1))
         print(f"wrote {args.json}")
     return 0
 
@@ -186,7 +187,7 @@ def cmd_table3(args) -> int:
     t = table3(tables, heads, args.result)
     print(to_markdown(t))
     if args.json:
-        Path(args.json).write_text(json.dumps({"result": args.result, "tasks": list(tables), "gap": {
+        write_text_atomic(args.json, json.dumps({"result": args.result, "tasks": list(tables), "gap": {
             f"{l}.{h}": {task: tokens_per_call(t[l][h]) for task, t in tables.items()} for l, h in heads}}, indent=1))
     return 0
 
@@ -204,6 +205,19 @@ def cmd_heads(args) -> int:
                               out / "aha_mu_f_heads_tasks.png")):
         print(f"wrote {path}")
     return 0
+
+
+def check_outputs(args) -> None:
+    """ValueError (one line) for an output the command could not write, before any work: ``--json`` a file,
+    ``heads``' ``--out`` a folder, ``text``'s ``--out`` an image file."""
+    from neox_dar.report.plots import check_figure_path
+
+    if getattr(args, "json", None):
+        check_writable(args.json, "--json")
+    if args.command == "heads":
+        check_writable(args.out, "--out", folder=True)
+    elif args.command == "text":
+        check_figure_path(args.out)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_outputs(args)
         return {"table3": cmd_table3, "heads": cmd_heads, "text": cmd_text}[args.command](args)
-    except (GateError, FileNotFoundError) as e:
+    except (GateError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 

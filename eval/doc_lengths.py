@@ -19,6 +19,8 @@ import numpy as np
 
 from neox_dar.evaluation.corpora import CORPORA, CorpusError, load_hub, load_local, select_documents
 from neox_dar.evaluation.tables import TITLES
+from neox_dar.report.plots import check_figure_path
+from neox_dar.rundir import check_writable, write_text_atomic
 from neox_dar.tokenizer import encode_texts, load_tokenizer
 
 
@@ -82,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         names = [c.strip() for c in args.corpora.split(",") if c.strip()]
         if not names or any(c not in CORPORA for c in names):
             raise ValueError(f"--corpora must name some of {', '.join(CORPORA)}, got '{args.corpora}'")
+        for name, least in (("window", 1), ("seq_length", 1)):
+            if getattr(args, name) < least:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(args, name)}")
+        check_figure_path(args.out)
+        if args.json:
+            check_writable(args.json, "--json")
         tokenizer = load_tokenizer(path=args.tokenizer)
         lengths = {}
         for name in names:
@@ -97,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * s['frac_le_seq_length']:.1f}% <= seq_length={args.seq_length}")
     plot_cdf(lengths, args.window, args.seq_length, args.out)
     if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2) + "\n")
+        write_text_atomic(args.json, json.dumps(summary, indent=2) + "\n")
     print(f"wrote {args.out}")
     return 0
 

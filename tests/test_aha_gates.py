@@ -97,6 +97,15 @@ def test_bad_input_is_one_line(aha_run, tmp_path, capsys):
     assert main(["text", str(run), "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "f.png"),
                  "--max-tokens", "0"]) == 2
     assert capsys.readouterr().err == "error: --max-tokens must be >= 1, got 0\n"
+    # outputs checked before any work (an OSError, IsADirectoryError or FileExistsError traceback after it, and a
+    # folder as text's --out was written as FOLDER.png)
+    for argv, said in ((["text", str(run), "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path)],
+                        "name an image file ending in .png"),
+                       (["table3", str(_result(tmp_path)), "--json", str(tmp_path)], f"--json {tmp_path} is a directory"),
+                       (["heads", str(_result(tmp_path)), "--out", str(tmp_path / "t.txt")], "is a file")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
 
 
 def test_docs_table3_is_the_commands_output(capsys, monkeypatch):

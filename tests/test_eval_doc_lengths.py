@@ -31,3 +31,14 @@ def test_cli_writes_png_and_summary(tmp_path, capsys):
     assert set(data) == {"c4", "fineweb_edu"} and data["c4"]["documents"] == 20
     assert "% <= w=64" in capsys.readouterr().out
     assert main(["--corpora", "c4", "--data-dir", str(tmp_path / "none"), "--out", str(out)]) == 2
+    capsys.readouterr()
+    # checked before any corpus is read: a folder as --out (written as FOLDER.png beside it, "wrote FOLDER" said), a
+    # name matplotlib cannot write (its ValueError traceback), a folder as --json (a traceback after the work), w < 1
+    for bad, said in ((["--out", str(tmp_path)], f"--out {tmp_path}: name an image file ending in .png"),
+                      (["--out", str(tmp_path / "cdf.txt")], "name an image file ending in .png"),
+                      (["--out", str(out), "--json", str(tmp_path)], f"--json {tmp_path} is a directory"),
+                      (["--out", str(out), "--window", "0"], "--window must be >= 1, got 0")):
+        assert main(["--corpora", "c4", *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and said in err and err.count("\n") == 1, err
+    assert not (tmp_path.parent / f"{tmp_path.name}.png").exists()

@@ -16,6 +16,20 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: E402
 
 
+def check_figure_path(path: str | Path, option: str = "--out") -> None:
+    """ValueError (one line naming ``option``) unless a figure can be written at ``path``, checked before any work:
+    a file name whose extension matplotlib writes (a folder, or a name without one, was written as ``NAME.png``
+    beside what it named while the tool printed NAME), in a writable place."""
+    from ..rundir import check_writable
+
+    kinds = plt.gcf().canvas.get_supported_filetypes()
+    plt.close()
+    suffix = Path(path).suffix.lstrip(".").lower()
+    if Path(path).is_dir() or suffix not in kinds:
+        raise ValueError(f"{option} {path}: name an image file ending in .png (or {', '.join(sorted(kinds))})")
+    check_writable(path, option)
+
+
 def panel_row(n: int, width: float = 5.5, height: float = 3.8):
     """A figure of ``n`` panels side by side, each ``width`` x ``height`` inches: ``(fig, [axes])``."""
     fig, axes = plt.subplots(1, n, figsize=(width * n, height), squeeze=False)
