@@ -101,7 +101,8 @@ def test_bad_input_is_one_line(aha_run, tmp_path, capsys):
     # folder as text's --out was written as FOLDER.png)
     for argv, said in ((["text", str(run), "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path)],
                         "name an image file ending in .png"),
-                       (["table3", str(_result(tmp_path)), "--json", str(tmp_path)], f"--json {tmp_path} is a directory"),
+                       (["table3", str(_result(tmp_path)), "--json", str(tmp_path)],
+                        f"--json {tmp_path} is a directory"),
                        (["heads", str(_result(tmp_path)), "--out", str(tmp_path / "t.txt")], "is a file")):
         assert main(argv) == 2
         err = capsys.readouterr().err
