@@ -309,6 +309,7 @@ def test_cli_errors_are_one_line(trained, tmp_path, capsys):
         (["--beta", "0"], "error: --beta must be a finite number > 0, got 0.0"),
         (["--gamma", "-3"], "error: --gamma must be a finite number >= 0, got -3.0"),
         (["--margin", "-5"], "error: --margin must be a finite number >= 0, got -5.0"),
+        (["--device", "gpu"], "error: --device 'gpu' is not a device"),  # torch's RuntimeError traceback before
     ]
     for extra, message in cases:
         code, _, err = run_cli(base + extra, capsys)
@@ -318,6 +319,11 @@ def test_cli_errors_are_one_line(trained, tmp_path, capsys):
                             "--train-docs", "190"], capsys)
     assert code == 2 and "documents of at least 2000 tokens; the train split needs 190 (documents" in err
     assert len(err.splitlines()) == 1
+    (tmp_path / "a-file").write_text("x")  # --out a file: a FileExistsError traceback once the data was read
+    for argv in (["fit", ckpt, "--train", data, "--seq-len", SEQ], ["apply", ckpt, "--projections", "p", "--layers",
+                                                                     "1"]):
+        code, _, err = run_cli([*argv, "--out", tmp_path / "a-file"], capsys)
+        assert code == 2 and err == f"error: --out {tmp_path / 'a-file'} is a file: name a folder to write\n", err
     code, _, err = run_cli(["table", tmp_path / "nothing"], capsys)
     assert code == 2 and err.strip().endswith("holds neither results.json (written by fit) nor grid.json (written by "
                                               "tasks)")

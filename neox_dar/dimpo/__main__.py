@@ -26,7 +26,7 @@ from ..config import ConfigError
 from ..data import IndexedDatasetError
 from ..devices import check_device
 from ..report.tables import to_latex, to_markdown
-from ..rundir import CheckpointError
+from ..rundir import CheckpointError, RunFileError, check_writable
 from ..tokenizer import TokenizerError
 from .instances import SPLITS, DimPOError
 from .methods import METHODS, PAPER
@@ -299,9 +299,12 @@ def cmd_tasks(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "out", None) is not None:  # a file or an unwritable place: a traceback after the fit before
+            check_writable(args.out, "--out", folder=True)
         commands = {"fit": cmd_fit, "study": cmd_study, "table": cmd_table, "tasks": cmd_tasks, "apply": cmd_apply}
         return commands[args.command](args)
-    except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError, ConfigError, TokenizerError) as e:
+    except (DimPOError, FileNotFoundError, CheckpointError, IndexedDatasetError, ConfigError, TokenizerError,
+            RunFileError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
