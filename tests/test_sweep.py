@@ -382,6 +382,14 @@ def test_a_directory_holds_one_sweep(tmp_path, capsys, tokenized_sample):
     assert load_sweep(out).name == "a" and not (out / "y").exists()
     assert sweep_main([str(b), "plan", "--out", str(out), "--force", f"data_path={tokenized_sample}"]) == 0
     assert load_sweep(out).name == "b"
+    # a run directory, or a file, as --out: one line, nothing written (the sweep was planned into the run; a
+    # traceback)
+    (tmp_path / "a-file").write_text("x")
+    for where, said in ((out / "y", "is a run directory (it holds config.yml)"), (tmp_path / "a-file", "is a file")):
+        assert sweep_main([str(a), "plan", "--out", str(where), f"data_path={tokenized_sample}"]) == 2
+        err = capsys.readouterr().err.splitlines()[-1]  # after the plan's warnings
+        assert err.startswith("sweep error: ") and said in err, err
+    assert not (out / "y" / "x").exists()
 
 
 def test_a_second_trainer_on_a_run_directory_exits_with_one_line(tmp_path, tokenized_sample):

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from ..config import Config, ConfigError, load_config
-from ..rundir import CONFIG, RUN_META, write_text_atomic
+from ..rundir import CONFIG, RUN_META, RunFileError, check_writable, write_text_atomic
 from ..training.checks import check_what_trains
 from ..variants import variant
 from .errors import SweepError
@@ -122,6 +122,13 @@ def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> 
     if not planned:
         raise SweepError("nothing to write")
     root = planned[0].run_dir.parent
+    try:  # a file or an unwritable place was a traceback here
+        check_writable(root, "the sweep's output directory", folder=True)
+    except RunFileError as e:
+        raise SweepError(str(e)) from None
+    if (root / CONFIG).is_file() and not (root / SWEEP_COPY).is_file():
+        raise SweepError(f"{root} is a run directory (it holds {CONFIG}), not a sweep's: give the sweep its own "
+                         "directory (--out)")
     if not force:
         check_owner(sweep, root)
     for p in planned:
