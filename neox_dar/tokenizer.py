@@ -98,7 +98,10 @@ def config_vocab_file(cfg: ModelConfig) -> Path | None:
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise TokenizerError(f"vocab_file was not found (tried {', '.join(map(str, candidates))}); pass --tokenizer")
+    tried = dict.fromkeys(str(c.absolute()) for c in candidates)
+    raise TokenizerError(f"vocab_file {cfg.vocab_file} was not found (looked for {' and '.join(tried)}): set "
+                         "vocab_file to the model's tokenizer.json (the tools that read a model also take "
+                         "--tokenizer)")
 
 
 def tokenizer_file(cfg: ModelConfig | None = None, path: str | Path | None = None,

@@ -133,6 +133,9 @@ def test_floats_must_be_finite(tmp_path, text, shown):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"config file not found: .*nope\.yml"):
         load_config(tmp_path / "nope.yml")
+    # an option a command does not take (train.py ... --steps 5 said "config file not found: --steps")
+    with pytest.raises(ConfigError, match=r"^unknown option --steps: give config files and key=value overrides"):
+        load_config("configs/tiny.yml", "--steps")
 
 
 def test_a_file_that_is_not_utf8_text_or_a_folder_is_one_line(tmp_path, capsys):

@@ -316,7 +316,7 @@ def test_cli_empty_prompt_in_a_file_and_a_checkpoint_without_a_tokenizer(dar_run
     assert code == 2 and "records no tokenizer" in err and err.count("\n") == 1, err
     saved_model(tmp_path / "missing", "vocab_file=nowhere/tokenizer.json")
     code, _, err = _cli(capsys, tmp_path / "missing", "--prompt", "hi", "--max-new-tokens", 2)
-    assert code == 2 and "vocab_file was not found" in err and err.count("\n") == 1, err
+    assert code == 2 and "was not found (looked for" in err and err.count("\n") == 1, err
 
 
 CUDA_MESSAGE = ("this machine has" if torch.cuda.is_available() else "CUDA is not available on this machine")
@@ -452,6 +452,17 @@ def test_cli_ctrl_c_is_one_line_and_exit_130_and_leaves_the_earlier_out(dar_run,
     assert _cli(capsys, dar_run, "--prompts", prompts, "--max-new-tokens", 2, "--out", out)[0] == 0
     assert [json.loads(x)["prompt"] for x in out.read_text().splitlines()] == ["One", "Two", "Three"]
     assert not partial.exists()
+
+
+def test_cli_refuses_to_write_over_its_prompts(tmp_path, capsys):
+    """--out naming the --prompts file (it was replaced by the completions): one line, before anything loads."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps("hi") + "\n")
+    code, _, err = _cli(capsys, tmp_path / "no-checkpoint", "--prompts", prompts, "--max-new-tokens", 2, "--out",
+                        tmp_path / "." / "p.jsonl")
+    assert code == 2 and err == f"error: --out {tmp_path / 'p.jsonl'} is the --prompts file: it would be replaced by " \
+                                "the completions\n", err
+    assert prompts.read_text() == json.dumps("hi") + "\n"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the triton path runs on this machine")

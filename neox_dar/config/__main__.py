@@ -18,6 +18,9 @@ def main(argv: typing.Sequence[str] | None = None) -> int:
     if argv == ["--reference"]:
         print(reference_markdown(), end="")
         return 0
+    if "--reference" in argv:
+        print("config error: --reference prints every key and takes no other argument", file=sys.stderr)
+        return 2
     from ..training.checks import load_checked  # imports torch: not for --help and --reference
 
     paths, overrides = split_args(argv)

@@ -51,6 +51,8 @@ def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
         raise ConfigError(f"{p} is a folder: name a config file (e.g. {p / 'config.yml'})")
+    if not p.is_file() and str(path).startswith("-"):
+        raise ConfigError(f"unknown option {path}: give config files and key=value overrides (see --help)")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
     try:

@@ -123,6 +123,8 @@ def _check_args(args) -> Sampling:
     check_device(args.device)
     if args.out is not None:
         check_output(args.out)
+        if args.prompts is not None and Path(args.prompts).resolve() == args.out.resolve():
+            raise GenerationError(f"--out {args.out} is the --prompts file: it would be replaced by the completions")
     if args.tokenizer is not None and Path(args.tokenizer).is_file():
         check_tokenizer_json(args.tokenizer)
     return sampling
