@@ -335,6 +335,33 @@ def test_cli_errors_are_one_line(trained, tmp_path, capsys):
     assert code == 2 and err.strip() == "error: layer 0 uses 'swa' attention; DimPO projects vanilla softmax attention"
 
 
+def test_fit_warns_of_data_tokenized_with_another_tokenizer(trained, tmp_path, capsys):
+    """Data whose manifest names another tokenizer than the checkpoint's (token ids that mean other words to the
+    model): a warning line, as train.py and data.check give (the fit ran silently before)."""
+    import json
+    import shutil
+
+    trained_ckpt, data = trained
+    from tokenizers import Tokenizer, models
+
+    ckpt = tmp_path / "ckpt"  # the model with a tokenizer beside its weights (bench/dimpo_small.py's has none)
+    shutil.copytree(trained_ckpt, ckpt)
+    Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]")).save(str(ckpt / "tokenizer.json"))
+    other = tmp_path / "other"
+    for suffix in (".bin", ".idx"):
+        shutil.copy(data + suffix, f"{other}{suffix}")
+    Path(f"{other}.manifest.json").write_text(json.dumps({"tokenizer": {"path": "another/tokenizer.json",
+                                                                         "sha256": "0" * 64}}))
+    base = ["fit", ckpt, "--out", tmp_path / "o", "--seq-len", SEQ, "--methods", "pca", "--dims", "4",
+            "--train-docs", "1", "--valid-docs", "1", "--test-docs", "1"]
+    code, _, err = run_cli([*base, "--train", other], capsys)
+    assert code == 0 and err.count("warning: ") == 1, err
+    assert f"warning: {other} was tokenized with another/tokenizer.json (sha256 000000000000), not the model's " \
+           "tokenizer" in err
+    code, _, err = run_cli([*base, "--train", data, "--out", tmp_path / "o2"], capsys)
+    assert code == 0 and "warning" not in err, err
+
+
 def test_fit_command_then_python_m_table(trained, table1_fit, tmp_path, capsys):
     ckpt, data = trained
     code, out, _ = run_cli(["fit", ckpt, "--train", data, "--out", tmp_path, "--seq-len", "64", "--train-docs", "2",

@@ -103,6 +103,18 @@ def test_apply_command_writes_a_checkpoint_every_tool_loads(tmp_path, capsys):
     assert dimpo_main(["apply", str(tmp_path / "ckpt"), "--projections", str(path), "--layers", "1",
                        "--out", str(tmp_path / "applied")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
+    assert dimpo_main(["apply", str(tmp_path / "ckpt"), "--projections", str(path), "--layers", "0",
+                       "--out", str(tmp_path / "y")]) == 2  # wrote a copy with nothing projected, exit 0
+    assert capsys.readouterr().err == "error: --layers must be >= 1, got 0\n"
+    # projections fitted on another checkpoint (here: on a run that has since trained on) are applied with a
+    # warning naming both (silently before: the file records the checkpoint it was fitted on)
+    fitted = Projections("dimpo", 2, model_shape(cfg), load_projections(path).weights,
+                         source={"checkpoint": str(tmp_path / "run" / "checkpoints" / "step_00000100")})
+    assert dimpo_main(["apply", str(tmp_path / "ckpt"), "--projections", str(fitted.save(tmp_path / "f.safetensors")),
+                       "--layers", "1", "--out", str(tmp_path / "z")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"warning: {tmp_path / 'f.safetensors'} was fitted on {tmp_path}/run/checkpoints/step_0000"
+                          f"0100, not on {tmp_path / 'ckpt'}") and err.count("\n") == 1, err
 
 
 def test_only_vanilla_layers_are_projected(tmp_path):

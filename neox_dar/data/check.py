@@ -37,6 +37,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -244,22 +245,33 @@ def describe_prefix(prefix: str, cfg: Config, found: TokenRange | None) -> tuple
 def other_tokenizer(prefix: str, cfg: Config, tok: dict | None = None) -> str | None:
     """A warning when ``prefix``'s manifest names another tokenizer (by sha256) than the config's ``vocab_file``
     (``tok``: the manifest's ``tokenizer`` entry, read here when None); None when they agree or either is unknown."""
-    from ..tokenizer import TokenizerError, config_vocab_file, tokenizer_sha256
+    from ..tokenizer import TokenizerError, config_vocab_file
 
-    if tok is None:
-        manifest = manifest_of(prefix)
-        tok = manifest[1]["tokenizer"] if manifest else {}
     try:
         vocab_file = config_vocab_file(cfg.model)
     except TokenizerError:
         return None  # train.py reports a missing vocab_file; here only a present one is compared
-    if vocab_file is None or not tok.get("sha256"):
+    if vocab_file is None:
         return None
-    ours = tokenizer_sha256(vocab_file)
+    return tokenized_with_other(prefix, vocab_file, "the config's vocab_file", tok)
+
+
+def tokenized_with_other(prefix: str, tokenizer: str | Path, whose: str, tok: dict | None = None) -> str | None:
+    """A warning when ``prefix``'s manifest names another tokenizer (by sha256) than the file ``tokenizer``
+    (``whose``: what it is, for the warning; ``tok``: the manifest's ``tokenizer`` entry, read here when None); None
+    when they agree or the manifest names none."""
+    from ..tokenizer import tokenizer_sha256
+
+    if tok is None:
+        manifest = manifest_of(prefix)
+        tok = manifest[1]["tokenizer"] if manifest else {}
+    if not tok.get("sha256"):
+        return None
+    ours = tokenizer_sha256(tokenizer)
     if ours == tok["sha256"]:
         return None
-    return (f"{prefix} was tokenized with {tok.get('path')} (sha256 {tok['sha256'][:12]}), not the config's "
-            f"vocab_file {vocab_file} (sha256 {ours[:12]})")
+    return (f"{prefix} was tokenized with {tok.get('path')} (sha256 {tok['sha256'][:12]}), not {whose} "
+            f"{tokenizer} (sha256 {ours[:12]})")
 
 
 def build_parser() -> argparse.ArgumentParser:

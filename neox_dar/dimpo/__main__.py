@@ -24,10 +24,11 @@ import sys
 
 from ..config import ConfigError
 from ..data import IndexedDatasetError
+from ..data.check import tokenized_with_other
 from ..devices import check_device
 from ..report.tables import to_latex, to_markdown
 from ..rundir import CheckpointError, RunFileError, check_writable
-from ..tokenizer import TokenizerError
+from ..tokenizer import TokenizerError, tokenizer_file
 from .instances import SPLITS, DimPOError
 from .methods import METHODS, PAPER
 from .pairs import PairSelection
@@ -125,7 +126,14 @@ def cmd_apply(args) -> int:
 
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         raise DimPOError(f"{args.out} exists and is not empty: choose a new --out")
+    if args.layers < 1:  # 0 wrote a copy of the checkpoint with nothing projected
+        raise DimPOError(f"--layers must be >= 1, got {args.layers}")
     info = apply_checkpoint(args.checkpoint, args.projections, args.layers, args.out)
+    fitted = info["fitted_on"]
+    if fitted and Path(fitted).resolve() != Path(info["checkpoint"]).resolve():
+        print(f"warning: {args.projections} was fitted on {fitted}, not on {info['checkpoint']} (another checkpoint, "
+              "a run trained further, or the same one moved): its projections may not fit these weights",
+              file=sys.stderr)
     print(f"wrote {args.out}: {info['method']} d'={info['d_proj']} on layers {info['layers']} "
           f"(KV-cache saving {100 * info['kv_cache_saving']:.2f}%, the paper's accounting)")
     return 0
@@ -198,6 +206,13 @@ def prepare_fit(args) -> tuple:
         raise DimPOError(str(e)) from None
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = load_for_eval(args.checkpoint, device, args.dtype)
+    try:  # the token ids mean other words to the model (train.py and data.check say the same)
+        model_tokenizer = tokenizer_file(cfg, model_dir=loaded.model_dir)
+    except TokenizerError:
+        model_tokenizer = None
+    for prefix in dict.fromkeys(sources.values()) if model_tokenizer else ():
+        if warning := tokenized_with_other(prefix, model_tokenizer, "the model's tokenizer"):
+            print(f"warning: {warning}: the fit scores the model on text it does not read", file=sys.stderr)
     check_layers_vanilla(loaded.model)
     return loaded, dims, docs, hyper
 

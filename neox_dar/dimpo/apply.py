@@ -52,7 +52,8 @@ def apply_projections(model: CausalLM, cfg: ModelConfig, path: str | Path,
     proj = load_projections(path)
     layers = check_projections(proj, cfg, last, path)
     info = {"projections": str(path), "method": proj.method, "d_proj": proj.d_proj, "layers": layers,
-            "kv_cache_saving": kv_cache_saving(last, cfg.num_layers, proj.d_proj, cfg.head_dim)}
+            "kv_cache_saving": kv_cache_saving(last, cfg.num_layers, proj.d_proj, cfg.head_dim),
+            "fitted_on": proj.source.get("checkpoint")}
     if not layers:
         return model, cfg, info
     new_cfg = projected_config(cfg, layers, proj.d_proj)
@@ -73,12 +74,14 @@ def _attention_prefix(model: CausalLM, layer: int) -> str:
 
 def apply_checkpoint(checkpoint: str, path: str | Path, last: int, out: str | Path) -> dict:
     """Load ``checkpoint`` (a run, a step directory, a from-hf folder or a Hugging Face folder), apply the last
-    ``last`` layers' projections and write the result to ``out`` with the tokenizer files; returns the info."""
+    ``last`` layers' projections and write the result to ``out`` with the tokenizer files; returns the info, with
+    ``checkpoint`` (the step directory a run resolved to) beside ``fitted_on`` (the one the fit read)."""
     from ..saved_model import save_weights
     from ..evaluation.loading import load_for_eval
 
     loaded = load_for_eval(checkpoint)
     model, cfg, info = apply_projections(loaded.model, loaded.model.cfg, path, last)
+    info["checkpoint"] = loaded.info["checkpoint"]
     copy_tokenizer(tokenizer_file(cfg, model_dir=loaded.model_dir), out)  # first: the manifest lists them
     save_weights(model, cfg, out)
     return info
