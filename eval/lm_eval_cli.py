@@ -87,6 +87,11 @@ def main() -> None:
     except (ValueError, FileNotFoundError, CheckpointError, ConfigError, TokenizerError) as e:
         # a user's mistake (an unknown task or model_args key, a missing checkpoint, a bad dtype): one line
         fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except TypeError as e:  # lm-eval's: a key both in --model_args and a flag of its own (device=, batch_size=)
+        if "got multiple values for keyword argument" not in str(e):
+            raise
+        key = str(e).rsplit(" ", 1)[-1].strip("'")
+        fail(f"{key} is given twice: as --{key} (or its default) and in --model_args; give it in one place")
 
 
 if __name__ == "__main__":

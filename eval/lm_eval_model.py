@@ -93,6 +93,16 @@ def resolve_device(device: str | None) -> str:
     return device
 
 
+def _whole(name: str, value, least: int) -> int:
+    """A model_args value that must be a whole number >= ``least``: an int, or its digits (lm-eval hands over the
+    text of a value it does not read as a number)."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"model_args of neox_dar: {name} must be a whole number >= {least}, got {value!r}")
+    return value
+
+
 @register_model("neox_dar")
 class NeoxDarLM(HFLM):
     """lm-eval model over a neox-dar checkpoint; ``--model_args checkpoint=PATH[,dtype=..,attention_impl=..,
@@ -100,7 +110,7 @@ class NeoxDarLM(HFLM):
     ``seq_length``; ``dimpo``/``dimpo_layers``: the last ``l`` layers attend with the projections of a DimPO
     projection file (:func:`neox_dar.dimpo.apply.apply_projections`; recorded in the results' config)."""
 
-    def __init__(self, checkpoint: str, device: str | None = None, dtype: str = "float32",
+    def __init__(self, checkpoint: str | None = None, device: str | None = None, dtype: str = "float32",
                  attention_impl: str | None = None, tokenizer: str | None = None, max_length: int | None = None,
                  dimpo: str | None = None, dimpo_layers: int | str = 0, **kwargs):
         kwargs.pop("pretrained", None)
@@ -109,14 +119,19 @@ class NeoxDarLM(HFLM):
             raise ValueError(f"model_args of neox_dar: unknown {', '.join(unknown)} (its own: checkpoint, device, "
                              "dtype, attention_impl, tokenizer, max_length, dimpo, dimpo_layers; and lm-eval's hf "
                              "model's, e.g. batch_size, add_bos_token)")
+        if checkpoint is None:
+            raise ValueError("model_args of neox_dar: checkpoint=PATH is needed (a run, a step directory or a model "
+                             "folder)")
+        max_length = None if max_length is None else _whole("max_length", max_length, 1)
+        dimpo_layers = _whole("dimpo_layers", dimpo_layers, 0)
         device = resolve_device(device)
         loaded = load_for_eval(checkpoint, device, dtype, attention_impl)
         if dimpo is not None:
             from neox_dar.dimpo.apply import apply_projections
 
-            model, cfg, info = apply_projections(loaded.model, loaded.cfg, dimpo, int(dimpo_layers))
+            model, cfg, info = apply_projections(loaded.model, loaded.cfg, dimpo, dimpo_layers)
             loaded = dataclasses.replace(loaded, model=model, cfg=cfg, info={**loaded.info, "dimpo": info})
-        elif int(dimpo_layers):
+        elif dimpo_layers:
             raise ValueError("dimpo_layers needs dimpo=FILE (a projection file)")
         path = tokenizer_file(loaded.cfg, tokenizer, loaded.model_dir)
         tok = hf_tokenizer(path)

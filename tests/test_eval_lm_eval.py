@@ -179,14 +179,25 @@ def test_cli_and_model_refuse_bad_counts_and_unknown_model_args(monkeypatch, cap
 
     with pytest.raises(ValueError, match="model_args of neox_dar: unknown dtpye"):
         NeoxDarLM(checkpoint="never-read", dtpye="bfloat16")
+    # a TypeError traceback each, before: no checkpoint= (path= instead), a number lm-eval left as text
+    with pytest.raises(ValueError, match="model_args of neox_dar: checkpoint=PATH is needed"):
+        NeoxDarLM()
+    with pytest.raises(ValueError, match="model_args of neox_dar: max_length must be a whole number >= 1, got 'abc'"):
+        NeoxDarLM(checkpoint="never-read", max_length="abc")
+    with pytest.raises(ValueError, match="dimpo_layers must be a whole number >= 0, got 'x'"):
+        NeoxDarLM(checkpoint="never-read", dimpo_layers="x")
 
     def unknown_task():
         raise ValueError("Tasks not found: nosuchtask")
 
-    monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", unknown_task)
-    for words, said in ((["--num_fewshot", "-1"], "--num_fewshot must be >= 0, got -1"),
-                        (["--limit", "0"], "--limit must be > 0"),
-                        (["--tasks", "nosuchtask"], "Tasks not found: nosuchtask")):
+    def device_twice():  # what lm-eval raises for device= in --model_args beside its own --device
+        raise TypeError("__init__() got multiple values for keyword argument 'device'")
+
+    for words, said, run in ((["--num_fewshot", "-1"], "--num_fewshot must be >= 0, got -1", unknown_task),
+                             (["--limit", "0"], "--limit must be > 0", unknown_task),
+                             (["--tasks", "nosuchtask"], "Tasks not found: nosuchtask", unknown_task),
+                             (["--model_args", "checkpoint=x,device=cpu"], "device is given twice", device_twice)):
+        monkeypatch.setattr(lm_eval.__main__, "cli_evaluate", run)
         monkeypatch.setattr(sys, "argv", ["neox-dar-lm-eval", "--model", "neox_dar", *words])
         with pytest.raises(SystemExit) as stop:
             lm_eval_cli.main()
