@@ -7,6 +7,13 @@
 #   SETUP=0 bash scripts/quickstart.sh          # the packages are installed: skip scripts/setup.sh
 # Each phase prints its time ("[quickstart] train vanilla: 95 s"), the total at the end.
 set -euo pipefail
+if [ $# -gt 0 ]; then  # it takes settings from the environment only: --help printed nothing and ran it all
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  case $1 in -h|--help) exit 0 ;; *) echo "quickstart.sh: takes no arguments (got '$1'); set STEPS, OUT, DOCS or SETUP as above" >&2; exit 2 ;; esac
+fi
+for n in STEPS DOCS; do
+  [[ ${!n:-1} =~ ^[1-9][0-9]*$ ]] || { echo "quickstart.sh: $n must be a whole number >= 1, got '${!n}'" >&2; exit 2; }
+done
 cd "$(dirname "$0")/.."
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$HOME/.cache/neox-dar/torch_extensions}
 export WANDB_MODE=${WANDB_MODE:-offline}
