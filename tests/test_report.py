@@ -600,9 +600,10 @@ def test_learning_curves_against_tokens_seen_with_the_noise_band(noisy, monkeypa
     assert band.max() == pytest.approx(100 + (1 - math.exp(-0.002)) * 100)
 
 
-def test_publish_copies_the_run_files_and_regenerates_the_docs_table(noisy, tmp_path):
+def test_publish_copies_the_run_files_and_regenerates_the_docs_table(noisy, tmp_path, capsys):
     """publish: the run files without checkpoints, the provenance, the report rebuilt from the copies, and the
-    document's marked block replaced by the report's table (text outside the markers untouched)."""
+    document's marked block replaced by the report's table (text outside the markers untouched); what it prints
+    names the files where they end up (it named the staging folder, gone by then)."""
     from neox_dar.report.publish import block, main as publish_main
 
     root, _ = noisy
@@ -612,6 +613,8 @@ def test_publish_copies_the_run_files_and_regenerates_the_docs_table(noisy, tmp_
     out = tmp_path / "results" / "noisy"
     assert publish_main([str(root), str(out), "--command", "python -m neox_dar.sweep noisy.yml run --local",
                          "--docs", str(doc)]) == 0
+    said = capsys.readouterr().out
+    assert f"wrote {out / 'report' / 'table.md'}, " in said and ".tmp-" not in said
     assert sorted(p.name for p in (out / "runs").iterdir()) == ["dar", "swa", "sweep.yml", "vanilla-seed1",
                                                                   "vanilla-seed2"]
     assert not (out / "runs" / "dar" / "checkpoints").exists()

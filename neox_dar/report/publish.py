@@ -22,6 +22,8 @@ mistyped argument, a failed report or Ctrl-C leaves an existing publication as i
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import platform
@@ -160,7 +162,11 @@ def publish_into(stage: Path, args: argparse.Namespace) -> None:
         meta["runs"] = dict(sorted({**meta["runs"], **records}.items()))
     meta["published"] = provenance()
     write_text_atomic(stage / PROVENANCE, json.dumps(meta, indent=1) + "\n")
-    if report_main([str(stage / "runs"), "--out", str(stage / "report")]) != 0:
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        code = report_main([str(stage / "runs"), "--out", str(stage / "report")])
+    print(said.getvalue().replace(str(stage), str(args.out)), end="")  # the paths OUT will have once swapped in
+    if code != 0:
         raise SweepError(f"the report of the runs failed (above): {args.out} is left as it was")
 
 
