@@ -60,10 +60,13 @@ def shown_path(path: str | Path) -> str:
 
 
 def write_result(report: dict, path: str | Path) -> Path:
-    """Write a benchmark ``report`` as JSON to ``path`` (parent folders created) and say where."""
+    """Write a benchmark ``report`` as JSON to ``path`` (parent folders created; whole or not at all: a failed write
+    leaves an earlier result as it was) and say where."""
+    from .rundir import write_text_atomic
+
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=1) + "\n")
+    write_text_atomic(out, json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
     return out
 

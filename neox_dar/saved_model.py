@@ -16,11 +16,11 @@ from pathlib import Path
 import torch
 import yaml
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from .config import ConfigError, ModelConfig, load_config, model_config_from_flat, model_flat
 from .model import CausalLM, build_meta_model
-from .rundir import CONFIG, MODEL_CONFIG, WEIGHTS, CheckpointError, held_checkpoint, write_manifest
+from .rundir import CONFIG, MODEL_CONFIG, WEIGHTS, CheckpointError, held_checkpoint, save_safetensors, write_manifest
 from .tokenizer import recorded_tokenizer, tokenizer_sha256
 
 
@@ -52,7 +52,7 @@ def save_weights(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, step: i
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.weights().items()}
-    save_file(tensors, str(out / WEIGHTS), metadata={"format": "pt"})
+    save_safetensors(tensors, out / WEIGHTS, metadata={"format": "pt"})
     (out / MODEL_CONFIG).write_text(model_yaml(cfg))
     tokenizer = recorded_tokenizer(out)
     write_manifest(out, {"step": step, "tokenizer_sha256": tokenizer and tokenizer_sha256(tokenizer)})

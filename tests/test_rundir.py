@@ -383,3 +383,22 @@ def test_a_staged_folder_removes_what_a_killed_writer_left_and_writes_through_a_
         (stage / "linked.txt").write_text("through the link")
     assert out.is_symlink() and (real / "linked.txt").is_file() and not (real / "new.txt").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith((TMP_PREFIX + "real", DEL_PREFIX))]
+
+
+def test_weights_files_are_readable_as_the_umask_allows(tmp_path):
+    """model.safetensors of a saved model and of an export get the umask's mode like their sibling files
+    (safetensors 0.8 wrote them 0600 through a private temporary file: unreadable to the group on a shared
+    cluster folder)."""
+    from neox_dar.hf import to_hf
+    from neox_dar.tokenizer import DEFAULT_TOKENIZER
+
+    cfg = load_config("configs/tiny.yml", overrides=["num_layers=1", "hidden_size=32", "num_attention_heads=2"])
+    model = build_model(cfg.model)
+    old = os.umask(0o022)
+    try:
+        save_weights(model, cfg.model, tmp_path / "saved")
+        to_hf(model, cfg.model, tmp_path / "hf", DEFAULT_TOKENIZER)
+    finally:
+        os.umask(old)
+    for folder in (tmp_path / "saved", tmp_path / "hf"):
+        assert (folder / WEIGHTS).stat().st_mode & 0o777 == 0o644, folder

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from ..config import ModelConfig
-from ..rundir import TMP_PREFIX
+from ..rundir import TMP_PREFIX, save_safetensors
 from .instances import DimPOError
 
 FORMAT = "neox_dar.dimpo.projections"
@@ -58,8 +57,8 @@ class Projections:
         meta = {"format": FORMAT, "version": VERSION, "method": self.method, "d_proj": str(self.d_proj),
                 **{k: str(v) for k, v in self.shape.items()}, **self.source}
         tmp = path.with_name(TMP_PREFIX + path.name)
-        save_file({f"layers.{l}.weight": w.detach().to("cpu", torch.float32).contiguous()
-                   for l, w in sorted(self.weights.items())}, str(tmp), metadata=meta)
+        save_safetensors({f"layers.{l}.weight": w.detach().to("cpu", torch.float32).contiguous()
+                          for l, w in sorted(self.weights.items())}, tmp, metadata=meta)
         tmp.replace(path)
         return path
 

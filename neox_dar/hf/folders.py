@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import save_file
 
 from ..saved_model import read_model_config
 from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
 from ..model import build_meta_model, CausalLM
-from ..rundir import CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, check_writable, staged_dir
+from ..rundir import (CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, check_writable, save_safetensors,
+                      staged_dir)
 from ..tokenizer import tokenizer_file, write_tokenizer
 from .config_map import config_from_hf, export_problems, hf_config_dict
 from .remote import LAYER_TYPES_FILE, REMOTE_CODE, REMOTE_FILES, layer_types_source, remote_config_dict
@@ -41,7 +41,7 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
     with staged_dir(out) as stage:
         special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, stage)
         tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.weights().items()}
-        save_file(tensors, str(stage / "model.safetensors"), metadata={"format": "pt"})
+        save_safetensors(tensors, stage / "model.safetensors", metadata={"format": "pt"})
         config = hf_config_dict(cfg, special_ids) if layers is None else remote_config_dict(cfg, layers, special_ids)
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if layers is not None:

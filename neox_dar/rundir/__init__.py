@@ -37,7 +37,7 @@ from .files import (CHECKPOINTS, CHECKSUM, CONFIG, DEL_PREFIX, EVAL_DIR, FINAL_E
                     METRICS, MODEL_CONFIG, RUN_META, STATE, STATE_CHECKSUM, STATUS, STEP_PREFIX, TMP_PREFIX, WANDB_ID,
                     WANDB_STEP, WEIGHTS, append_text, check_writable, CheckpointError, fault_point, file_checksum,
                     free_space, fsync_dir, fsync_tree, manifest, open_run_file, remove_tree, RunFileError,
-                    RunWriteError, staged_dir, uninterrupted, write_error, write_text_atomic)
+                    RunWriteError, save_safetensors, staged_dir, uninterrupted, write_error, write_text_atomic)
 from .lock import (flock_held, lock_holder, lock_run_dir, RunLock, RunLockedError)
 from .records import (job_ids, read_evals, read_json, read_metrics, read_status, record_job, recorded_checkpoint,
                       recovery, truncate_metrics, write_status)

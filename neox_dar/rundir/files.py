@@ -117,6 +117,18 @@ def fsync_dir(d: Path) -> None:
         os.close(fd)
 
 
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> None:
+    """``safetensors.torch.save_file`` with the file's mode set from the umask, as any other file this process
+    writes: safetensors 0.8 writes through a private temporary file (mode 0600), so on a shared cluster folder an
+    export or a checkpoint's weights were unreadable to the group beside readable siblings."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync, then ``os.replace`` it into place.
 

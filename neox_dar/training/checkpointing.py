@@ -25,14 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
 from ..saved_model import model_yaml, read_model_config
 from ..config import Config, ConfigError, load_config, model_config_diff
 from ..data.conversations import ORDER as CONVERSATION_ORDER
 from ..provenance import code_version
 from ..rundir import (CONFIG, MODEL_CONFIG, STATE, TMP_PREFIX, WEIGHTS, CheckpointError, free_space, prune,
-                      publish, read_state, step_dir_name, write_manifest)
+                      publish, read_state, save_safetensors, step_dir_name, write_manifest)
 from ..tokenizer import RUN_TOKENIZER_DIR, copy_tokenizer, tokenizer_sha256
 from .distributed import DistInfo, any_rank, barrier
 from .finetune import merge_lora
@@ -201,7 +200,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
     barrier()
     if info.is_main:
         try:
-            save_file(weights, str(tmp / WEIGHTS), metadata={"format": "pt"})
+            save_safetensors(weights, tmp / WEIGHTS, metadata={"format": "pt"})
             (tmp / CONFIG).write_text(cfg.to_yaml())
             (tmp / MODEL_CONFIG).write_text(model_yaml(cfg.model))
             tokenizer = _copy_run_tokenizer(Path(cfg.run.save), tmp)
