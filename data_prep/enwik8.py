@@ -8,7 +8,8 @@ everything before that the training split (90M / 5M / 5M for enwik8). Each split
 byte-level token ids (id = byte value, :mod:`data_prep.byte_tokenizer`; no end-of-document token), in
 ``PREFIX_train``, ``PREFIX_valid``, ``PREFIX_test`` (``.bin`` + ``.idx``), plus the validation and test bytes as
 ``PREFIX_valid.raw`` and ``PREFIX_test.raw`` for the rolling evaluation (``eval.perplexity --corpora enwik8``) and
-``PREFIX.manifest.json``. Files are written under temporary names and renamed into place. Train with
+``PREFIX.manifest.json``. Files are written under temporary names and renamed into place together, with Ctrl-C
+and SIGTERM held, so a rerun with another ``--test-bytes`` never leaves one split beside the other run's. Train with
 ``vocab_file: data/byte_tokenizer.json``, ``vocab_size: 257``, ``train_data_paths: [PREFIX_train]``,
 ``valid_data_paths: [PREFIX_valid]``.
 """
@@ -27,6 +28,7 @@ import numpy as np
 
 from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
+from neox_dar.rundir import uninterrupted
 
 from .byte_tokenizer import DEFAULT_PATH as BYTE_TOKENIZER
 from .tokenize import parse_count
@@ -73,23 +75,32 @@ def _is_utf8(data: bytes) -> bool:
     return True
 
 
-def write_split(prefix: str, data: bytes) -> None:
-    """One document of byte ids as ``prefix.bin/.idx``, written under a temporary name and renamed."""
+def write_split(prefix: str, data: bytes) -> list[str]:
+    """One document of byte ids as ``prefix.bin/.idx`` under temporary names; returns the final paths (each
+    written as ``PATH.writing``, for :func:`rename_written`)."""
     tmp = f"{prefix}.writing"
     writer = IndexedDatasetWriter(tmp, best_dtype(VOCAB_SIZE))
     writer.add_document(np.frombuffer(data, dtype=np.uint8))
     writer.finalize()
-    os.replace(bin_path(tmp), bin_path(prefix))
-    os.replace(idx_path(tmp), idx_path(prefix))
+    os.replace(bin_path(tmp), f"{bin_path(prefix)}.writing")
+    os.replace(idx_path(tmp), f"{idx_path(prefix)}.writing")
+    return [bin_path(prefix), idx_path(prefix)]
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    """``data`` as the file ``path``, written under a temporary name and renamed."""
+def write_bytes(path: str, data: bytes) -> list[str]:
+    """``data`` as ``PATH.writing``, fsynced; returns ``[path]`` (for :func:`rename_written`)."""
     with open(f"{path}.writing", "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(f"{path}.writing", path)
+    return [path]
+
+
+def rename_written(paths: list[str]) -> None:
+    """Each ``PATH.writing`` renamed to ``PATH``, all of them with Ctrl-C and SIGTERM held."""
+    with uninterrupted():
+        for path in paths:
+            os.replace(f"{path}.writing", path)
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -109,11 +120,30 @@ def run(argv: list[str] | None = None) -> dict:
         print(f"data_prep.enwik8: note: the input holds {len(data):,} bytes, not enwik8's {ENWIK8_BYTES:,}; "
               "split by the same rule", file=sys.stderr)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    for name, part in parts.items():
-        write_split(f"{args.out}_{name}", part)
-        if name != "train":
-            write_bytes(f"{args.out}_{name}.raw", part)
-    manifest = {
+    written = []
+    try:
+        for name, part in parts.items():
+            written += write_split(f"{args.out}_{name}", part)
+            if name != "train":
+                written += write_bytes(f"{args.out}_{name}.raw", part)
+        manifest = describe(args, data, parts, t0)
+        written += write_bytes(f"{args.out}.manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
+    except BaseException:  # an error or Ctrl-C: the earlier files stay, this run's temporaries go
+        for name in parts:
+            prefix = f"{args.out}_{name}"
+            for path in (bin_path(prefix), idx_path(prefix), f"{prefix}.raw"):  # staged, and being written:
+                Path(f"{path}.writing").unlink(missing_ok=True)
+            for path in (bin_path(f"{prefix}.writing"), idx_path(f"{prefix}.writing")):
+                Path(path).unlink(missing_ok=True)
+        Path(f"{args.out}.manifest.json.writing").unlink(missing_ok=True)
+        raise
+    rename_written(written)
+    return manifest
+
+
+def describe(args, data: bytes, parts: dict[str, bytes], t0: float) -> dict:
+    """The manifest of a run: the input, the rule, each split's bytes and files, the tokenizer."""
+    return {
         "format": "Megatron MMapIndexedDataset (GPT-NeoX), one document per split, token id = byte value",
         "input": {"path": os.path.abspath(args.input), "bytes": len(data), "sha256": sha256_file(args.input)},
         "rule": "test = the last test_bytes bytes, valid = the test_bytes before them, train = the rest",
@@ -125,8 +155,6 @@ def run(argv: list[str] | None = None) -> dict:
         "tokenizer": {"path": str(BYTE_TOKENIZER), "vocab_size": VOCAB_SIZE, "dtype": best_dtype(VOCAB_SIZE).name},
         "seconds": round(time.time() - t0, 3),
     }
-    write_bytes(f"{args.out}.manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
-    return manifest
 
 
 def main(argv: list[str] | None = None) -> int:

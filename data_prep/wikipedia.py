@@ -19,8 +19,9 @@ Writes into ``--out``:
                              split it is in), bytes, the settings; tokens are counted when the pack is tokenized
     SOURCES.md               origin and licence (CC BY-SA 3.0) of the text
 
-``python -m data_prep.tokenize PACK/wiki_train.jsonl.zst`` reads the training file as it is. Files are written
-under temporary names and renamed into place.
+``python -m data_prep.tokenize PACK/wiki_train.jsonl.zst`` reads the training file as it is. The pack is written
+into a folder beside ``--out`` that replaces it once complete (other files there are kept), so an interrupted run
+leaves the earlier pack whole.
 """
 
 from __future__ import annotations
@@ -29,13 +30,12 @@ import argparse
 import gzip
 import io
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
 from neox_dar.data.identity import sha256_file
-from neox_dar.rundir import write_text_atomic
+from neox_dar.rundir import staged_dir
 
 TRAIN_GLOB = "enwiki2015.train.part*.jsonl.zst"
 HELDOUT = "enwiki2015.valid.jsonl.zst"
@@ -121,26 +121,34 @@ def first_articles(path: Path, n: int | None) -> bytes:
 def pack(wikipedia: Path, wikitext: Path, out: Path, max_mib: float, max_articles: int | None = None,
          heldout_articles: int | None = None, test_articles: int | None = None, level: int = 19) -> dict:
     """Write the pack (module docstring); returns its manifest."""
-    import zstandard
-
     parts = sorted(wikipedia.glob(TRAIN_GLOB))
     heldout = wikipedia / HELDOUT
     if not parts or not heldout.is_file():
-        raise PackError(f"{wikipedia} holds no {TRAIN_GLOB} and {HELDOUT}: see ../shared/data/SOURCES.md")
+        raise PackError(f"{wikipedia} holds no {TRAIN_GLOB} and {HELDOUT}: point --wikipedia at the folder of the "
+                        "English Wikipedia (2015) parts (docs/experiments.md, the small replication)")
     wt_files = {split: wikitext / name for split, name in WIKITEXT_SPLITS.items()}
     for f in wt_files.values():
         if not f.is_file():
             raise PackError(f"WikiText-103 file not found: {f}")
     titles = {t: split for split, f in wt_files.items() for t in wikitext_titles(f)}
     matcher = TitleMatcher(titles)
-    out.mkdir(parents=True, exist_ok=True)
+    with staged_dir(out, keep=True) as stage:  # the pack's files replace an earlier pack's together
+        return _write_pack(stage, parts, heldout, wt_files, titles, matcher, max_mib, max_articles, heldout_articles,
+                           test_articles, level)
+
+
+def _write_pack(out: Path, parts: list[Path], heldout: Path, wt_files: dict[str, Path], titles: dict,
+                matcher: TitleMatcher, max_mib: float, max_articles: int | None, heldout_articles: int | None,
+                test_articles: int | None, level: int) -> dict:
+    """:func:`pack`'s files, written into ``out`` (the staged folder); returns the manifest."""
+    import zstandard
+
     limit = int(max_mib * 2**20)
 
     train = out / "wiki_train.jsonl.zst"
-    tmp = train.with_name(train.name + ".tmp")
     read = kept = kept_bytes = 0
     removed, full = [], False
-    with open(tmp, "wb") as f:
+    with open(train, "wb") as f:
         writer = zstandard.ZstdCompressor(level=level).stream_writer(f, closefd=False)
         for part in parts:
             for row in _records(part):
@@ -160,18 +168,15 @@ def pack(wikipedia: Path, wikitext: Path, out: Path, max_mib: float, max_article
             if full:
                 break
         writer.close()
-    os.replace(tmp, train)
 
     held = out / "wiki_heldout.jsonl.gz"
     held_rows = list(_records(heldout))[:heldout_articles]
-    with gzip.open(held.with_name(held.name + ".tmp"), "wt", encoding="utf-8") as g:
+    with gzip.open(held, "wt", encoding="utf-8") as g:
         for row in held_rows:
             g.write(json.dumps({"id": row["id"], "title": row["title"], "text": row["text"]}) + "\n")
-    os.replace(held.with_name(held.name + ".tmp"), held)
     test = out / "wiki.test.tokens.gz"
-    with gzip.open(test.with_name(test.name + ".tmp"), "wb") as dst:
+    with gzip.open(test, "wb") as dst:
         dst.write(first_articles(wt_files["test"], test_articles))
-    os.replace(test.with_name(test.name + ".tmp"), test)
 
     sources = {str(p): sha256_file(p) for p in [*parts, heldout, *wt_files.values()]}
     manifest = {
@@ -190,8 +195,8 @@ def pack(wikipedia: Path, wikitext: Path, out: Path, max_mib: float, max_article
         "wikitext_titles_unmatchable": matcher.unmatchable,
         "command": " ".join([Path(sys.executable).name, "-m", "data_prep.wikipedia", *sys.argv[1:]]),
     }
-    write_text_atomic(out / "manifest.json", json.dumps(manifest, indent=1) + "\n")
-    write_text_atomic(out / "SOURCES.md", SOURCES)
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    (out / "SOURCES.md").write_text(SOURCES)
     return manifest
 
 

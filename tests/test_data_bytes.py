@@ -88,6 +88,24 @@ def test_enwik8_split_is_by_bytes(tmp_path):
         assert Path(f"{prefix}_test.raw").read_bytes() == data[-4000:]
         assert Path(f"{prefix}_valid.raw").read_bytes() == data[-8000:-4000]
         assert m["splits"]["train"]["bytes"] == len(data) - 8000 and m["input"]["bytes"] == len(data)
+    # a rerun with another split stopped while it writes (here: the manifest's write fails) leaves the earlier
+    # set whole, not a new train split beside the old valid and test (which then lay inside train), and no temporary
+    prefix = tmp_path / "out_enwik8" / "e8"
+    before = {p.name: p.read_bytes() for p in prefix.parent.iterdir()}
+    real = enwik8.write_bytes
+
+    def fails_at_the_manifest(path, data):
+        if path.endswith(".manifest.json"):
+            raise KeyboardInterrupt
+        return real(path, data)
+
+    enwik8.write_bytes = fails_at_the_manifest
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            enwik8.run([str(tmp_path / "enwik8"), "--out", str(prefix), "--test-bytes", "2000"])
+    finally:
+        enwik8.write_bytes = real
+    assert {p.name: p.read_bytes() for p in prefix.parent.iterdir()} == before
 
 
 def test_enwik8_standard_sizes():
