@@ -135,7 +135,10 @@ install() {  # the pack's wheels into a private folder, when the machine lacks t
 prepare_data() {  # the evaluation files and the tokenized training text under $WORK/data
   local data=$WORK/data
   mkdir -p "$data"
-  [ -f "$data/wiki.test.tokens" ] || gunzip -c "$PACK/text/wiki.test.tokens.gz" > "$data/wiki.test.tokens"
+  if [ ! -f "$data/wiki.test.tokens" ]; then  # whole or not at all: a cut gunzip left a file the next run took
+    gunzip -c "$PACK/text/wiki.test.tokens.gz" > "$data/wiki.test.tokens.tmp"
+    mv "$data/wiki.test.tokens.tmp" "$data/wiki.test.tokens"
+  fi
   cp -f "$PACK/text/wiki_heldout.jsonl.gz" "$data/"
   cp -f "$PACK/text/manifest.json" "$data/pack_manifest.json"
   [ -f "$data/wiki_train.idx" ] || \
@@ -234,6 +237,8 @@ train_runs() {  # train_runs N RUNS...: the runs, in WORKERS processes at once, 
 
 do_part() {  # the next part: train and evaluate the plan's runs in order until the deadline; the report at the end
   local n rc=0
+  [ -f "$PACK/text/manifest.json" ] || die "no pack in $PACK (no text/manifest.json): run bash scripts/replicate.sh" \
+                                          "--pack first, or give its folder with --pack-dir"
   mkdir -p "$WORK/logs"
   n=$(($(cat "$WORK/parts" 2>/dev/null || echo 0) + 1))
   echo "$n" > "$WORK/parts"

@@ -37,6 +37,7 @@ def test_pack_removes_wikitext_articles_and_keeps_the_official_test_file(tmp_pat
     assert gzip.decompress((out / "wiki.test.tokens.gz").read_bytes()) == (FIXTURES / "wikitext103" /
                                                                            "wiki.test.tokens").read_bytes()
     assert manifest["heldout"]["articles"] == 3 and (out / "SOURCES.md").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]  # built beside it, swapped in: no leftovers
     bad = subprocess.run([sys.executable, "-m", "data_prep.wikipedia", "--wikipedia", tmp_path, "--wikitext",
                           FIXTURES / "wikitext103", "--out", tmp_path / "x"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
@@ -194,3 +195,12 @@ def test_bad_arguments_are_one_line_errors():
                               env={**os.environ})
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1, (
             args, done.stderr)
+
+
+def test_a_part_without_a_pack_is_one_line(tmp_path):
+    """--part before --pack: one line naming the missing pack, before any work (gzip's "No such file" after the
+    work folder and its part counter were made)."""
+    done = subprocess.run(["bash", "scripts/replicate.sh", "--part", "--pack-dir", str(tmp_path / "none"), "--work",
+                           str(tmp_path / "work")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith(f"replicate.sh: error: no pack in {tmp_path / 'none'}")
+    assert not (tmp_path / "work" / "parts").exists()
