@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 from ..config import load_config
-from ..rundir import CONFIG, read_metrics
+from ..rundir import CONFIG, read_metrics, write_text_atomic
 
 WALL = "wall_seconds"
 
@@ -141,10 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         b = check(args.measure_dir, args.train_iters, args.runs, args.part_seconds, args.setup_seconds,
                   args.measure_seconds, args.eval_seconds, args.parts, args.safety)
+        write_text_atomic(args.out, json.dumps(b, indent=1) + "\n")  # replicate.sh reads it at each part's start
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    args.out.write_text(json.dumps(b, indent=1) + "\n")
     print(f"budget: {b['note']} -> {args.out}")
     return 0
 
