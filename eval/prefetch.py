@@ -19,11 +19,53 @@ refused. See docs/evaluation.md.
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import sys
 from pathlib import Path
 
+from neox_dar.data.identity import sha256_file
 from neox_dar.evaluation.cli import parse_max_docs
-from neox_dar.evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS, HUB_SOURCES, CorpusError, prefetch
+from neox_dar.evaluation.corpora import (CORPORA, HUB_DEFAULT_DOCS, HUB_SOURCES, LOCAL_PATHS, PREFETCH_FILE,
+                                         CorpusError, corpus_manifest, load_hub)
+from neox_dar.rundir import check_writable, staged_dir, write_text_atomic
+
+
+def check_prefetch_out(out: Path) -> None:
+    """CorpusError (one line) unless :func:`prefetch` may write ``out``: missing, an empty folder, or an earlier
+    prefetch (it holds :data:`PREFETCH_FILE`). Any other folder is never replaced: it would lose its files."""
+    check_writable(out, "the prefetch folder", folder=True)
+    if out.is_dir() and any(out.iterdir()) and not (out / PREFETCH_FILE).is_file():
+        raise CorpusError(f"{out} is not empty and holds no {PREFETCH_FILE} (it is not an earlier eval.prefetch "
+                          "folder): name a new or empty folder (nothing was written)")
+
+
+def prefetch(out: Path, corpora: list[str], max_docs: dict[str, int | None]) -> dict:
+    """Stream each corpus's first ``max_docs[corpus]`` Hub documents (None: all) into ``out`` (checked by
+    :func:`check_prefetch_out`) in the local layout: ``{LOCAL_PATHS[corpus]}/{corpus}.prefetch.jsonl.gz``, rows
+    ``{"id", "text"}`` (WikiText: ``{"id", "page"}``, the page before lm-eval's detokenizer), and
+    :data:`PREFETCH_FILE`. An earlier prefetch in ``out`` keeps its other corpora. ``out`` is replaced when every
+    corpus is written (a failure or Ctrl-C leaves it as it was). Returns what :data:`PREFETCH_FILE` holds."""
+    check_prefetch_out(out)
+    record = {}
+    with staged_dir(out, keep=True) as stage:
+        if (stage / PREFETCH_FILE).is_file():
+            record = json.loads((stage / PREFETCH_FILE).read_text())["corpora"]
+        for corpus in corpora:
+            docs = load_hub(corpus, max_docs.get(corpus))
+            rel = Path(LOCAL_PATHS[corpus]) / f"{corpus}.prefetch.jsonl.gz"
+            (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+            with gzip.open(stage / rel, "wt", encoding="utf-8", compresslevel=6) as f:
+                for d in docs:
+                    row = {"id": d.id, "page": d.count_text} if corpus == "wikitext103" else {"id": d.id,
+                                                                                           "text": d.text}
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            src = HUB_SOURCES[corpus]
+            record[corpus] = {"source": f"hub:{src.path}/{src.name}/{src.split}", "file": str(rel),
+                              "num_documents": len(docs), "documents_sha256": corpus_manifest(docs, "")["sha256"],
+                              "file_sha256": sha256_file(stage / rel)}
+        write_text_atomic(stage / PREFETCH_FILE, json.dumps({"corpora": record}, indent=1) + "\n")
+    return record
 
 
 def main(argv: list[str] | None = None) -> int:
