@@ -40,10 +40,12 @@ import sys
 import time
 from collections import Counter, defaultdict
 from multiprocessing import get_context
+from pathlib import Path
 
 import numpy as np
 
 from neox_dar.chat_render import ChatTemplateError, ChatTemplateTimeout, render_chat
+from neox_dar.config.files import not_utf8
 from neox_dar.data.conversations import IGNORE, label_prefix
 from neox_dar.data.identity import sha256_file
 from neox_dar.data.indexed import IndexedDatasetWriter, best_dtype, bin_path, idx_path
@@ -73,7 +75,14 @@ def load_chat_tokenizer(path: str, template_file: str | None = None):
     folder = os.path.dirname(tokenizer_json)
     template = None
     if template_file is not None:
-        template = open(template_file, encoding="utf-8").read()
+        try:
+            template = Path(template_file).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ChatError(f"--chat-template {not_utf8(template_file, e)}") from None
+        except OSError as e:
+            raise ChatError(f"--chat-template {template_file}: {e.strerror or e}") from None
+        if not template.strip():
+            raise ChatError(f"--chat-template {template_file} is empty: name a Jinja chat template")
     elif os.path.isfile(os.path.join(folder, "chat_template.jinja")):
         template = open(os.path.join(folder, "chat_template.jinja"), encoding="utf-8").read()
     elif os.path.isfile(os.path.join(folder, "tokenizer_config.json")):
@@ -82,8 +91,9 @@ def load_chat_tokenizer(path: str, template_file: str | None = None):
             found = next((t["template"] for t in found if t.get("name") == "default"), None)
         template = found
     if not template:
-        raise ChatError(f"{folder} has no chat template (tokenizer_config.json 'chat_template' or "
-                        "chat_template.jinja); pass --chat-template FILE")
+        where = f"{tokenizer_json} has no chat template beside it in {folder or '.'}"
+        raise ChatError(f"{where} (tokenizer_config.json 'chat_template' or chat_template.jinja); pass "
+                        "--chat-template FILE")
     tok.chat_template = template
     return tok
 

@@ -83,7 +83,15 @@ def test_overlong_bad_records_and_the_manifest(tokenizer_dir, tmp_path, capsys):
     assert manifest["conversations"]["written"] == 1 and manifest["conversations"]["dropped: overlong"] == 1
     assert main([str(source), "--tokenizer", str(ROOT / "data" / "20B_tokenizer.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "no chat template" in err
+    assert err.count("\n") == 0 and "20B_tokenizer.json has no chat template beside it in" in err
+    # a template file that is empty, missing or not text: one line naming it (a traceback, or "has no template")
+    (tmp_path / "empty.jinja").write_text("")
+    (tmp_path / "binary.jinja").write_bytes(b"\xff\xfe")
+    for name, said in (("empty.jinja", "is empty"), ("missing.jinja", "No such file"), ("binary.jinja", "not UTF-8")):
+        assert main([str(source), "--tokenizer", str(tokenizer_dir), "--chat-template", str(tmp_path / name),
+                     "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--chat-template {tmp_path / name}" in err and said in err and err.count("\n") == 1, err
     assert main([str(source), "--tokenizer", str(tokenizer_dir), "--out", str(out), "--strict", "--workers",
                  "1", "--no-progress"]) == 2
     assert f"{source}:2: no assistant message" in capsys.readouterr().err
