@@ -123,6 +123,10 @@ def test_task_grid_runs_lm_eval_and_reads_its_results(tmp_path, capsys):
     assert per_task.title == "dimpo_smoke (acc)" and float(per_task.rows[0][1]) == pytest.approx(score, abs=0.051)
     assert main(["tasks", str(run), "--projections", files[0], "--out", str(out), "--layers", "3"]) == 2
     assert "cannot project the last 3 layers of a model with 2 layers" in capsys.readouterr().err
+    swa = tmp_path / "swa"  # a grid over layers DimPO does not project (laid out before; apply refused each cell)
+    saved_run(swa, "attention_type=swa", "window_size=8")
+    assert main(["tasks", str(swa), "--projections", files[0], "--out", str(tmp_path / "g2"), "--layers", "1"]) == 2
+    assert "layer(s) 1 (swa) are not" in capsys.readouterr().err and not (tmp_path / "g2").exists()
 
 
 def test_paper_tasks_are_registered_in_the_installed_lm_eval():

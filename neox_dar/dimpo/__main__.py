@@ -44,6 +44,8 @@ def _ints(text: str) -> list[int]:
 
 def _methods(text: str) -> list[str]:
     chosen = [m.strip() for m in text.split(",") if m.strip()]
+    if not chosen:  # an empty table, exit 0, before
+        raise argparse.ArgumentTypeError(f"names no method; choose from {', '.join(METHODS)}")
     unknown = [m for m in chosen if m not in METHODS]
     if unknown:
         raise argparse.ArgumentTypeError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
@@ -284,7 +286,8 @@ def cmd_table(args) -> int:
 
 
 def cmd_tasks(args) -> int:
-    from .projections import check_projections, load_projections
+    from .apply import projected_config
+    from .projections import check_projections, load_projections, projected_layers
     from .tasks import default_layers, parse_tasks, plan_grid, run_grid
 
     tasks = parse_tasks(args.tasks)
@@ -297,6 +300,8 @@ def cmd_tasks(args) -> int:
         proj = load_projections(path)
         check_projections(proj, cfg, max(counts), path)
         projections.append((path, proj))
+    # the layers the grid projects are vanilla ones (a DAR run's grid was laid out, and apply refused each cell)
+    projected_config(cfg, projected_layers(cfg.num_layers, max(counts)), projections[0][1].d_proj)
     methods = {p.method for _, p in projections}
     if len(methods) > 1:
         raise DimPOError(f"the projection files come from several methods ({', '.join(sorted(methods))}); "
