@@ -312,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise SuiteError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
         if args.out:  # a directory or an unwritable path was a traceback after the whole suite had run
             check_writable(args.out, "--out")
+        if args.include_path and not Path(args.include_path).is_dir():  # said as "no lm-eval task named ..."
+            raise SuiteError(f"--include-path {args.include_path} is not a folder (of lm-eval task YAML files)")
         from neox_dar.devices import check_device  # (imports torch: not for list and table)
 
         check_device(args.device)

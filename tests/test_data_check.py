@@ -52,6 +52,7 @@ def test_a_blend_against_a_config(tokenized_sample, tmp_path, capsys):
     assert out[3:] == ["  no manifest (not written by python -m data_prep.tokenize)"]
     for words, message in (
             ([str(tmp_path / "nope")], f"data file not found: {tmp_path / 'nope'}.idx"),
+            ([f"{tokenized_sample}.bin"], f"(name the prefix {tokenized_sample}, without .bin or .idx)"),
             ([tokenized_sample, "vocab_size=1000"], "is >= vocab_size 1000: tokenized with another tokenizer"),
             ([tokenized_sample, "--weights", "1", "2"], "--weights gives 2 weight(s) for 1 prefix(es)"),
             ([], "no data to check: name a PREFIX")):

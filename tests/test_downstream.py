@@ -149,8 +149,10 @@ def test_bad_input_is_one_line(aha, tmp_path, capsys):
                         (["--suite", "yesno", "--suite-file", str(folder / "suites.yml"), "--out", str(tmp_path)],
                          f"--out {tmp_path} is a directory"),
                         (["--suite", "yesno", "--suite-file", str(folder / "suites.yml"), "--device", "gpu"],
-                         "--device 'gpu' is not a device")):
-        argv = ["run", str(run), *words, "--include-path", str(folder)]
+                         "--device 'gpu' is not a device"),
+                        (["--suite", "yesno", "--suite-file", str(folder / "suites.yml"), "--include-path",
+                          str(tmp_path / "none")], f"--include-path {tmp_path / 'none'} is not a folder")):
+        argv = ["run", str(run), "--include-path", str(folder), *words]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and said in err, err

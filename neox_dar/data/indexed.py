@@ -138,7 +138,10 @@ class IndexedDataset:
         ipath, bpath = idx_path(self.prefix), bin_path(self.prefix)
         for p in (ipath, bpath):
             if not os.path.isfile(p):
-                raise IndexedDatasetError(f"data file not found: {p} (tokenize data with python -m data_prep.tokenize)")
+                given_a_file = self.prefix.endswith((".bin", ".idx"))
+                hint = (f"name the prefix {self.prefix[:-4]}, without .bin or .idx" if given_a_file
+                        else "tokenize data with python -m data_prep.tokenize")
+                raise IndexedDatasetError(f"data file not found: {p} ({hint})")
         isize = os.path.getsize(ipath)
         if isize < HEADER_BYTES:
             raise IndexedDatasetError(f"{ipath}: truncated index ({isize} bytes, the header alone is {HEADER_BYTES})")
