@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from neox_dar.config.files import not_utf8
 from neox_dar.evaluation.tables import METRICS, flag_other_scoring, latex, markdown, table_rows
 
 
@@ -31,7 +32,9 @@ def _load(path: str) -> dict:
     if not p.is_file():
         raise FileNotFoundError(f"results file not found: {p}")
     try:
-        res = json.loads(p.read_text())
+        res = json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ValueError(not_utf8(p, e)) from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{p} is not a results JSON ({e})") from None
     if not isinstance(res, dict) or not isinstance(res.get("corpora"), dict):

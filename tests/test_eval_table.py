@@ -60,6 +60,11 @@ def test_default_names_metric_and_errors(tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     assert main([str(bad), "--baseline", base]) == 2
+    capsys.readouterr()
+    bad.write_bytes(b"{\xff}")  # a binary file: the error named no file
+    assert main([run, "--baseline", str(bad)]) == 2
+    assert capsys.readouterr().err == f"error: {bad} is not UTF-8 text (byte 0xff at offset 1): is it the file you " \
+                                      "mean?\n"
 
 
 def test_bits_per_byte_rel_is_the_byte_perplexity_ratio(tmp_path, capsys):
