@@ -191,9 +191,13 @@ def _iter_txt(idx: int, src: Source, txt_mode: str) -> Iterator[tuple[Record, in
 
 
 def _iter_parquet(idx: int, src: Source, text_key: str) -> Iterator[tuple[Record, int]]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pf = pq.ParquetFile(src.path)
+    try:
+        pf = pq.ParquetFile(src.path)
+    except pa.ArrowException as e:  # pyarrow's message names no file
+        raise InputError(f"{src.path}: not a readable parquet file ({e})") from None
     if text_key not in pf.schema_arrow.names:
         raise InputError(f"{src.path}: no column {text_key!r} (columns: {', '.join(pf.schema_arrow.names)})")
     total = max(1, pf.metadata.num_rows)

@@ -200,7 +200,9 @@ def test_cut_or_mislabelled_compressed_inputs_are_one_line_errors(tmp_path):
     second = bytearray(zstandard.ZstdCompressor(write_checksum=True).compress(lines))
     second[len(second) // 2] ^= 0xFF
     (tmp_path / "bad.jsonl.zst").write_bytes(first + bytes(second))
-    for name, said in (("cut.jsonl.zst", "the file ends inside a zstd frame (cut short?)"),
+    (tmp_path / "text.parquet").write_text("not parquet")
+    for name, said in (("text.parquet", f"{tmp_path / 'text.parquet'}: not a readable parquet file"),
+                       ("cut.jsonl.zst", "the file ends inside a zstd frame (cut short?)"),
                        ("cut.jsonl.gz", "Compressed file ended before the end-of-stream marker was reached"),
                        ("gzip.jsonl.zst", "not a zstd stream"),
                        ("bad.jsonl.zst", "corrupt zstd data after ")):
