@@ -44,6 +44,8 @@ class Enwik8Error(RuntimeError):
 
 def read_input(path: str) -> bytes:
     """The bytes of ``path``, or of the one member of a ``.zip`` (``enwik8`` in the official archive)."""
+    if os.path.isdir(path):
+        raise Enwik8Error(f"{path} is a folder: name the enwik8 file or enwik8.zip")
     if not os.path.isfile(path):
         raise Enwik8Error(f"input not found: {path}")
     if not zipfile.is_zipfile(path):

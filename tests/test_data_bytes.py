@@ -115,10 +115,12 @@ def test_enwik8_standard_sizes():
 
 
 @pytest.mark.parametrize("args,message", [(["missing.bin"], "input not found"),
-                                          (["SMALL", "--test-bytes", "1M"], "too few for a validation and a test")])
+                                          (["SMALL", "--test-bytes", "1M"], "too few for a validation and a test"),
+                                          (["FOLDER"], "is a folder: name the enwik8 file")])
 def test_enwik8_user_errors_are_one_line(tmp_path, capsys, args, message):
     (tmp_path / "small").write_bytes(b"x" * 100)
-    args = [str(tmp_path / "small") if a == "SMALL" else str(tmp_path / a) if a == "missing.bin" else a for a in args]
+    named = {"SMALL": str(tmp_path / "small"), "missing.bin": str(tmp_path / "missing.bin"), "FOLDER": str(tmp_path)}
+    args = [named.get(a, a) for a in args]
     assert enwik8.main([*args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("data_prep.enwik8: error:") and message in err and "\n" not in err
