@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .families import FAMILIES
+from .rundir import RunFileError, check_writable, staged_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,10 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", default="2MB", help="max size of one safetensors shard (default 2MB)")
     args = p.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tiny_hf_model(args.family, seed=args.seed, tie=args.tie, vocab=args.vocab).save_pretrained(
-        out, max_shard_size=args.shard)
-    write_tokenizer_files(out, tokenizer=Path(args.tokenizer))
+    try:  # a file, an unwritable place or a folder of other files: a traceback, or shards mixed with another model's
+        check_writable(out, "OUT", folder=True)
+        if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
+            raise RunFileError(f"{out} is not empty and holds no config.json (a Hugging Face model folder): name a "
+                               "new or empty folder")
+        with staged_dir(out) as stage:  # an earlier model's folder is replaced whole, never mixed
+            tiny_hf_model(args.family, seed=args.seed, tie=args.tie, vocab=args.vocab).save_pretrained(
+                stage, max_shard_size=args.shard)
+            write_tokenizer_files(stage, tokenizer=Path(args.tokenizer))
+    except (RunFileError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"wrote a tiny random {args.family} model and its tokenizer to {out}", file=sys.stderr)
     return 0
 

@@ -332,3 +332,22 @@ def test_to_hf_replaces_an_export_whole_or_not_at_all(tmp_path, monkeypatch, cap
     monkeypatch.undo()
     assert convert.main(["to-hf", str(second), str(hf)]) == 0
     assert _files(hf)["model.safetensors"] != before["model.safetensors"] and _files(hf).keys() == before.keys()
+
+
+def test_the_tiny_model_command_writes_a_folder_whole_or_refuses_it(tmp_path, capsys):
+    """python -m neox_dar.tiny_hf_model: a folder of other files is refused in one line (its save_pretrained wrote
+    into it; a file was a traceback), and a second model into an earlier one's folder replaces it whole: no shard of
+    the first is left beside the second's index."""
+    from neox_dar.tiny_hf_model import main as tiny
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("x")
+    assert tiny(["olmo2", str(tmp_path / "notes")]) == 2
+    assert "is not empty and holds no config.json" in capsys.readouterr().err
+    out = tmp_path / "model"
+    byte = ["--vocab", "257", "--tokenizer", str(ROOT / "data" / "byte_tokenizer.json")]
+    assert tiny(["olmo2", str(out), *byte, "--shard", "100KB"]) == 0
+    assert len(list(out.glob("*.safetensors"))) > 1
+    assert tiny(["llama", str(out), *byte]) == 0
+    assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
