@@ -55,7 +55,6 @@ import json
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 from neox_dar.rundir import check_writable, write_text_atomic
@@ -98,21 +97,12 @@ def run_task(lm, specs: list[SuiteTask], task_manager, limit: int | None, min_co
     evaluator once. Returns each row's result entry."""
     spec = specs[0]
     from lm_eval.evaluator import evaluate
-    from lm_eval.tasks import get_task_dict
 
-    with warnings.catch_warnings():  # its replacement, TaskManager.load, returns another structure in 0.4.13
-        warnings.simplefilter("ignore", DeprecationWarning)
-        task_dict = get_task_dict([spec.task], task_manager)
-
-    def walk(d):  # (name, task) of every leaf task; a group (mmlu) maps to a dict of its subtasks
-        for key, value in d.items():
-            if isinstance(value, dict):
-                yield from walk(value)
-            else:
-                yield key, value
-
+    # {"tasks": every leaf task by name, "groups", "group_map"}: a group of groups (mmlu -> mmlu_stem -> tasks) is
+    # flat here; the nested form of the deprecated get_task_dict crashed evaluate() on it (lm-eval 0.4.13)
+    task_dict = task_manager.load([spec.task])
     samples, kept, dropped = {}, 0, 0
-    for name, task in walk(task_dict):
+    for name, task in task_dict["tasks"].items():
         task.set_config(key="num_fewshot", value=spec.shots)
         task.set_fewshot_seed(seed=1234)
         lengths = _prompt_lengths(task, lm, limit)
@@ -129,18 +119,9 @@ def run_task(lm, specs: list[SuiteTask], task_manager, limit: int | None, min_co
                  "dropped_short": dropped, "note": f"no document has a prompt of >= {min_context} tokens"}
                 for s in specs]
     empty = sorted(name for name, keep in samples.items() if not keep)
-
-    def prune(d):  # the tree without the subtasks left with no document (lm-eval cannot score an empty one)
-        out = {}
-        for key, value in d.items():
-            if isinstance(value, dict):
-                if kept_part := prune(value):
-                    out[key] = kept_part
-            elif key not in empty:
-                out[key] = value
-        return out
-
-    task_dict = prune(task_dict)
+    # the subtasks left with no document are not scored (lm-eval cannot score an empty one); a group aggregates the
+    # leaf tasks that have results
+    task_dict = {**task_dict, "tasks": {n: t for n, t in task_dict["tasks"].items() if n not in empty}}
     samples = {name: keep for name, keep in samples.items() if keep}
     lm.reset_attention_stats()
     out = evaluate(lm, task_dict, samples=samples, log_samples=False, confirm_run_unsafe_code=allow_code,

@@ -188,6 +188,18 @@ def test_a_group_with_an_emptied_subtask_and_a_tag_are_scored(aha, tmp_path):
     assert mixed["score"] == pytest.approx(alone["score"])
     (tag,), each = scores("tag"), [r["score"] for r in scores("each")]
     assert tag["score"] == pytest.approx(0.5) and each[0] + each[1] == pytest.approx(1.0) and each[0] != 0.5
+    # a group of groups, as lm-eval's mmlu (mmlu -> mmlu_stem -> tasks): the size-weighted mean of its leaf tasks
+    # (lm-eval 0.4.13's evaluate() crashed on the nested form the deprecated get_task_dict gave: the MMLU rows of
+    # the DAR and AHA suites could not run)
+    (folder / "outer.yaml").write_text("group: neox_dar_outer\ntask:\n  - neox_dar_mix\n  - neox_dar_yes5\n"
+                                       "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n")
+    (tmp_path / "n.yml").write_text("outer: {tasks: [[neox_dar_outer, 0, 'acc,none']]}\nleaves: {tasks: "
+                                    "[[neox_dar_yesno, 0, 'acc,none'], [neox_dar_short, 0, 'acc,none'], "
+                                    "[neox_dar_yes5, 0, 'acc,none']]}\n")
+    nested = load_suites(str(tmp_path / "n.yml"))
+    (outer,), leaves = scores("outer", nested), scores("leaves", nested)
+    assert outer["docs"] == sum(r["docs"] for r in leaves)
+    assert outer["score"] == pytest.approx(sum(r["score"] * r["docs"] for r in leaves) / outer["docs"])
 
 
 def test_tables_refuse_results_that_scored_other_documents():
