@@ -173,8 +173,11 @@ def test_a_group_with_an_emptied_subtask_and_a_tag_are_scored(aha, tmp_path):
     for name, label in (("yes5", 1), ("no5", 0)):  # the same 5 questions, opposite answers: scores k/5 and 1 - k/5
         task(name, [{"question": q, "choices": ["no", "yes"], "label": label} for q in QUESTIONS[:5]],
              "\ntag: neox_dar_tag")
-    (folder / "mix.yaml").write_text("group: neox_dar_mix\ntask:\n  - neox_dar_yesno\n  - neox_dar_short\n"
-                                     "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n")
+    def group(name, *members):
+        (folder / f"{name}.yaml").write_text(f"group: neox_dar_{name}\ntask:\n" + "".join(
+            f"  - neox_dar_{m}\n" for m in members) + "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n")
+
+    group("mix", "yesno", "short")
     (tmp_path / "s.yml").write_text("mix: {min_context: window, tasks: [[neox_dar_mix, 1, 'acc,none']]}\n"
                                     "tag: {tasks: [[neox_dar_tag, 0, 'acc,none']]}\n"
                                     "each: {tasks: [[neox_dar_yes5, 0, 'acc,none'], [neox_dar_no5, 0, 'acc,none']]}\n")
@@ -191,8 +194,7 @@ def test_a_group_with_an_emptied_subtask_and_a_tag_are_scored(aha, tmp_path):
     # a group of groups, as lm-eval's mmlu (mmlu -> mmlu_stem -> tasks): the size-weighted mean of its leaf tasks
     # (lm-eval 0.4.13's evaluate() crashed on the nested form the deprecated get_task_dict gave: the MMLU rows of
     # the DAR and AHA suites could not run)
-    (folder / "outer.yaml").write_text("group: neox_dar_outer\ntask:\n  - neox_dar_mix\n  - neox_dar_yes5\n"
-                                       "aggregate_metric_list:\n  - metric: acc\n    weight_by_size: true\n")
+    group("outer", "mix", "yes5")
     (tmp_path / "n.yml").write_text("outer: {tasks: [[neox_dar_outer, 0, 'acc,none']]}\nleaves: {tasks: "
                                     "[[neox_dar_yesno, 0, 'acc,none'], [neox_dar_short, 0, 'acc,none'], "
                                     "[neox_dar_yes5, 0, 'acc,none']]}\n")
