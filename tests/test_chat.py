@@ -192,6 +192,23 @@ def test_length_grouped_order_is_seeded_and_complete(prepared):
     assert max(spread) <= int(lengths.max() - lengths.min())
 
 
+def test_an_epoch_is_whole_steps_each_one_length_group(prepared):
+    """8 conversations in global batches of 3: each epoch is 3 whole steps holding every conversation (one of them
+    twice, in the last step, never twice in one step), and every step's lengths fall (one length group). The partial
+    batch was shuffled in among the others, shifting each later step across two groups (in a real mixture, about a
+    quarter of the tokens padding), and the next epoch began inside the last step."""
+    prefix, _ = prepared
+    pair = open_pair(str(prefix), f"{prefix}_label")
+    ds = ConversationDataset([pair], 27, 2048, 1234, 3)
+    lengths = pair[0].sizes
+    steps = ds.order.reshape(9, 3)
+    for step in steps:
+        assert list(lengths[step]) == sorted(lengths[step], reverse=True) and len(set(step.tolist())) == 3, step
+    for epoch in range(3):
+        assert set(ds.order[9 * epoch:9 * (epoch + 1)].tolist()) == set(range(8))
+    assert ds.epochs == 3
+
+
 def test_every_world_size_reads_the_same_conversations_in_each_step(prepared):
     """Conversations are length-grouped per global batch: with train_batch_size 4, one rank (micro 2, two
     accumulation steps), two ranks (micro 2) and four (micro 1) read the same conversations in every step, and the
@@ -277,6 +294,45 @@ def test_a_per_token_step_is_the_same_on_two_ranks_as_in_one_micro_batch(tmp_pat
                for n in (1, 2)]
     for name, tensor in weights[0].items():  # Adam's first step is ~lr * sign(g): near-zero g differ in rounding
         torch.testing.assert_close(tensor, weights[1][name], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_validation_scores_labelled_tokens_only_and_nan_without_any(prepared, tmp_path, per_token):
+    """The validation loss of conversations cut before every assistant turn (no labelled token) is NaN, not 0 (a
+    perfect score); with some labelled micro-batches, a micro-batch without one does not pull the mean to 0."""
+    import math
+
+    import torch.distributed as dist
+
+    from neox_dar.training.distributed import DistInfo
+    from neox_dar.training.validation import evaluate
+
+    prefix, _ = prepared
+    info = DistInfo(0, 1, 0, torch.device("cpu"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        results = {}
+        for seq_length in (16, 32):
+            cfg = config("configs/tiny.yml", seq_length=seq_length, train_micro_batch_size_per_gpu=1,
+                         train_batch_size=1, eval_iters=8, save=str(tmp_path / "run"),
+                         calculate_per_token_loss=per_token)
+            ds = ConversationDataset([open_pair(str(prefix), f"{prefix}_label")], 8, seq_length, 1234, 1)
+            labelled = [int((ds[i][1][1:] != IGNORE).sum()) for i in range(8)]
+            model, _ = tiny_model(seed=3, seq_length=seq_length)
+            with torch.no_grad():  # each conversation's mean loss, by hand
+                means = [float(lm_loss(model(x), y)) for x, y, _ in
+                         (inputs_and_targets(pad_collate([ds[i]]), torch.device("cpu")) for i in range(8))]
+            results[seq_length] = (labelled, means, evaluate(model, ds, cfg, info, 0)["valid_loss"])
+    finally:
+        dist.destroy_process_group()
+    (none, _, short_loss), (some, means, loss) = results[16], results[32]
+    assert sum(none) == 0 and math.isnan(short_loss)
+    assert 0 in some and sum(some) > 0
+    if per_token:
+        expected = sum(m * n for m, n in zip(means, some)) / sum(some)
+    else:  # the micro-batches (one conversation each) that hold a labelled token
+        expected = sum(m for m, n in zip(means, some) if n) / sum(1 for n in some if n)
+    assert loss == pytest.approx(expected, rel=1e-5)
 
 
 def test_label_paths_must_pair_with_data_paths():

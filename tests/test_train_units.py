@@ -248,12 +248,15 @@ def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
     # checkpoint of a version that grouped them per global micro-batch (no conversation_order recorded) is named
     chat = ["train_data_paths=[c]", "train_label_data_paths=[c_label]", "data_path=null"]
     (step_dir / CONFIG).write_text(cfg_with(*chat).to_yaml())
-    assert "conversations ordered length-grouped per global micro-batch (micro-batch x ranks) -> length-grouped " \
-        "per global batch" in sampling_changes(step_dir, cfg_with(*chat), one)
+    assert "conversations ordered by an earlier rule (per global micro-batch) -> length-grouped per global batch, " \
+        "whole-step epochs" in sampling_changes(step_dir, cfg_with(*chat), one)
     write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1,
-                              "conversation_order": "length-grouped per global batch"})
+                              "conversation_order": "length-grouped per global batch, whole-step epochs"})
     assert sampling_changes(step_dir, cfg_with(*chat), one) is None
     assert sampling_changes(step_dir, cfg_with(*chat), two) is None
+    write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1})
+    (step_dir / CONFIG).write_text(cfg_with().to_yaml())  # trained on packed data: no conversation order to change
+    assert "conversations" not in (sampling_changes(step_dir, cfg_with(*chat), one) or "")
     (step_dir / CONFIG).write_text("no_such_key: 1\n")
     assert "are not compared" in sampling_changes(step_dir, cfg_with(), one)
 

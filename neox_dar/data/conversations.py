@@ -10,7 +10,12 @@ reads the padding that follows a token.
 Order (:data:`ORDER`): the conversations of every path form one pool; each epoch is a seeded permutation of it, and
 within each chunk of ``LENGTH_GROUP_CHUNK`` global batches of an epoch the conversations are sorted by length, cut
 into global batches (``train_batch_size``, one optimizer step) and those shuffled (seeded), so a step holds
-conversations of similar length (little padding) while its lengths still vary from step to step. Sample ``i``
+conversations of similar length (little padding) while its lengths still vary from step to step. An epoch is a
+whole number of steps: when the pool is not a multiple of the global batch, its last, partial batch is filled with
+other conversations of the epoch of about its length (:func:`_filled`) and comes last, so every step of every epoch
+is one length group (a partial batch shuffled in among the others shifted every later step across two groups,
+several times the padding) and nothing of the next epoch is read in this one; ``ceil(conversations /
+train_batch_size)`` steps read each conversation once, a few twice. Sample ``i``
 depends only on the files, the seed and the global batch, so a resumed run reads exactly what an uninterrupted one
 reads, and any world size and micro-batch size with the same global batch read the same conversations in each step
 (the sampler gives step ``s`` samples ``s B .. s B + B - 1``), in the same micro-batches when the micro-batch size
@@ -30,9 +35,10 @@ if TYPE_CHECKING:
 
 IGNORE = -100
 LENGTH_GROUP_CHUNK = 64  # global batches sorted by length together
-ORDER = "length-grouped per global batch"
+ORDER = "length-grouped per global batch, whole-step epochs"
 """The order rule above, recorded in each checkpoint (``state.json``'s ``conversation_order``): a resume from a
-checkpoint of another rule says so (versions before it grouped per global micro-batch, micro-batch x ranks)."""
+checkpoint of another rule says so (earlier versions grouped per global micro-batch, micro-batch x ranks, and shuffled
+an epoch's partial batch in among the others)."""
 
 
 def label_prefix(prefix: str) -> str:
@@ -67,18 +73,24 @@ class ConversationDataset:
             raise IndexedDatasetError("the conversation datasets hold no conversation")
         lengths = np.minimum(np.concatenate([t.sizes for t, _ in pairs]).astype(np.int64), seq_length + 1)
         rng = np.random.RandomState(seed)
-        epochs = -(-num_samples // total)
+        steps_per_epoch = -(-total // global_batch)
+        epochs = -(-num_samples // (steps_per_epoch * global_batch))
         chunk = LENGTH_GROUP_CHUNK * global_batch
         order = []
         for _ in range(epochs):  # grouped within each epoch: every conversation once per epoch
             epoch = rng.permutation(total) if shuffle else np.arange(total)
+            partial = None
             for start in range(0, total, chunk):
                 part = epoch[start:start + chunk]
                 part = part[np.argsort(-lengths[part], kind="stable")]
                 groups = [part[i:i + global_batch] for i in range(0, len(part), global_batch)]
+                if len(groups[-1]) < global_batch:  # only the epoch's last chunk ends in a partial batch
+                    partial = groups.pop()
                 if shuffle:
                     groups = [groups[i] for i in rng.permutation(len(groups))]
                 order.extend(groups)
+            if partial is not None:
+                order.append(_filled(partial, epoch, global_batch, lengths, rng if shuffle else None))
         order = np.concatenate(order)
         self.order = order[:num_samples]
         self.epochs = epochs
@@ -93,6 +105,24 @@ class ConversationDataset:
         local = doc - int(self._offsets[which])
         n = min(int(tokens.sizes[local]), self.seq_length + 1)
         return tokens.get(local, 0, n).astype(np.int64), labels.get(local, 0, n).astype(np.int64)
+
+
+def _filled(partial: np.ndarray, epoch: np.ndarray, size: int, lengths: np.ndarray,
+            rng: np.random.RandomState | None) -> np.ndarray:
+    """An epoch's last, partial batch filled to ``size`` with other conversations of the epoch, none of them twice
+    in the batch unless the epoch holds fewer than ``size``: drawn by ``rng`` from the ``4 x`` as many others nearest
+    in length to the partial batch's shortest (the first ones without ``rng``), so the batch stays one length group;
+    sorted by length like every batch."""
+    others = epoch[~np.isin(epoch, partial)]
+    need = size - len(partial)
+    if len(others) < need:
+        pool = epoch
+    else:
+        pool = others[np.argsort(np.abs(lengths[others] - lengths[partial].min()), kind="stable")][:4 * need]
+    fill = (rng.choice(pool, need, replace=len(pool) < need) if rng is not None
+            else np.resize(pool, need))
+    batch = np.concatenate([partial, fill])
+    return batch[np.argsort(-lengths[batch], kind="stable")]
 
 
 def pad_collate(samples: list[tuple[np.ndarray, np.ndarray]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

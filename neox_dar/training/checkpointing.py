@@ -331,8 +331,9 @@ def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
     new_batch = cfg.training.global_batch_for(info.world_size)
     if old_batch != new_batch:
         changed.append(f"global batch {old_batch} -> {new_batch} samples a step")
-    if cfg.data.train_label_data_paths and meta.get("conversation_order") != CONVERSATION_ORDER:
-        old_order = meta.get("conversation_order", "length-grouped per global micro-batch (micro-batch x ranks)")
+    if (cfg.data.train_label_data_paths and prior.data.train_label_data_paths
+            and meta.get("conversation_order") != CONVERSATION_ORDER):
+        old_order = meta.get("conversation_order", "by an earlier rule (per global micro-batch)")
         changed.append(f"conversations ordered {old_order} -> {CONVERSATION_ORDER}")
     if not changed:
         return None

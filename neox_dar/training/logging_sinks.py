@@ -156,4 +156,5 @@ class RunLogger:
 
 
 def perplexity(loss: float) -> float:
-    return math.exp(loss) if loss < 700 else float("inf")
+    """``exp(loss)``; inf beyond float range, NaN for a NaN loss (no labelled token)."""
+    return math.exp(loss) if loss < 700 else float("inf") if loss >= 700 else math.nan

@@ -9,9 +9,9 @@ validation set, modulo the number of whole global micro-batches it holds. The po
 from k alone, so a resumed run reads exactly what an uninterrupted one reads. (GPT-NeoX's resume
 offset, ``(iteration * grad_accum // eval_interval) * eval_iters`` micro-batches, is the same
 number whenever grad_accum is 1 or the checkpoint step is a multiple of eval_interval, and skips
-ahead otherwise.) The loss is the mean over this rank's micro-batches, averaged over ranks; with
-``calculate_per_token_loss``, the cross-entropy summed over every rank's micro-batches divided by their labelled
-tokens.
+ahead otherwise.) The loss is the mean over every rank's micro-batches that hold a labelled token (all of them
+for packed data); with ``calculate_per_token_loss``, the cross-entropy summed over every rank's micro-batches divided
+by their labelled tokens; NaN when no micro-batch holds one.
 
 ``eval_mode: fixed`` reads the first ``eval_iters`` global batches every time instead (the same
 data at every evaluation, so successive values differ only by the model).
@@ -19,6 +19,7 @@ data at every evaluation, so successive values differ only by the model).
 
 from __future__ import annotations
 
+import math
 from typing import Iterator
 
 import torch
@@ -66,10 +67,10 @@ def evaluate(engine, valid_ds, cfg: Config, info: DistInfo, evaluation: int) -> 
             counts.append((y != IGNORE).sum())
     finally:
         engine.train()
+    losses, counts = torch.stack(losses).double(), torch.stack(counts).double()
     if cfg.training.calculate_per_token_loss:  # summed over every rank, then divided: a ratio of two means
-        losses, counts = torch.stack(losses).double(), torch.stack(counts).double()
-        total, tokens = all_reduce_mean([(losses * counts).sum().item(), counts.sum().item()], info.device)
-        loss = total / tokens if tokens else 0.0
-    else:
-        (loss,) = all_reduce_mean([torch.stack(losses).mean().item()], info.device)
+        total, n = all_reduce_mean([(losses * counts).sum().item(), counts.sum().item()], info.device)
+    else:  # the mean of every rank's micro-batch means; a micro-batch without a labelled token has none
+        total, n = all_reduce_mean([losses[counts > 0].sum().item(), (counts > 0).sum().item()], info.device)
+    loss = total / n if n else math.nan  # nothing labelled: no loss (it said 0, a perfect score)
     return {"valid_loss": loss, "valid_ppl": perplexity(loss)}
