@@ -321,6 +321,43 @@ def test_sweep_plan_prints_the_epochs_a_budget_reads(tokenized_sample, tmp_path,
     assert "warning: vanilla: token budget: 9,999,745,024 tokens = 5.16e+05 epochs" in err
 
 
+INF_GRADIENT = """
+import torch
+import neox_dar.training.engine as engine_module
+
+build = engine_module.build_engine
+
+
+def build_with_an_inf_gradient(*args, **kwargs):  # the 3rd backward's (step 2's first) gets an inf
+    engine, model, flops = build(*args, **kwargs)
+    calls = [0]
+
+    def hook(grad):
+        calls[0] += 1
+        return grad.index_fill(0, torch.tensor([0]), float("inf")) if calls[0] == 3 else grad
+
+    next(model.parameters()).register_hook(hook)
+    return engine, model, flops
+
+
+engine_module.build_engine = build_with_an_inf_gradient
+"""
+
+
+def test_a_step_deepspeed_skips_is_logged_and_said(data, tmp_path):
+    """bf16 (ZeRO-1) with a non-finite gradient at step 2 and a finite loss: DeepSpeed 0.19 skips that optimizer
+    step (the weights and the LR schedule stay); the rows from step 2 on carry ``skipped_steps`` and the run says so
+    in one warning line (before: only grad_norm inf, while the step count went on)."""
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(INF_GRADIENT)
+    env = {**train_env(), "PYTHONPATH": f"{tmp_path / 'inject'}:{ROOT}"}
+    out = train(tmp_path / "run", data, *SHORT, "train_iters=4", "log_interval=1", "precision=bf16", env=env)
+    logged = rows(tmp_path / "run")
+    assert [r.get("skipped_steps") for r in logged if "loss" in r] == [None, 1, 1, 1]
+    assert logged[1]["grad_norm"] == float("inf") and logged[2]["lr"] == logged[1]["lr"]
+    assert "warning: DeepSpeed skipped 1 optimizer step(s) up to step 2" in out.stdout + out.stderr
+
+
 def test_a_diverged_run_stops_failed_in_one_line(data, tmp_path):
     """A loss that is not finite at a log row stops the run: the row is written, status failed with the reason,
     one line, exit 2. (Before: it trained on NaN to the end and its status said done, so sweeps reported it.)"""

@@ -171,6 +171,7 @@ def train(cfg: Config, info: DistInfo) -> int:
         own_grad_norm = engine.zero_optimization_stage() == 0 and cfg.training.dtype == "fp32"
         grad_norm = None
         per_token = cfg.training.calculate_per_token_loss
+        skipped_seen = engine.skipped_steps  # optimizer steps DeepSpeed skipped (restored with a checkpoint)
         startup.mark("checkpoint and logs")
         first_step = True
         while state.step < cfg.training.train_iters:
@@ -215,7 +216,15 @@ def train(cfg: Config, info: DistInfo) -> int:
                 scale = getattr(engine.optimizer, "cur_scale", None) if engine.fp16_enabled() else None
                 if scale is not None:
                     row["loss_scale"] = float(scale)
+                if engine.skipped_steps:  # DeepSpeed's: fp16 overflows, and bf16 non-finite gradients (0.19)
+                    row["skipped_steps"] = int(engine.skipped_steps)
                 logger.log(row)
+                if engine.skipped_steps > skipped_seen:
+                    logger.message(f"warning: DeepSpeed skipped {engine.skipped_steps - skipped_seen} optimizer "
+                                   f"step(s) up to step {state.step} (non-finite gradients; in fp16 also while its "
+                                   "loss scale settles): the weights and the LR schedule did not advance there, "
+                                   "while the step count did")
+                    skipped_seen = engine.skipped_steps
                 if not math.isfinite(lm_mean + aux_mean):
                     raise DivergedError(
                         f"the loss is {lm_mean + aux_mean} at step {state.step}: training diverged (lower "
