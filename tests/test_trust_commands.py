@@ -115,7 +115,7 @@ def test_ctrl_c_in_eval_convert_and_tokenize_is_one_line_and_writes_nothing(tmp_
     hf = tmp_path / "hf"
     assert convert.main(["to-hf", str(run), str(hf)]) == 0
     before = _files(hf)
-    monkeypatch.setattr(folders, "save_file", _ctrl_c)
+    monkeypatch.setattr(folders, "save_safetensors", _ctrl_c)
     assert _interrupted(convert.main, ["to-hf", str(run), str(hf)]) == 130
     assert _one_line(capsys.readouterr().err, "convert") == f"convert: interrupted (Ctrl-C): {hf} is as it was"
     assert _files(hf) == before and sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]
