@@ -57,7 +57,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from neox_dar.rundir import check_writable, write_text_atomic
+from neox_dar.rundir import check_writable, write_output
 
 from .local_tasks import task_manager
 from .suites import CODE_TASKS, Suite, SuiteError, SuiteTask, load_suites
@@ -308,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(result, indent=2) + "\n"
     if args.out:
         try:  # whole or not at all: a failed write leaves an earlier file as it was
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(args.out, text)
+            write_output(args.out, text)
         except OSError as e:
             print(f"eval.downstream: error: {e}", file=sys.stderr)
             return 2

@@ -28,25 +28,16 @@ from neox_dar.data.identity import sha256_file
 from neox_dar.evaluation.cli import parse_max_docs
 from neox_dar.evaluation.corpora import (CORPORA, HUB_DEFAULT_DOCS, HUB_SOURCES, LOCAL_PATHS, PREFETCH_FILE,
                                          CorpusError, corpus_manifest, load_hub)
-from neox_dar.rundir import check_writable, staged_dir, write_text_atomic
-
-
-def check_prefetch_out(out: Path) -> None:
-    """CorpusError (one line) unless :func:`prefetch` may write ``out``: missing, an empty folder, or an earlier
-    prefetch (it holds :data:`PREFETCH_FILE`). Any other folder is never replaced: it would lose its files."""
-    check_writable(out, "the prefetch folder", folder=True)
-    if out.is_dir() and any(out.iterdir()) and not (out / PREFETCH_FILE).is_file():
-        raise CorpusError(f"{out} is not empty and holds no {PREFETCH_FILE} (it is not an earlier eval.prefetch "
-                          "folder): name a new or empty folder (nothing was written)")
+from neox_dar.rundir import check_own_folder, staged_dir, write_text_atomic
 
 
 def prefetch(out: Path, corpora: list[str], max_docs: dict[str, int | None]) -> dict:
-    """Stream each corpus's first ``max_docs[corpus]`` Hub documents (None: all) into ``out`` (checked by
-    :func:`check_prefetch_out`) in the local layout: ``{LOCAL_PATHS[corpus]}/{corpus}.prefetch.jsonl.gz``, rows
+    """Stream each corpus's first ``max_docs[corpus]`` Hub documents (None: all) into ``out`` (new, empty, or an
+    earlier prefetch: it holds :data:`PREFETCH_FILE`; any other folder is refused) in the local layout: ``{LOCAL_PATHS[corpus]}/{corpus}.prefetch.jsonl.gz``, rows
     ``{"id", "text"}`` (WikiText: ``{"id", "page"}``, the page before lm-eval's detokenizer), and
     :data:`PREFETCH_FILE`. An earlier prefetch in ``out`` keeps its other corpora. ``out`` is replaced when every
     corpus is written (a failure or Ctrl-C leaves it as it was). Returns what :data:`PREFETCH_FILE` holds."""
-    check_prefetch_out(out)
+    check_own_folder(out, "the prefetch folder", PREFETCH_FILE, "an earlier eval.prefetch folder")
     record = {}
     with staged_dir(out, keep=True) as stage:
         if (stage / PREFETCH_FILE).is_file():

@@ -62,11 +62,10 @@ def shown_path(path: str | Path) -> str:
 def write_result(report: dict, path: str | Path) -> Path:
     """Write a benchmark ``report`` as JSON to ``path`` (parent folders created; whole or not at all: a failed write
     leaves an earlier result as it was) and say where."""
-    from .rundir import write_text_atomic
+    from .rundir import write_output
 
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out, json.dumps(report, indent=1) + "\n")
+    write_output(out, json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
     return out
 

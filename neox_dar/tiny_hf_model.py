@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from .families import FAMILIES
-from .rundir import RunFileError, check_writable, staged_dir
+from .rundir import RunFileError, check_own_folder, staged_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,10 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     out = Path(args.out)
     try:  # a file, an unwritable place or a folder of other files: a traceback, or shards mixed with another model's
-        check_writable(out, "OUT", folder=True)
-        if out.is_dir() and any(out.iterdir()) and not (out / "config.json").is_file():
-            raise RunFileError(f"{out} is not empty and holds no config.json (a Hugging Face model folder): name a "
-                               "new or empty folder")
+        check_own_folder(out, "OUT", "config.json", "a Hugging Face model folder")
         with staged_dir(out) as stage:  # an earlier model's folder is replaced whole, never mixed
             tiny_hf_model(args.family, seed=args.seed, tie=args.tie, vocab=args.vocab).save_pretrained(
                 stage, max_shard_size=args.shard)

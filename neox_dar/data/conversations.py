@@ -77,7 +77,7 @@ class ConversationDataset:
         epochs = -(-num_samples // (steps_per_epoch * global_batch))
         chunk = LENGTH_GROUP_CHUNK * global_batch
         order = []
-        for _ in range(epochs):  # grouped within each epoch: every conversation once per epoch
+        for _ in range(epochs):  # grouped within each epoch: every conversation once (a few twice in its last step)
             epoch = rng.permutation(total) if shuffle else np.arange(total)
             partial = None
             for start in range(0, total, chunk):

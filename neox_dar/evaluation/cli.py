@@ -34,7 +34,7 @@ from tokenizers import Tokenizer
 from ..attention.triton_bridge import AttentionImplError
 from ..devices import check_device
 from ..provenance import provenance
-from ..rundir import check_writable, held_checkpoint, uninterrupted, write_error, write_text_atomic
+from ..rundir import check_writable, held_checkpoint, uninterrupted, write_output
 from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file, tokenizer_sha256
 from .corpora import ALL_CORPORA, CORPORA, CorpusError, Document, manifest_hash
 from .loading import DTYPES, LoadedModel, is_hf_folder, load_for_eval
@@ -266,16 +266,6 @@ def load_checkpoint(args: argparse.Namespace, group: EvalGroup, device: str) -> 
             return loaded, load_tokenizer(path=tokenizer_path), prefix_token_id(tokenizer_path, args.prefix_token)
 
         return on_every(group, read)  # no rank lets the checkpoint go before every rank has read it
-
-
-def write_output(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole or not at all (its folder created first; :func:`write_text_atomic`): a
-    failed write leaves an earlier file there as it was."""
-    try:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise write_error(path, e) from None
-    write_text_atomic(path, text)
 
 
 def log_to_wandb(checkpoint: Path, results: dict) -> None:

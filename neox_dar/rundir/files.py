@@ -153,6 +153,16 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         raise
 
 
+def write_output(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (its folder created first; :func:`write_text_atomic`): a
+    failed write leaves an earlier file there as it was."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise write_error(path, e) from None
+    write_text_atomic(path, text)
+
+
 def check_writable(path: str | Path, option: str, folder: bool = False) -> None:
     """RunFileError (one line naming ``option``) unless ``path`` can be written, checked before any work: a file
     (``folder``: a folder) or nothing at ``path``, the nearest existing folder above it a folder this process may
@@ -168,6 +178,16 @@ def check_writable(path: str | Path, option: str, folder: bool = False) -> None:
         raise RunFileError(f"{option} {p}: {above} is a file, not a folder")
     if not os.access(above, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise RunFileError(f"{option} {p} is not writable (no permission on {p if p.exists() else above})")
+
+
+def check_own_folder(path: Path, option: str, marker: str, what: str) -> None:
+    """RunFileError (one line) unless a command may replace the folder ``path`` whole: missing, empty, or one it wrote
+    before (it holds ``marker``; ``what``: such a folder, for the message), and writable (:func:`check_writable`).
+    Any other folder is never replaced: it would lose its files."""
+    check_writable(path, option, folder=True)
+    if path.is_dir() and any(path.iterdir()) and not (path / marker).is_file():
+        raise RunFileError(f"{path} is not empty and holds no {marker} (it is not {what}): name a new or empty "
+                           "folder (nothing was written)")
 
 
 def free_space(path: str | Path) -> str:
