@@ -141,4 +141,8 @@ def table() -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(prog="python -m neox_dar.families",
+                            description="The model families as the Markdown table of docs/models.md.").parse_args()
     print(table())

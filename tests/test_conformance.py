@@ -237,6 +237,15 @@ def test_the_readmes_variant_table_is_the_registrys():
     assert all(cls.what and (ROOT / cls.doc).is_file() for cls in shipped.values())
 
 
+
+@pytest.mark.parametrize("module", ["neox_dar.attention", "neox_dar.families"])
+def test_the_table_commands_refuse_arguments_in_one_line(module):
+    """The table commands take no argument: one they were given is refused (it printed the table, exit 0)."""
+    out = subprocess.run([sys.executable, "-m", module, "configs/pythia-70m.yml"], cwd=ROOT, capture_output=True,
+                         text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines()[-1] == f"python -m {module}: error: unrecognized arguments: configs/pythia-70m.yml"
+
 def test_a_module_holds_its_spec_and_is_not_one():
     """Each registered variant's module carries the registered spec as ``spec`` and does not inherit from it (what a
     variant declares and what computes it are two classes); ``register`` takes a spec, or a module whose ``spec`` is
