@@ -280,7 +280,7 @@ def test_cli_writes_one_line_per_prompt_equal_to_the_library(dar_run, tmp_path, 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "The capital of France is", "id": "a"}) + "\n\n"
                        + json.dumps("Water boils at") + "\n" + json.dumps({"prompt": "One"}) + "\n")
-    out = tmp_path / "out.jsonl"
+    out = tmp_path / "new" / "out.jsonl"  # a missing folder is created
     code, _, err = _cli(capsys, dar_run, "--prompts", prompts, "--max-new-tokens", 7, "--batch-size", 2, "--out", out)
     assert code == 0, err
     lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -331,11 +331,12 @@ CUDA_MESSAGE = ("this machine has" if torch.cuda.is_available() else "CUDA is no
     (["--device", "potato"], "--device 'potato' is not a device (cpu, cuda, cuda:N or mps)"),
     (["--device", "meta"], "--device 'meta' is not a device (cpu, cuda, cuda:N or mps)"),
     (["--device", "cuda:99"], f"--device cuda:99: {CUDA_MESSAGE}"),
-    (["--out", "{tmp}"], "--out {tmp} is a directory"),
-    (["--out", "{tmp}/missing/out.jsonl"], "--out {tmp}/missing/out.jsonl: its folder {tmp}/missing does not exist"),
+    (["--out", "{tmp}"], "--out {tmp} is a directory: name a file to write"),
+    (["--out", "{tmp}/garbage.json/out.jsonl"], "--out {tmp}/garbage.json/out.jsonl: {tmp}/garbage.json is a file, not a "
+                                                "folder"),
     (["--tokenizer", "{tmp}/garbage.json"], "{tmp}/garbage.json is not a Hugging Face tokenizer.json"),
 ], ids=["temperature-inf", "temperature-nan", "temperature-tiny", "top-p-nan", "seed", "device-potato",
-        "device-meta", "device-cuda", "out-directory", "out-missing-folder", "garbage-tokenizer"])
+        "device-meta", "device-cuda", "out-directory", "out-under-a-file", "garbage-tokenizer"])
 def test_cli_settings_and_outputs_are_checked_before_the_model_loads(args, message, tmp_path, capsys):
     """Each bad setting is one line, found before anything loads: the checkpoint here does not even exist."""
     (tmp_path / "garbage.json").write_text('{"model": 3}')

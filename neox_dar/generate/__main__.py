@@ -35,7 +35,7 @@ from ..devices import check_device
 from ..evaluation.loading import DTYPES
 from ..evaluation.scoring import AttentionStatsMean, overall_means
 from ..progress import progress_bar
-from ..rundir import CheckpointError
+from ..rundir import CheckpointError, check_writable
 from ..tokenizer import check_tokenizer_json
 from ..variants.registry import stat_names
 from . import GenerationError, Sampling, check_prompts, generate, load
@@ -122,22 +122,12 @@ def _check_args(args) -> Sampling:
     sampling = Sampling(args.temperature, args.top_k, args.top_p)
     check_device(args.device)
     if args.out is not None:
-        check_output(args.out)
+        check_writable(args.out, "--out")
         if args.prompts is not None and Path(args.prompts).resolve() == args.out.resolve():
             raise GenerationError(f"--out {args.out} is the --prompts file: it would be replaced by the completions")
     if args.tokenizer is not None and Path(args.tokenizer).is_file():
         check_tokenizer_json(args.tokenizer)
     return sampling
-
-
-def check_output(path: Path) -> None:
-    """A GenerationError unless a file can be written at ``path`` (checked before the model loads)."""
-    if path.is_dir():
-        raise GenerationError(f"--out {path} is a directory; name a file, e.g. {path / 'completions.jsonl'}")
-    if not path.parent.is_dir():
-        raise GenerationError(f"--out {path}: its folder {path.parent} does not exist")
-    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise GenerationError(f"--out {path} is not writable")
 
 
 def partial_path(out: Path) -> Path:
@@ -169,6 +159,8 @@ def run(args) -> None:
 
         streamer = TextStreamer(gen.tokenizer, skip_special_tokens=True)
     stats = AttentionStatsMean(gen.model)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
     sink = partial_path(args.out).open("w", encoding="utf-8") if args.out is not None else sys.stdout
     try:
         with progress_bar(total=len(records), desc="generating", unit="prompt",
