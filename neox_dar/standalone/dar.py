@@ -58,6 +58,8 @@ class DARCache:
         self.q_b = None if b_k is None else b_k[:, width:, None].contiguous()      # (Hk, D - width, 1)
 
     def nbytes(self) -> int:
+        """Bytes of the rings (per-sequence state); the absorbed matrices ``a_v``, ``k_w``, ``q_w`` (formed from the
+        layer's weights once per cache, shared by every row) are left out, as the weights are."""
         return self.far.nbytes() + (self.near.nbytes() if self.near is not None else 0)
 
     def far_keys(self, c: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
