@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from neox_dar.config import ConfigError
+from neox_dar.config.files import load_yaml
 from neox_dar.dimpo.tasks import PAPER_TASKS, TASK_TITLES
 
 
@@ -83,7 +83,7 @@ def load_suites(path: str | None) -> dict[str, Suite]:
     if path is None:
         return suites
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        data = load_yaml(Path(path)) or {}
         for name, spec in data.items():
             rows = [SuiteTask(str(t), int(s), str(m), str(t)) for t, s, m in spec["tasks"]]
             if not rows:
@@ -98,7 +98,9 @@ def load_suites(path: str | None) -> dict[str, Suite]:
                 raise ValueError(f"metadata must be a mapping, got {metadata!r}")
             suites[name] = Suite(spec.get("paper", name), tuple(rows), spec.get("min_context"),
                                  spec.get("relative", "Rel. (%)"), spec.get("notes", ""), max_length, metadata)
-    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError) as e:
+    except ConfigError as e:  # not UTF-8, not YAML, a key given twice
+        raise SuiteError(f"{e}; expected {{name: {{tasks: [[task, shots, metric], ...]}}}}") from None
+    except (OSError, KeyError, TypeError, ValueError, AttributeError) as e:
         raise SuiteError(f"{path}: not a suite file ({type(e).__name__}: {e}); expected "
                          "{name: {tasks: [[task, shots, metric], ...]}}") from None
     return suites

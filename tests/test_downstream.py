@@ -135,6 +135,12 @@ def test_bad_input_is_one_line(aha, tmp_path, capsys):
     assert main(["list", "--suite-file", str(tmp_path / "bad.yml")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not a suite file" in err
+    for body, said in [("x: {tasks: [[a, 0, acc]]\n", "malformed YAML in {f}:2:1: expected ',' or '}}', but got"),
+                       ("x: {tasks: [[a, 0, acc]]}\nx: {tasks: []}\n", "'x' is given twice in {f}:2")]:
+        (tmp_path / "bad.yml").write_text(body)
+        assert main(["list", "--suite-file", str(tmp_path / "bad.yml")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said.format(f=tmp_path / "bad.yml") in err, err
     assert main(["list"]) == 0 and "dar-table4: DAR Table 4" in capsys.readouterr().out
     # before: a KeyError traceback, a run recorded as -1-shot, lm-eval's "did not find any docs!"
     (tmp_path / "typo.yml").write_text("typo: {tasks: [[neox_dar_yesnoo, 0, 'acc,none']]}\n")

@@ -295,7 +295,7 @@ def test_sweep_mistakes_are_one_line_errors_at_plan(tmp_path, capsys, tokenized_
 
 
 def test_grid_mistakes_name_the_sweep_file_and_a_dotted_axis_names_runs(tmp_path):
-    """A key given twice in a sweep file (the first `set:` was dropped), an exclude whose value matches no grid point
+    """A key given twice in a sweep file (the first `set:` was dropped), a file that is not YAML, an exclude whose value matches no grid point
     (it excluded nothing), an empty axis (the message did not name the file) and two runs with one config (an
     option's `set` replacing the earlier axis's key: `w8-swa2` and `w16-swa2` both trained window 32) are one line
     naming the file; a name_template may name a dotted axis (it failed as "not a grid axis")."""
@@ -311,7 +311,9 @@ def test_grid_mistakes_name_the_sweep_file_and_a_dotted_axis_names_runs(tmp_path
              "set: {train-iters: 2, train_iters: 3}\ngrid: {window_size: [8, 16]}\n":
              "'train_iters' is given twice in {f} (set) (as 'train-iters' and 'train_iters')",
              "grid: {window_size: {a: {train-iters: 2, train_iters: 3}}}\n":
-             "'train_iters' is given twice in grid axis 'window_size' option 'a'"}
+             "'train_iters' is given twice in grid axis 'window_size' option 'a'",
+             # not YAML: PyYAML's four-line message
+             "grid:\n  window_size: [8\n  b: 2\n": "malformed YAML in {f}:5:4: expected ',' or ']', but got ':'"}
     for i, (body, said) in enumerate(cases.items()):
         f = tmp_path / f"g{i}.yml"
         f.write_text(base + body)

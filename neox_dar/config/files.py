@@ -47,6 +47,22 @@ def not_utf8(path: str | Path, e: UnicodeDecodeError) -> str:
     return f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}): is it the file you mean?"
 
 
+def load_yaml(path: Path) -> Any:
+    """The YAML document of the file a user wrote at ``path`` (a key repeated in a mapping refused); ConfigError in
+    one line for a file that is not UTF-8 or not YAML (``malformed YAML in FILE:LINE:COLUMN: problem``)."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            return yaml.load(f, Loader=UniqueKeyLoader)
+    except UnicodeDecodeError as e:
+        raise ConfigError(not_utf8(path, e)) from None
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        raise ConfigError(f"malformed YAML in {path}{line}: {e.problem}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"malformed YAML in {path}: {str(e).splitlines()[0]}") from None
+
+
 def read_yaml(path: str | Path) -> dict:
     p = Path(path)
     if p.is_dir():
@@ -55,17 +71,7 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"unknown option {path}: give config files and key=value overrides (see --help)")
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
-    try:
-        with p.open(encoding="utf-8") as f:
-            data = yaml.load(f, Loader=UniqueKeyLoader)
-    except UnicodeDecodeError as e:
-        raise ConfigError(not_utf8(p, e)) from None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        line = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        raise ConfigError(f"malformed YAML in {p}{line}: {e.problem}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"malformed YAML in {p}: {e}") from None
+    data = load_yaml(p)
     if data is None:
         return {}
     if not isinstance(data, dict):

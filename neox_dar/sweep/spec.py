@@ -40,10 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from ..config import ConfigError, key_field
-from ..config.files import UniqueKeyLoader, normalize_keys, not_utf8
+from ..config.files import load_yaml, normalize_keys
 from .errors import SweepError
 from .report_selection import check_report
 from .slurm import SlurmSettings, eval_args
@@ -310,12 +309,7 @@ def load_sweep(path: str | Path) -> Sweep:
     if not p.is_file():
         raise SweepError(f"sweep file not found: {p}")
     try:
-        with p.open(encoding="utf-8") as f:
-            data = yaml.load(f, Loader=UniqueKeyLoader)
-    except UnicodeDecodeError as e:
-        raise SweepError(not_utf8(p, e)) from None
-    except yaml.YAMLError as e:
-        raise SweepError(f"malformed YAML in {p}: {e}") from None
-    except ConfigError as e:  # a key given twice
+        data = load_yaml(p)
+    except ConfigError as e:  # not UTF-8, not YAML, a key given twice
         raise SweepError(str(e)) from None
     return parse_sweep(data, p)
