@@ -104,6 +104,12 @@ def test_spec_rules(tmp_path):
     assert [r.name for r in sw.runs] == ["w4-d16", "w4-d32", "w8-d16"]
     sw = parse_sweep({**base, "grid": {"window_size": [4]}, "name_template": "x{window_size}"})
     assert [r.name for r in sw.runs] == ["x4"]
+    # a grid axis replaces a `set:` key for its runs; a `runs:` entry keeps it unless its own `set` gives the key
+    sw = parse_sweep({**base, "set": {"window_size": 128, "seed": 3}, "grid": {"window_size": [4]},
+                      "runs": [{"name": "a"}, {"name": "b", "set": {"window_size": 9}}]})
+    assert [(r.name, r.overrides) for r in sw.runs] == [("w4", {"window_size": 4, "seed": 3}),
+                                                        ("a", {"window_size": 128, "seed": 3}),
+                                                        ("b", {"window_size": 9, "seed": 3})]
     with pytest.raises(SweepError, match="duplicate run names"):
         parse_sweep({**base, "grid": {"window_size": [4]}, "runs": [{"name": "w4"}]})
     # a name the sweep writes beside its runs, or too long for a directory (before: a traceback after sweep.yml
