@@ -252,6 +252,35 @@ def test_sharded_import_peak_memory_is_one_model(folders, tmp_path):
     assert grew < 1.3 * disk, f"peak RSS grew {grew / 1e6:.0f} MB for {disk / 1e6:.0f} MB on disk"
 
 
+
+def test_an_import_shows_its_progress_in_bytes_only_when_it_takes_a_while(tmp_path, monkeypatch, capsys):
+    """from_hf reports the bytes of the weight files read, file by file up to their sum; a quick import (under 2 s,
+    every test's) prints nothing."""
+    import io
+
+    from neox_dar.hf import folders
+    from neox_dar.progress import LogProgress
+
+    hf_folder(tmp_path / "hf", "llama", shard="20KB")
+    files = sorted((tmp_path / "hf").glob("*.safetensors"))
+    assert len(files) >= 3
+    capsys.readouterr()  # save_pretrained's own bar
+    from_hf(tmp_path / "hf")
+    assert capsys.readouterr().err == ""
+    log, shown, totals = io.StringIO(), [], []
+
+    class EveryUpdate(LogProgress):  # a line at every update, each count recorded
+        def _write(self):
+            shown.append(self.n)
+            super()._write()
+
+    monkeypatch.setattr(folders, "progress_bar",
+                        lambda **kw: totals.append(kw["total"]) or EveryUpdate(file=log, interval=0, **kw))
+    from_hf(tmp_path / "hf")
+    assert totals == [sum(f.stat().st_size for f in files)]
+    assert len(shown) > len(files) and shown == sorted(shown) and shown[-1] == totals[0]
+    assert log.getvalue().splitlines()[-1].startswith("reading hf: 100%")
+
 def _llama_with_tokenizer(path: Path) -> Path:
     """A tiny Llama over the Pythia vocabulary whose tokenizer, like Llama-3's, has a bos distinct from eos
     (``<|padding|>`` = 1, ``<|endoftext|>`` = 0)."""

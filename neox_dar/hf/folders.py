@@ -15,6 +15,7 @@ from ..saved_model import read_model_config
 from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
 from ..model import build_meta_model, CausalLM
+from ..progress import progress_bar
 from ..rundir import (CHECKPOINTS, CONFIG, MODEL_CONFIG, STATE, CheckpointError, check_writable, save_safetensors,
                       staged_dir)
 from ..tokenizer import tokenizer_file, write_tokenizer
@@ -63,15 +64,18 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
         raise FileNotFoundError(f"no config.json in {hf_dir}")
     hf = read_folder_json(config_path)
     files = weight_files(hf_dir)
-    cfg = config_from_hf(hf, str(config_path), overrides, sum(f.stat().st_size for f in files))
+    sizes = [f.stat().st_size for f in files]
+    cfg = config_from_hf(hf, str(config_path), overrides, sum(sizes))
     if attention_impl is not None:
         cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
     model = build_meta_model(cfg)
     expected = {k: tuple(v.shape) for k, v in model.weights().items()}
     loaded = set()
+    bar = progress_bar(total=sum(sizes), desc=f"reading {hf_dir.name}", unit="B", unit_scale=True,
+                       delay=2.0)  # shown for a large model only
     try:
-        for path in files:
-            shard = {}
+        for path, size in zip(files, sizes):
+            end, shard = bar.n + size, {}
             for name, shape, load in tensors_of(path):
                 ours = our_name(name, model)
                 if ours is None:
@@ -82,10 +86,14 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
                     raise CheckpointError(f"{path}: {name} has shape {shape}, {config_path} implies "
                                           f"{expected[ours]}")
                 shard[ours] = checked_tensor(load(), name, path)
+                bar.update(min(shard[ours].nbytes, end - bar.n))
             model.load_state_dict(shard, strict=False, assign=True)
             loaded |= set(shard)
+            bar.update(end - bar.n)  # the file's header and the tensors it holds that the model does not take
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{hf_dir}: unreadable weights ({e})") from None
+    finally:
+        bar.close()
     initialise_new(model, cfg, set(expected) - loaded, hf_dir)
     model.tie_weights()
     return model, cfg
