@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fork_server import run_forked
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 6
 # a tiny model, seq_length 32, global batch 8, 6 steps, fp32: seconds per run on a CPU
@@ -56,9 +58,16 @@ def train_command(save: Path, data: str, *overrides: str, nproc: int = 1) -> lis
 
 def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int | None = 0, env: dict | None = None,
           preexec_fn=None, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run train.py to completion within ``timeout`` seconds; assert its exit code (unless ``expect`` is None)."""
-    out = subprocess.run(train_command(save, data, *overrides, nproc=nproc), cwd=ROOT, env=env or train_env(),
-                         capture_output=True, text=True, timeout=timeout, preexec_fn=preexec_fn)
+    """Run train.py to completion within ``timeout`` seconds; assert its exit code (unless ``expect`` is None). One
+    process is forked from this worker's :mod:`fork_server` (the same run, without its ~2.5 s of imports) when its
+    environment allows; any other run is a process of its own."""
+    command = train_command(save, data, *overrides, nproc=nproc)
+    out = None
+    if nproc == 1 and preexec_fn is None:
+        out = run_forked(command[1:], env or train_env(), timeout)
+    if out is None:
+        out = subprocess.run(command, cwd=ROOT, env=env or train_env(), capture_output=True, text=True,
+                             timeout=timeout, preexec_fn=preexec_fn)
     if expect is not None:
         assert out.returncode == expect, f"exit {out.returncode}\n{_causes(out.stderr)}{out.stdout[-3000:]}\n" \
                                          f"{out.stderr[-5000:]}"

@@ -1,0 +1,133 @@
+"""train.py runs forked from one process per test worker that imported torch, dynamo, DeepSpeed and train.py's
+modules once (:func:`run_forked`), for :func:`trainrun.train`.
+
+A fresh ``python train.py`` spends about 2.5 s of CPU importing those before its first line of work (dynamo alone
+~1.1 s: torch's optimizer imports it when it is built); a tiny test run trains for well under a second, and the
+suite starts about a hundred of them. A child forked from the server is ``python train.py ARGS`` run in the same
+folder with the same environment, minus the imports: ``sys.argv``, the working folder, the standard streams (files
+the caller reads) and default signal handlers are its own, and train.py runs as ``__main__``. The server serves one
+run at a time, answers with the child's pid (so a timeout kills it) and then its exit status; it leaves when its
+worker closes its stdin. It serves a run whose environment is its own, or differs only in variables the trainer
+reads while it runs (:data:`RUNTIME_ENV`): an imported module may have read others at import (``TRITON_INTERPRET``
+decides what ``@triton.jit`` builds), so any other run is a process of its own. train.py's start-up line counts
+from the server's launch (its imports happened there).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# what a run's environment may hold that the server's does not: variables read only while training runs
+RUNTIME_ENV = frozenset({"NEOX_DAR_KILL_AT"})
+PRELOAD = ("torch", "torch._dynamo", "deepspeed", "neox_dar.training.loop", "neox_dar.training.checks",
+           "neox_dar.training.distributed")
+
+SERVER = r"""
+import gc, importlib, json, os, runpy, signal, sys, traceback
+
+sys.path.insert(0, os.getcwd())
+for name in sys.argv[1].split(","):
+    importlib.import_module(name)
+runpy.run_path("train.py", run_name="__preload__")  # its module-level imports; main() does not run
+gc.freeze()  # imported objects stay out of the children's collections (no copy-on-write of their pages)
+replies = os.fdopen(int(sys.argv[2]), "w", buffering=1)  # the pipe the caller reads
+for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: `python train.py ARGS` in request["cwd"]
+        code = 1
+        try:
+            os.chdir(request["cwd"])
+            for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)
+            for key, value in request["env"].items():  # variables the trainer reads while it runs
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            sys.argv = request["argv"]
+            runpy.run_path("train.py", run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            if isinstance(e.code, str):
+                print(e.code, file=sys.stderr)
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    replies.write(f"{pid}\n")
+    replies.write(f"{os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}\n")
+"""
+
+
+class _Server:
+    def __init__(self, env: dict):
+        self.env = env
+        read, write = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, "-c", SERVER, ",".join(PRELOAD), str(write)], cwd=ROOT,
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, text=True, pass_fds=(write,))
+        os.close(write)
+        self.replies = os.fdopen(read, "r")
+        atexit.register(self.close)
+
+    def reply(self, timeout: float | None) -> str | None:
+        """The server's next line; None after ``timeout`` seconds; RuntimeError when it is gone."""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.replies, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                return None
+        line = self.replies.readline()
+        if not line:
+            raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
+        return line.strip()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+_server: _Server | None = None
+
+
+def run_forked(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess | None:
+    """``python train.py ARGS`` (``argv``: ``["train.py", *ARGS]``) forked from this worker's server, as
+    ``subprocess.run(..., cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)`` would run it; None when
+    ``env`` is not the server's (run it as a process of its own)."""
+    global _server
+    if _server is None or _server.proc.poll() is not None:
+        _server = _Server(env)
+    changed = {k: env.get(k) for k in {*env, *_server.env} if env.get(k) != _server.env.get(k)}
+    if not set(changed) <= RUNTIME_ENV:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        _server.proc.stdin.write(json.dumps({"argv": argv, "cwd": str(ROOT), "stdout": str(out),
+                                             "stderr": str(err), "env": changed}) + "\n")
+        _server.proc.stdin.flush()
+        pid = int(_server.reply(60))
+        code = _server.reply(timeout)
+        if code is None:
+            os.kill(pid, signal.SIGKILL)
+            _server.reply(60)
+            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout, out.read_text(), err.read_text())
+        return subprocess.CompletedProcess([sys.executable, *argv], int(code), out.read_text(), err.read_text())
