@@ -427,38 +427,21 @@ run_forked() {  # run_forked PRELOAD CMD...: python command lines ("$PY SCRIPT A
     MERGE_THROUGHPUT=$MERGE_THROUGHPUT "$PY" -c "$RUN_FORKED" "$@"
 }
 IFS= read -r -d '' RUN_FORKED <<'EOF'
-import gc, importlib, os, runpy, shlex, subprocess, sys, traceback
+import os, shlex, subprocess, sys
 
-preload, cmds = sys.argv[1].split(","), sys.argv[2:]
-sys.path.insert(0, os.getcwd())
-for name in preload:  # imported once, here: each child has them by fork
-    importlib.import_module(name)
-for script in {shlex.split(c)[1] for c in cmds}:
-    runpy.run_path(script, run_name="__preload__")  # the script's module-level imports (its main() does not run)
-gc.freeze()  # the imported objects stay out of the children's collections (no copy-on-write of their pages)
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "scripts")]
+from forked import preload, run_script
+
+cmds = sys.argv[2:]
+preload(sys.argv[1].split(","), sorted({shlex.split(c)[1] for c in cmds}))
 rcs = []
 for cmd in cmds:
     argv = shlex.split(cmd)[1:]  # [SCRIPT, ARGS...]
     name = os.path.basename(argv[argv.index("--out") + 1] if "--out" in argv else argv[0])
     print(f"--- {name}", flush=True)
     pid = os.fork()
-    if pid == 0:  # the child: runs the script as `python SCRIPT ARGS` would
-        code = 1
-        try:
-            sys.argv = argv
-            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
-            runpy.run_path(argv[0], run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
-            code = e.code if isinstance(e.code, int) else int(e.code is not None)
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    if pid == 0:
+        run_script(argv)
     rcs.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
     if rcs[-1] != 0 and not os.environ.get("FORKED_RCS"):  # (FORKED_RCS: the caller judges the codes)
         print(f"FAILED: {name} (exit {rcs[-1]})", flush=True)

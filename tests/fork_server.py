@@ -1,5 +1,5 @@
 """train.py runs forked from one process per test worker that imported torch, dynamo, DeepSpeed and train.py's
-modules once (:func:`run_forked`), for :func:`trainrun.train`.
+modules once (:func:`run_forked`; scripts/forked.py), for :func:`trainrun.train`.
 
 A fresh ``python train.py`` spends about 2.5 s of CPU importing those before its first line of work (dynamo alone
 ~1.1 s: torch's optimizer imports it when it is built); a tiny test run trains for well under a second, and the
@@ -32,13 +32,12 @@ PRELOAD = ("torch", "torch._dynamo", "deepspeed", "neox_dar.training.loop", "neo
            "neox_dar.training.distributed")
 
 SERVER = r"""
-import gc, importlib, json, os, runpy, signal, sys, traceback
+import json, os, signal, sys, traceback
 
-sys.path.insert(0, os.getcwd())
-for name in sys.argv[1].split(","):
-    importlib.import_module(name)
-runpy.run_path("train.py", run_name="__preload__")  # its module-level imports; main() does not run
-gc.freeze()  # imported objects stay out of the children's collections (no copy-on-write of their pages)
+sys.path[:0] = [os.getcwd(), os.path.join(os.getcwd(), "scripts")]
+from forked import preload, run_script
+
+preload(sys.argv[1].split(","), ["train.py"])
 replies = os.fdopen(int(sys.argv[2]), "w", buffering=1)  # the pipe the caller reads
 for line in sys.stdin:
     request = json.loads(line)
@@ -46,7 +45,6 @@ for line in sys.stdin:
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:  # the child: `python train.py ARGS` in request["cwd"]
-        code = 1
         try:
             os.chdir(request["cwd"])
             for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
@@ -60,19 +58,10 @@ for line in sys.stdin:
                     os.environ.pop(key, None)
                 else:
                     os.environ[key] = value
-            sys.argv = request["argv"]
-            runpy.run_path("train.py", run_name="__main__")
-            code = 0
-        except SystemExit as e:
-            if isinstance(e.code, str):
-                print(e.code, file=sys.stderr)
-            code = e.code if isinstance(e.code, int) else int(e.code is not None)
-        except BaseException:
+            run_script(request["argv"])  # leaves the process
+        finally:  # a child whose set-up failed never returns to this loop
             traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+            os._exit(1)
     replies.write(f"{pid}\n")
     replies.write(f"{os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}\n")
 """
