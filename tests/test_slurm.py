@@ -7,6 +7,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from neox_dar.sweep.errors import SweepError
 from neox_dar.sweep.planning import plan, write_plan
 from neox_dar.sweep.spec import parse_sweep
 
-from builders import published_checkpoint
+from builders import ROOT, published_checkpoint
 
 SWEEP = {"name": "tiny-sweep", "configs": ["configs/tiny.yml"], "set": {"train_iters": 20},
          "grid": {"window_size": [4, 8, 16]}, "eval": False}
@@ -309,6 +310,15 @@ def test_a_run_file_the_job_cannot_read_fails_the_job(tmp_path, fake_slurm):
     assert proc.returncode == 1 and not (rec / "srun.log").exists(), log
     assert "cannot tell whether the run needs training" in log and "status.json: not valid JSON" in proc.stderr
 
+
+
+def test_the_jobs_run_file_questions_import_neither_torch_nor_the_planner():
+    """`python -m neox_dar.sweep.job` answers every job step's question from the run's files: it imports none of
+    torch or the sweep planner (the package once imported them all: 1.4 s a question instead of 0.2 s)."""
+    code = ("import sys, neox_dar.sweep.job; "
+            "print([m for m in ('torch', 'neox_dar.sweep.planning') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 def test_failed_training_fails_the_job(tmp_path, fake_slurm):
     env, rec = fake_slurm
