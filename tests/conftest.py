@@ -149,8 +149,8 @@ E2E = {
 
 # The slowest tests of the whole suite, measured on the quiet 2-core CPU (seconds, `PYTEST_ADDOPTS=--durations=120
 # bash scripts/test.sh`, 2026-11-28, at 73f947c: an earlier bench/results/test_suite_cpu.json), collected first: the
-# two workers (xdist's worksteal) start on them and end together on short tests, where one worker would otherwise finish a
-# long test alone at the end.
+# two workers (xdist's worksteal) start on them and end together on short tests, where one worker would otherwise
+# finish a long test alone at the end.
 SLOWEST_FIRST = [
     "tests/test_gpu_scripts.py::test_rehearsal_runs_every_step_on_the_cpu",  # 93
     "tests/test_replicate.py::test_smoke_runs_the_whole_pipeline_and_the_report_reads_the_results",  # 54
