@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from ..config import ConfigError, key_field
 from ..config.files import load_yaml, normalize_keys
 from .errors import SweepError
