@@ -332,8 +332,8 @@ CUDA_MESSAGE = ("this machine has" if torch.cuda.is_available() else "CUDA is no
     (["--device", "meta"], "--device 'meta' is not a device (cpu, cuda, cuda:N or mps)"),
     (["--device", "cuda:99"], f"--device cuda:99: {CUDA_MESSAGE}"),
     (["--out", "{tmp}"], "--out {tmp} is a directory: name a file to write"),
-    (["--out", "{tmp}/garbage.json/out.jsonl"], "--out {tmp}/garbage.json/out.jsonl: {tmp}/garbage.json is a file, not a "
-                                                "folder"),
+    (["--out", "{tmp}/garbage.json/out.jsonl"],
+     "--out {tmp}/garbage.json/out.jsonl: {tmp}/garbage.json is a file, not a folder"),
     (["--tokenizer", "{tmp}/garbage.json"], "{tmp}/garbage.json is not a Hugging Face tokenizer.json"),
 ], ids=["temperature-inf", "temperature-nan", "temperature-tiny", "top-p-nan", "seed", "device-potato",
         "device-meta", "device-cuda", "out-directory", "out-under-a-file", "garbage-tokenizer"])

@@ -301,10 +301,11 @@ def test_sweep_mistakes_are_one_line_errors_at_plan(tmp_path, capsys, tokenized_
 
 
 def test_grid_mistakes_name_the_sweep_file_and_a_dotted_axis_names_runs(tmp_path):
-    """A key given twice in a sweep file (the first `set:` was dropped), a file that is not YAML, an exclude whose value matches no grid point
-    (it excluded nothing), an empty axis (the message did not name the file) and two runs with one config (an
-    option's `set` replacing the earlier axis's key: `w8-swa2` and `w16-swa2` both trained window 32) are one line
-    naming the file; a name_template may name a dotted axis (it failed as "not a grid axis")."""
+    """A key given twice in a sweep file (the first `set:` was dropped), a file that is not YAML, an exclude whose
+    value matches no grid point (it excluded nothing), an empty axis (the message did not name the file) and two runs
+    with one config (an option's `set` replacing the earlier axis's key: `w8-swa2` and `w16-swa2` both trained
+    window 32) are one line naming the file; a name_template may name a dotted axis (it failed as "not a grid
+    axis")."""
     base = "name: g\nconfigs: [configs/tiny.yml, configs/attention/swa.yml]\n"
     cases = {"set: {train_iters: 2}\nset: {train_iters: 3}\ngrid: {window_size: [8, 16]}\n":
              "'set' is given twice in {f}:4 (the mapping repeats it)",
