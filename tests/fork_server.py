@@ -18,11 +18,12 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import selectors
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,24 +76,30 @@ class _Server:
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, text=True, pass_fds=(write,))
         os.close(write)
-        self.replies = os.fdopen(read, "r")
+        self.replies, self.pending = read, b""
         atexit.register(self.close)
 
     def reply(self, timeout: float | None) -> str | None:
-        """The server's next line; None after ``timeout`` seconds; RuntimeError when it is gone."""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.replies, selectors.EVENT_READ)
-            if not sel.select(timeout):
+        """The server's next line; None after ``timeout`` seconds; RuntimeError when it is gone. The pipe is read
+        unbuffered into ``pending``: both of a run's lines may arrive in one read, and a buffered file would hold the
+        second where ``select`` cannot see it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self.pending:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.replies], [], [], left)[0]:
                 return None
-        line = self.replies.readline()
-        if not line:
-            raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
-        return line.strip()
+            chunk = os.read(self.replies, 4096)
+            if not chunk:
+                raise RuntimeError(f"the fork server exited ({self.proc.poll()})")
+            self.pending += chunk
+        line, self.pending = self.pending.split(b"\n", 1)
+        return line.decode()
 
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
+        os.close(self.replies)
 
 
 _server: _Server | None = None
