@@ -60,7 +60,7 @@ for line in sys.stdin:
                 else:
                     os.environ[key] = value
             run_script(request["argv"])  # leaves the process
-        finally:  # a child whose set-up failed never returns to this loop
+        except BaseException:  # the set-up failed: the child leaves too, never returning to this loop
             traceback.print_exc()
             os._exit(1)
     replies.write(f"{pid}\n")
