@@ -272,6 +272,25 @@ def test_submit_dry_run_writes_per_run_scripts_and_records_nothing(four_runs, ca
         assert not (out / run / "slurm_jobs.txt").exists()
 
 
+def test_status_and_cancel_import_no_torch(tmp_path, tokenized_sample):
+    """`status` and `cancel` read configs and run files only: they import no torch (status took 2 s, most of it
+    torch's import through the planner's checks, for a question a user on a login node asks often). Without live
+    jobs, cancel needs no SLURM commands."""
+    spec = {"name": "q", "configs": ["configs/tiny.yml"], "set": {"data_path": tokenized_sample},
+            "runs": [{"name": "vanilla"}, {"name": "mswa", "set": {"attention_type": "mswa"}}]}
+    sweep, out = _write(tmp_path, spec), tmp_path / "runs"
+    assert sweep_main([str(sweep), "plan", "--out", str(out)]) == 0
+    code = ("import sys; from neox_dar.sweep.__main__ import main; "
+            f"codes = [main([{str(out)!r}, c]) for c in ('status', 'cancel')]; "
+            "print(codes, sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    env = {**os.environ, "PATH": str(tmp_path)}  # no squeue, no scancel
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == "[0, 0] []", proc.stdout + proc.stderr
+    assert lines[-2] == "cancel: 0 waiting job(s) cancelled, 0 running job(s) stopping; 2 of 2 run(s) had no live job"
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # mistakes surface at plan/submit time (issue 21, item 3)
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 from types import ModuleType
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..top_packages import INSTALLED
+
+if TYPE_CHECKING:
+    import torch
 
 
 DQ_PASS_ENV = "NEOX_DAR_DQ_PASS"

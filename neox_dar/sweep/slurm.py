@@ -313,7 +313,7 @@ def cancel_jobs(jobs: dict[str, str]) -> tuple[list[str], list[str]]:
     from .rundir import WAITING
 
     exe = shutil.which("scancel")
-    if exe is None:
+    if exe is None and jobs:
         raise SweepError("scancel not found: cancel needs SLURM's client commands on PATH")
     cancelled, stopped = [], []
     for job, state in jobs.items():
