@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from trainrun import BYTES, COMMON, ROOT, STEPS, losses, rows, train, train_env, trained_once, valid_losses
+from trainrun import (BYTES, COMMON, ROOT, STEPS, error_line, losses, rows, train, train_env, trained_once,
+                      valid_losses)
 
 from neox_dar.saved_model import load_model
 from neox_dar.rundir import newest_checkpoint, step_dir_name
@@ -194,6 +195,19 @@ def test_batch_mismatch_is_a_config_error(data, tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("config error:") and "train_batch_size" in lines[0]
     assert not (tmp_path / "bad").exists()
+
+
+def test_wandb_without_an_api_key_is_one_line_saying_how(data, tmp_path):
+    """use_wandb=true online, with no API key anywhere and no terminal to ask for one: W&B's UsageError was a
+    traceback through the log sinks; now one line naming the ways out, exit 2, and the run recorded as failed."""
+    env = {**train_env(HOME=str(tmp_path / "home"), WANDB_CONFIG_DIR=str(tmp_path / "wandbcfg")),
+           "WANDB_MODE": "online"}
+    env.pop("WANDB_API_KEY", None)
+    out = train(tmp_path / "run", data, *BYTES, "use_wandb=true", env=env, expect=2)
+    line = error_line(out)
+    assert line.startswith("error: use_wandb=true, but W&B did not start (") and "`wandb login`" in line, line
+    assert "WANDB_MODE=offline" in line and "use_wandb=false" in line
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "failed"
 
 
 def test_validation_also_runs_after_the_last_step(untimed):

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..rundir import (CONFIG, METRICS, WANDB_ID, WANDB_STEP, append_text, open_run_file, read_metrics,
                       truncate_metrics, write_text_atomic)
 from ..variants.registry import stat_names
@@ -70,9 +70,15 @@ class RunLogger:
         id_file = self.save / WANDB_ID
         run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
         write_text_atomic(id_file, run_id + "\n")
-        self.wandb = wandb.init(project=self.cfg.run.wandb_project, group=self.cfg.run.wandb_group,
-                                name=self.cfg.run.wandb_run_name, entity=self.cfg.run.wandb_team, id=run_id,
-                                resume="allow", dir=str(self.save), config=self.cfg.flat())
+        try:
+            self.wandb = wandb.init(project=self.cfg.run.wandb_project, group=self.cfg.run.wandb_group,
+                                    name=self.cfg.run.wandb_run_name, entity=self.cfg.run.wandb_team, id=run_id,
+                                    resume="allow", dir=str(self.save), config=self.cfg.flat())
+        except wandb.errors.Error as e:  # no API key without a terminal to ask for one, a refused key, no server
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ConfigError(f"use_wandb=true, but W&B did not start ({reason}): run `wandb login` or set "
+                              "WANDB_API_KEY; or set WANDB_MODE=offline to log here and `wandb sync` the run "
+                              "later; or use_wandb=false") from None
         self.wandb.save(str(self.save / CONFIG), base_path=str(self.save), policy="now")
 
     def _wandb_sent(self) -> int:
