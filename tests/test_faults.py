@@ -275,6 +275,35 @@ def test_torchs_full_disk_message_reads_no_space_left(tmp_path):
     assert "unexpected pos" in torch_says and we_say == "no space left on device"
 
 
+def test_a_ctrl_c_inside_torchs_writer_is_an_interrupt_not_a_failed_write(tmp_path):
+    """A second Ctrl-C while torch writes a checkpoint file surfaces as torch's "unexpected pos" RuntimeError with
+    the KeyboardInterrupt as its context (here: a file whose third write is interrupted); the run reported it as a
+    failed write ("could not write checkpoint ...", state failed). :func:`failed_write` raises the interrupt, so
+    the run ends interrupted as at any other moment; a real failure is returned as it was."""
+    import io
+
+    import torch
+
+    from neox_dar.training.checkpointing import failed_write
+
+    class Interrupted(io.FileIO):
+        writes = 0
+
+        def write(self, b):
+            Interrupted.writes += 1
+            if Interrupted.writes == 3:
+                raise KeyboardInterrupt
+            return super().write(b)
+
+    with pytest.raises(RuntimeError, match="unexpected pos") as caught:
+        with Interrupted(tmp_path / "rng.pt", "wb") as f:
+            torch.save({"a": torch.zeros(1000), "b": torch.ones(100)}, f)
+    with pytest.raises(KeyboardInterrupt):
+        failed_write(caught.value)
+    full = OSError(28, "No space left on device")
+    assert failed_write(full) is full
+
+
 def test_bad_paths_and_values_are_one_line(data, tmp_path):
     """save that is an existing file, lr=.inf, trainable_params=[], LoRA's r 0, dropout 1.5, alpha 0 and no
     target, fp16 without CUDA and finetune without load: one line each, exit 2. (Before: a FileExistsError

@@ -192,7 +192,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
         losses = torch.stack(state.interval_losses).cpu() if state.interval_losses else torch.zeros(0, 2)
         torch_save({**capture_rng(), "interval_losses": losses}, tmp / rng_file(info.rank))
     except Exception as e:  # OSError from a full disk, or torch's RuntimeError wrapping one
-        error = e
+        error = failed_write(e)
     lora = cfg.training.lora
     weights = consolidated_fp32_state(engine, lora.alpha / lora.r if lora is not None else None)
     if any_rank(error is not None, info.device):
@@ -220,7 +220,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
             publish(tmp, final)
             prune(root, keep_last_n)
         except Exception as e:
-            error = e
+            error = failed_write(e)
     if any_rank(error is not None, info.device):
         _abandon(tmp, info, error)
     barrier()
@@ -235,6 +235,19 @@ def _copy_run_tokenizer(save: Path, step_dir: Path) -> str | None:
         return None
     copy_tokenizer(recorded, step_dir)
     return tokenizer_sha256(recorded)
+
+
+def failed_write(error: Exception) -> Exception:
+    """``error``, the failure of a checkpoint write; but a Ctrl-C that interrupted torch's writer (the second one,
+    which aborts the run) surfaces as the writer's own error, "[enforce fail at inline_container.cc] unexpected
+    pos", with the KeyboardInterrupt as its context: that interrupt is raised instead, so the run ends interrupted
+    as at any other moment, not failed as if the disk had been."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            raise seen
+        seen = seen.__cause__ or seen.__context__
+    return error
 
 
 def write_failure(error: BaseException) -> str:
