@@ -5,6 +5,7 @@ file's ``.idx`` last).
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -51,13 +52,37 @@ def output_entry(staged: str, prefix: str, budget: Budget, i: int) -> dict:
             "truncated_last_document": budget.truncated[i]}
 
 
-def replace_outputs(staged: list[str], prefixes: list[str], manifest: str, out: str) -> None:
+def replace_outputs(staged: list[str], prefixes: list[str], manifest: str, out: str) -> list[str]:
     """Rename the staged outputs into place, the manifest ``PREFIX.manifest.json`` first and the training file's
     ``.idx`` (the last of ``prefixes``) last, so that until the set is complete the manifest describes another
-    ``PREFIX.idx`` than the one there; Ctrl-C waits for the last rename (:func:`~neox_dar.rundir.uninterrupted`)."""
+    ``PREFIX.idx`` than the one there; Ctrl-C waits for the last rename (:func:`~neox_dar.rundir.uninterrupted`).
+
+    When the new set has no held-out file but the output it replaces had one (``PREFIX_valid.bin/.idx``, recorded
+    in the old manifest), those two files are removed last: left in place, ``valid_data_paths: [PREFIX_valid]``
+    would pair the new training file with the old inputs' validation. Returns the removed paths."""
+    stale = _stale_valid(out, prefixes)
     with uninterrupted():
         os.replace(manifest, f"{out}.manifest.json")
         fault_point("data-replacing")
         for stage, prefix in zip(staged, prefixes):
             os.replace(bin_path(stage), bin_path(prefix))
             os.replace(idx_path(stage), idx_path(prefix))
+        for path in stale:
+            os.remove(path)
+    return stale
+
+
+def _stale_valid(out: str, prefixes: list[str]) -> list[str]:
+    """The ``PREFIX_valid.bin/.idx`` files the existing manifest of ``out`` records as its held-out output, when
+    the new outputs ``prefixes`` have none (a file of that name no manifest describes is left alone)."""
+    valid = f"{out}_valid"
+    if valid in prefixes:
+        return []
+    try:
+        with open(f"{out}.manifest.json") as f:
+            entry = json.load(f).get("valid")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(entry, dict) or entry.get("prefix") != os.path.abspath(valid):
+        return []
+    return [p for p in (bin_path(valid), idx_path(valid)) if os.path.isfile(p)]

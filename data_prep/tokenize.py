@@ -343,7 +343,10 @@ def run(argv: list[str] | None = None) -> dict:
             "seconds": round(time.time() - t0, 3),
         }
         write_text_atomic(os.path.join(shard_dir, MANIFEST), json.dumps(manifest, indent=2) + "\n")
-        replace_outputs(staged, prefixes, os.path.join(shard_dir, MANIFEST), args.out)
+        removed = replace_outputs(staged, prefixes, os.path.join(shard_dir, MANIFEST), args.out)
+        if removed:
+            print(f"data_prep.tokenize: removed {' and '.join(removed)}: the held-out file of the output this "
+                  "replaces (these inputs were tokenized without --valid-tokens)", file=sys.stderr)
         if not args.keep_shards:
             shutil.rmtree(shard_dir)
     finally:

@@ -397,6 +397,15 @@ def test_valid_tokens_hold_out_the_first_documents_and_max_tokens_counts_trainin
     prep(corpus / "*.jsonl", "--out", corpus / "rest", "--shard-docs", 40, "--valid-tokens", int(ends[9]))
     rest = IndexedDataset(corpus / "rest")
     assert len(rest) == 390 and rest.num_tokens == ref.num_tokens - int(ends[9])
+    # the same prefix again without --valid-tokens: the old held-out file goes (it was left beside the new training
+    # file, and valid_data_paths: [rest_valid] read the old inputs' validation); a _valid no manifest records stays
+    r = prep(corpus / "*.jsonl", "--out", corpus / "rest", "--shard-docs", 40, "--max-tokens", 1000)
+    assert not (corpus / "rest_valid.bin").exists() and not (corpus / "rest_valid.idx").exists()
+    assert f"removed {corpus / 'rest_valid.bin'} and {corpus / 'rest_valid.idx'}: the held-out file" in r.stderr
+    assert IndexedDataset(corpus / "rest").num_tokens == 1000
+    (corpus / "rest_valid.bin").write_bytes(b"mine")
+    prep(corpus / "*.jsonl", "--out", corpus / "rest", "--shard-docs", 40, "--max-tokens", 1000)
+    assert (corpus / "rest_valid.bin").read_bytes() == b"mine"
     r = prep(corpus / "*.jsonl", "--out", corpus / "toomuch", "--valid-tokens", ref.num_tokens + 1, check=False)
     assert r.returncode == 2 and f"too few for --valid-tokens {ref.num_tokens + 1:,}" in r.stderr
     r = prep(corpus / "*.jsonl", "--out", corpus / "nothing_left", "--valid-tokens", ref.num_tokens, check=False)
