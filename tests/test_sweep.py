@@ -395,6 +395,30 @@ def test_key_value_overrides_apply_to_every_run_and_are_recorded(tmp_path, capsy
     assert "must look like key=value" in capsys.readouterr().err
 
 
+def test_a_directory_never_planned_is_named_by_status_cancel_and_run(tmp_path, capsys, monkeypatch,
+                                                                         tokenized_sample):
+    """Planned with --out elsewhere, then `status`, `cancel` and `run --local` without --out: status said every
+    run was pending and cancel that none had jobs (in runs/NAME, never planned), and run failed on the missing
+    data_path the plan had recorded; now status and cancel name the folder, and run's error says where the
+    overrides are."""
+    monkeypatch.chdir(tmp_path)
+    path = _write(tmp_path, {"name": "far", "configs": [str(ROOT / "configs/tiny.yml")], "runs": [{"name": "x"}]})
+    assert sweep_main([str(path), "plan", "--out", str(tmp_path / "elsewhere"), f"data_path={tokenized_sample}"]) == 0
+    default = tmp_path / "runs" / "far"
+    capsys.readouterr()
+    for command in ("status", "cancel"):
+        assert sweep_main([str(path), command]) == 2
+        err = capsys.readouterr().err
+        assert err == (f"sweep error: {default} holds no plan of sweep 'far' (no sweep.yml there): plan, run or submit "
+                       "it first, or pass the output directory it was planned in (--out DIR, or DIR as SWEEP)\n")
+    assert sweep_main([str(path), "run", "--local"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep error: run 'x' on 1 rank(s): no training data") and err.count("\n") == 1
+    assert err.endswith(f"({default}, the default output directory, holds no plan of this sweep: the key=value "
+                        "overrides an earlier `plan --out DIR` recorded are reused with that --out DIR)\n")
+    assert not default.exists()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # one sweep per directory, one trainer per run (item 6)
 

@@ -127,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and "overrides" in args:  # `--only a b key=value`: run names never hold '=', so these are overrides
         args.overrides += [o for o in args.only if "=" in o]
         args.only = [o for o in args.only if "=" not in o]
+    hint = ""  # appended to an error of `run` or `submit` in a directory never planned
     try:
         if getattr(args, "max_epochs", None) is not None and not args.max_epochs > 0:
             raise SweepError(f"--max-epochs must be > 0, got {args.max_epochs:g}")
@@ -138,8 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         root = root.resolve()
         if not (args.command == "plan" and args.force):
             check_owner(sweep, root)
+        planned_here = (root / SWEEP_COPY).is_file()
+        if args.command in ("status", "cancel") and not planned_here:
+            raise SweepError(f"{root} holds no plan of sweep '{sweep.name}' (no {SWEEP_COPY} there): plan, run or "
+                             "submit it first, or pass the output directory it was planned in (--out DIR, or DIR "
+                             "as SWEEP)")
         if args.command in ("plan", "run", "submit"):
             sweep = _with_recorded_overrides(sweep, root, args.overrides, args.command)
+        if args.command in ("run", "submit") and not planned_here and args.out is None:
+            hint = (f" ({root}, the default output directory, holds no plan of this sweep: the key=value overrides "
+                    "an earlier `plan --out DIR` recorded are reused with that --out DIR)")
         planned = plan(sweep, root)
         check_report_settings(sweep, planned)
         if args.only:
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         for note in fit_micro_batches(planned, world, sweep.overrides):
             print(f"note: {note}", file=sys.stderr)
         check_runs(planned, world, here=args.command == "run")
+        hint = ""  # the runs are checked: what fails from here is not the plan
         write_plan(sweep, planned, force=args.force)
         if args.command == "plan":
             return _plan(planned, sweep, root, world, args)
@@ -171,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             return _run_local(planned, sweep, args)
         return _submit(planned, sweep, root, settings, args)
     except (SweepError, RunFileError) as e:
-        print(f"sweep error: {e}", file=sys.stderr)
+        print(f"sweep error: {e}{hint}", file=sys.stderr)
         return 2
 
 
