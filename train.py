@@ -88,12 +88,14 @@ def _main(argv: list[str] | None) -> int:
 
     with uninterrupted():  # a Ctrl-C arrives after the imports: libraries interrupted mid-import crashed the start
         from neox_dar.config import ConfigError, split_args
+        from neox_dar.notices import one_line_notices
         from neox_dar.training import startup  # the time per start-up phase, logged after the first step
         from neox_dar.training.checks import (check_training_config, epochs_line, load_checked, other_run_warning,
                                              tokenizer_warnings)
         from neox_dar.training.distributed import world_size_from_env
 
     startup.mark("imports")
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     paths, overrides = split_args(args)
     cfg = load_checked(paths, overrides)
     if cfg is None:

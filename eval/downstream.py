@@ -61,6 +61,7 @@ from neox_dar.rundir import check_writable, write_output
 
 from .local_tasks import task_manager
 from .suites import CODE_TASKS, Suite, SuiteError, SuiteTask, load_suites
+from neox_dar.notices import one_line_notices
 
 
 # ----------------------------------------------------------------------------------------------
@@ -248,6 +249,7 @@ def _read(path: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     p = argparse.ArgumentParser(prog="python -m eval.downstream", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a suite on a checkpoint")

@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from neox_dar.notices import one_line_notices
+
 
 def local_tasks_only(argv: list[str]) -> bool:
     """Whether the lm-eval arguments ``argv`` name only tasks found in their ``--include_path``."""
@@ -63,6 +65,7 @@ def fail(problem: str) -> None:
 
 
 def main() -> None:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     import lm_eval.tasks
     from lm_eval.__main__ import cli_evaluate
 

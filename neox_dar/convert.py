@@ -19,9 +19,11 @@ from .config.files import parse_override
 from .hf import check_out_dir, from_hf, to_hf
 from .rundir import held_checkpoint, staged_dir
 from .tokenizer import check_tokenizer_json, copy_tokenizer_files, tokenizer_file
+from .notices import one_line_notices
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     parser = argparse.ArgumentParser(prog="python -m neox_dar.convert", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="direction", required=True)
     p = sub.add_parser("to-hf", help="neox-dar checkpoint -> Hugging Face folder (weights, config, tokenizer)")

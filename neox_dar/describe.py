@@ -21,6 +21,7 @@ from .config import Config, split_args
 from .model import build_meta_model, count_parameters, flops_per_token
 from .training.checks import load_checked
 from .variants import variant
+from .notices import one_line_notices
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -97,6 +98,7 @@ def describe(cfg: Config, context: int | None = None, dtype: str = "bf16") -> st
 
 
 def main(argv: typing.Sequence[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     parser = argparse.ArgumentParser(prog="python -m neox_dar.describe", description=__doc__.split("\n")[0])
     parser.add_argument("--context", type=int, default=None, help="context length for FLOPs and KV cache")
     parser.add_argument("--dtype", choices=sorted(DTYPE_BYTES), default="bf16", help="KV cache dtype")

@@ -20,6 +20,21 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return p
 
 
+def test_a_commands_warnings_are_one_line_each():
+    """A config that does not do what it seems to is said in one line, `warning: ...`, by the commands (here
+    `python -m neox_dar.config`): Python's format printed this package's file and line and the code line there,
+    which say nothing to the user. Other libraries' warnings keep Python's format."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "neox_dar.config", "configs/tiny.yml", "configs/attention/dar.yml"],
+                         cwd=root, capture_output=True, text=True, check=True)
+    assert out.stderr.startswith("warning: window_size=128 >= seq_length=128: every key is inside DAR's window, so "
+                                 "this is vanilla attention") and out.stderr.count("\n") == 1, out.stderr
+    code = ("import warnings; from neox_dar.notices import one_line_notices; one_line_notices(); "
+            "warnings.warn('theirs')")
+    theirs = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert "<string>:1: UserWarning: theirs" in theirs
+
+
 def test_later_files_override_earlier_and_nested_keys_merge(tmp_path):
     a = write(tmp_path, "a.yml", """
         hidden_size: 64

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ..notices import Notice
 from ..standalone.dar import DARCache, DARLayer
 from ..variants.dar import DARSpec, UniformSpec
 from .base import Attention
@@ -70,7 +71,7 @@ def dar_sdpa(q, k_loc, v_loc, k_glob, v_glob, window: int) -> torch.Tensor:
 def warn_too_wide(d_down: int, rotated: int, heads: int, max_dims: int, max_heads: int) -> None:
     warnings.warn(f"DAR decode: d_down = {d_down}, {rotated} rotated key dims per far column or {heads} heads are "
                   f"more than the far-column kernel's {max_dims} dims or {max_heads} heads; the decode step runs the "
-                  "PyTorch path (every score materialised)", stacklevel=3)
+                  "PyTorch path (every score materialised)", Notice, stacklevel=3)
 
 
 class DARAttention(DARLayer, Attention):

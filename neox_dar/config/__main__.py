@@ -8,9 +8,11 @@ import typing
 from . import __doc__ as package_doc
 from .files import split_args
 from .reference import derived_summary, reference_markdown
+from ..notices import one_line_notices
 
 
 def main(argv: typing.Sequence[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv in (["-h"], ["--help"]):
         print(package_doc)

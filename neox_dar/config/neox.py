@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 from ..config_fields import ConfigError
+from ..notices import Notice
 
 # GPT-NeoX keys that only steer its fused kernels, model/pipeline parallelism or launcher. They are accepted so
 # GPT-NeoX (e.g. Pythia) config files load as they are, and reported once, since they change nothing here.
@@ -71,12 +72,12 @@ def translate_neox(merged: dict, origins: dict, files: set[str]) -> None:
     for k in ignored:
         del merged[k]
     if ignored:
-        warnings.warn(f"GPT-NeoX keys with no effect in neox-dar ignored: {', '.join(ignored)}", stacklevel=4)
+        warnings.warn(f"GPT-NeoX keys with no effect in neox-dar ignored: {', '.join(ignored)}", Notice, stacklevel=4)
     if neox_file and omitted:
         differ = ", ".join(f"{k} {_ours(k)} (GPT-NeoX: {NEOX_DEFAULTS[k]!r})" for k in omitted)
         warnings.warn(f"a GPT-NeoX config (it has {', '.join(neox_file[:3])}) leaves out keys whose GPT-NeoX default "
                       f"differs from neox-dar's, which applies: {differ}; set them in the file to mean GPT-NeoX's",
-                      stacklevel=4)
+                      Notice, stacklevel=4)
 
 
 def _ours(key: str) -> str:

@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 from ..config_fields import ConfigError, InvalidValue, check
+from ..notices import Notice
 from ..variants import layer_types, variant, variant_keys, variants
 from .model_schema import ModelConfig
 from .schema import DataConfig, RunConfig, TrainingConfig, split_shares
@@ -100,7 +101,7 @@ def check_attention(m: ModelConfig) -> None:
     for key, (spec, owners) in variant_keys().items():
         if key not in reads and getattr(a, key) != spec.default:
             warnings.warn(f"'{key}' is set but attention_type is '{a.attention_type}' (it is read only by "
-                          f"{', '.join(owners)}); it has no effect", stacklevel=5)
+                          f"{', '.join(owners)}); it has no effect", Notice, stacklevel=5)
 
 
 def check_training(t: TrainingConfig) -> None:

@@ -46,6 +46,7 @@ from ..progress import progress_bar
 from .conversations import open_pair
 from .gpt_dataset import file_lock
 from .indexed import IndexedDataset, IndexedDatasetError
+from ..notices import one_line_notices
 
 CHUNK_TOKENS = 1 << 22  # 8 MiB of uint16 per min/max pass: stays in cache between the two passes
 SAMPLE_WINDOWS, WINDOW_TOKENS = 64, 1 << 20
@@ -285,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     args = build_parser().parse_args(argv)
     paths, overrides = split_args(args.words)
     configs = [w for w in paths if w.endswith((".yml", ".yaml"))]

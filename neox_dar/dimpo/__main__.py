@@ -33,6 +33,7 @@ from .instances import SPLITS, DimPOError
 from .methods import METHODS, PAPER
 from .pairs import PairSelection
 from .study import PANELS
+from ..notices import one_line_notices
 
 
 def _ints(text: str) -> list[int]:
@@ -317,6 +318,7 @@ def cmd_tasks(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     args = build_parser().parse_args(argv)
     try:
         if getattr(args, "out", None) is not None:  # a file or an unwritable place: a traceback after the fit before

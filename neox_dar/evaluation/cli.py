@@ -40,6 +40,7 @@ from .corpora import ALL_CORPORA, CORPORA, CorpusError, Document, manifest_hash
 from .loading import DTYPES, LoadedModel, is_hf_folder, load_for_eval
 from .parallel import EvalGroup, start_group
 from .perplexity import SWEEP_MANIFEST, load_corpora, pinned_corpora, score_corpus, sweep_manifest_path
+from ..notices import one_line_notices
 
 
 def _parse_paths(items: list[str]) -> dict[str, str]:
@@ -146,6 +147,7 @@ def main(argv: list[str] | None = None, group: EvalGroup | None = None, load=Non
     """The command; ``group``: the ranks of a caller that has started them (default: :func:`.parallel.start_group`,
     closed at the end); ``load``: a caller's :func:`load_checkpoint` (one that keeps what it loaded for its own
     use after this)."""
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     args = build_parser().parse_args(argv)
     try:
         check_device(args.device)

@@ -39,6 +39,7 @@ from ..rundir import CheckpointError, check_writable
 from ..tokenizer import check_tokenizer_json
 from ..variants.registry import stat_names
 from . import GenerationError, Sampling, check_prompts, generate, load
+from ..notices import one_line_notices
 
 
 def read_prompts(path: Path) -> list[dict]:
@@ -194,6 +195,7 @@ def run(args) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     args = build_parser().parse_args(argv)
     try:
         run(args)

@@ -10,6 +10,7 @@ import warnings
 from ..config import ConfigError, model_config_from_flat, model_flat, ModelConfig
 from ..config.schema import key_sections
 from ..families import FAMILIES
+from ..notices import Notice
 
 LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -166,7 +167,7 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
     if dropped:
         warnings.warn(f"{where}: {', '.join(f'{k} {v}' for k, v in dropped.items())} not imported: the import trains "
                       "without dropout (inference is the same); set hidden_dropout=... on the command line to train "
-                      "with it (attention_dropout must stay 0 here)", stacklevel=2)
+                      "with it (attention_dropout must stay 0 here)", Notice, stacklevel=2)
     keys.update(family.fixed, **family.import_keys)
     for key in family.hf_keys:
         for ours in key.ours if key.read else ():
@@ -175,7 +176,7 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         if partial != family.fixed["rotary_pct"]:
             warnings.warn(f"{where}: partial_rotary_factor {partial!r} is ignored: {family.hf_class} rotates "
                           f"rotary_pct={family.fixed['rotary_pct']} of each head, whatever its config says, and so "
-                          "does the import", stacklevel=2)
+                          "does the import", Notice, stacklevel=2)
     elif partial is not None:  # rope_parameters' partial_rotary_factor before GPT-NeoX's rotary_pct, as transformers 5
         keys["rotary_pct"] = partial
     return model_config_from_flat({**keys, **overrides}, source=where, sources=said)
@@ -223,7 +224,7 @@ def _edited_after_export(hf: dict, cfg: ModelConfig, where: str, overridden: set
     for hf_key, value, current, _ in found:
         warnings.warn(f"{where}: {hf_key} is {value!r} but its neox_dar_config says {current!r} (the folder was "
                       "changed after its export, e.g. by transformers): importing config.json's value, as "
-                      "transformers runs it", stacklevel=3)
+                      "transformers runs it", Notice, stacklevel=3)
     return {k: v for *_, keys in found for k, v in keys.items()}
 
 

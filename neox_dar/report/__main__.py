@@ -20,6 +20,7 @@ from ..sweep.errors import SweepError
 from .collect import absent_runs, collect
 from .figures import draw_all, earlier_figures
 from .tables import average_table, build_table, to_latex, to_markdown
+from ..notices import one_line_notices
 
 
 def report_tables(runs, report: dict) -> list:
@@ -33,6 +34,7 @@ def report_tables(runs, report: dict) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     p = argparse.ArgumentParser(prog="python -m neox_dar.report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("target", help="sweep YAML, sweep output directory, or a directory of run directories")

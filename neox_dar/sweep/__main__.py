@@ -33,6 +33,7 @@ from .planning import check_owner, check_report_settings, check_runs, plan, plan
 from .rundir import run_state
 from .slurm import SlurmSettings, cancel_jobs, extra_corpora, queued_jobs, submit_runs
 from .spec import SWEEP_COPY, load_sweep, override_key, with_overrides
+from ..notices import one_line_notices
 
 
 def format_rows(rows: list[dict]) -> str:
@@ -123,6 +124,7 @@ def _with_recorded_overrides(sweep, root: Path, given: list[str], command: str):
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     args = build_parser().parse_args(argv)
     if args.only and "overrides" in args:  # `--only a b key=value`: run names never hold '=', so these are overrides
         args.overrides += [o for o in args.only if "=" in o]

@@ -29,6 +29,7 @@ from ..evaluation.perplexity import score_corpus
 from ..rundir import EVAL_DIR, FINAL_EVAL, read_json, write_text_atomic
 from .extra import parse_extra
 from .rundir import needs_eval
+from ..notices import one_line_notices
 
 
 def read_documents(path: str | Path) -> list[Document]:
@@ -108,6 +109,7 @@ def evaluate(run_dir: Path, options: list[str], extra: dict[str, str], group: Ev
 
 
 def main(argv: list[str] | None = None) -> int:
+    one_line_notices()  # this package's warnings as `warning: ...`, one line
     ap = argparse.ArgumentParser(prog="python -m neox_dar.sweep.evaluate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir")

@@ -22,6 +22,7 @@ from typing import Literal, Optional
 from ..config import ConfigError, setting
 from ..config.coerce import coerce
 from ..evaluation.corpora import CORPORA, HUB_DEFAULT_DOCS
+from ..notices import Notice
 from ..rundir import record_job
 from .errors import SweepError
 
@@ -333,7 +334,7 @@ def submit_runs(settings: SlurmSettings, sweep_name: str, run_dirs: list[Path], 
     log_dir.mkdir(parents=True, exist_ok=True)
     if settings.concurrency is not None and settings.mode != "array":
         warnings.warn(f"slurm concurrency {settings.concurrency} is not applied with mode per-run (one job per run, "
-                      "which only SLURM's own limits bound): it limits the tasks of a job array", stacklevel=2)
+                      "which only SLURM's own limits bound): it limits the tasks of a job array", Notice, stacklevel=2)
     batches = [run_dirs] if settings.mode == "array" else [[d] for d in run_dirs]
     submitted = []
     for batch in batches:

@@ -7,6 +7,7 @@ import warnings
 from typing import Any, Literal, Optional
 
 from ..config_fields import Key
+from ..notices import Notice
 from .spec import ModelConfig, VariantSpec
 
 
@@ -76,7 +77,7 @@ class UniformSpec(DARSpec):
     def validate(cls, cfg: ModelConfig) -> None:
         if cfg.attention.window_size not in (0, 128):
             warnings.warn(f"attention_type '{cls.name}' ignores window_size (every key uses the bottleneck)",
-                          stacklevel=6)
+                          Notice, stacklevel=6)
 
     @classmethod
     def window_of(cls, cfg: ModelConfig) -> int:

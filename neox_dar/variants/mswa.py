@@ -18,6 +18,7 @@ import warnings
 from typing import Literal, Optional
 
 from ..config_fields import Key
+from ..notices import Notice
 from .layers import layer_types
 from .spec import ModelConfig, VariantSpec
 
@@ -60,7 +61,7 @@ def mswa_window_table(cfg: ModelConfig, warn: bool = False) -> list[list[int]]:
         warnings.warn("MSWA: " + "; ".join(
             f"{what}={n} is not divisible by 4, so the 1-based intervals ceil(4 i / n) - 1 give groups "
             f"{','.join(str(group(i, n)) for i in range(1, n + 1))} (unequal sizes)" for what, n in uneven),
-            stacklevel=3)
+            Notice, stacklevel=3)
     table = []
     for i in range(1, L + 1):
         # Table 6's "decreasing": the layer allocation reversed (the group of layer L + 1 - i), which changes the
@@ -119,7 +120,7 @@ class MSWASpec(VariantSpec):
         if smallest >= cfg.seq_length:
             warnings.warn(f"every MSWA window (the smallest is {smallest}, base window_size="
                           f"{cfg.attention.window_size}) is >= seq_length={cfg.seq_length}, so this is vanilla "
-                          "attention", stacklevel=6)
+                          "attention", Notice, stacklevel=6)
 
     @classmethod
     def summary(cls, cfg: ModelConfig) -> str:

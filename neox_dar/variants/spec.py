@@ -8,6 +8,7 @@ import warnings
 from typing import Any, ClassVar
 
 from ..config_fields import Key, check
+from ..notices import Notice
 
 # The model section of a loaded config (neox_dar.config.ModelConfig), which the specs' rules and descriptions read.
 # The config package builds its schema from this package, so the type is named here, not imported.
@@ -81,7 +82,7 @@ class VariantSpec:
         w, T = cfg.attention.window_size, cfg.seq_length
         if w >= T:
             warnings.warn(f"window_size={w} >= seq_length={T}: {consequence}; a later config file or key may have "
-                          "replaced the model config's window", stacklevel=7)
+                          "replaced the model config's window", Notice, stacklevel=7)
 
     # ---- descriptions -------------------------------------------------------------------------------------
     @classmethod
