@@ -151,6 +151,13 @@ def test_missing_file(tmp_path):
     # an option a command does not take (train.py ... --steps 5 said "config file not found: --steps")
     with pytest.raises(ConfigError, match=r"^unknown option --steps: give config files and key=value overrides"):
         load_config("configs/tiny.yml", "--steps")
+    # a key without its value read as a file; a key written as an option (it said "unknown key '__train_iters'")
+    with pytest.raises(ConfigError, match=r"^config file not found: train_iters \(a word without '=' names a config "
+                                          r"file; a key is set as key=value, e.g. train_iters=\.\.\.\)$"):
+        load_config("configs/tiny.yml", "train_iters")
+    with pytest.raises(ConfigError, match=r"^override '--train_iters=3': keys are set without dashes, as key=value "
+                                          r"\(train_iters=3\)$"):
+        load_config("configs/tiny.yml", overrides=["--train_iters=3"])
 
 
 def test_a_file_that_is_not_utf8_text_or_a_folder_is_one_line(tmp_path, capsys):

@@ -70,7 +70,9 @@ def read_yaml(path: str | Path) -> dict:
     if not p.is_file() and str(path).startswith("-"):
         raise ConfigError(f"unknown option {path}: give config files and key=value overrides (see --help)")
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+        hint = ("" if p.suffix in (".yml", ".yaml") or "/" in str(path) else
+                f" (a word without '=' names a config file; a key is set as key=value, e.g. {path}=...)")
+        raise ConfigError(f"config file not found: {p}{hint}")
     data = load_yaml(p)
     if data is None:
         return {}
@@ -96,6 +98,9 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override {item!r} must look like key=value")
     key, raw = item.split("=", 1)
+    if key.startswith("-"):
+        raise ConfigError(f"override {item!r}: keys are set without dashes, as key=value "
+                          f"({key.lstrip('-')}={raw})")
     key = key.strip().replace("-", "_")
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {item!r} has an empty key")
