@@ -321,9 +321,15 @@ def test_bad_paths_and_values_are_one_line(data, tmp_path):
                        ('lora={"alpha": 0}', "'lora.alpha' in the command line: 0.0 (must be > 0"),
                        ('lora={"target_modules": []}', "(must name at least one linear layer)"),
                        ("precision=fp16", "precision fp16 needs a CUDA GPU"),
+                       (f"load={tmp_path / 'nope'}", f"load={tmp_path / 'nope'} does not exist: name a run directory"),
                        ("finetune=true", "finetune=true starts from load='s weights, but load is not set")):
         out = train_in_process(tmp_path / "run", data, *SHORT, value)
         assert out.returncode == 2 and why in error_line(out)
+        assert not (tmp_path / "run").exists()  # nothing written (a missing load left a run.lock and a status)
+    # a run with checkpoints of its own continues from them, whatever became of its load
+    (tmp_path / "resumed" / "checkpoints" / "step_00000003").mkdir(parents=True)
+    with pytest.raises(AssertionError, match="got past its config and data checks"):
+        train_in_process(tmp_path / "resumed", data, *SHORT, f"load={tmp_path / 'nope'}")
 
 
 def test_triton_without_cuda_is_one_line_before_the_run(data, tmp_path, monkeypatch):

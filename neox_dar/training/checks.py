@@ -11,7 +11,7 @@ from ..attention.triton_bridge import DQ_PASS_ENV, DQ_PASSES
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
 from ..data.check import check_data_files, data_prefixes, other_tokenizer
-from ..rundir import CONFIG, RUN_META, STATUS, check_writable, checkpoints_dir
+from ..rundir import CONFIG, RUN_META, STATUS, check_writable, checkpoints_dir, step_dirs
 
 # a token budget that reads the training data more often than this is warned about, by train.py and `sweep plan`
 # alike, unless the user says more is intended (train.py --max-epochs, a sweep file's max_epochs, plan --max-epochs)
@@ -51,8 +51,9 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
     (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data,
     what needs CUDA on a machine without it (:func:`check_without_cuda`; only when it trains ``here``, on this
-    machine, not when a login node checks a job for GPU nodes), finetune without load, bf16 without ZeRO, or a
-    damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
+    machine, not when a login node checks a job for GPU nodes), finetune without load, a new run's load that does
+    not exist (``here`` only: a sweep's later stage loads a run its earlier stage has not trained yet), bf16 without
+    ZeRO, or a damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
     :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")
@@ -77,6 +78,11 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
                           "import to start from (load=...), or drop finetune to train from scratch")
+    # a new run (a run with checkpoints of its own continues from them, whatever became of its load) whose load is
+    # missing: said before the run directory is made
+    if here and cfg.run.load and not Path(cfg.run.load).exists() and not step_dirs(checkpoints_dir(cfg.run.save)):
+        raise ConfigError(f"load={cfg.run.load} does not exist: name a run directory, one of its checkpoints or an "
+                          "import (python -m neox_dar.convert from-hf)")
     if os.environ.get(DQ_PASS_ENV, DQ_PASSES[0]) not in DQ_PASSES:
         raise ConfigError(f"{DQ_PASS_ENV}={os.environ[DQ_PASS_ENV]} (environment): the Triton backward's dq pass is "
                           f"{' or '.join(map(repr, DQ_PASSES))} (unset: chosen by timing)")
