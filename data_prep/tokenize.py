@@ -296,6 +296,7 @@ def run(argv: list[str] | None = None) -> dict:
     make_out_dir(args.out)
     shard_dir = f"{args.out}.shards"
     journal = Journal(shard_dir, plan)
+    empty = False
     try:
         if journal.discarded:
             print(f"data_prep.tokenize: {shard_dir} held {journal.discarded}; removed them, starting over",
@@ -311,9 +312,13 @@ def run(argv: list[str] | None = None) -> dict:
             progress.close()
         try:
             _check_filled(args, budget, bad)
-        except DataPrepError:
+        except DataPrepError as e:
             _report_bad(sources, bad)
-            raise
+            if not any(budget.filled):  # no usable document: the shards hold nothing worth keeping
+                empty = True
+                raise
+            raise DataPrepError(f"{e} (the tokenized shards are kept in {shard_dir}/: the same inputs with other "
+                                "budgets reuse them; remove it to start over)") from None
         staged = [shard_output(shard_dir, i) for i in range(len(prefixes))]
         if not args.no_progress:
             print(f"data_prep.tokenize: merging {len(shard_plan)} shard(s), then hashing the inputs for the manifest",
@@ -351,6 +356,8 @@ def run(argv: list[str] | None = None) -> dict:
             shutil.rmtree(shard_dir)
     finally:
         journal.close()
+        if empty:
+            shutil.rmtree(shard_dir, ignore_errors=True)
     return manifest
 
 

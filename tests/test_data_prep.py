@@ -299,6 +299,7 @@ def test_inputs_with_no_usable_document_are_an_error(tmp_path):
     (tmp_path / "empty.jsonl").write_text(json.dumps({"text": ""}) + "\n")
     r = prep(tmp_path / "empty.jsonl", "--out", tmp_path / "e", check=False)
     assert r.returncode == 2 and "no usable documents in the inputs (1 bad records)" in r.stderr
+    assert not (tmp_path / "e.shards").exists()  # nothing worth keeping (an empty shard folder was left behind)
 
 
 def test_hugging_face_dataset_input_streams_offline(tmp_path):
@@ -408,6 +409,8 @@ def test_valid_tokens_hold_out_the_first_documents_and_max_tokens_counts_trainin
     assert (corpus / "rest_valid.bin").read_bytes() == b"mine"
     r = prep(corpus / "*.jsonl", "--out", corpus / "toomuch", "--valid-tokens", ref.num_tokens + 1, check=False)
     assert r.returncode == 2 and f"too few for --valid-tokens {ref.num_tokens + 1:,}" in r.stderr
+    assert f"(the tokenized shards are kept in {corpus / 'toomuch.shards'}/: the same inputs with other budgets " \
+           "reuse them; remove it to start over)" in r.stderr and (corpus / "toomuch.shards").is_dir()
     r = prep(corpus / "*.jsonl", "--out", corpus / "nothing_left", "--valid-tokens", ref.num_tokens, check=False)
     assert r.returncode == 2 and "no usable documents after the --valid-tokens documents" in r.stderr
 
