@@ -90,8 +90,8 @@ def _main(argv: list[str] | None) -> int:
         from neox_dar.config import ConfigError, split_args
         from neox_dar.notices import one_line_notices
         from neox_dar.training import startup  # the time per start-up phase, logged after the first step
-        from neox_dar.training.checks import (check_training_config, epochs_line, load_checked, other_run_warning,
-                                             tokenizer_warnings)
+        from neox_dar.training.checks import (check_training_config, epochs_line, foreign_save_warning, load_checked,
+                                             other_run_warning, tokenizer_warnings)
         from neox_dar.training.distributed import world_size_from_env
 
     startup.mark("imports")
@@ -109,7 +109,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     if os.environ.get("RANK", "0") == "0":
         print(epochs_line(cfg, world_size_from_env(), max_epochs), file=sys.stderr)
-        for warning in [other_run_warning(paths, cfg), *tokenizer_warnings(cfg)]:
+        for warning in [other_run_warning(paths, cfg), foreign_save_warning(cfg), *tokenizer_warnings(cfg)]:
             if warning:
                 print(warning, file=sys.stderr)
 

@@ -210,6 +210,21 @@ def test_wandb_without_an_api_key_is_one_line_saying_how(data, tmp_path):
     assert json.loads((tmp_path / "run" / "status.json").read_text())["state"] == "failed"
 
 
+def test_a_save_holding_other_files_is_said_and_they_are_kept(data, tmp_path):
+    """save= naming a folder of other files (no run's): the run trained into it without a word; now a warning
+    names what is there, and those files stay."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    out = train(folder, data, *BYTES, "train_iters=2", "eval_interval=2", "checkpoint_factor=2")
+    assert (f"warning: save={folder} holds 1 entry of no run (notes.txt): the run writes its files beside them "
+            "(config.yml, metrics.jsonl, status.json, checkpoints/); name a new directory to keep them apart") \
+        in out.stderr.splitlines()
+    assert (folder / "notes.txt").read_text() == "keep me" and (folder / "status.json").is_file()
+    again = train(folder, data, *BYTES, "train_iters=2", "eval_interval=2", "checkpoint_factor=2")
+    assert "of no run" not in again.stderr  # a run now: nothing to say
+
+
 def test_validation_also_runs_after_the_last_step(untimed):
     """As in GPT-NeoX, a final validation after the last step when it is not an evaluation step (6 % 4 != 0)."""
     assert sorted(valid_losses(untimed)) == [4, STEPS]

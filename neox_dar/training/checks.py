@@ -11,7 +11,7 @@ from ..attention.triton_bridge import DQ_PASS_ENV, DQ_PASSES
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
 from ..data.check import check_data_files, data_prefixes, other_tokenizer
-from ..rundir import CONFIG, RUN_META, STATUS, check_writable, checkpoints_dir, step_dirs
+from ..rundir import CONFIG, LOCK, METRICS, RUN_META, STATUS, check_writable, checkpoints_dir, step_dirs
 
 # a token budget that reads the training data more often than this is warned about, by train.py and `sweep plan`
 # alike, unless the user says more is intended (train.py --max-epochs, a sweep file's max_epochs, plan --max-epochs)
@@ -108,6 +108,24 @@ def other_run_warning(paths: list[str], cfg: Config) -> str | None:
                     f"save={cfg.run.save}: this trains (and continues) {cfg.run.save}, not {path.parent}; add "
                     f"save={path.parent} to train the run in that directory")
     return None
+
+
+def foreign_save_warning(cfg: Config) -> str | None:
+    """A warning when ``save`` is a directory that holds files but no run's (no status, config, metrics, lock or
+    checkpoints: a data folder, a home directory named by mistake): the run's files go in beside them."""
+    save = Path(cfg.run.save)
+    if not save.is_dir() or any((save / name).exists() for name in (STATUS, CONFIG, METRICS, LOCK, RUN_META)):
+        return None
+    if checkpoints_dir(save).exists():
+        return None
+    names = sorted(p.name for p in save.iterdir())
+    if not names:
+        return None
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    count = f"{len(names)} {'entry' if len(names) == 1 else 'entries'}"
+    return (f"warning: save={cfg.run.save} holds {count} of no run ({shown}): the run writes its files "
+            "beside them (config.yml, metrics.jsonl, status.json, checkpoints/); name a new directory to keep them "
+            "apart")
 
 
 def tokenizer_warnings(cfg: Config) -> list[str]:
