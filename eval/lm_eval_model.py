@@ -33,6 +33,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from neox_dar.hf import hf_config_dict
 from neox_dar.model import CausalLM
+from neox_dar.notices import Notice
 
 from neox_dar.evaluation.loading import load_for_eval
 from neox_dar.evaluation.scoring import AttentionStatsMean, overall_means
@@ -88,7 +89,7 @@ def resolve_device(device: str | None) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         warnings.warn(f"neox_dar: device '{device}' requested but CUDA is not available; running on the CPU",
-                      stacklevel=2)
+                      Notice, stacklevel=2)
         return "cpu"
     return device
 
