@@ -485,6 +485,18 @@ def test_submit_announces_the_overrides_an_earlier_run_local_recorded(tmp_path, 
     assert yaml.safe_load((out / "one" / "config.yml").read_text())["train_iters"] == 7
 
 
+def test_every_subcommands_help_prints(capsys):
+    """`--help` of every sweep subcommand: submit's crashed in argparse on a '%' in a setting's help (a traceback,
+    exit 1)."""
+    from neox_dar.sweep.__main__ import main as sweep_main
+
+    for command in ("plan", "run", "submit", "status", "cancel"):
+        with pytest.raises(SystemExit) as done:
+            sweep_main(["configs/sweeps/replicate-cpu.yml", command, "--help"])
+        assert done.value.code == 0, command
+    assert "job id % 20000" in " ".join(capsys.readouterr().out.split())
+
+
 def test_slurm_settings_sbatch_would_refuse_are_plan_errors(tmp_path):
     """A --time sbatch cannot read and a --signal time past its range are refused when the settings are read (at
     plan), not at submit; concurrency with mode per-run is said to be unused. (Before: rendered into the script;
@@ -492,7 +504,8 @@ def test_slurm_settings_sbatch_would_refuse_are_plan_errors(tmp_path):
     from neox_dar.sweep.slurm import submit_runs
 
     for bad, message in ((dict(time="ten minutes"), "slurm time must be one of sbatch's --time forms"),
-                         (dict(signal_seconds=100000), r"signal_seconds must be in 0\.\.65535")):
+                         (dict(signal_seconds=100000), r"signal_seconds must be in 0\.\.65535"),
+                         (dict(cpus_per_task=0), "slurm cpus_per_task must be >= 1, got 0")):
         with pytest.raises(SweepError, match=message):
             SlurmSettings.from_dict(bad)
     for good in ("90", "30:00", "2:30:00", "1-12", "1-12:00", "1-12:00:00", "UNLIMITED"):

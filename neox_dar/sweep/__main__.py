@@ -51,7 +51,7 @@ def format_rows(rows: list[dict]) -> str:
 def _slurm_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("SLURM settings (override the sweep file's slurm: mapping)")
     for f in dataclasses.fields(SlurmSettings):
-        flag, helptext = f"--{f.name.replace('_', '-')}", f.metadata.get("help")
+        flag, helptext = f"--{f.name.replace('_', '-')}", f.metadata.get("help", "").replace("%", "%%")  # argparse
         if f.name == "env":
             continue  # a mapping: the sweep file's slurm: env
         if f.name in ("extra_sbatch", "setup"):

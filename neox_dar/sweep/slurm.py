@@ -56,7 +56,7 @@ class SlurmSettings:
     mail_user: Optional[str] = setting(None, "#SBATCH --mail-user.")
     mail_type: Optional[str] = setting(None, "#SBATCH --mail-type (e.g. END,FAIL).")
     mode: Literal["array", "per-run"] = setting("array", "One job array over the runs, or one job per run.")
-    concurrency: Optional[int] = setting(None, "Array mode: at most this many runs at once (--array=0-N%%C).")
+    concurrency: Optional[int] = setting(None, "Array mode: at most this many runs at once (--array=0-N%C).")
     signal_seconds: int = setting(120, "USR1 this many seconds before the time limit (checkpoint, requeue).")
     max_requeues: int = setting(3, "Stop requeueing a run whose training made no progress in this many requeues.")
     template: Optional[str] = setting(None, "sbatch template (default slurm/sweep.sbatch).")
@@ -120,6 +120,8 @@ class SlurmSettings:
                              f"{self.gpus_per_node}: a process per GPU at most (the others would find no GPU)")
         if self.mode not in ("array", "per-run"):
             raise SweepError(f"slurm mode must be 'array' or 'per-run', got {self.mode!r}")
+        if self.cpus_per_task < 1:
+            raise SweepError(f"slurm cpus_per_task must be >= 1, got {self.cpus_per_task}")
         if self.max_requeues < 1:
             raise SweepError(f"slurm max_requeues must be >= 1, got {self.max_requeues}")
         if self.concurrency is not None and self.concurrency < 1:
