@@ -84,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
             files += figs
             for s in skipped:
                 print(f"figure skipped: {s}")
+        why = ("--no-figures draws none, and an earlier report's would not match these tables" if args.no_figures
+               else "an earlier report's figure that these runs do not draw")
         for old in earlier_figures(out, figs):
             old.unlink()
-            print(f"removed {old}: an earlier report's figure that these runs do not draw")
+            print(f"removed {old}: {why}")
         print("wrote " + ", ".join(str(f) for f in files))
         return 0
     except (SweepError, RunFileError, OSError) as e:  # RunWriteError is an OSError
