@@ -102,6 +102,17 @@ def test_same_size_corruption_is_skipped_by_checksum(reference, data, tmp_path):
     assert losses(save) == losses(reference) and verify(newest) is None
 
 
+def test_a_resume_with_a_smaller_global_batch_trains_to_the_end(reference, data, tmp_path):
+    """A run resumed with half its global batch and a raised train_iters reads on from the samples it consumed to
+    the last step. (Before: the data index held train_iters x the new batch samples, fewer than the consumed ones
+    plus those left, and the run died of a StopIteration traceback a few steps in.)"""
+    save = tmp_path / "smaller"
+    shutil.copytree(reference, save)
+    out = train(save, data, *EVERY_STEP, f"train_iters={STEPS + 4}", "train_batch_size=4")
+    assert "global batch 8 -> 4 samples a step" in out.stdout
+    assert status(save)["state"] == "done" and max(losses(save)) == STEPS + 4
+
+
 def test_evaluation_refuses_a_corrupt_model_file(reference, tmp_path, capsys):
     """Same-size garbage in model.safetensors: eval exits 2 with one line (before: a NaN perplexity, exit 0). The
     command (python -m eval.perplexity) by its main, in this process."""

@@ -17,7 +17,8 @@ import torch
 
 from ..config import Config
 from ..data import build_datasets
-from ..rundir import STATUS, RunFileError, checkpoints_dir, lock_run_dir, recorded_checkpoint, write_status
+from ..rundir import (STATUS, RunFileError, checkpoints_dir, lock_run_dir, read_state, recorded_checkpoint,
+                      write_status)
 from . import startup
 from .batches import inputs_and_targets, micro_batch_loss, micro_batches, token_weights
 from .checkpointing import TrainState, check_resumable, load_checkpoint, sampling_changes, save_checkpoint
@@ -123,6 +124,10 @@ def train(cfg: Config, info: DistInfo) -> int:
         world = info.world_size
         global_batch = cfg.training.global_batch_for(world)
         train_samples = cfg.training.train_iters * global_batch
+        if start_dir is not None and pretrained is None:  # a resume reads on from the samples it has consumed
+            done = read_state(start_dir)  # with another global batch than its run's, more may be left than this
+            left = max(0, cfg.training.train_iters - done["step"]) * global_batch
+            train_samples = max(train_samples, done["consumed_samples"] + left)
         train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world), world)
         startup.mark("data index")
         prepared: list[str] = []
