@@ -113,6 +113,24 @@ def test_a_resume_with_a_smaller_global_batch_trains_to_the_end(reference, data,
     assert status(save)["state"] == "done" and max(losses(save)) == STEPS + 4
 
 
+def test_loading_a_run_that_has_not_finished_is_said(reference, data, tmp_path):
+    """load= a run directory whose run stopped before its end (a stage 2 started from an interrupted stage 1):
+    it started from that run's newest checkpoint without a word; now a warning names the state and the step. A
+    finished run, or a checkpoint named by its step directory, is taken as before, silently."""
+    import json
+
+    earlier = tmp_path / "earlier"
+    shutil.copytree(reference, earlier)
+    st = json.loads((earlier / "status.json").read_text())
+    (earlier / "status.json").write_text(json.dumps({**st, "state": "interrupted", "train_iters": 2 * STEPS}))
+    out = train(tmp_path / "next", data, *EVERY_STEP, f"load={earlier}", f"train_iters={STEPS + 1}")
+    assert (f"load={earlier} is a run that has not finished (interrupted at step {STEPS} of {2 * STEPS}): starting "
+            f"from its newest checkpoint, step_{STEPS:08d}") in out.stderr
+    step = earlier / "checkpoints" / f"step_{STEPS:08d}"
+    out = train(tmp_path / "named", data, *EVERY_STEP, f"load={step}", f"train_iters={STEPS + 1}")
+    assert "has not finished" not in out.stderr
+
+
 def test_evaluation_refuses_a_corrupt_model_file(reference, tmp_path, capsys):
     """Same-size garbage in model.safetensors: eval exits 2 with one line (before: a NaN perplexity, exit 0). The
     command (python -m eval.perplexity) by its main, in this process."""

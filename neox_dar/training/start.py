@@ -15,8 +15,8 @@ from ..config import Config, load_config
 from ..data.identity import data_change, data_identity
 from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, WANDB_STEP, CheckpointError, CheckpointHold,
-                      checkpoints_dir, clean_leftovers, hold_checkpoint, newest_checkpoint, read_state,
-                      recorded_checkpoint, remove_tree, step_dirs)
+                      RunFileError, checkpoints_dir, clean_leftovers, hold_checkpoint, newest_checkpoint, read_state,
+                      read_status, recorded_checkpoint, remove_tree, step_dirs)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from .checkpointing import model_mismatch
 from .distributed import DistInfo
@@ -98,8 +98,25 @@ def choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold |
         if mismatch:
             held.release()
             raise CheckpointError(f"load={cfg.run.load}: {mismatch}")
+        if (unfinished := _unfinished(cfg.run.load, found)) is not None:
+            log.warning(unfinished)
         return found, held
     return None, None
+
+
+def _unfinished(load: str, found: Path) -> str | None:
+    """A warning when ``load`` names a run directory whose run has not finished (interrupted, failed, running: a
+    later stage would start from an earlier stage's middle), naming the checkpoint taken; None for a finished run,
+    a checkpoint named by its step directory, or an import."""
+    try:
+        status = read_status(load)
+    except (RunFileError, OSError):
+        return None
+    if not status or status.get("state") == "done":
+        return None
+    return (f"load={load} is a run that has not finished ({status.get('state')} at step {status.get('step')} of "
+            f"{status.get('train_iters')}): starting from its newest checkpoint, {found.name}; load its run again "
+            "once it is done to start from its end")
 
 
 def start_point(cfg: Config, info: DistInfo
