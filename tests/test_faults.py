@@ -311,6 +311,8 @@ def test_bad_paths_and_values_are_one_line(data, tmp_path):
     scratch), and peft's and DeepSpeed's tracebacks.) train.py's main in this process: all are config checks,
     made before the process group and the engine."""
     (tmp_path / "file").write_text("x")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
     out = train_in_process(tmp_path / "file", data, *SHORT)
     assert out.returncode == 2 and error_line(out) == (
         f"config error: save={tmp_path / 'file'} is a file, not a directory: name a directory for the run")
@@ -322,6 +324,8 @@ def test_bad_paths_and_values_are_one_line(data, tmp_path):
                        ('lora={"target_modules": []}', "(must name at least one linear layer)"),
                        ("precision=fp16", "precision fp16 needs a CUDA GPU"),
                        (f"load={tmp_path / 'nope'}", f"load={tmp_path / 'nope'} does not exist: name a run directory"),
+                       (f"load={tmp_path / 'hf'}", f"load={tmp_path / 'hf'} is a Hugging Face folder: import it first "
+                                                   f"(python -m neox_dar.convert from-hf {tmp_path / 'hf'} OUT)"),
                        ("finetune=true", "finetune=true starts from load='s weights, but load is not set")):
         out = train_in_process(tmp_path / "run", data, *SHORT, value)
         assert out.returncode == 2 and why in error_line(out)

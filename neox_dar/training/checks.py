@@ -78,6 +78,12 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
                           "import to start from (load=...), or drop finetune to train from scratch")
+    if cfg.run.load and Path(cfg.run.load, "config.json").is_file():
+        from ..evaluation.loading import is_hf_folder
+
+        if is_hf_folder(cfg.run.load):
+            raise ConfigError(f"load={cfg.run.load} is a Hugging Face folder: import it first (python -m "
+                              f"neox_dar.convert from-hf {cfg.run.load} OUT), then train with load=OUT finetune=true")
     # a new run (a run with checkpoints of its own continues from them, whatever became of its load) whose load is
     # missing: said before the run directory is made
     if here and cfg.run.load and not Path(cfg.run.load).exists() and not step_dirs(checkpoints_dir(cfg.run.save)):
