@@ -10,7 +10,7 @@ import pytest
 import torch
 from builders import ROOT, config, hf_folder
 from safetensors.torch import load_file
-from trainrun import BYTES, losses, rows, train
+from trainrun import BYTES, error_line, losses, rows, train
 
 from neox_dar.saved_model import load_model
 from neox_dar.config import ConfigError
@@ -143,6 +143,11 @@ def test_stage_two_resets_step_schedule_optimizer_and_resumes_exactly(olmo, stag
 def test_a_weights_only_load_needs_finetune(olmo, data, tmp_path):
     out = train(tmp_path / "x", data, str(olmo / "model.yml"), *BYTES, f"load={olmo}", expect=2)
     assert "set finetune=true" in out.stderr
+    # with a variant added too (a stage 1 recipe without finetune): the same line, not "another model" (it named
+    # the attention keys the variant adds, which finetune=true takes)
+    out = train(tmp_path / "y", data, str(olmo / "model.yml"), *BYTES, f"load={olmo}", "attention_type=dar",
+                "dar_d_down=16", expect=2)
+    assert "set finetune=true" in error_line(out) and "another model" not in out.stderr
 
 
 def test_finetune_refuses_another_base_model(olmo, data, tmp_path):

@@ -91,10 +91,11 @@ def choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold |
     if cfg.run.load and cfg.run.resume != "never":
         held = hold_checkpoint(cfg.run.load)
         found = held.path
-        mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
-        if not mismatch and not cfg.run.finetune and read_state(found).get("world_size") is None:
-            mismatch = ("holds weights only (an import or an export), no training state to continue: set "
+        if not cfg.run.finetune and read_state(found).get("world_size") is None:  # first: finetune would add a
+            mismatch = ("holds weights only (an import or an export), no training state to continue: set "  # variant
                         "finetune=true to start a new run from its weights")
+        else:
+            mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
         if mismatch:
             held.release()
             raise CheckpointError(f"load={cfg.run.load}: {mismatch}")
