@@ -467,6 +467,26 @@ def test_chat_data_longer_than_the_training_sequence_is_warned(prepared, caplog)
     assert not [r for r in caplog.records if "--max-length" in r.getMessage()]
 
 
+def test_the_epochs_of_chat_data_count_conversations(prepared, caplog):
+    """The start-up line's (and sweep plan's) epochs of chat data are the samples read over the conversations, as
+    the data loader reads them (one conversation a sample, padded or cut): they were the tokens of train_iters full
+    sequences over the data's tokens, 5.01 epochs where the loader read 3.00."""
+    import logging
+
+    from neox_dar.data import build_datasets
+    from neox_dar.training.checks import data_epochs
+
+    prefix, _ = prepared
+    cfg = config("configs/tiny.yml", seq_length=32, train_iters=3, train_batch_size=8,
+                 train_micro_batch_size_per_gpu=8, train_data_paths=[str(prefix)],
+                 train_label_data_paths=[f"{prefix}_label"])
+    tokens, epochs = data_epochs(cfg, 1)
+    assert (tokens, epochs) == (3 * 8 * 32, 3 * 8 / 8)  # 24 samples of the sample's 8 conversations
+    with caplog.at_level(logging.INFO, logger="neox_dar.data.build"):
+        build_datasets(cfg, 24, 0)
+    assert "train data: 8 conversations, 24 samples read (3.00 epochs)" in caplog.text
+
+
 def test_data_check_reads_a_chat_manifest(prepared, tokenizer_dir, capsys):
     """data.check on data_prep.chat's output: its conversations are the documents (it warned that the files were
     replaced, reading 'None documents', and printed the tokenizer kind as None)."""

@@ -143,10 +143,15 @@ def tokenizer_warnings(cfg: Config) -> list[str]:
 
 def data_epochs(cfg: Config, world_size: int) -> tuple[int, float]:
     """``(tokens, epochs)``: the tokens ``train_iters`` steps read, and how many times that reads the training data
-    (its ``split`` share of ``data_path``, or, for ``train_data_paths``, the dataset the blend repeats most). Call
-    after :func:`check_training_config`."""
-    budget = cfg.training.train_iters * cfg.training.global_batch_for(world_size) * cfg.model.seq_length
+    (its ``split`` share of ``data_path``, or, for ``train_data_paths``, the dataset the blend repeats most; for chat
+    data, whose samples are one conversation each, padded or cut to ``seq_length``, the samples over the
+    conversations). Call after :func:`check_training_config`."""
+    samples = cfg.training.train_iters * cfg.training.global_batch_for(world_size)
+    budget = samples * cfg.model.seq_length
     d = cfg.data
+    if d.train_label_data_paths:
+        conversations = sum(len(IndexedDataset(p)) for p in d.train_data_paths)
+        return budget, samples / conversations if conversations else float("inf")
     if d.train_data_paths:
         weights = d.train_data_weights or [1.0] * len(d.train_data_paths)
         shares = [w / sum(weights) for w in weights]
