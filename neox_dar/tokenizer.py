@@ -307,7 +307,7 @@ def run_tokenizer(cfg: ModelConfig, start_dir: Path | None) -> Path | None:
     explicit = config_vocab_file(cfg)
     if explicit is None and recorded_tokenizer(start_dir) is None:
         return None
-    return tokenizer_file(cfg, explicit, start_dir, given_as=f"vocab_file {cfg.vocab_file}")
+    return tokenizer_file(cfg, explicit, start_dir, given_as="vocab_file")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -139,7 +139,7 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(byte_llama, tmp_path):
         _one_line_error(_run(*cmd, expect=2), "not the tokenizer", str(PYTHIA))
     out = train(tmp_path / "other", str(byte_llama["root"] / "data"), str(imp / "model.yml"), f"load={imp}",
                 "finetune=true", f"vocab_file={PYTHIA}", expect=2)
-    _one_line_error(out, "vocab_file", "not the tokenizer")
+    _one_line_error(out, f"vocab_file {PYTHIA} is not the tokenizer", "not the tokenizer")  # the path once
     out = train(tmp_path / "scratch", str(byte_llama["root"] / "data"), "vocab_size=257", expect=2)
     _one_line_error(out, "ids up to 50276", "384 embedding rows")
     assert newest_checkpoint(tmp_path / "scratch") is None

@@ -191,7 +191,7 @@ def run(args) -> None:
         print(f"{name} = {value:.4f} over the generated tokens, mean over layers and heads ({meanings.get(name, name)})",
               file=sys.stderr)
     if args.out is not None:
-        print(f"wrote {len(records)} completions to {args.out}", file=sys.stderr)
+        print(f"wrote {len(records)} completion{'' if len(records) == 1 else 's'} to {args.out}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
