@@ -51,9 +51,10 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     """Raise a one-line ConfigError when ``cfg`` cannot train with ``world_size`` data-parallel ranks: no ``save``
     (or one that is a file, or a name too long for the file system), a global batch that does not divide, no data,
     what needs CUDA on a machine without it (:func:`check_without_cuda`; only when it trains ``here``, on this
-    machine, not when a login node checks a job for GPU nodes), finetune without load, a new run's load that does
-    not exist (``here`` only: a sweep's later stage loads a run its earlier stage has not trained yet), bf16 without
-    ZeRO, or a damaged data file (header, sizes, dtype and token ids against ``vocab_size``:
+    machine, not when a login node checks a job for GPU nodes), finetune without load, a load that is a Hugging
+    Face folder (import it first), a new run's load that does not exist (``here`` only: a sweep's later stage loads
+    a run its earlier stage has not trained yet), bf16 without ZeRO, or a damaged data file (header, sizes, dtype
+    and token ids against ``vocab_size``:
     :func:`neox_dar.data.check_data_files`)."""
     if not cfg.run.save:
         raise ConfigError("'save' (the run directory) must be set, e.g. save=runs/my_run")

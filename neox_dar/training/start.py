@@ -91,8 +91,9 @@ def choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold |
     if cfg.run.load and cfg.run.resume != "never":
         held = hold_checkpoint(cfg.run.load)
         found = held.path
-        if not cfg.run.finetune and read_state(found).get("world_size") is None:  # first: finetune would add a
-            mismatch = ("holds weights only (an import or an export), no training state to continue: set "  # variant
+        # weights only, without finetune: said first (a variant the config adds is what finetune=true takes)
+        if not cfg.run.finetune and read_state(found).get("world_size") is None:
+            mismatch = ("holds weights only (an import or an export), no training state to continue: set "
                         "finetune=true to start a new run from its weights")
         else:
             mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
