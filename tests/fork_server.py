@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# what a run's environment may hold that the server's does not: variables read only while training runs
-RUNTIME_ENV = frozenset({"NEOX_DAR_KILL_AT"})
+# what a run's environment may hold that the server's does not: variables read only while training runs (pytest
+# names the running test in PYTEST_CURRENT_TEST, another value in every test)
+RUNTIME_ENV = frozenset({"NEOX_DAR_KILL_AT", "PYTEST_CURRENT_TEST"})
 PRELOAD = ("torch", "torch._dynamo", "deepspeed", "neox_dar.training.loop", "neox_dar.training.checks",
            "neox_dar.training.distributed")
 
@@ -96,25 +97,38 @@ class _Server:
         return line.decode()
 
     def close(self) -> None:
+        """Stop the server (it leaves when its stdin closes); idempotent (also registered to run at exit)."""
         if self.proc.poll() is None:
             self.proc.stdin.close()
             self.proc.wait(timeout=30)
-        os.close(self.replies)
+        if self.replies is not None:
+            os.close(self.replies)
+            self.replies = None
 
 
 _server: _Server | None = None
 
 
-def run_forked(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess | None:
+def _changed(env: dict, base: dict) -> dict:
+    """The variables whose value in ``env`` differs from ``base``'s (None: unset in ``env``)."""
+    return {k: env.get(k) for k in {*env, *base} if env.get(k) != base.get(k)}
+
+
+def run_forked(argv: list[str], env: dict, timeout: float, server_env: dict) -> subprocess.CompletedProcess | None:
     """``python train.py ARGS`` (``argv``: ``["train.py", *ARGS]``) forked from this worker's server, as
     ``subprocess.run(..., cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)`` would run it; None when
-    ``env`` is not the server's (run it as a process of its own)."""
+    ``env`` differs from ``server_env`` (the environment of a usual run, which the server is started with) in more
+    than :data:`RUNTIME_ENV` (run it as a process of its own). A server whose environment is no longer
+    ``server_env`` (a test changed this process's) is replaced."""
     global _server
-    if _server is None or _server.proc.poll() is not None:
-        _server = _Server(env)
-    changed = {k: env.get(k) for k in {*env, *_server.env} if env.get(k) != _server.env.get(k)}
-    if not set(changed) <= RUNTIME_ENV:
+    if set(_changed(env, server_env)) - RUNTIME_ENV:
         return None
+    if _server is not None and set(_changed(_server.env, server_env)) - RUNTIME_ENV:
+        _server.close()
+        _server = None
+    if _server is None or _server.proc.poll() is not None:
+        _server = _Server(server_env)
+    changed = _changed(env, _server.env)
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
         _server.proc.stdin.write(json.dumps({"argv": argv, "cwd": str(ROOT), "stdout": str(out),

@@ -64,7 +64,7 @@ def train(save: Path, data: str, *overrides: str, nproc: int = 1, expect: int | 
     command = train_command(save, data, *overrides, nproc=nproc)
     out = None
     if nproc == 1 and preexec_fn is None:
-        out = run_forked(command[1:], env or train_env(), timeout)
+        out = run_forked(command[1:], env or train_env(), timeout, train_env())
     if out is None:
         out = subprocess.run(command, cwd=ROOT, env=env or train_env(), capture_output=True, text=True,
                              timeout=timeout, preexec_fn=preexec_fn)
