@@ -7,7 +7,8 @@
 Table 1 metric; with ``--metric bits_per_byte``, of the byte perplexities); it is shown only when the run and the
 baseline both have all three corpora. A corpus or metric missing from a results file, or not a finite number, is
 printed as ``--``, never as a number. A run scored otherwise than the baseline (other documents, window, stride,
-dtype, tokenizer or training step) is flagged on stderr.
+dtype, tokenizer or training step) is flagged on stderr, and so are corpora outside the three (enwik8, an extra
+corpus: ``python -m neox_dar.report`` shows them).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 
 from neox_dar.config.files import not_utf8
-from neox_dar.evaluation.tables import METRICS, flag_other_scoring, latex, markdown, table_rows
+from neox_dar.evaluation.tables import CORPORA, METRICS, flag_other_scoring, latex, markdown, table_rows
 
 
 def _run_name(res: dict, path: Path) -> str:
@@ -66,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = list(zip(names, results))
     for note in flag_other_scoring(runs, baseline):
         print(note, file=sys.stderr)
+    others = sorted({c for r in [baseline, *results] for c in r["corpora"]} - set(CORPORA))
+    if others:  # a results file of other corpora (enwik8, an extra corpus) printed a table of '--' without a word
+        print(f"note: {', '.join(others)} {'is' if len(others) == 1 else 'are'} not among this table's corpora "
+              f"({', '.join(CORPORA)}): python -m "
+              "neox_dar.report shows every corpus of a sweep or a folder of runs", file=sys.stderr)
     rows = table_rows(runs, (args.baseline_name, baseline), args.metric)
     parts = []
     if args.format in ("both", "markdown"):

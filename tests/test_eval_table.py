@@ -124,3 +124,15 @@ def test_missing_or_non_finite_values_print_missing(tmp_path, capsys):
     assert main([write(tmp_path, "b.json", broken), "--baseline", base]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "corpus 'c4' is '12.5', not an object of metrics" in err, err
+
+
+def test_corpora_outside_the_table_are_named(tmp_path, capsys):
+    """Results of other corpora (enwik8) gave a table of '--' with exit 0 and no word; a note names them and the
+    command that shows them."""
+    base = write(tmp_path, "v.json", results({"enwik8": 3.0}))
+    run = write(tmp_path, "r.json", results({"enwik8": 3.1, "c4": 40.0}))
+    assert main([run, "--baseline", base, "--names", "R", "--format", "markdown"]) == 0
+    captured = capsys.readouterr()
+    assert "| R | -- | 40.00 | -- | -- |" in captured.out
+    assert captured.err == ("note: enwik8 is not among this table's corpora (fineweb_edu, c4, wikitext103): "
+                            "python -m neox_dar.report shows every corpus of a sweep or a folder of runs\n")
