@@ -142,8 +142,8 @@ def write_plan(sweep: Sweep, planned: list[PlannedRun], force: bool = False) -> 
                                  "finished runs with a larger train_iters)")
     root.mkdir(parents=True, exist_ok=True)
     raw = dict(sweep.raw, name=sweep.name)
-    write_text_atomic(root / SWEEP_COPY, f"# copied from {sweep.path} by `python -m neox_dar.sweep plan`\n"
-                      + yaml.safe_dump(raw, sort_keys=False))
+    header = f"# copied from {sweep.path} by `python -m neox_dar.sweep` (plan, run or submit)\n"
+    write_text_atomic(root / SWEEP_COPY, header + yaml.safe_dump(raw, sort_keys=False))
     for p in planned:
         p.run_dir.mkdir(parents=True, exist_ok=True)
         write_text_atomic(p.run_dir / CONFIG, p.cfg.to_yaml())
