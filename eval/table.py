@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     others = sorted({c for r in [baseline, *results] for c in r["corpora"]} - set(CORPORA))
     if others:  # a results file of other corpora (enwik8, an extra corpus) printed a table of '--' without a word
         print(f"note: {', '.join(others)} {'is' if len(others) == 1 else 'are'} not among this table's corpora "
-              f"({', '.join(CORPORA)}): python -m "
-              "neox_dar.report shows every corpus of a sweep or a folder of runs", file=sys.stderr)
+              f"({', '.join(CORPORA)}): python -m neox_dar.report shows every corpus of a sweep or a folder of runs",
+              file=sys.stderr)
     rows = table_rows(runs, (args.baseline_name, baseline), args.metric)
     parts = []
     if args.format in ("both", "markdown"):
