@@ -20,6 +20,7 @@ import random
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -237,16 +238,21 @@ def _copy_run_tokenizer(save: Path, step_dir: Path) -> str | None:
     return tokenizer_sha256(recorded)
 
 
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the errors behind it: each one's cause, else the error it was raised while handling."""
+    while error is not None:
+        yield error
+        error = error.__cause__ or error.__context__
+
+
 def failed_write(error: Exception) -> Exception:
     """``error``, the failure of a checkpoint write; but a Ctrl-C that interrupted torch's writer (the second one,
     which aborts the run) surfaces as the writer's own error, "[enforce fail at inline_container.cc] unexpected
     pos", with the KeyboardInterrupt as its context: that interrupt is raised instead, so the run ends interrupted
     as at any other moment, not failed as if the disk had been."""
-    seen = error
-    while seen is not None:
+    for seen in _chain(error):
         if isinstance(seen, KeyboardInterrupt):
             raise seen
-        seen = seen.__cause__ or seen.__context__
     return error
 
 
@@ -254,8 +260,7 @@ def write_failure(error: BaseException) -> str:
     """Why a checkpoint write failed, in words: the OSError behind it (torch reports a full disk only as "[enforce
     fail at inline_container.cc] unexpected pos", with the OSError of a Python file as its context; safetensors
     as "os error 28"), else the error's first line."""
-    seen = error
-    while seen is not None:
+    for seen in _chain(error):
         code = getattr(seen, "errno", None)
         if code is None:
             found = re.search(r"os error (\d+)", str(seen))
@@ -264,7 +269,6 @@ def write_failure(error: BaseException) -> str:
             return "no space left on device"
         if code is not None:
             return os.strerror(code)
-        seen = seen.__cause__ or seen.__context__
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
