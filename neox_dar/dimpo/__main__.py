@@ -149,7 +149,7 @@ def read_config(path: str):
 
     from ..saved_model import read_model_config
     from ..hf import config_from_hf
-    from ..evaluation.loading import is_hf_folder
+    from ..rundir import is_hf_folder
     from ..rundir import resolve_checkpoint
 
     if not Path(path).exists():

@@ -34,10 +34,10 @@ from tokenizers import Tokenizer
 from ..attention.triton_bridge import AttentionImplError
 from ..devices import check_device
 from ..provenance import provenance
-from ..rundir import check_writable, held_checkpoint, uninterrupted, write_output
+from ..rundir import check_writable, held_checkpoint, is_hf_folder, uninterrupted, write_output
 from ..tokenizer import load_tokenizer, prefix_token_id, tokenizer_file, tokenizer_sha256
 from .corpora import ALL_CORPORA, CORPORA, CorpusError, Document, manifest_hash
-from .loading import DTYPES, LoadedModel, is_hf_folder, load_for_eval
+from .loading import DTYPES, LoadedModel, load_for_eval
 from .parallel import EvalGroup, start_group
 from .perplexity import SWEEP_MANIFEST, load_corpora, pinned_corpora, score_corpus, sweep_manifest_path
 from ..notices import one_line_notices

@@ -18,7 +18,7 @@ from ..provenance import shown_path
 from ..saved_model import load_model
 from ..config import ModelConfig, model_flat
 from ..model import CausalLM
-from ..rundir import CONFIG, MODEL_CONFIG, checkpoint_step, resolve_checkpoint
+from ..rundir import checkpoint_step, is_hf_folder, resolve_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,12 +29,6 @@ class LoadedModel:
     cfg: ModelConfig
     info: dict
     model_dir: Path  # the folder holding the weights: a step directory or a Hugging Face folder
-
-
-def is_hf_folder(path: str | Path) -> bool:
-    """A Hugging Face model folder: ``config.json`` and no neox-dar ``model.yml`` or ``config.yml`` beside it."""
-    p = Path(path)
-    return (p / "config.json").is_file() and not (p / MODEL_CONFIG).is_file() and not (p / CONFIG).is_file()
 
 
 def config_hash(cfg: ModelConfig) -> str:

@@ -21,10 +21,10 @@ from transformers.generation.logits_process import (LogitsProcessorList, Tempera
                                                     TopPLogitsWarper)
 
 from ..chat_render import render_chat
-from ..evaluation.loading import is_hf_folder, load_for_eval
+from ..evaluation.loading import load_for_eval
 from ..evaluation.scoring import AttentionStatsMean
 from ..model import CausalLM
-from ..rundir import held_checkpoint
+from ..rundir import held_checkpoint, is_hf_folder
 from ..tokenizer import hf_tokenizer, stop_token_ids, tokenizer_file
 
 

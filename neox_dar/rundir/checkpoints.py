@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 import xxhash
 
-from .files import CHECKPOINTS, CHECKSUM, CheckpointError, DEL_PREFIX, LATEST, STATE, STATE_CHECKSUM, STEP_PREFIX, TMP_PREFIX, WEIGHTS, fault_point, file_checksum, fsync_dir, fsync_tree, manifest, remove_tree, write_text_atomic
+from .files import (CHECKPOINTS, CHECKSUM, CONFIG, MODEL_CONFIG, CheckpointError, DEL_PREFIX, LATEST, STATE,
+                    STATE_CHECKSUM, STEP_PREFIX, TMP_PREFIX, WEIGHTS, fault_point, file_checksum, fsync_dir,
+                    fsync_tree, manifest, remove_tree, write_text_atomic)
 
 log = logging.getLogger("neox_dar.rundir")
 
@@ -98,6 +100,12 @@ def newest_checkpoint(run_dir: str | Path, checksums: bool = True,
         if warn is not None:
             warn(f"skipping checkpoint {d}: {reason}")
     return None
+
+
+def is_hf_folder(path: str | Path) -> bool:
+    """A Hugging Face model folder: ``config.json`` and no neox-dar ``model.yml`` or ``config.yml`` beside it."""
+    p = Path(path)
+    return (p / "config.json").is_file() and not (p / MODEL_CONFIG).is_file() and not (p / CONFIG).is_file()
 
 
 def is_checkpoint_dir(path: str | Path) -> bool:

@@ -11,7 +11,8 @@ from ..attention.triton_bridge import DQ_PASS_ENV, DQ_PASSES
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
 from ..data.check import check_data_files, data_prefixes, other_tokenizer
-from ..rundir import CONFIG, LOCK, METRICS, RUN_META, STATUS, check_writable, checkpoints_dir, step_dirs
+from ..rundir import (CHECKPOINTS, CONFIG, LOCK, METRICS, RUN_META, STATUS, check_writable, checkpoints_dir,
+                      is_hf_folder, step_dirs)
 
 # a token budget that reads the training data more often than this is warned about, by train.py and `sweep plan`
 # alike, unless the user says more is intended (train.py --max-epochs, a sweep file's max_epochs, plan --max-epochs)
@@ -79,12 +80,9 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     if cfg.run.finetune and not cfg.run.load:
         raise ConfigError("finetune=true starts from load='s weights, but load is not set: name the checkpoint or "
                           "import to start from (load=...), or drop finetune to train from scratch")
-    if cfg.run.load and Path(cfg.run.load, "config.json").is_file():
-        from ..evaluation.loading import is_hf_folder
-
-        if is_hf_folder(cfg.run.load):
-            raise ConfigError(f"load={cfg.run.load} is a Hugging Face folder: import it first (python -m "
-                              f"neox_dar.convert from-hf {cfg.run.load} OUT), then train with load=OUT finetune=true")
+    if cfg.run.load and is_hf_folder(cfg.run.load):
+        raise ConfigError(f"load={cfg.run.load} is a Hugging Face folder: import it first (python -m "
+                          f"neox_dar.convert from-hf {cfg.run.load} OUT), then train with load=OUT finetune=true")
     # a new run (a run with checkpoints of its own continues from them, whatever became of its load) whose load is
     # missing: said before the run directory is made
     if here and cfg.run.load and not Path(cfg.run.load).exists() and not step_dirs(checkpoints_dir(cfg.run.save)):
@@ -121,9 +119,8 @@ def foreign_save_warning(cfg: Config) -> str | None:
     """A warning when ``save`` is a directory that holds files but no run's (no status, config, metrics, lock or
     checkpoints: a data folder, a home directory named by mistake): the run's files go in beside them."""
     save = Path(cfg.run.save)
-    if not save.is_dir() or any((save / name).exists() for name in (STATUS, CONFIG, METRICS, LOCK, RUN_META)):
-        return None
-    if checkpoints_dir(save).exists():
+    run_files = (STATUS, CONFIG, METRICS, LOCK, RUN_META, CHECKPOINTS)
+    if not save.is_dir() or any((save / name).exists() for name in run_files):
         return None
     names = sorted(p.name for p in save.iterdir())
     if not names:
