@@ -185,6 +185,20 @@ def test_group_by_uses_baseline_of_the_same_group(tmp_path):
     assert _row(table, "small-dar")[rel] == pytest.approx(_rel(ppl["small-dar"], ppl["small-vanilla"]))
 
 
+def test_group_by_puts_each_baseline_before_its_group(tmp_path):
+    """With ``group_by`` each group's baseline comes before the first run of its group, the rest in the sweep's
+    order (before: the sweep's order alone, a run above the baseline it is measured against)."""
+    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
+            "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
+                     "attention": {"dar": {"configs": ["configs/attention/dar.yml"]},
+                                   "vanilla": {"configs": ["configs/attention/vanilla.yml"]}}},
+            "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]}}
+    runs, sweep, _ = _planned_with_results(tmp_path, spec, seed=5)
+    assert [r.name for r in runs] == ["small-dar", "small-vanilla", "big-dar", "big-vanilla"]
+    table = build_table(runs, sweep.report)
+    assert [row[0] for row in table.rows] == ["small-vanilla", "small-dar", "big-vanilla", "big-dar"]
+
+
 def test_a_baseline_of_another_scale_is_flagged(tmp_path):
     """SPEC compares a run with vanilla at the same scale: without group_by, the big DAR's Rel. against the small
     vanilla gets a warning naming the keys (before: Rel. 94 against a model half its width, without a word); with

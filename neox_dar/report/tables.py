@@ -93,8 +93,12 @@ def build_table(runs: list[RunRecord], report: dict) -> Table:
     if order:
         by_name = {r.name: r for r in runs}
         runs = [by_name[n] for n in order if n in by_name] + [r for r in runs if r.name not in order]
-    elif base and not group_by:  # as in the papers: the baseline first
-        runs = [r for r in runs if r in base.values()] + [r for r in runs if r not in base.values()]
+    elif base:  # as in the papers: a baseline before the first run of its group, the rest in the given order
+        ordered: list[RunRecord] = []
+        for x in (x for r in runs for x in (base.get(group_key(r, group_by)), r)):
+            if x is not None and not any(x is y for y in ordered):
+                ordered.append(x)
+        runs = ordered
     corpora = corpora_of(runs)
     axes = [a for a in dict.fromkeys(k for r in runs for k in r.axes)]
     stats = list(dict.fromkeys(stat for r in runs for stat in r.variant.stats))  # the variants' statistics
