@@ -11,13 +11,17 @@ from ..attention.triton_bridge import DQ_PASS_ENV, DQ_PASSES
 from ..config import Config, ConfigError, load_config, split_shares
 from ..data import IndexedDataset, IndexedDatasetError
 from ..data.check import check_data_files, data_prefixes, other_tokenizer
-from ..rundir import (CHECKPOINTS, CONFIG, LOCK, METRICS, RUN_META, STATUS, check_writable, checkpoints_dir,
-                      is_hf_folder, step_dirs)
+from ..rundir import (CHECKPOINTS, CONFIG, LOCK, METRICS, RUN_META, STATUS, CheckpointError, check_writable,
+                      checkpoints_dir, is_hf_folder, read_state, resolve_checkpoint, step_dirs)
 
 # a token budget that reads the training data more often than this is warned about, by train.py and `sweep plan`
 # alike, unless the user says more is intended (train.py --max-epochs, a sweep file's max_epochs, plan --max-epochs)
 MAX_EPOCHS = 1.0
 SWEEP_COPY = "sweep.yml"  # a sweep's copy of its file, beside its run directories (neox_dar.sweep.spec.SWEEP_COPY)
+# a load without finetune that holds weights only (said by train.py's checks before the run directory is made, and
+# by the run's start for a load that appears or changes meanwhile)
+WEIGHTS_ONLY = ("holds weights only (an import or an export), no training state to continue: set finetune=true to "
+                "start a new run from its weights")
 
 
 def check_what_trains(cfg: Config) -> None:
@@ -88,6 +92,9 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
     if here and cfg.run.load and not Path(cfg.run.load).exists() and not step_dirs(checkpoints_dir(cfg.run.save)):
         raise ConfigError(f"load={cfg.run.load} does not exist: name a run directory, one of its checkpoints or an "
                           "import (python -m neox_dar.convert from-hf)")
+    if here and cfg.run.load and not cfg.run.finetune and cfg.run.resume != "never" \
+            and not step_dirs(checkpoints_dir(cfg.run.save)) and weights_only(cfg.run.load):
+        raise ConfigError(f"load={cfg.run.load}: {WEIGHTS_ONLY}")
     if os.environ.get(DQ_PASS_ENV, DQ_PASSES[0]) not in DQ_PASSES:
         raise ConfigError(f"{DQ_PASS_ENV}={os.environ[DQ_PASS_ENV]} (environment): the Triton backward's dq pass is "
                           f"{' or '.join(map(repr, DQ_PASSES))} (unset: chosen by timing)")
@@ -98,6 +105,15 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
         check_data_files(cfg)
     except IndexedDatasetError as e:
         raise ConfigError(str(e)) from None
+
+
+def weights_only(load: str) -> bool:
+    """Whether the checkpoint ``load`` names holds weights and no training state (an import or an export); False
+    when it cannot be read (the run says why when it opens it)."""
+    try:
+        return read_state(resolve_checkpoint(load, checksums=False, warn=None)).get("world_size") is None
+    except CheckpointError:
+        return False
 
 
 def other_run_warning(paths: list[str], cfg: Config) -> str | None:

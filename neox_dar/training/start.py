@@ -19,6 +19,7 @@ from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, WANDB
                       read_status, recorded_checkpoint, remove_tree, step_dirs)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from .checkpointing import model_mismatch
+from .checks import WEIGHTS_ONLY
 from .distributed import DistInfo
 from .finetune import finetune_mismatch
 
@@ -93,8 +94,7 @@ def choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold |
         found = held.path
         # weights only, without finetune: said first (a variant the config adds is what finetune=true takes)
         if not cfg.run.finetune and read_state(found).get("world_size") is None:
-            mismatch = ("holds weights only (an import or an export), no training state to continue: set "
-                        "finetune=true to start a new run from its weights")
+            mismatch = WEIGHTS_ONLY
         else:
             mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
         if mismatch:
