@@ -10,6 +10,7 @@ weights around 1, biases around 0, so each one matters to the logits), saved wit
 shards, plus the Pythia tokenizer (vocabulary 50,304 by default, so the shipped tokenized samples fit; or
 ``--tokenizer data/byte_tokenizer.json --vocab 257``, a tokenizer other than the bundled one) with a
 ``tokenizer_config.json`` naming its special tokens and the Tülu-format chat template (``data/chat/tulu.jinja``).
+A ``--vocab`` smaller than the tokenizer's ids is refused (the model could not embed them).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from .families import FAMILIES
 from .rundir import RunFileError, check_own_folder, staged_dir
+from .tokenizer import check_tokenizer_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard", default="2MB", help="max size of one safetensors shard (default 2MB)")
     args = p.parse_args(argv)
     out = Path(args.out)
+    try:
+        ids = check_tokenizer_json(args.tokenizer).get_vocab_size(with_added_tokens=True)
+    except ValueError as e:
+        print(f"error: --tokenizer: {e}", file=sys.stderr)
+        return 2
+    if args.vocab < ids:  # the model could not embed the ids its own tokenizer gives
+        print(f"error: --vocab {args.vocab} is smaller than the {ids} ids of --tokenizer {args.tokenizer}: pass "
+              f"--vocab {ids} or more, or a tokenizer with fewer ids", file=sys.stderr)
+        return 2
     try:  # a file, an unwritable place or a folder of other files: a traceback, or shards mixed with another model's
         check_own_folder(out, "OUT", "config.json", "a Hugging Face model folder")
         with staged_dir(out) as stage:  # an earlier model's folder is replaced whole, never mixed

@@ -359,10 +359,11 @@ def copy_tokenizer_files(hf_dir: str | Path, out_dir: str | Path) -> list[str]:
 
 
 
-def check_tokenizer_json(path: str | Path) -> None:
-    """A ValueError when the file ``path`` does not load with ``tokenizers`` (garbage, or another format)."""
+def check_tokenizer_json(path: str | Path) -> Tokenizer:
+    """The tokenizer of the file ``path``; a ValueError when it does not load with ``tokenizers`` (garbage, or
+    another format)."""
     try:
-        Tokenizer.from_file(str(path))
+        return Tokenizer.from_file(str(path))
     except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for every parse failure
         raise ValueError(f"{path} is not a Hugging Face tokenizer.json that tokenizers can load "
                          f"({str(e).splitlines()[0][:200]})") from None

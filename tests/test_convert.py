@@ -351,3 +351,10 @@ def test_the_tiny_model_command_writes_a_folder_whole_or_refuses_it(tmp_path, ca
     assert tiny(["llama", str(out), *byte]) == 0
     assert [p.name for p in out.glob("*.safetensors")] == ["model.safetensors"]
     assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    # a vocabulary too small for the tokenizer it ships (the default: Pythia's), or no tokenizer: refused, nothing
+    # written (it wrote a 10-token model beside Pythia's 50k-id tokenizer)
+    assert tiny(["llama", str(tmp_path / "small"), "--vocab", "10"]) == 2
+    assert "--vocab 10 is smaller than the 50277 ids of --tokenizer" in capsys.readouterr().err
+    assert tiny(["llama", str(tmp_path / "small"), *byte[:2], "--tokenizer", str(tmp_path / "none.json")]) == 2
+    assert "none.json is not a Hugging Face tokenizer.json" in capsys.readouterr().err
+    assert not (tmp_path / "small").exists()
