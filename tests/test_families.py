@@ -143,17 +143,25 @@ def test_variant_on_an_import_is_vanilla_when_unused(folders, family, variant):
     model, cfg = from_hf(path, overrides=keys)
     new = set(model.weights()) - set(vanilla.weights())
     assert new or variant in ("swa", "mswa")
-    for name in new:  # initialised as documented: init_method (normal, init_method_std) for matrices
-        assert model.weights()[name].abs().sum() > 0, name
-    if variant == "aha":
-        with torch.no_grad():
-            for m in model.attention_modules():
-                m.router.weight.zero_()
+    for name in new:  # initialised as documented: init_method (normal, init_method_std) for matrices, then the
+        # variant's own start: AHA's router at 0 (aha_router_init: zeros, the default; it was left at init_method)
+        assert (model.weights()[name].abs().sum() == 0) == (variant == "aha"), name
     x = ids(37, seed=3)
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x), vanilla.eval()(x), atol=1e-5, rtol=0)
     if variant == "aha":
         assert all(bool(m.stats["mu_f"].eq(1).all()) for m in model.attention_modules())
+
+
+def test_an_import_adding_a_variant_takes_its_start_or_refuses_one_that_needs_data(folders):
+    """The variant's start keys apply on an import as when finetuning adds the variant: ``aha_router_init: random``
+    keeps init_method; ``dar_init: pca`` (computed on training data) is refused in one line, naming the way that
+    works (it was a random bottleneck recorded as pca)."""
+    path, _ = folders["llama"]
+    model, _ = from_hf(path, overrides=dict(attention_type="aha", window_size=4, aha_router_init="random"))
+    assert all(m.router.weight.abs().sum() > 0 for m in model.attention_modules())
+    with pytest.raises(ConfigError, match=r"^dar_init=pca computes DAR's start on training data, .* finetune=true "):
+        from_hf(path, overrides=dict(attention_type="dar", window_size=4, dar_init="pca"))
 
 
 def test_dar_global_keys_take_the_key_norm(folders):

@@ -11,7 +11,8 @@ from pathlib import Path, PurePosixPath
 import torch
 from safetensors import safe_open
 
-from ..config import ModelConfig
+from ..attention import Attention
+from ..config import ConfigError, ModelConfig
 from ..families import FAMILIES
 from ..model import CausalLM, init_weights, vanilla_weight_names
 from ..rundir import CheckpointError
@@ -108,14 +109,23 @@ def checked_tensor(tensor: torch.Tensor, name: str, path: Path) -> torch.Tensor:
 
 
 def initialise_new(model: CausalLM, cfg: ModelConfig, missing: set[str], hf_dir: Path) -> None:
-    """Parameters the folder does not hold: a variant's new ones (created and initialised as in training: the
-    model's ``init_method``) are fine; a base-model parameter missing from the folder is an error."""
+    """Parameters the folder does not hold: a variant's new ones are initialised as when finetuning adds the variant
+    (the model's ``init_method``, then the variant's own start: ``aha_router_init``'s zero router); a base-model
+    parameter missing from the folder, or a start that needs training data (``dar_init: pca``), is an error."""
     base = vanilla_weight_names(cfg)
     absent = sorted(k for k in missing if k in base)
     if absent:
         raise CheckpointError(f"{hf_dir}: weights lack {len(absent)} parameter(s) of the model, e.g. {absent[0]}")
+    owners = [m for prefix, m in model.named_modules()
+              if isinstance(m, Attention) and any(n.startswith(prefix + ".") for n in missing)]
+    if any(m.wants_calibration() for m in owners):  # DAR's pca start: the only one
+        raise ConfigError(f"dar_init=pca computes DAR's start on training data, which an import has none of: import "
+                          f"{hf_dir} without the variant and add it when finetuning (load=IMPORT finetune=true "
+                          "attention_type=dar dar_init=pca), or set dar_init=random")
     modules = {name.rsplit(".", 1)[0] for name in missing}
     for name, module in model.named_modules():
         if name in modules:
             module.to_empty(device="cpu", recurse=False)
     init_weights(model, cfg, only=modules)
+    for m in owners:
+        m.init_new_parameters(None)
