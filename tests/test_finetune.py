@@ -162,6 +162,17 @@ def test_trainable_pattern_matching_nothing_is_a_config_error():
         check_what_trains(config("configs/tiny.yml", "configs/attention/dar.yml", trainable_params=["*.dar_dwon.*"]))
     with pytest.raises(ConfigError, match="query_key_value"):
         check_what_trains(config("configs/tiny.yml", **{"lora.target_modules": ["query_key_value"]}))
+    # DAR reads dar_up's weight (folded into the key/value weights): its adapter never got a gradient; dar_down is
+    # called, so an adapter there trains
+    with pytest.raises(ConfigError, match=r"lora.target_modules.*'dar_up'.*the dar attention reads this layer's "
+                                          r"weight directly"):
+        check_what_trains(config("configs/tiny.yml", "configs/attention/dar.yml",
+                                 **{"lora.target_modules": ["dar_up", "dar_down"]}))
+    check_what_trains(config("configs/tiny.yml", "configs/attention/dar.yml", **{"lora.target_modules": ["dar_down"]}))
+    # a tied head (Llama-3.2-1B): the merged head could not stay tied, so no checkpoint of the run loaded
+    with pytest.raises(ConfigError, match=r"'lm_head'.*shares its weight with the input embedding"):
+        check_what_trains(config("configs/llama-3.2-1b.yml", **{"lora.target_modules": ["q_proj", "lm_head"]}))
+    check_what_trains(config("configs/olmo-2-0425-1b.yml", **{"lora.target_modules": ["lm_head"]}))  # untied
 
 
 # ----------------------------------------------------------------------------------------------

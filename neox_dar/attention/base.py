@@ -68,6 +68,9 @@ class Attention(AttentionLayer, abc.ABC):
     """
 
     spec: ClassVar[type[VariantSpec]]
+    # the variant's linear layers whose weight it reads directly instead of calling them (DAR's ``dar_up``, folded
+    # into the key/value weights): a LoRA adapter there would be ignored, so finetuning refuses one
+    read_by_weight: ClassVar[tuple[str, ...]] = ()
 
     @property
     def name(self) -> str:

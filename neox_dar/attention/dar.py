@@ -84,6 +84,7 @@ class DARAttention(DARLayer, Attention):
     """
 
     spec = DARSpec
+    read_by_weight = ("dar_up",)  # folded into the key/value weights (global_kv) and the inference cache
 
     def __init__(self, cfg: ModelConfig, layer_idx: int):
         super().__init__(cfg, layer_idx)

@@ -124,8 +124,10 @@ def attention_inputs(model: CausalLM, module: torch.nn.Module, sequences: Sequen
 
 def check_trainable(cfg: Config, model: CausalLM) -> None:
     """InvalidValue (a config rule) when a ``trainable_params`` pattern matches no parameter of ``model`` (names as
-    in the model, before LoRA), or a LoRA target names no linear layer, or GPT-NeoX's fused ``query_key_value``
-    (whose weight the attention reads directly, so an adapter on it would be ignored)."""
+    in the model, before LoRA), or a LoRA target names no linear layer, or a layer whose weight is read directly
+    (GPT-NeoX's fused ``query_key_value``, a variant's :attr:`~neox_dar.attention.Attention.read_by_weight`: an
+    adapter on it would be ignored), or the output layer tied to the input embedding (its merged weight could not
+    stay tied, so no checkpoint of the run would load)."""
     names = [n for n, _ in model.named_parameters()]
     example = next((n for n in names if "layers.0." in n), names[0])
     for pattern in cfg.training.trainable_params or ():
@@ -134,12 +136,23 @@ def check_trainable(cfg: Config, model: CausalLM) -> None:
     lora = cfg.training.lora
     if lora is not None:
         linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        by_weight = {f"{prefix}.{leaf}": m.name for prefix, m in model.named_modules() if isinstance(m, Attention)
+                     for leaf in m.read_by_weight}
+        tied = {key.rsplit(".", 1)[0] for key in model.tied_keys}
         for target in lora.target_modules:
+            named = [n for n in linears if n == target or n.endswith("." + target)]
             check(target.split(".")[-1] != "query_key_value", "lora.target_modules",
                   "GPT-NeoX's fused query_key_value is read by weight, not called: an adapter on it would be ignored",
                   target)
-            check(any(n == target or n.endswith("." + target) for n in linears), "lora.target_modules",
-                  "names no linear layer of the model", target)
+            check(bool(named), "lora.target_modules", "names no linear layer of the model", target)
+            read = [by_weight[n] for n in named if n in by_weight]
+            check(not read, "lora.target_modules", f"the {read[0] if read else ''} attention reads this layer's "
+                  "weight directly, not by calling it: an adapter on it would be ignored; train it by "
+                  "trainable_params instead", target)
+            check(not tied.intersection(named), "lora.target_modules",
+                  "the output layer shares its weight with the input embedding (tie_word_embeddings): an adapter "
+                  "would untie them and no checkpoint of the run would load; adapt other layers, or train the "
+                  "embedding by trainable_params", target)
 
 
 def add_lora(model: CausalLM, cfg: Config) -> str:
