@@ -190,19 +190,32 @@ def load_tokenizer(cfg: ModelConfig | None = None, path: str | Path | None = Non
 
 def special_tokens(path: str | Path) -> dict[str, str | None]:
     """``{"bos_token", "eos_token", "unk_token"}`` of the tokenizer file ``path``: from the ``tokenizer_config.json``
-    beside it when there is one (a token may be None), else Pythia's :data:`SPECIAL_TOKENS`."""
-    config = Path(path).parent / "tokenizer_config.json"
+    beside it when there is one (a token may be None), else Pythia's :data:`SPECIAL_TOKENS`. As transformers reads
+    a folder: a ``special_tokens_map.json`` beside a ``tokenizer_config.json`` without ``added_tokens_decoder``
+    (the older format) gives the tokens it names."""
+    folder = Path(path).parent
+    config, legacy = folder / "tokenizer_config.json", folder / "special_tokens_map.json"
     if not config.is_file():
         return dict(SPECIAL_TOKENS)
-    try:
-        data = json.loads(config.read_text())
-    except ValueError as e:
-        raise ValueError(f"{config} is not valid JSON ({e})") from None
+    data = _json_object(config)
+    if "added_tokens_decoder" not in data and legacy.is_file():
+        data = {**data, **_json_object(legacy)}
     out = {}
     for name in SPECIAL_TOKENS:
         token = data.get(name)
         out[name] = token.get("content") if isinstance(token, dict) else token
     return out
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path``; a ValueError naming it when it is not one."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds no JSON object")
+    return data
 
 
 def special_token_ids(path: str | Path) -> dict[str, int | None]:

@@ -164,6 +164,26 @@ def test_an_import_adding_a_variant_takes_its_start_or_refuses_one_that_needs_da
         from_hf(path, overrides=dict(attention_type="dar", window_size=4, dar_init="pca"))
 
 
+@pytest.mark.parametrize("decoder", [False, True])
+def test_special_tokens_of_the_older_format_are_read_as_transformers_reads_them(tmp_path, decoder):
+    """A folder whose ``tokenizer_config.json`` names no special tokens and whose ``special_tokens_map.json`` does
+    (the older format; an import of it failed later with "neither a bos nor an eos token"): the tokens are those
+    transformers' AutoTokenizer gives, also when an ``added_tokens_decoder`` makes it ignore the older file."""
+    from tokenizers import Tokenizer, models
+
+    vocab = {"<|endoftext|>": 0, "<s>": 1, "a": 2, "[UNK]": 3}
+    Tokenizer(models.WordLevel(vocab, unk_token="[UNK]")).save(str(tmp_path / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<s>"}
+    if decoder:
+        config["added_tokens_decoder"] = {"0": {"content": "<|endoftext|>", "special": True}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": {"content": "<|endoftext|>"}, "eos_token": "<|endoftext|>"}))
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert special_token_ids(tmp_path / "tokenizer.json") == {"bos": hf.bos_token_id, "eos": hf.eos_token_id}
+    assert hf.eos_token_id == (1 if decoder else 0)
+
+
 def test_dar_global_keys_take_the_key_norm(folders):
     """Decision (docs/models.md): OLMo-2's key norm applies to ``k_glob`` as to ``k``. With the bottleneck set to
     the identity (d_down = d), ``k_glob`` equals ``k``: so a DAR model at any window equals vanilla."""
