@@ -227,8 +227,9 @@ def test_train_py_exits_with_its_code_after_exit_handlers_and_flushed_output(wor
 
 
 def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
-    """A resume under another seq_length, seed, split or global batch reads on at the checkpoint's sample count in
-    another sample order: allowed, and said in one line that names each change (before: nothing was said)."""
+    """A resume under another seq_length, seed, split, global batch or count of the index's epochs reads on at the
+    checkpoint's sample count in another sample order: allowed, and said in one line that names each change (before:
+    nothing was said)."""
     from neox_dar.rundir import CONFIG, write_manifest
     from neox_dar.training.checkpointing import sampling_changes
     from neox_dar.training.distributed import DistInfo
@@ -238,27 +239,35 @@ def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
     (step_dir / CONFIG).write_text(cfg_with().to_yaml())
     write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1})
     one, two = (DistInfo(rank=0, world_size=n, local_rank=0, device=torch.device("cpu")) for n in (1, 2))
-    assert sampling_changes(step_dir, cfg_with(), one) is None
-    line = sampling_changes(step_dir, cfg_with("seed=7", "seq_length=64", "split=90,10,0"), one)
+    assert sampling_changes(step_dir, cfg_with(), one, [1]) is None
+    line = sampling_changes(step_dir, cfg_with("seed=7", "seq_length=64", "split=90,10,0"), one, [1])
     assert "seed 1234 -> 7" in line and "seq_length 128 -> 64" in line and "split '949,50,1' -> '90,10,0'" in line
     assert "from sample 24" in line and "\n" not in line
-    assert sampling_changes(step_dir, cfg_with(), two) is None  # train_batch_size holds: more ranks, same batch
-    assert "global batch 16 -> 32 samples a step" in sampling_changes(step_dir, cfg_with("train_batch_size=32"), two)
+    assert sampling_changes(step_dir, cfg_with(), two, [1]) is None  # train_batch_size holds: more ranks, same batch
+    assert "global batch 16 -> 32 samples a step" in sampling_changes(step_dir, cfg_with("train_batch_size=32"), two, [1])
     # conversations are grouped by length per global batch: two ranks with the same batch read the same order; a
     # checkpoint of a version that grouped them per global micro-batch (no conversation_order recorded) is named
     chat = ["train_data_paths=[c]", "train_label_data_paths=[c_label]", "data_path=null"]
     (step_dir / CONFIG).write_text(cfg_with(*chat).to_yaml())
     assert "conversations ordered by an earlier rule (per global micro-batch) -> length-grouped per global batch, " \
-        "whole-step epochs" in sampling_changes(step_dir, cfg_with(*chat), one)
+        "whole-step epochs" in sampling_changes(step_dir, cfg_with(*chat), one, [])
     write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1,
                               "conversation_order": "length-grouped per global batch, whole-step epochs"})
-    assert sampling_changes(step_dir, cfg_with(*chat), one) is None
-    assert sampling_changes(step_dir, cfg_with(*chat), two) is None
+    assert sampling_changes(step_dir, cfg_with(*chat), one, []) is None
+    assert sampling_changes(step_dir, cfg_with(*chat), two, []) is None
     write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1})
     (step_dir / CONFIG).write_text(cfg_with().to_yaml())  # trained on packed data: no conversation order to change
-    assert "conversations" not in (sampling_changes(step_dir, cfg_with(*chat), one) or "")
+    assert "conversations" not in (sampling_changes(step_dir, cfg_with(*chat), one, []) or "")
+    # the epochs the training index spans (a longer train_iters that needs more of the data): another shuffle
+    write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1, "index_epochs": [1]})
+    assert sampling_changes(step_dir, cfg_with("train_iters=400"), one, [1]) is None
+    assert "the training data's index spans 3 epochs now, 1 epoch when the checkpoint was written" in sampling_changes(
+        step_dir, cfg_with("train_iters=400"), one, [3])
+    write_manifest(step_dir, {"step": 3, "consumed_samples": 24, "world_size": 1, "index_epochs": [1, 2]})
+    assert "spans 2, 2 epochs of its 2 datasets now, 1, 2 epochs of its 2 datasets when" in sampling_changes(
+        step_dir, cfg_with(), one, [2, 2])
     (step_dir / CONFIG).write_text("no_such_key: 1\n")
-    assert "are not compared" in sampling_changes(step_dir, cfg_with(), one)
+    assert "are not compared" in sampling_changes(step_dir, cfg_with(), one, [1])
 
 
 def test_a_resumed_run_sends_w_and_b_no_step_it_sent_before(tmp_path, monkeypatch):

@@ -10,13 +10,13 @@
 """
 
 from .blended import BlendedDataset
-from .build import blend_sample_counts, build_datasets, split_bounds
+from .build import blend_sample_counts, build_datasets, index_epochs, split_bounds
 from .gpt_dataset import DataSplitError, GPTDataset
 from .indexed import IndexedDataset, IndexedDatasetError, IndexedDatasetWriter, best_dtype, write_index
 from .sampler import DataParallelSampler
 
 __all__ = [
-    "build_datasets", "blend_sample_counts", "split_bounds", "DataParallelSampler", "GPTDataset",
+    "build_datasets", "blend_sample_counts", "index_epochs", "split_bounds", "DataParallelSampler", "GPTDataset",
     "BlendedDataset", "DataSplitError", "IndexedDataset", "IndexedDatasetError", "IndexedDatasetWriter", "best_dtype",
     "write_index",
 ]

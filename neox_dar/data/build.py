@@ -99,6 +99,17 @@ def _blend(name: str, paths: list[str], weights: list[float] | None, samples: in
     return ds
 
 
+def index_epochs(ds) -> list[int]:
+    """The epochs each packed dataset under ``ds`` spans (GPT-NeoX's epoch rule), in order: its sample order is drawn
+    for that many epochs, so another count (a longer ``train_iters`` that needs more data) is another order. Chat
+    datasets add none (their epochs are drawn one after another: more of them leave the earlier ones' order)."""
+    if isinstance(ds, GPTDataset):
+        return [ds.num_epochs]
+    if isinstance(ds, BlendedDataset):
+        return [e for part in ds.datasets for e in index_epochs(part)]
+    return []
+
+
 def _at_least(ds, samples: int):
     """``ds``, or, when GPT-NeoX's counts leave it short of the ``samples`` training reads (tiny datasets only),
     ``ds`` read cyclically up to ``samples`` (GPT-NeoX's training iterator cycles too)."""

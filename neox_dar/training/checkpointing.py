@@ -172,9 +172,10 @@ def consolidated_fp32_state(engine, lora_scale: float | None = None) -> dict[str
 
 
 def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: TrainState, keep_last_n: int | None,
-                    data: dict | None) -> Path:
+                    data: dict | None, epochs: list[int] | None = None) -> Path:
     """Write the checkpoint of ``state`` under ``root`` (collective) and return its directory; its ``state.json``
-    records ``data``, the identity of the data trained on (rank 0's; :func:`~neox_dar.data.identity.data_identity`).
+    records ``data``, the identity of the data trained on (rank 0's; :func:`~neox_dar.data.identity.data_identity`),
+    and ``epochs``, those its training index spans (:func:`~neox_dar.data.index_epochs`, as ``index_epochs``).
 
     A checkpoint of the same step already there (one that failed its check and was skipped on resume) is
     replaced, never kept. Any error removes the temporary directory and raises CheckpointError on every rank."""
@@ -215,6 +216,7 @@ def save_checkpoint(engine, cfg: Config, info: DistInfo, root: Path, state: Trai
                 "code_version": code_version(),
                 "tokenizer_sha256": tokenizer,
                 "data": data,
+                "index_epochs": epochs,
                 "conversation_order": CONVERSATION_ORDER,
                 "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             })
@@ -327,9 +329,10 @@ SAMPLING_KEYS = ("model.seq_length", "training.seed", "data.split", "data.train_
                  "data.data_fixed_length")
 
 
-def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
+def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo, epochs: list[int]) -> str | None:
     """What a resume of ``step_dir`` changes in the samples the run reads (None: nothing), for one line in the log:
-    the keys of :data:`SAMPLING_KEYS` that make another sample order, and the global batch. The run continues at
+    the keys of :data:`SAMPLING_KEYS` that make another sample order, the global batch, and the epochs the training
+    index spans (``epochs`` now; a longer ``train_iters`` may need more, whose shuffle is another). The run continues at
     the checkpoint's ``consumed_samples`` in the order the current config makes, which is not where the
     checkpoint's run would have gone on when one of these differs; so these are allowed (a larger batch later in
     a run is common) and said."""
@@ -348,6 +351,9 @@ def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
     new_batch = cfg.training.global_batch_for(info.world_size)
     if old_batch != new_batch:
         changed.append(f"global batch {old_batch} -> {new_batch} samples a step")
+    if meta.get("index_epochs") not in (None, epochs):  # older checkpoints do not record them
+        changed.append(f"the training data's index spans {_epochs(epochs)} now, {_epochs(meta['index_epochs'])} "
+                       "when the checkpoint was written, so its documents and samples are shuffled anew")
     if (cfg.data.train_label_data_paths and prior.data.train_label_data_paths
             and meta.get("conversation_order") != CONVERSATION_ORDER):
         old_order = meta.get("conversation_order", "by an earlier rule (per global micro-batch)")
@@ -357,6 +363,13 @@ def sampling_changes(step_dir: Path, cfg: Config, info: DistInfo) -> str | None:
     return (f"resumed with other sampling settings than {step_dir} was trained with ({'; '.join(changed)}): the run "
             f"reads on from sample {meta['consumed_samples']} of the order this config makes, not the samples the "
             "checkpoint's run would have read next")
+
+
+def _epochs(epochs: list[int]) -> str:
+    """``[3]`` -> "3 epochs"; ``[1, 2]`` -> "1, 2 epochs of its 2 datasets"."""
+    if len(epochs) == 1:
+        return f"{epochs[0]} epoch{'s' if epochs[0] != 1 else ''}"
+    return f"{', '.join(map(str, epochs))} epochs of its {len(epochs)} datasets"
 
 
 def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> TrainState:

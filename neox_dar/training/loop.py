@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..config import Config
-from ..data import build_datasets
+from ..data import build_datasets, index_epochs
 from ..rundir import (STATUS, RunFileError, checkpoints_dir, lock_run_dir, read_state, recorded_checkpoint,
                       write_status)
 from . import startup
@@ -129,6 +129,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             left = max(0, cfg.training.train_iters - done["step"]) * global_batch
             train_samples = max(train_samples, done["consumed_samples"] + left)
         train_ds, valid_ds = build_datasets(cfg, train_samples, validation_samples(cfg, world), world)
+        epochs = index_epochs(train_ds)
         startup.mark("data index")
         prepared: list[str] = []
 
@@ -159,7 +160,7 @@ def train(cfg: Config, info: DistInfo) -> int:
             logger.message("no validation data (split gives it no share and no valid_data_paths): no valid_loss")
         if start_dir is not None and pretrained is None:
             logger.message(f"resumed from {start_dir} at step {state.step} ({state.consumed_samples} samples)")
-            if (changes := sampling_changes(start_dir, cfg, info)) is not None:
+            if (changes := sampling_changes(start_dir, cfg, info, epochs)) is not None:
                 logger.message(changes)
             if state.step > cfg.training.train_iters:
                 logger.message(f"step {state.step} is past train_iters={cfg.training.train_iters}: nothing to "
@@ -258,7 +259,8 @@ def train(cfg: Config, info: DistInfo) -> int:
             if (state.step % cfg.run.checkpoint_factor == 0 or state.step == cfg.training.train_iters or stopping
                     or early_exit or timed):
                 with clock.paused():
-                    where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n, data)
+                    where = save_checkpoint(engine, cfg, info, ckpt_root, state, cfg.run.keep_last_n, data,
+                                            epochs)
                     state.checkpoint = state.step
                     if info.is_main:
                         write_status(save, "running", state.step, cfg.training.train_iters,
