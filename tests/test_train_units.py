@@ -244,7 +244,8 @@ def test_a_resume_names_the_sampling_settings_it_changes(tmp_path):
     assert "seed 1234 -> 7" in line and "seq_length 128 -> 64" in line and "split '949,50,1' -> '90,10,0'" in line
     assert "from sample 24" in line and "\n" not in line
     assert sampling_changes(step_dir, cfg_with(), two, [1]) is None  # train_batch_size holds: more ranks, same batch
-    assert "global batch 16 -> 32 samples a step" in sampling_changes(step_dir, cfg_with("train_batch_size=32"), two, [1])
+    batch = sampling_changes(step_dir, cfg_with("train_batch_size=32"), two, [1])
+    assert "global batch 16 -> 32 samples a step" in batch
     # conversations are grouped by length per global batch: two ranks with the same batch read the same order; a
     # checkpoint of a version that grouped them per global micro-batch (no conversation_order recorded) is named
     chat = ["train_data_paths=[c]", "train_label_data_paths=[c_label]", "data_path=null"]
