@@ -73,7 +73,7 @@ def test_scheduler_follows_lr_at_and_ignores_old_config_on_load():
         sched2 = build_scheduler(opt2, new)
         opt2.load_state_dict(opt.state_dict())
         sched2.load_state_dict(sched.state_dict())
-        resume_schedule(sched2, new)
+        resume_schedule(sched2, new, model)
         after = []
         for _ in range(20):
             after.append(opt2.param_groups[0]["lr"])
@@ -90,8 +90,31 @@ def test_scheduler_follows_lr_at_and_ignores_old_config_on_load():
     sched4 = build_scheduler(opt4, cfg)
     opt4.load_state_dict(opt3.state_dict())
     sched4.load_state_dict(sched3.state_dict())
-    resume_schedule(sched4, cfg)
+    resume_schedule(sched4, cfg, model)
     assert opt4.param_groups[0]["lr"] == opt3.param_groups[0]["lr"] == seen[7]
+    assert opt4.param_groups == opt3.param_groups  # every hyperparameter as the uninterrupted run's
+
+
+def test_a_resume_takes_the_configs_weight_decay_betas_and_eps():
+    """The loaded optimizer state holds the saved run's weight decay, betas and eps: a resume with others in its
+    config trains with the config's (before: the saved ones, while config.yml recorded the new), weight decay on
+    the matrices' group only."""
+    cfg = cfg_with("train_iters=20", "weight_decay=0.01")
+    model = torch.nn.Linear(4, 4)
+    opt = build_optimizer(model, cfg, torch.device("cpu"))
+    sched = build_scheduler(opt, cfg)
+    opt.step()
+    sched.step()
+    new = cfg_with("train_iters=20", "weight_decay=0.3", "optimizer.params.betas=[0.5,0.6]",
+                   "optimizer.params.eps=0.1")
+    opt2 = build_optimizer(model, new, torch.device("cpu"))
+    sched2 = build_scheduler(opt2, new)
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(sched.state_dict())
+    assert [g["weight_decay"] for g in opt2.param_groups] == [0.01, 0.0]  # as saved
+    resume_schedule(sched2, new, model)
+    assert [(g["weight_decay"], tuple(g["betas"]), g["eps"]) for g in opt2.param_groups] == [
+        (0.3, (0.5, 0.6), 0.1), (0.0, (0.5, 0.6), 0.1)]
 
 
 def test_warmup_is_not_rounded_to_whole_steps():

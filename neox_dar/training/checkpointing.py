@@ -374,8 +374,9 @@ def _epochs(epochs: list[int]) -> str:
 
 def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> TrainState:
     """Restore DeepSpeed state, this rank's RNG, the data position and the losses of the log interval it was in
-    from a verified ``step_dir`` that :func:`check_resumable` accepted (collective); the learning-rate schedule is
-    the current config's (:func:`~neox_dar.training.optim.resume_schedule`)."""
+    from a verified ``step_dir`` that :func:`check_resumable` accepted (collective); the learning-rate schedule and
+    the optimizer's weight decay, betas and eps are the current config's
+    (:func:`~neox_dar.training.optim.resume_schedule`)."""
     meta = read_state(step_dir)
     use_safe_loading(engine)
     loaded, _ = engine.load_checkpoint(str(step_dir.parent), tag=step_dir.name,
@@ -385,7 +386,7 @@ def load_checkpoint(engine, cfg: Config, info: DistInfo, step_dir: Path) -> Trai
     if engine.global_steps != meta["step"]:
         raise CheckpointError(f"{step_dir}: its {STATE} says step {meta['step']} but DeepSpeed's files say step "
                               f"{engine.global_steps}")
-    resume_schedule(engine.lr_scheduler, cfg)
+    resume_schedule(engine.lr_scheduler, cfg, engine.module)
     state = TrainState(step=int(meta["step"]), consumed_samples=int(meta["consumed_samples"]))
     rng = step_dir / rng_file(info.rank)
     if rng.is_file():

@@ -28,8 +28,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     weights (ndim < 2) without (an empty group is left out: DeepSpeed's ZeRO optimizers drop them)."""
     decay, no_decay = [], []
     for _, p in model.named_parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
+        if p.requires_grad:  # ZeRO-3 keeps a partitioned parameter's own shape as ds_shape
+            (decay if len(getattr(p, "ds_shape", p.shape)) >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [g for g in groups if g["params"]]
 
@@ -72,11 +72,17 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Config) -> LambdaLR:
     return LambdaLR(optimizer, multiplier)
 
 
-def resume_schedule(scheduler: LambdaLR, cfg: Config) -> None:
+def resume_schedule(scheduler: LambdaLR, cfg: Config, model: nn.Module) -> None:
     """After a checkpoint's scheduler and optimizer states are loaded: the current config's peak as the scheduler's
     ``base_lrs`` (the state holds the saved run's) and the learning rate of the next step in every parameter group
-    (the optimizer state holds the saved run's last one), computed as the scheduler's own step computes it."""
-    peak = cfg.training.optimizer.params.lr
+    (the optimizer state holds the saved run's last one), computed as the scheduler's own step computes it; and
+    the config's ``weight_decay`` (on the groups of :func:`param_groups` over ``model``), ``betas`` and ``eps``,
+    which the loaded groups also hold as the saved run had them (the same values when the config is unchanged)."""
+    p = cfg.training.optimizer.params
+    groups = scheduler.optimizer.param_groups
+    for group, fresh in zip(groups, param_groups(model, cfg.training.weight_decay), strict=True):
+        group["weight_decay"], group["betas"], group["eps"] = fresh["weight_decay"], tuple(p.betas), p.eps
+    peak = p.lr
     scheduler.base_lrs = [peak] * len(scheduler.optimizer.param_groups)
     values = [base * rule(scheduler.last_epoch) for base, rule in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, lr in zip(scheduler.optimizer.param_groups, values):
