@@ -100,6 +100,8 @@ def test_same_size_corruption_is_skipped_by_checksum(reference, data, tmp_path):
     assert f"resumed from {save / 'checkpoints' / step_dir_name(STEPS - 1)}" in out.stdout
     assert "other sampling settings" not in out.stdout  # the same config: no note
     assert losses(save) == losses(reference) and verify(newest) is None
+    aside = save / "checkpoints" / f"failed-{step_dir_name(STEPS)}"  # set aside for inspection, out of pruning's way
+    assert f"as {aside.name} (it failed its check)" in out.stderr and verify(aside) is not None
 
 
 def test_a_resume_with_a_smaller_global_batch_trains_to_the_end(reference, data, tmp_path):

@@ -18,7 +18,7 @@ from neox_dar.config import load_config
 from neox_dar.model import build_model
 from neox_dar.rundir import (DEL_PREFIX, KILL_AT_ENV, LATEST, STATE, TMP_PREFIX, WEIGHTS, CheckpointError,
                              clean_leftovers, newest_checkpoint, prune, read_metrics, resolve_checkpoint,
-                             step_dir_name, step_dirs, truncate_metrics, verify)
+                             set_aside_newer, step_dir_name, step_dirs, truncate_metrics, verify)
 from neox_dar.training.checkpointing import safe_torch_load
 
 from builders import published_checkpoint
@@ -69,6 +69,29 @@ def test_prune_keeps_the_newest_complete(tmp_path):
     prune(root, keep_last_n=2)
     assert [s for s, _ in step_dirs(root)] == [4, 3, 2]
     assert not [p for p in root.iterdir() if p.name.startswith((TMP_PREFIX, DEL_PREFIX))]
+
+
+def test_a_checkpoint_that_failed_its_check_is_set_aside_and_pruning_keeps_the_good_ones(tmp_path):
+    """A resume sets the checkpoints newer than the one it continues (each failed its check) aside as
+    ``failed-step_N`` and points ``latest`` at the resumed one. (Before: pruning, which checks sizes only, counted
+    a same-size corrupt checkpoint as complete, deleted the good ones older than it and kept it.)"""
+    root = tmp_path / "checkpoints"
+    good = published_checkpoint(root, 15)
+    corrupt = published_checkpoint(root, 18)
+    with open(corrupt / "rng_rank00000.pt", "r+b") as f:
+        f.write(b"\0" * 4)
+    published_checkpoint(root / "elsewhere", 18).rename(root / "failed-step_00000018")  # an earlier one aside
+    warnings = []
+    assert newest_checkpoint(tmp_path, warn=warnings.append) == good
+    assert set_aside_newer(root, good, warn=warnings.append) == [root / "failed-step_00000018.2"]
+    assert warnings[-1] == (f"set {corrupt} aside as failed-step_00000018.2 (it failed its check): kept for "
+                            "inspection, never resumed or pruned; delete it when done")
+    assert (root / LATEST).read_text().strip() == good.name and set_aside_newer(root, good) == []
+    published_checkpoint(root, 20)
+    prune(root, keep_last_n=2)
+    assert [s for s, _ in step_dirs(root)] == [20, 15]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("failed-")) == [
+        "failed-step_00000018", "failed-step_00000018.2"]
 
 
 _PRUNE = """

@@ -32,8 +32,8 @@ Resuming, evaluation and conversion all find checkpoints through :func:`newest_c
 
 from .checkpoints import (checkpoint_step, CheckpointHold, checkpoints_dir, clean_leftovers, held_checkpoint,
                           hold_checkpoint, is_checkpoint_dir, is_hf_folder, newest_checkpoint, prune, publish,
-                          read_state, resolve_checkpoint, state_checksum, step_dir_name, step_dirs, verify,
-                          write_manifest)
+                          read_state, resolve_checkpoint, set_aside_newer, state_checksum, step_dir_name, step_dirs,
+                          verify, write_manifest)
 from .files import (CHECKPOINTS, CHECKSUM, CONFIG, DEL_PREFIX, EVAL_DIR, FINAL_EVAL, JOBS, KILL_AT_ENV, LATEST, LOCK,
                     METRICS, MODEL_CONFIG, RUN_META, STATE, STATE_CHECKSUM, STATUS, STEP_PREFIX, TMP_PREFIX, WANDB_ID,
                     WANDB_STEP, WEIGHTS, append_text, check_own_folder, check_writable, CheckpointError, fault_point, file_checksum,

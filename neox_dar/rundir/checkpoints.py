@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 import xxhash
 
-from .files import (CHECKPOINTS, CHECKSUM, CONFIG, MODEL_CONFIG, CheckpointError, DEL_PREFIX, LATEST, STATE,
-                    STATE_CHECKSUM, STEP_PREFIX, TMP_PREFIX, WEIGHTS, fault_point, file_checksum, fsync_dir,
+from .files import (CHECKPOINTS, CHECKSUM, CONFIG, MODEL_CONFIG, CheckpointError, DEL_PREFIX, FAILED_PREFIX, LATEST,
+                    STATE, STATE_CHECKSUM, STEP_PREFIX, TMP_PREFIX, WEIGHTS, fault_point, file_checksum, fsync_dir,
                     fsync_tree, manifest, remove_tree, write_text_atomic)
 
 log = logging.getLogger("neox_dar.rundir")
@@ -259,6 +259,32 @@ def publish(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
 
 
+def set_aside_newer(root: Path, resumed: Path, warn: Callable[[str], Any] = log.warning) -> list[Path]:
+    """Rename every checkpoint under ``root`` newer than ``resumed``, the newest complete one, which a run continues
+    (so each of them failed its check), to ``failed-step_N`` (``.2``, ``.3``, ... when taken), and point ``latest``
+    at ``resumed``: out of the way of later resumes, pruning (which counts complete checkpoints by their sizes only,
+    and would keep a corrupt one in place of a good one) and a save of the same step; kept for inspection, each with
+    a warning. Returns the new paths."""
+    dirs = step_dirs(root)
+    step = next((s for s, p in dirs if p == resumed), None)
+    moved = []
+    for s, p in dirs:
+        if step is None or s <= step:
+            continue
+        aside, n = root / (FAILED_PREFIX + p.name), 1
+        while aside.exists():
+            n += 1
+            aside = root / f"{FAILED_PREFIX}{p.name}.{n}"
+        os.rename(p, aside)
+        warn(f"set {p} aside as {aside.name} (it failed its check): kept for inspection, never resumed or pruned; "
+             "delete it when done")
+        moved.append(aside)
+    if moved:
+        fsync_dir(root)
+        write_text_atomic(root / LATEST, resumed.name + "\n")
+    return moved
+
+
 def prune(root: Path, keep_last_n: int | None) -> list[Path]:
     """Delete every checkpoint older than the newest ``keep_last_n`` complete ones (by size; never the one
     ``latest`` names, nor one a starting run holds: :func:`hold_checkpoint`); returns what was deleted. None keeps
@@ -289,8 +315,8 @@ def prune(root: Path, keep_last_n: int | None) -> list[Path]:
 def clean_leftovers(root: Path, warn: Callable[[str], Any] = log.warning) -> list[Path]:
     """Remove what a killed save or deletion left under a checkpoints directory: ``.tmp-*`` and ``.del-*``
     entries, and ``step_*`` directories without a manifest (only a deletion by an older version, which removed
-    files in place, can leave those). Checkpoints that fail their checksums are kept (and skipped when resuming)
-    so they can be inspected. Returns what was removed."""
+    files in place, can leave those). Checkpoints that fail their checksums are kept (a resume sets them aside:
+    :func:`set_aside_newer`) so they can be inspected. Returns what was removed."""
     removed = []
     if not root.is_dir():
         return removed

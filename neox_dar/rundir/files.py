@@ -34,6 +34,7 @@ STATE = "state.json"
 STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
 DEL_PREFIX = ".del-"
+FAILED_PREFIX = "failed-"  # a checkpoint that failed its check when its run resumed, kept aside for inspection
 CHECKSUM = "xxh3_64"
 STATE_CHECKSUM = "checksum"  # state.json's checksum of its own contents
 

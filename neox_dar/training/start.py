@@ -16,7 +16,7 @@ from ..data.identity import data_change, data_identity
 from ..evaluation.perplexity import SWEEP_MANIFEST
 from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, WANDB_STEP, CheckpointError, CheckpointHold,
                       RunFileError, checkpoints_dir, clean_leftovers, hold_checkpoint, newest_checkpoint, read_state,
-                      read_status, recorded_checkpoint, remove_tree, step_dirs)
+                      read_status, recorded_checkpoint, remove_tree, set_aside_newer, step_dirs)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from .checkpointing import model_mismatch
 from .checks import WEIGHTS_ONLY
@@ -79,6 +79,7 @@ def choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold |
                 how = (f"restore that data to continue the run exactly, continue from its checkpoint in a new run "
                        f"(save=NEW load={save}), or set overwrite=true to discard it")
         if problem is None:
+            set_aside_newer(checkpoints_dir(save), own)  # each failed its check (warned above)
             return own, None
     elif recorded := recorded_checkpoint(save):
         problem = (f"{save} holds no checkpoint but its {STATUS} records one at step {recorded} (were its "
