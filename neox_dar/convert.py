@@ -18,7 +18,7 @@ from .saved_model import load_model, read_model_config, save_weights
 from .config.files import parse_override
 from .hf import check_out_dir, from_hf, to_hf
 from .rundir import held_checkpoint, staged_dir
-from .tokenizer import check_tokenizer_json, copy_tokenizer_files, tokenizer_file
+from .tokenizer import check_fits, check_tokenizer_json, copy_tokenizer_files, tokenizer_file
 from .notices import one_line_notices
 
 
@@ -45,9 +45,12 @@ def main(argv: list[str] | None = None) -> int:
                 model, cfg = load_model(step_dir)
                 to_hf(model, cfg, out, tokenizer_file(cfg, args.tokenizer, step_dir))
         else:
-            if (Path(args.hf_dir) / "tokenizer.json").is_file():  # before anything is read or written
-                check_tokenizer_json(Path(args.hf_dir) / "tokenizer.json")
+            tokenizer = Path(args.hf_dir) / "tokenizer.json"
+            if tokenizer.is_file():  # before anything is read or written
+                check_tokenizer_json(tokenizer)
             model, cfg = from_hf(args.hf_dir, overrides=_parse_overrides(args.overrides))
+            if tokenizer.is_file():  # every later command would refuse it: data tokenized with it cannot be read
+                check_fits(tokenizer, cfg)
             check_out_dir(out, cfg, args.direction)
             with staged_dir(out) as stage:  # an earlier import is replaced whole, once the new one is written
                 copy_tokenizer_files(args.hf_dir, stage)  # first: the checkpoint's manifest lists them

@@ -132,7 +132,8 @@ def test_from_hf_keeps_the_folders_tokenizer(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def llama_folder(tmp_path_factory) -> Path:
-    """A tiny random Llama folder (six safetensors shards and their index) with the Pythia tokenizer."""
+    """A tiny random Llama folder (six safetensors shards and their index) with the Pythia tokenizer (more ids than
+    its 96 embedding rows: the tests change the folder before the import reaches that check)."""
     folder = tmp_path_factory.mktemp("llama_hf")
     hf_folder(folder, "llama", shard="60KB")
     write_tokenizer_files(folder)
@@ -222,6 +223,9 @@ BAD_FOLDERS = {
     "shard-absolute": (_edit_index("/etc/x.safetensors"), "names a file outside"),
     "garbage-tokenizer": (lambda f: (f / "tokenizer.json").write_text('{"model": 3}'),
                           "tokenizer.json is not a Hugging Face tokenizer"),
+    # the folder as it is: Pythia's tokenizer beside a model of 96 embedding rows (imported, then refused by every
+    # command that read it)
+    "tokenizer-too-large": (lambda f: None, "has ids up to 50276, but the model has 96 embedding rows"),
 }
 
 
