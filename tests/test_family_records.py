@@ -45,6 +45,31 @@ def test_a_config_json_key_left_out_takes_the_class_default(family):
         assert key.default == theirs, (family, key.hf)
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("null", [False, True])
+def test_a_size_left_out_of_config_json_is_what_the_class_makes_of_it(family, null):
+    """A config.json without (or with null) key/value heads, intermediate size, positions or head_dim: the import
+    takes what the family's config class builds from the file (before: the heads, 4 d, 2048 and d / H, where e.g.
+    Qwen2/Qwen3 default the key/value heads to 32, Llama the intermediate size to 11008, Qwen3 head_dim to 128)."""
+    from neox_dar.config import ConfigError
+    from neox_dar.hf import config_from_hf
+    from neox_dar.hf.config_map import LEFT_OUT_SIZES
+    from neox_dar.tiny_hf_model import tiny_hf_model
+
+    hf = tiny_hf_model(family).config.to_dict()
+    hf = {k: v for k, v in hf.items() if k not in LEFT_OUT_SIZES} | ({"num_key_value_heads": None} if null else {})
+    theirs = getattr(transformers, FAMILIES[family].hf_class.replace("ForCausalLM", "Config"))(**hf)
+    heads = getattr(theirs, "num_key_value_heads", None) or theirs.num_attention_heads
+    if theirs.num_attention_heads % heads:  # Qwen's 32 key/value heads for this model's 4: a model that cannot be
+        with pytest.raises(ConfigError, match=r"'num_kv_heads' in config.json: 32 \(must divide"):
+            config_from_hf(hf)
+        return
+    cfg = config_from_hf(hf)
+    dims = getattr(theirs, "head_dim", None) or theirs.hidden_size // theirs.num_attention_heads
+    assert (cfg.num_kv_heads, cfg.intermediate_size, cfg.max_position_embeddings, cfg.head_dim) == (
+        heads, theirs.intermediate_size, theirs.max_position_embeddings, dims)
+
+
 def test_rope_parameters_come_before_rotary_pct_as_in_transformers(tmp_path):
     """A GPT-NeoX config.json with both: transformers 5 reads ``rope_parameters``' factor (and theta), so do we.
     (Before: rotary_pct won, logits off by 0.8.)"""

@@ -55,6 +55,29 @@ def _size(hf: dict, key: str, where: str, default: int | None = None) -> int:
 
 
 
+LEFT_OUT_SIZES = ("num_key_value_heads", "intermediate_size", "max_position_embeddings", "head_dim")
+
+
+def _class_sizes(hf_class: str, hf: dict, hidden: int, heads: int, where: str) -> dict:
+    """For each of :data:`LEFT_OUT_SIZES` that ``hf`` lacks (or holds as null), what the family's transformers config
+    class makes of the file: its default, which may follow the width and heads (Llama's key/value heads are the heads,
+    Qwen2's default to 32; Llama's head_dim is the width over the heads, Qwen3's 128); None where the class has no
+    such key (GPT-NeoX's key/value heads and head_dim)."""
+    missing = [k for k in LEFT_OUT_SIZES if hf.get(k) is None]
+    if not missing:
+        return {}
+    import transformers  # only for a file that leaves a size out: every published config.json has them
+
+    null = {"num_key_value_heads": None} if "num_key_value_heads" in hf else {}  # null: the heads (Qwen2's too)
+    cls = getattr(transformers, hf_class.replace("ForCausalLM", "Config"))
+    try:
+        made = cls(hidden_size=hidden, num_attention_heads=heads, **null)
+    except Exception as e:  # noqa: BLE001 - its own checks raise their own classes (huggingface_hub's in 5)
+        raise ConfigError(f"{where}: {cls.__name__} refuses hidden_size {hidden} with {heads} heads "
+                          f"({str(e).strip().splitlines()[-1].strip()})") from None
+    return {k: getattr(made, k, None) for k in missing}
+
+
 def _check_size(keys: dict, weight_bytes: int | None, where: str) -> None:
     """ConfigError when the model of ``keys`` (flat, before validation) holds more parameters than ``weight_bytes``
     of weight files can store (one byte each at the least): wrong sizes are caught before anything is built.
@@ -133,14 +156,15 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
                           f"{', '.join(f.hf_class for f in FAMILIES.values())})")
     theta, llama3, partial = _rope(hf, where)
     vocab, hidden, heads = (_size(hf, k, where) for k in ("vocab_size", "hidden_size", "num_attention_heads"))
-    positions = _size(hf, "max_position_embeddings", where, 2048)
+    assumed = _class_sizes(family.hf_class, hf, hidden, heads, where)
+    positions = _size(hf, "max_position_embeddings", where, assumed.get("max_position_embeddings"))
     keys = {
         "model_family": family.name,
         "num_layers": _size(hf, "num_hidden_layers", where),
         "hidden_size": hidden,
         "num_attention_heads": heads,
-        "num_kv_heads": _size(hf, "num_key_value_heads", where, heads),
-        "intermediate_size": _size(hf, "intermediate_size", where, 4 * hidden),
+        "num_kv_heads": _size(hf, "num_key_value_heads", where, assumed.get("num_key_value_heads") or heads),
+        "intermediate_size": _size(hf, "intermediate_size", where, assumed.get("intermediate_size")),
         "max_position_embeddings": positions,
         "seq_length": min(2048, positions),
         "rotary_emb_base": theta,
@@ -150,8 +174,8 @@ def config_from_hf(hf: dict, where: str = "config.json", overrides: dict | None 
         "no_weight_tying": not hf.get("tie_word_embeddings", False),
         "init_method_std": hf.get("initializer_range", 0.02),
     }
-    if hf.get("head_dim"):
-        keys["head_dim"] = hf["head_dim"]
+    if hf.get("head_dim") or assumed.get("head_dim") not in (None, hidden // heads):
+        keys["head_dim"] = hf.get("head_dim") or assumed["head_dim"]
     _check_size({**keys, **overrides}, weight_bytes, where)
     act = hf.get("hidden_act", family.hidden_act)
     if act != family.hidden_act:
