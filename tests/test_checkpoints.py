@@ -65,6 +65,18 @@ def test_sigkill_at_every_point_of_saving_and_pruning_resumes_exactly(reference,
     assert (save / "checkpoints" / LATEST).read_text().strip() == step_dir_name(STEPS)
 
 
+def test_a_stop_signal_during_a_checkpoint_write_stops_at_that_checkpoint(reference, data, tmp_path):
+    """SIGTERM while step 2's checkpoint is written: the run stops at step 2 with that checkpoint (exit 3), and the
+    rerun repeats the uninterrupted run's losses. (Before: it trained step 3 and wrote a second checkpoint first.)"""
+    save = tmp_path / "stopped"
+    out = train(save, data, *EVERY_STEP, expect=3, env=train_env(**{KILL_AT_ENV: "save-written:2=SIGTERM"}))
+    assert "stopped at step 2 (SIGTERM)" in out.stdout + out.stderr, out.stderr[-2000:]
+    assert status(save)["state"] == "interrupted" and status(save)["step"] == 2
+    assert newest_checkpoint(save).name == step_dir_name(2) and max(losses(save)) == 2
+    train(save, data, *EVERY_STEP)
+    assert losses(save) == losses(reference)
+
+
 def test_a_used_save_is_refused_and_overwrite_replaces_it(reference, data, tmp_path):
     """resume=never or another load= source into a run directory with checkpoints: one line, nothing touched.
     (Before: it printed 'saved checkpoint' while the old run's files stayed.) overwrite=true replaces them."""

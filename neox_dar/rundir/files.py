@@ -39,22 +39,25 @@ CHECKSUM = "xxh3_64"
 STATE_CHECKSUM = "checksum"  # state.json's checksum of its own contents
 
 # Fault injection for the crash tests: "POINT" or "POINT:N" SIGKILLs this process the N-th time (default 1st)
-# it passes POINT (save-written, save-renamed, latest-written, prune-renamed, prune-deleting).
+# it passes POINT (save-written, save-renamed, latest-written, prune-renamed, prune-deleting); "...=SIGNAME" sends
+# that signal instead (e.g. "save-written=SIGTERM": a stop request that comes while a checkpoint is written).
 KILL_AT_ENV = "NEOX_DAR_KILL_AT"
 _passes: dict[str, int] = {}
 
 
 def fault_point(name: str) -> None:
-    """SIGKILL this process here when ``NEOX_DAR_KILL_AT`` names this point (tests only; a no-op otherwise)."""
+    """SIGKILL this process here (or send it the signal named) when ``NEOX_DAR_KILL_AT`` names this point (tests
+    only; a no-op otherwise)."""
     want = os.environ.get(KILL_AT_ENV)
     if not want:
         return
+    want, _, sig = want.partition("=")
     point, _, count = want.partition(":")
     if point != name:
         return
     _passes[name] = _passes.get(name, 0) + 1
     if _passes[name] == int(count or 1):
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), getattr(signal, sig) if sig else signal.SIGKILL)
 
 
 class CheckpointError(ValueError):

@@ -267,6 +267,8 @@ def train(cfg: Config, info: DistInfo) -> int:
                                      checkpoint=state.checkpoint)
                     logger.message(f"saved checkpoint {where}")
                 last_save = time.time()
+                # a signal that came while the checkpoint was written stops here, at the checkpoint just written
+                stopping = stopping or any_rank(stop.received is not None, info.device)
             if (stopping or early_exit) and state.step < cfg.training.train_iters:
                 why = stop.received or ("another rank's signal" if stopping
                                         else f"exit_interval={cfg.run.exit_interval}")
