@@ -197,6 +197,14 @@ def _rope_without_factor(config: dict) -> dict:
     return config
 
 
+def _bin_shards(folder: Path) -> None:
+    """The folder's shards named as an older sharded ``.bin`` checkpoint (an index, no safetensors)."""
+    index = folder / "model.safetensors.index.json"
+    index.rename(folder / "pytorch_model.bin.index.json")
+    for shard in folder.glob("model*.safetensors"):
+        shard.rename(shard.with_suffix(".bin"))
+
+
 BAD_FOLDERS = {
     "config-list": (_edit_config(lambda c: [c]), "must hold a JSON object, not a list"),
     "architectures-dict": (_edit_config(lambda c: {**c, "architectures": {"a": 1}}),
@@ -223,6 +231,7 @@ BAD_FOLDERS = {
     "shard-absolute": (_edit_index("/etc/x.safetensors"), "names a file outside"),
     "garbage-tokenizer": (lambda f: (f / "tokenizer.json").write_text('{"model": 3}'),
                           "tokenizer.json is not a Hugging Face tokenizer"),
+    "bin-shards": (_bin_shards, "holds .bin shards (pytorch_model.bin.index.json), which are not read"),
     # the folder as it is: Pythia's tokenizer beside a model of 96 embedding rows (imported, then refused by every
     # command that read it)
     "tokenizer-too-large": (lambda f: None, "has ids up to 50276, but the model has 96 embedding rows"),
@@ -243,6 +252,15 @@ def test_from_hf_refuses_a_bad_folder_in_one_line(llama_folder, tmp_path, case, 
     out = capsys.readouterr()
     assert code == 2 and message in out.err and out.err.count("\n") == 1, out.err
     assert "planted code ran" not in out.out + out.err and not (tmp_path / "out").exists()
+
+
+def test_a_shape_an_override_changes_is_said_to_be_the_overrides(llama_folder, tmp_path, capsys):
+    """from-hf with a size override the weights do not have: the line names the override with config.json (it
+    blamed config.json alone)."""
+    from neox_dar.convert import main
+
+    assert main(["from-hf", str(llama_folder), str(tmp_path / "out"), "intermediate_size=64"]) == 2
+    assert "config.json with intermediate_size=64 implies (64, 64)" in capsys.readouterr().err
 
 
 def test_from_hf_checks_sizes_before_building_a_model(llama_folder, tmp_path):

@@ -70,6 +70,8 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
         cfg.attention = dataclasses.replace(cfg.attention, attention_impl=attention_impl)
     model = build_meta_model(cfg)
     expected = {k: tuple(v.shape) for k, v in model.weights().items()}
+    implied = config_path if not overrides else (  # a size the command line changed: not the file's mistake
+        f"{config_path} with {' '.join(f'{k}={v}' for k, v in overrides.items())}")
     loaded = set()
     bar = progress_bar(total=sum(sizes), desc=f"reading {hf_dir.name}", unit="B", unit_scale=True,
                        delay=2.0)  # shown for a large model only
@@ -81,10 +83,9 @@ def from_hf(hf_dir: str | Path, attention_impl: str | None = None,
                 if ours is None:
                     continue
                 if ours not in expected:
-                    raise CheckpointError(f"{path}: {name} is not a parameter of the model {config_path} describes")
+                    raise CheckpointError(f"{path}: {name} is not a parameter of the model {implied} describes")
                 if shape != expected[ours]:
-                    raise CheckpointError(f"{path}: {name} has shape {shape}, {config_path} implies "
-                                          f"{expected[ours]}")
+                    raise CheckpointError(f"{path}: {name} has shape {shape}, {implied} implies {expected[ours]}")
                 shard[ours] = checked_tensor(load(), name, path)
                 bar.update(min(shard[ours].nbytes, end - bar.n))
             model.load_state_dict(shard, strict=False, assign=True)

@@ -50,6 +50,9 @@ def weight_files(hf_dir: Path) -> list[Path]:
         return [hf_dir / s for s in shards]
     if (hf_dir / "pytorch_model.bin").is_file():
         return [hf_dir / "pytorch_model.bin"]
+    if (hf_dir / "pytorch_model.bin.index.json").is_file():
+        raise CheckpointError(f"{hf_dir} holds .bin shards (pytorch_model.bin.index.json), which are not read: save "
+                              "the model as safetensors first (transformers: from_pretrained, then save_pretrained)")
     raise CheckpointError(f"no model.safetensors, model.safetensors.index.json or pytorch_model.bin in {hf_dir}")
 
 
