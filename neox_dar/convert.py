@@ -18,6 +18,7 @@ from .saved_model import load_model, read_model_config, save_weights
 from .config.files import parse_override
 from .hf import check_out_dir, from_hf, to_hf
 from .rundir import held_checkpoint, staged_dir
+from .evaluation.loading import DTYPES
 from .tokenizer import check_fits, check_tokenizer_json, copy_tokenizer_files, tokenizer_file
 from .notices import one_line_notices
 
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out_dir")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer.json to export (default: the checkpoint's, as evaluation resolves it)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
+                   help="the exported weights' dtype (default float32: a checkpoint's master weights as they are)")
     p = sub.add_parser("from-hf", help="Hugging Face folder -> neox-dar weights + model.yml (+ tokenizer)")
     p.add_argument("hf_dir")
     p.add_argument("out_dir")
@@ -43,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
             with held_checkpoint(args.checkpoint) as step_dir:  # its weights and tokenizer, whatever its run prunes
                 check_out_dir(out, read_model_config(step_dir), args.direction)
                 model, cfg = load_model(step_dir)
-                to_hf(model, cfg, out, tokenizer_file(cfg, args.tokenizer, step_dir))
+                to_hf(model, cfg, out, tokenizer_file(cfg, args.tokenizer, step_dir), DTYPES[args.dtype])
         else:
             tokenizer = Path(args.hf_dir) / "tokenizer.json"
             if tokenizer.is_file():  # before anything is read or written

@@ -60,6 +60,25 @@ def test_cli_round_trip_keeps_every_weight(tmp_path):
         assert torch.equal(a, b), name
 
 
+def test_to_hf_writes_the_dtype_asked_for(tmp_path, capsys):
+    """``to-hf --dtype bfloat16``: the weights in bfloat16 (half the bytes; float32 by default) and config.json's
+    torch_dtype saying so; transformers loads it, and from-hf takes the bfloat16 weights back as they are."""
+    from transformers import GPTNeoXForCausalLM
+
+    model, cfg = saved_model(tmp_path / "ckpt", seed=3)
+    assert convert(capsys, "to-hf", tmp_path / "ckpt", tmp_path / "hf", "--dtype", "bfloat16").returncode == 0
+    tensors = load_file(str(tmp_path / "hf/model.safetensors"))
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    assert json.loads((tmp_path / "hf/config.json").read_text())["torch_dtype"] == "bfloat16"
+    theirs = GPTNeoXForCausalLM.from_pretrained(tmp_path / "hf")
+    assert theirs.dtype == torch.bfloat16
+    ours = dict(model.weights())
+    assert all(torch.equal(t, ours[k].to(torch.bfloat16)) for k, t in tensors.items())
+    assert convert(capsys, "from-hf", tmp_path / "hf", tmp_path / "back").returncode == 0
+    back, _ = load_model(tmp_path / "back")
+    assert all(torch.equal(t, tensors[k]) for k, t in back.weights().items())
+
+
 def test_cli_errors_are_one_line(tmp_path):
     r = run("from-hf", tmp_path, tmp_path / "out")
     assert r.returncode == 2 and "no config.json" in r.stderr and r.stderr.strip().count("\n") == 0

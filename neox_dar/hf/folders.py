@@ -24,9 +24,10 @@ from .remote import LAYER_TYPES_FILE, REMOTE_CODE, REMOTE_FILES, layer_types_sou
 from .weights import checked_tensor, initialise_new, our_name, tensors_of, read_folder_json, weight_files
 
 
-def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None) -> Path:
-    """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (float32; a tied head once, as Hugging Face
-    writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
+def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None,
+          dtype: torch.dtype = torch.float32) -> Path:
+    """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (in ``dtype``, which ``config.json``'s
+    ``torch_dtype`` names; a tied head once, as Hugging Face writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
     model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``), whose
     ``layer_types.py`` imports every layer type by name (:func:`~.remote.layer_types_source`). All of it goes into a
     folder beside ``out_dir`` that replaces it once complete (:func:`~neox_dar.rundir.staged_dir`): a failure or
@@ -41,9 +42,10 @@ def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json
     out = Path(out_dir)
     with staged_dir(out) as stage:
         special_ids = write_tokenizer(tokenizer_json or tokenizer_file(cfg), cfg, stage)
-        tensors = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.weights().items()}
+        tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.weights().items()}
         save_safetensors(tensors, stage / "model.safetensors", metadata={"format": "pt"})
         config = hf_config_dict(cfg, special_ids) if layers is None else remote_config_dict(cfg, layers, special_ids)
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
         (stage / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         if layers is not None:
             for name in REMOTE_FILES:
