@@ -27,11 +27,11 @@ from .weights import checked_tensor, initialise_new, our_name, tensors_of, read_
 def to_hf(model: CausalLM, cfg: ModelConfig, out_dir: str | Path, tokenizer_json: str | Path | None = None,
           dtype: torch.dtype = torch.float32) -> Path:
     """Write ``out_dir/config.json``, ``out_dir/model.safetensors`` (in ``dtype``, which ``config.json``'s
-    ``torch_dtype`` names; a tied head once, as Hugging Face writes it) and the tokenizer (:func:`write_tokenizer`; default: :func:`neox_dar.tokenizer.tokenizer_file`); for a
-    model with non-vanilla layers also the code of :mod:`neox_dar.standalone` (``auto_map``), whose
-    ``layer_types.py`` imports every layer type by name (:func:`~.remote.layer_types_source`). All of it goes into a
-    folder beside ``out_dir`` that replaces it once complete (:func:`~neox_dar.rundir.staged_dir`): a failure or
-    a kill part-way leaves an earlier export whole."""
+    ``torch_dtype`` names; a tied head once, as Hugging Face writes it) and the tokenizer (:func:`write_tokenizer`;
+    default: :func:`neox_dar.tokenizer.tokenizer_file`); for a model with non-vanilla layers also the code of
+    :mod:`neox_dar.standalone` (``auto_map``), whose ``layer_types.py`` imports every layer type by name
+    (:func:`~.remote.layer_types_source`). All of it goes into a folder beside ``out_dir`` that replaces it once
+    complete (:func:`~neox_dar.rundir.staged_dir`): a failure or a kill part-way leaves an earlier export whole."""
     modules = model.attention_modules()
     layers = layer_types = None
     if any(m.name != "vanilla" for m in modules):
