@@ -90,7 +90,10 @@ def test_a_used_save_is_refused_and_overwrite_replaces_it(reference, data, tmp_p
     assert "checkpoints of another run" in error_line(out)
     assert {p: p.read_bytes() for p in save.rglob("*") if p.is_file()} == before  # not even status.json
 
+    aside = save / "checkpoints" / "failed-step_00000009"  # one the old run set aside: discarded with it
+    aside.mkdir()
     train(save, data, *EVERY_STEP, "resume=never", "seed=7", "overwrite=true")
+    assert not aside.exists()
     newest = newest_checkpoint(save)
     assert "seed: 7" in (newest / "config.yml").read_text()
     assert (newest / "model.safetensors").read_bytes() != (reference / "checkpoints" / newest.name /

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from ..config import Config, load_config
 from ..data.identity import data_change, data_identity
 from ..evaluation.perplexity import SWEEP_MANIFEST
-from ..rundir import (CONFIG, EVAL_DIR, LATEST, METRICS, STATUS, WANDB_ID, WANDB_STEP, CheckpointError, CheckpointHold,
-                      RunFileError, checkpoints_dir, clean_leftovers, hold_checkpoint, newest_checkpoint, read_state,
-                      read_status, recorded_checkpoint, remove_tree, set_aside_newer, step_dirs)
+from ..rundir import (CONFIG, EVAL_DIR, FAILED_PREFIX, LATEST, METRICS, STATUS, WANDB_ID, WANDB_STEP, CheckpointError,
+                      CheckpointHold, RunFileError, checkpoints_dir, clean_leftovers, hold_checkpoint, newest_checkpoint,
+                      read_state, read_status, recorded_checkpoint, remove_tree, set_aside_newer, step_dirs)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from .checkpointing import model_mismatch
 from .checks import WEIGHTS_ONLY
@@ -33,7 +33,7 @@ def source_path(path: str | None) -> str | None:
 def discard_run(save: Path) -> None:
     """Remove another run's checkpoints, metrics, status, evaluations and W&B id from ``save`` (overwrite=true)."""
     root = checkpoints_dir(save)
-    for _, d in step_dirs(root):
+    for d in [d for _, d in step_dirs(root)] + sorted(root.glob(FAILED_PREFIX + "*")):  # and those set aside
         remove_tree(d)
     for name in (METRICS, STATUS, WANDB_ID, WANDB_STEP, SWEEP_MANIFEST):
         (save / name).unlink(missing_ok=True)
