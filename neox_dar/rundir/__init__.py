@@ -35,11 +35,11 @@ from .checkpoints import (checkpoint_step, CheckpointHold, checkpoints_dir, clea
                           read_state, resolve_checkpoint, set_aside_newer, state_checksum, step_dir_name, step_dirs,
                           verify, write_manifest)
 from .files import (CHECKPOINTS, CHECKSUM, CONFIG, DEL_PREFIX, EVAL_DIR, FAILED_PREFIX, FINAL_EVAL, JOBS, KILL_AT_ENV,
-                    LATEST, LOCK, METRICS, MODEL_CONFIG, RUN_META, STATE, STATE_CHECKSUM, STATUS, STEP_PREFIX, TMP_PREFIX, WANDB_ID,
-                    WANDB_STEP, WEIGHTS, append_text, check_own_folder, check_writable, CheckpointError, fault_point, file_checksum,
-                    free_space, fsync_dir, fsync_tree, manifest, open_run_file, remove_tree, RunFileError,
-                    RunWriteError, save_safetensors, staged_dir, uninterrupted, write_error, write_output,
-                    write_text_atomic)
+                    LATEST, LOCK, METRICS, MODEL_CONFIG, RUN_META, STATE, STATE_CHECKSUM, STATUS, STEP_PREFIX,
+                    TMP_PREFIX, WANDB_ID, WANDB_STEP, WEIGHTS, append_text, check_own_folder, check_writable,
+                    CheckpointError, fault_point, file_checksum, free_space, fsync_dir, fsync_tree, manifest,
+                    open_run_file, remove_tree, RunFileError, RunWriteError, save_safetensors, staged_dir,
+                    uninterrupted, write_error, write_output, write_text_atomic)
 from .lock import (flock_held, lock_holder, lock_run_dir, RunLock, RunLockedError)
 from .records import (job_ids, read_evals, read_json, read_metrics, read_status, record_job, recorded_checkpoint,
                       recovery, truncate_metrics, write_status)
