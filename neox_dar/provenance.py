@@ -40,10 +40,16 @@ def code_version() -> dict:
 
 
 def provenance(argv: list[str] | None = None) -> dict:
-    """``code_version()`` plus the command line (``argv``, default ``sys.argv``; paths under the current directory
-    written relative to it, so a result names no folder of the machine it ran on) and the UTC date."""
+    """``code_version()`` plus the command line (``argv``, default: this process's, ``python -m MODULE ...`` as it
+    was typed when it ran a module; paths under the current directory written relative to it, so a result names no
+    folder of the machine it ran on) and the UTC date."""
+    if argv is None:
+        argv = list(sys.argv)
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if spec is not None and spec.name:  # python -m MODULE: sys.argv[0] is the module's file
+            argv[0:1] = ["-m", spec.name.removesuffix(".__main__")]
     here = f"{Path.cwd()}{os.sep}"
-    args = [a.replace(here, "") for a in (sys.argv if argv is None else argv)]
+    args = [a.replace(here, "") for a in argv]
     return {"command": " ".join(["python", *args]),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             **code_version()}

@@ -106,6 +106,7 @@ def test_cli_results_json_and_manifest(tiny, tmp_path, capsys, monkeypatch):
                  "--no-progress", "--out", str(out), "--write-manifest", str(manifest)]) == 0
     res = json.loads(out.read_text())
     assert res["step"] == 7 and res["attention_type"] == "vanilla" and res["max_length"] == SEQ
+    assert res["prefix_token"] == 0  # <|endoftext|>, lm-eval's prefix for the Pythia tokenizer
     assert len(res["config_hash"]) == 64 and len(res["manifest_hash"]) == 64
     assert set(res["corpora"]) == {"c4", "fineweb_edu"}
     assert res["corpora"]["c4"]["source"].startswith("data/eval/")  # the repository's place, not this machine's

@@ -84,17 +84,20 @@ def test_bits_per_byte_rel_is_the_byte_perplexity_ratio(tmp_path, capsys):
 
 
 def test_a_result_scored_otherwise_is_flagged(tmp_path, capsys):
-    """A run scored with another window, stride, dtype, tokenizer or at another training step than the baseline is
-    warned on stderr (each was a Rel. without a word); a result without the key (an older file) is not."""
+    """A run scored with another window, stride, prefix token, dtype, tokenizer or at another training step than the
+    baseline is warned on stderr (each was a Rel. without a word); a result without the key (an older file) is
+    not."""
     ppl = {"fineweb_edu": 20.0, "c4": 40.0, "wikitext103": 50.0}
-    settings = {"step": 800, "max_length": 2048, "stride": 2048, "dtype": "float32", "tokenizer_sha256": "t"}
+    settings = {"step": 800, "max_length": 2048, "stride": 2048, "prefix_token": 0, "dtype": "float32",
+                "tokenizer_sha256": "t"}
     base = write(tmp_path, "v.json", {**results(ppl), **settings})
     same = write(tmp_path, "same.json", {**results(ppl), **settings})
     old = write(tmp_path, "old.json", results(ppl))
     assert main([same, old, "--baseline", base, "--names", "A,B"]) == 0
     assert capsys.readouterr().err == ""
     for key, value, what in [("step", 100, "training step 100"), ("max_length", 512, "window (max_length) 512"),
-                             ("stride", 256, "stride 256"), ("dtype", "bfloat16", "dtype bfloat16"),
+                             ("stride", 256, "stride 256"), ("prefix_token", 7, "prefix token id 7"),
+                             ("dtype", "bfloat16", "dtype bfloat16"),
                              ("tokenizer_sha256", "u", "tokenizer u")]:
         run = write(tmp_path, f"{key}.json", {**results(ppl), **settings, key: value})
         assert main([run, "--baseline", base, "--names", "A"]) == 0

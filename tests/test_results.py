@@ -4,6 +4,7 @@ rebuilds from the committed run files, and the tables in the docs are those repo
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 from pathlib import Path
@@ -114,6 +115,23 @@ def test_a_results_command_line_names_paths_under_the_current_folder_relatively(
     monkeypatch.chdir(tmp_path)
     command = provenance(["bench/x.py", f"--out={tmp_path}/bench/results/x.json", str(tmp_path / "data")])["command"]
     assert command == "python bench/x.py --out=bench/results/x.json data"
+
+
+def test_a_results_command_line_is_the_module_a_command_ran(tmp_path):
+    """``python -m MODULE ...`` is recorded as typed (it was ``python MODULE/PATH.py ...``, another entry point);
+    ``python FILE.py ...`` too."""
+    import subprocess
+    import sys
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "tool.py").write_text("from neox_dar.provenance import provenance\n"
+                                              "print(provenance()['command'])\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for argv, typed in ((["-m", "pkg.tool", "--x", "1"], "python -m pkg.tool --x 1"),
+                        (["pkg/tool.py", "--x", "1"], "python pkg/tool.py --x 1")):
+        out = subprocess.run([sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert out.stdout.strip() == typed, out.stderr
 
 
 def round2_rel() -> tuple[dict, dict, float]:

@@ -231,7 +231,8 @@ def _evaluate(args: argparse.Namespace, group: EvalGroup, load) -> int:
         corpora[name]["manifest_sha256"] = entries[name]["sha256"]
         corpora[name]["source"] = entries[name]["source"]
     results = {**loaded.info, "manifest_hash": manifest_hash(entries), "max_length": max_length,
-               "stride": args.stride or max_length, "dtype": args.dtype, "device": str(args.device),
+               "stride": args.stride or max_length, "prefix_token": prefix, "dtype": args.dtype,
+               "device": str(args.device),
                "ranks": group.world_size, "provenance": provenance(), "corpora": corpora}
     text = json.dumps(results, indent=2)
     with uninterrupted():  # no signal between the two writes; the result first, then the manifest that pins it

@@ -90,8 +90,8 @@ def latex(rows: list[list[str]], metric: str) -> str:
                       r"\midrule", body[0], r"\midrule", *body[1:], r"\bottomrule", r"\end{tabular}"])
 
 
-SCORING = {"max_length": "window (max_length)", "stride": "stride", "dtype": "dtype",
-           "tokenizer_sha256": "tokenizer"}
+SCORING = {"max_length": "window (max_length)", "stride": "stride", "prefix_token": "prefix token id",
+           "dtype": "dtype", "tokenizer_sha256": "tokenizer"}
 """The settings of an evaluation that change its numbers besides the model: results that differ in one do not
 compare (a result without the key, from an older version, is not flagged)."""
 
