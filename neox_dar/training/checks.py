@@ -93,7 +93,7 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
         raise ConfigError(f"load={cfg.run.load} does not exist: name a run directory, one of its checkpoints or an "
                           "import (python -m neox_dar.convert from-hf)")
     if here and cfg.run.load and not cfg.run.finetune and cfg.run.resume != "never" \
-            and not step_dirs(checkpoints_dir(cfg.run.save)) and weights_only(cfg.run.load):
+            and not step_dirs(checkpoints_dir(cfg.run.save)) and _load_is_weights_only(cfg.run.load):
         raise ConfigError(f"load={cfg.run.load}: {WEIGHTS_ONLY}")
     if os.environ.get(DQ_PASS_ENV, DQ_PASSES[0]) not in DQ_PASSES:
         raise ConfigError(f"{DQ_PASS_ENV}={os.environ[DQ_PASS_ENV]} (environment): the Triton backward's dq pass is "
@@ -107,11 +107,17 @@ def check_training_config(cfg: Config, world_size: int, here: bool = True) -> No
         raise ConfigError(str(e)) from None
 
 
-def weights_only(load: str) -> bool:
-    """Whether the checkpoint ``load`` names holds weights and no training state (an import or an export); False
-    when it cannot be read (the run says why when it opens it)."""
+def weights_only(step_dir: Path) -> bool:
+    """Whether the checkpoint directory ``step_dir`` holds weights and no training state (an import or an export:
+    its manifest records no world size)."""
+    return read_state(step_dir).get("world_size") is None
+
+
+def _load_is_weights_only(load: str) -> bool:
+    """:func:`weights_only` of the checkpoint ``load`` names; False when it cannot be read (the run says why when it
+    opens it)."""
     try:
-        return read_state(resolve_checkpoint(load, checksums=False, warn=None)).get("world_size") is None
+        return weights_only(resolve_checkpoint(load, checksums=False, warn=None))
     except CheckpointError:
         return False
 

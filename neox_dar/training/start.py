@@ -19,7 +19,7 @@ from ..rundir import (CONFIG, EVAL_DIR, FAILED_PREFIX, LATEST, METRICS, STATUS, 
                       read_state, read_status, recorded_checkpoint, remove_tree, set_aside_newer, step_dirs)
 from ..tokenizer import RUN_TOKENIZER_DIR, record_run_tokenizer, run_tokenizer
 from .checkpointing import model_mismatch
-from .checks import WEIGHTS_ONLY
+from .checks import WEIGHTS_ONLY, weights_only
 from .distributed import DistInfo
 from .finetune import finetune_mismatch
 
@@ -94,7 +94,7 @@ def choose_start(cfg: Config, data: dict) -> tuple[Path | None, CheckpointHold |
         held = hold_checkpoint(cfg.run.load)
         found = held.path
         # weights only, without finetune: said first (a variant the config adds is what finetune=true takes)
-        if not cfg.run.finetune and read_state(found).get("world_size") is None:
+        if not cfg.run.finetune and weights_only(found):
             mismatch = WEIGHTS_ONLY
         else:
             mismatch = finetune_mismatch(found, cfg) if cfg.run.finetune else model_mismatch(found, cfg)
