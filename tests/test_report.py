@@ -171,12 +171,17 @@ def _planned_with_results(tmp_path: Path, spec: dict, seed: int):
     return runs, sweep, res
 
 
-def test_group_by_uses_baseline_of_the_same_group(tmp_path):
-    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
+def _scales(report: dict, attention: tuple[str, ...] = ("vanilla", "dar")) -> dict:
+    """A sweep of tiny.yml at two widths (``small``: 64, ``big``: 128) by the attention variants ``attention`` (in
+    that order), with ``report``."""
+    return {"name": "scales", "configs": ["configs/tiny.yml"],
             "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
-                     "attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
-                                   "dar": {"configs": ["configs/attention/dar.yml"]}}},
-            "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]}}
+                     "attention": {a: {"configs": [f"configs/attention/{a}.yml"]} for a in attention}},
+            "report": report}
+
+
+def test_group_by_uses_baseline_of_the_same_group(tmp_path):
+    spec = _scales({"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]})
     runs, sweep, res = _planned_with_results(tmp_path, spec, seed=11)
     table = build_table(runs, sweep.report)
     ppl = {n: {c: r["corpora"][c]["token_perplexity"] for c in CORPORA} for n, r in res.items()}
@@ -188,11 +193,7 @@ def test_group_by_uses_baseline_of_the_same_group(tmp_path):
 def test_group_by_puts_each_baseline_before_its_group(tmp_path):
     """With ``group_by`` each group's baseline comes before the first run of its group, the rest in the sweep's
     order (before: the sweep's order alone, a run above the baseline it is measured against)."""
-    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
-            "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
-                     "attention": {"dar": {"configs": ["configs/attention/dar.yml"]},
-                                   "vanilla": {"configs": ["configs/attention/vanilla.yml"]}}},
-            "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]}}
+    spec = _scales({"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"]}, ("dar", "vanilla"))
     runs, sweep, _ = _planned_with_results(tmp_path, spec, seed=5)
     assert [r.name for r in runs] == ["small-dar", "small-vanilla", "big-dar", "big-vanilla"]
     table = build_table(runs, sweep.report)
@@ -203,11 +204,7 @@ def test_a_baseline_of_another_scale_is_flagged(tmp_path):
     """SPEC compares a run with vanilla at the same scale: without group_by, the big DAR's Rel. against the small
     vanilla gets a warning naming the keys (before: Rel. 94 against a model half its width, without a word); with
     group_by each scale has its own baseline and no warning."""
-    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
-            "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
-                     "attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
-                                   "dar": {"configs": ["configs/attention/dar.yml"]}}},
-            "report": {"baseline": {"attention_type": "vanilla", "scale": "small"}}}
+    spec = _scales({"baseline": {"attention_type": "vanilla", "scale": "small"}})
     runs, sweep, _ = _planned_with_results(tmp_path, spec, seed=11)
     notes = [n for n in build_table(runs, sweep.report).notes if "differs from its baseline" in n]
     said = "(hidden_size 128 against 64; head_dim 32 against 16; intermediate_size 512 against 256)"
@@ -728,13 +725,8 @@ def test_report_out_under_a_file_and_a_torn_evaluation_are_one_line_errors(sweep
 def test_compare_adds_a_rel_column_against_another_reference_of_the_same_group(tmp_path):
     """``report.compare``: one more Rel. (%) column per label, against the reference run of the same group (the
     DAR paper's DAR read against SWA at the same window as well as against vanilla); empty for the reference."""
-    spec = {"name": "scales", "configs": ["configs/tiny.yml"],
-            "grid": {"scale": {"small": {"set": {"hidden_size": 64}}, "big": {"set": {"hidden_size": 128}}},
-                     "attention": {"vanilla": {"configs": ["configs/attention/vanilla.yml"]},
-                                   "swa": {"configs": ["configs/attention/swa.yml"]},
-                                   "dar": {"configs": ["configs/attention/dar.yml"]}}},
-            "report": {"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"],
-                       "compare": {"swa": {"attention_type": "swa"}}}}
+    spec = _scales({"baseline": {"attention_type": "vanilla"}, "group_by": ["scale"],
+                    "compare": {"swa": {"attention_type": "swa"}}}, ("vanilla", "swa", "dar"))
     runs, sweep, res = _planned_with_results(tmp_path, spec, seed=12)
     table = build_table(runs, sweep.report)
     ppl = {n: {c: r["corpora"][c]["token_perplexity"] for c in CORPORA} for n, r in res.items()}
